@@ -1,0 +1,345 @@
+"""Text corpora and tokenizers: the embedded offline default and the Hub / local-file path.
+
+The embedded default needs no network: its documents are the running Python's own standard-library
+``.py`` sources (test directories and site-packages excluded), split into train/validation by a hash
+of each file's path relative to the stdlib root, so the split is identical on every build and a file
+never lands in both splits. A byte-level BPE tokenizer is trained on the train split with
+``tokenizers`` and cached under the user's cache directory (``$HF_FASTTRAIN_CACHE``, else
+``$XDG_CACHE_HOME/hf_fasttrain``, else ``~/.cache/hf_fasttrain``).
+
+With a dataset name or local text/json(l) files, the same functions go through
+``datasets.load_dataset``; with a tokenizer name or path, through ``AutoTokenizer``.
+
+Example:
+    >>> from hf_fasttrain.data import build_stdlib_corpus, get_tokenizer, tokenize_and_chunk
+    >>> raw = build_stdlib_corpus(max_files=40)                 # DatasetDict(train, validation)
+    >>> tok = get_tokenizer(vocab_size=512, corpus=raw)          # trained once, then cached
+    >>> lm = tokenize_and_chunk(raw, tok, block_size=128)        # fixed-length rows of input_ids
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import datasets
+from datasets import Dataset, DatasetDict
+
+__all__ = [
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "cache_root",
+    "stdlib_root",
+    "list_stdlib_sources",
+    "is_validation_path",
+    "build_stdlib_corpus",
+    "load_text_datasets",
+    "get_tokenizer",
+    "tokenize_and_chunk",
+    "tokenize_documents",
+]
+
+logger = logging.getLogger(__name__)
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+# Directory names whose files are left out of the embedded corpus: test suites (large, repetitive,
+# and full of deliberately odd code) and third-party packages installed into the interpreter.
+_EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
+_CORPUS_FORMAT = 1  # bump when the corpus layout changes, so old caches are not reused
+
+
+def cache_root() -> Path:
+    """Where hf_fasttrain keeps its caches (corpus arrow files, trained tokenizers)."""
+    env = os.environ.get("HF_FASTTRAIN_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hf_fasttrain"
+
+
+def stdlib_root() -> Path:
+    """The running interpreter's standard-library directory."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _path_hash(relpath: str) -> int:
+    return int(hashlib.sha1(relpath.encode("utf-8")).hexdigest()[:12], 16)
+
+
+def is_validation_path(relpath: str, validation_fraction: float) -> bool:
+    """Deterministic split: a file is in validation when the hash of its relative path says so."""
+    return _path_hash(relpath) / float(16**12) < validation_fraction
+
+
+def list_stdlib_sources(root: Optional[Path] = None, max_files: Optional[int] = None) -> list[str]:
+    """Relative paths (POSIX style) of the stdlib ``.py`` files used as documents, sorted.
+
+    ``max_files`` keeps a deterministic pseudo-random subset (the files with the smallest path hash),
+    which keeps both splits populated; tests and quick runs use it.
+    """
+    root = Path(root) if root is not None else stdlib_root()
+    rels = []
+    for p in root.rglob("*.py"):
+        rel = p.relative_to(root)
+        if _EXCLUDED_DIRS.intersection(rel.parts[:-1]):
+            continue
+        rels.append(rel.as_posix())
+    if max_files is not None:
+        if max_files < 1:
+            raise ValueError(f"max_files must be a positive integer or None, got: {max_files}")
+        rels = sorted(rels, key=_path_hash)[:max_files]
+    return sorted(rels)
+
+
+def _atomic_dir(final: Path):
+    """A temporary sibling directory that the caller fills and then moves into place."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+
+
+def _publish_dir(tmp: Path, final: Path) -> None:
+    try:
+        os.replace(tmp, final)
+    except OSError:  # another process published it first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_stdlib_corpus(
+    validation_fraction: float = 0.05,
+    max_files: Optional[int] = None,
+    root: Optional[Path] = None,
+) -> DatasetDict:
+    """The embedded default corpus: one example per stdlib source file, columns ``path`` and ``text``.
+
+    The result is saved under the cache directory and reloaded from there, so ``datasets.map``
+    caches the tokenization of later calls.
+    """
+    if not 0.0 < validation_fraction < 1.0:
+        raise ValueError(f"validation_fraction must be in (0, 1), got: {validation_fraction}")
+    root = Path(root) if root is not None else stdlib_root()
+    rels = list_stdlib_sources(root, max_files)
+    if not rels:
+        raise FileNotFoundError(f"no .py sources found under the stdlib root {root}")
+    key_src = json.dumps(
+        [_CORPUS_FORMAT, sys.version, str(root), validation_fraction, rels], sort_keys=True
+    ).encode()
+    key = hashlib.sha1(key_src).hexdigest()[:16]
+    ver = f"py{sys.version_info.major}.{sys.version_info.minor}"
+    target = cache_root() / "corpus" / f"stdlib-{ver}-{key}"
+    if (target / "dataset_dict.json").exists():
+        return datasets.load_from_disk(str(target))
+
+    splits: dict[str, dict[str, list[str]]] = {
+        "train": {"path": [], "text": []},
+        "validation": {"path": [], "text": []},
+    }
+    for rel in rels:
+        text = (root / rel).read_text(encoding="utf-8", errors="replace")
+        split = "validation" if is_validation_path(rel, validation_fraction) else "train"
+        splits[split]["path"].append(rel)
+        splits[split]["text"].append(text)
+    if not splits["validation"]["path"] or not splits["train"]["path"]:
+        raise ValueError(
+            f"validation_fraction={validation_fraction} with {len(rels)} files leaves a split empty; "
+            "use more files or a fraction further from 0 and 1"
+        )
+    dd = DatasetDict({k: Dataset.from_dict(v) for k, v in splits.items()})
+    tmp = _atomic_dir(target)
+    dd.save_to_disk(str(tmp))
+    _publish_dir(tmp, target)
+    return datasets.load_from_disk(str(target))
+
+
+def _looks_like_files(spec: str) -> bool:
+    parts = [p.strip() for p in spec.split(",")]
+    return all(p.endswith((".txt", ".text", ".json", ".jsonl")) for p in parts)
+
+
+def load_text_datasets(
+    dataset: Optional[str] = None,
+    dataset_config: Optional[str] = None,
+    text_column: str = "text",
+    validation_fraction: float = 0.05,
+    max_files: Optional[int] = None,
+    seed: int = 0,
+) -> DatasetDict:
+    """Raw text as a ``DatasetDict`` with ``train`` and ``validation`` splits and a ``text`` column.
+
+    ``dataset`` is None for the embedded stdlib corpus, a comma-separated list of local ``.txt`` /
+    ``.json`` / ``.jsonl`` files, or a Hub dataset name (``datasets.load_dataset``; needs network or
+    the datasets cache). A missing validation split is cut from train with a fixed seed.
+    """
+    if dataset is None:
+        return build_stdlib_corpus(validation_fraction=validation_fraction, max_files=max_files)
+    if _looks_like_files(dataset):
+        files = [p.strip() for p in dataset.split(",")]
+        for f in files:
+            if not Path(f).exists():
+                raise FileNotFoundError(f"dataset: file {f!r} does not exist")
+        builder = "text" if files[0].endswith((".txt", ".text")) else "json"
+        dd = datasets.load_dataset(builder, data_files={"train": files})
+    else:
+        dd = datasets.load_dataset(dataset, dataset_config)
+    if not isinstance(dd, DatasetDict):
+        dd = DatasetDict({"train": dd})
+    if "validation" not in dd:
+        if "test" in dd:
+            dd["validation"] = dd.pop("test")
+        else:
+            split = dd["train"].train_test_split(test_size=validation_fraction, seed=seed)
+            dd = DatasetDict({"train": split["train"], "validation": split["test"]})
+    if text_column not in dd["train"].column_names:
+        raise ValueError(
+            f"text_column={text_column!r} is not a column of the dataset; "
+            f"columns are {dd['train'].column_names}"
+        )
+    if text_column != "text":
+        dd = dd.rename_column(text_column, "text")
+    return DatasetDict({"train": dd["train"], "validation": dd["validation"]})
+
+
+def _train_bpe(texts: Iterable[str], vocab_size: int):
+    """Train a byte-level BPE (GPT-2 style) on ``texts``; returns a ``tokenizers.Tokenizer``."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        texts,
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOS_TOKEN, PAD_TOKEN],
+        show_progress=True,
+    )
+    return bpe._tokenizer
+
+
+def _corpus_fingerprint(train: Dataset) -> str:
+    h = hashlib.sha1()
+    if "path" in train.column_names:  # the embedded corpus: its file list identifies it
+        for p in train["path"]:
+            h.update(p.encode())
+    else:
+        h.update(train._fingerprint.encode())
+    return h.hexdigest()[:16]
+
+
+def get_tokenizer(
+    name_or_path: Optional[str] = None,
+    vocab_size: int = 8192,
+    corpus: Optional[DatasetDict] = None,
+    trust_remote_code: bool = False,
+):
+    """A ``PreTrainedTokenizerFast`` with ``eos`` and ``pad`` tokens set.
+
+    With ``name_or_path`` it is loaded by ``AutoTokenizer`` (Hub name or local directory). Otherwise a
+    byte-level BPE of ``vocab_size`` is trained on ``corpus['train']`` (default: the embedded stdlib
+    corpus) and cached; a second call with the same corpus and vocab size loads it from the cache.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if name_or_path is not None:
+        tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        if tok.pad_token is None:  # GPT-2 style tokenizers ship without one
+            tok.pad_token = tok.eos_token
+        return tok
+    if not isinstance(vocab_size, int) or vocab_size < 260:
+        raise ValueError(f"vocab_size must be an integer >= 260 (256 bytes + specials), got: {vocab_size}")
+    corpus = corpus if corpus is not None else build_stdlib_corpus()
+    train = corpus["train"]
+    key = f"bpe-v{vocab_size}-{_corpus_fingerprint(train)}"
+    target = cache_root() / "tokenizers" / key
+    if (target / "tokenizer.json").exists():
+        logger.info("Loading cached tokenizer from %s", target)
+        return PreTrainedTokenizerFast.from_pretrained(str(target))
+
+    logger.info("Training a byte-level BPE tokenizer (vocab %d) on %d documents", vocab_size, len(train))
+    raw = _train_bpe((t for t in train["text"]), vocab_size)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        bos_token=EOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        model_max_length=1_000_000,  # chunking, not the tokenizer, decides lengths
+    )
+    tmp = _atomic_dir(target)
+    tok.save_pretrained(str(tmp))
+    _publish_dir(tmp, target)
+    return PreTrainedTokenizerFast.from_pretrained(str(target))
+
+
+def _tokenize_fn(tokenizer, add_eos: bool, max_length: Optional[int] = None):
+    eos = tokenizer.eos_token_id
+
+    def fn(batch):
+        enc = tokenizer(batch["text"], add_special_tokens=False, return_attention_mask=False)
+        ids = enc["input_ids"]
+        if add_eos and eos is not None:
+            ids = [x + [eos] for x in ids]
+        if max_length is not None:
+            ids = [x[:max_length] for x in ids]
+        return {"input_ids": ids}
+
+    return fn
+
+
+def _group_fn(block_size: int):
+    def fn(batch):
+        # Concatenate the batch's documents (each ends with EOS) and cut into block_size rows; the
+        # remainder that does not fill a block is dropped, as in transformers' run_clm `group_texts`.
+        flat = [t for ids in batch["input_ids"] for t in ids]
+        n = (len(flat) // block_size) * block_size
+        return {"input_ids": [flat[i : i + block_size] for i in range(0, n, block_size)]}
+
+    return fn
+
+
+def tokenize_and_chunk(
+    raw: DatasetDict,
+    tokenizer,
+    block_size: int,
+    num_proc: Optional[int] = None,
+    group_batch_size: int = 1000,
+) -> DatasetDict:
+    """Fixed-length pretraining rows: tokenize every document, append EOS, concatenate, cut into
+    ``block_size`` rows. Both steps are ``datasets.map(batched=True)`` and hit its cache on reruns."""
+    if block_size < 2:
+        raise ValueError(f"block_size must be >= 2, got: {block_size}")
+    cols = raw["train"].column_names
+    tokenized = raw.map(
+        _tokenize_fn(tokenizer, add_eos=True),
+        batched=True,
+        remove_columns=cols,
+        num_proc=num_proc,
+        desc="Tokenizing",
+    )
+    return tokenized.map(
+        _group_fn(block_size),
+        batched=True,
+        batch_size=group_batch_size,
+        num_proc=num_proc,
+        desc=f"Chunking into blocks of {block_size}",
+    )
+
+
+def tokenize_documents(
+    raw: DatasetDict, tokenizer, max_length: int, num_proc: Optional[int] = None
+) -> DatasetDict:
+    """Whole documents as variable-length examples (truncated to ``max_length``), each ending in EOS."""
+    cols = raw["train"].column_names
+    return raw.map(
+        _tokenize_fn(tokenizer, add_eos=True, max_length=max_length),
+        batched=True,
+        remove_columns=cols,
+        num_proc=num_proc,
+        desc="Tokenizing documents",
+    )

@@ -1,0 +1,106 @@
+"""One training run from a resolved config: data, tokenizer, model, FastTrainer, final evaluation.
+
+This is the code path of ``recipes/gpt2_small.py``, of ``hf-fasttrain train`` and of every benchmark
+arm that uses FastTrainer; the recipe script only parses arguments and calls :func:`train`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional, Sequence
+
+from transformers import DataCollatorForLanguageModeling, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+
+from .args import DataArguments, FastTrainingArguments, ModelArguments
+from .data.corpus import get_tokenizer, load_text_datasets, tokenize_and_chunk
+from .metrics import make_compute_metrics, preprocess_logits_for_metrics
+from .modeling import build_model
+from .recipes import resolved_config
+from .trainer import FastTrainer
+
+__all__ = ["setup_logging", "prepare_data", "train", "find_resume_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+
+def setup_logging(training_args: FastTrainingArguments) -> None:
+    """INFO logs from hf_fasttrain on the main process (what it resumed from, cache hits, final eval)."""
+    pkg = logging.getLogger("hf_fasttrain")
+    pkg.setLevel(logging.INFO if training_args.should_log else logging.WARNING)
+    if not pkg.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[hf_fasttrain] %(message)s"))
+        pkg.addHandler(handler)
+        pkg.propagate = False
+
+
+def prepare_data(data_args: DataArguments, model_args: Optional[ModelArguments] = None, seed: int = 0):
+    """(tokenizer, DatasetDict of fixed-length ``input_ids`` rows with train/validation)."""
+    raw = load_text_datasets(
+        data_args.dataset,
+        data_args.dataset_config,
+        data_args.text_column,
+        data_args.validation_fraction,
+        data_args.max_corpus_files,
+        seed=seed,
+    )
+    trust = bool(model_args and model_args.trust_remote_code)
+    tokenizer = get_tokenizer(data_args.tokenizer, data_args.vocab_size, corpus=raw, trust_remote_code=trust)
+    lm = tokenize_and_chunk(raw, tokenizer, data_args.block_size, num_proc=data_args.preprocessing_num_workers)
+    for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples)):
+        if limit is not None and len(lm[split]) > limit:
+            lm[split] = lm[split].select(range(limit))
+    if len(lm["train"]) == 0:
+        raise ValueError(
+            f"block_size={data_args.block_size} leaves no training rows: the corpus is shorter than one block"
+        )
+    return tokenizer, lm
+
+
+def find_resume_checkpoint(training_args: FastTrainingArguments) -> Optional[str]:
+    """The checkpoint to resume from: the one asked for, else (auto_resume) the last in output_dir."""
+    if training_args.resume_from_checkpoint:
+        return training_args.resume_from_checkpoint
+    if training_args.auto_resume and os.path.isdir(training_args.output_dir):
+        return get_last_checkpoint(training_args.output_dir)
+    return None
+
+
+def train(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: FastTrainingArguments,
+    callbacks: Optional[Sequence[Any]] = None,
+    trainer_cls: type = FastTrainer,
+) -> dict[str, Any]:
+    """Train and evaluate; returns the final eval metrics (also written to output_dir/metrics.json)."""
+    setup_logging(training_args)
+    with training_args.main_process_first(desc="dataset and tokenizer"):
+        tokenizer, lm = prepare_data(data_args, model_args, seed=training_args.seed)
+    set_seed(training_args.seed)  # the model's initialisation depends on the seed alone
+    model = build_model(model_args, tokenizer, data_args.block_size)
+    trainer = trainer_cls(
+        model=model,
+        args=training_args,
+        train_dataset=lm["train"],
+        eval_dataset=lm["validation"],
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+        processing_class=tokenizer,
+        compute_metrics=make_compute_metrics(),
+        preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+        callbacks=list(callbacks or []),
+        run_config={k: v for k, v in resolved_config(model_args, data_args, training_args).items()
+                    if k in ("model", "data")},
+    )
+    checkpoint = find_resume_checkpoint(training_args)
+    if checkpoint:
+        logger.info("Resuming from %s", checkpoint)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.save_model()
+    metrics = trainer.evaluate()
+    if trainer.is_world_process_zero():
+        trainer.recorder.save(training_args.output_dir, final_metrics=metrics)
+        logger.info("Final eval: %s", {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
+    return metrics

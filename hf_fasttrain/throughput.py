@@ -1,0 +1,115 @@
+"""Throughput accounting: tokens, padding and model FLOPs utilisation (MFU).
+
+Plain functions; FastTrainer feeds them the batches it trains on and adds the results to its logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+import torch
+
+__all__ = [
+    "count_tokens",
+    "flops_per_token",
+    "device_peak_flops",
+    "mfu",
+    "ThroughputMeter",
+    "PEAK_BF16_FLOPS",
+]
+
+# Dense bf16/fp16 tensor-core peaks from the vendors' datasheets (FLOP/s, no sparsity). Matched by
+# substring of torch.cuda.get_device_name(); the first match wins, so longer names come first.
+PEAK_BF16_FLOPS: dict[str, float] = {
+    "H200": 989e12,
+    "H100 PCIe": 756e12,
+    "H100": 989e12,
+    "GH200": 989e12,
+    "A100": 312e12,
+    "A10G": 70e12,  # 35 TFLOP/s dense fp32-accumulate is often quoted; 70 with fp16 accumulate
+    "L40S": 362e12,
+    "L4": 121e12,
+    "RTX 4090": 165e12,
+    "RTX 3090": 71e12,
+    "V100": 125e12,
+    "T4": 65e12,
+}
+
+
+def count_tokens(batch: Mapping[str, torch.Tensor], pad_token_id: Optional[int] = None) -> tuple[int, int]:
+    """(real, total) token counts of a batch as the model sees it.
+
+    ``total`` is the padded size of ``input_ids``; ``real`` excludes padding, read from the
+    ``attention_mask`` when there is one, else from ``pad_token_id``. A packed batch
+    (position_ids and no attention mask) has no padding.
+    """
+    ids = batch["input_ids"]
+    total = ids.numel()
+    mask = batch.get("attention_mask")
+    if mask is not None:
+        real = int(mask.sum())
+    elif pad_token_id is not None and "position_ids" not in batch:
+        real = int((ids != pad_token_id).sum())
+    else:
+        real = total
+    return real, total
+
+
+def flops_per_token(n_params: int, n_layer: int, d_model: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6N for the weights (forward 2N, backward 4N) plus attention
+    scores and values, 12 * n_layer * d_model * seq_len (Chowdhery et al. 2022, PaLM, appendix B)."""
+    return 6.0 * n_params + 12.0 * n_layer * d_model * seq_len
+
+
+def device_peak_flops(device: Optional[torch.device] = None) -> Optional[float]:
+    """Peak dense bf16 FLOP/s of a CUDA device from ``PEAK_BF16_FLOPS``; None on CPU or when unknown."""
+    if not torch.cuda.is_available():
+        return None
+    if device is not None and torch.device(device).type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, peak in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return peak
+    return None
+
+
+def mfu(tokens_per_second: float, flops_per_tok: float, peak_flops: Optional[float], n_devices: int = 1) -> Optional[float]:
+    """Model FLOPs utilisation: achieved model FLOP/s over the devices' peak; None without a peak."""
+    if not peak_flops:
+        return None
+    return tokens_per_second * flops_per_tok / (peak_flops * n_devices)
+
+
+@dataclass
+class ThroughputMeter:
+    """Counts real and padded tokens between two log calls.
+
+    Example:
+        >>> m = ThroughputMeter()
+        >>> m.add({"input_ids": torch.ones(2, 4, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])})
+        >>> m.flush()
+        {'real_tokens': 6, 'total_tokens': 8, 'padding_fraction': 0.25, 'seq_len': 4}
+    """
+
+    pad_token_id: Optional[int] = None
+    real: int = 0
+    total: int = 0
+    seq_len: int = 0
+
+    def add(self, batch: Mapping[str, torch.Tensor]) -> None:
+        r, t = count_tokens(batch, self.pad_token_id)
+        self.real += r
+        self.total += t
+        self.seq_len = int(batch["input_ids"].shape[-1])
+
+    def flush(self) -> dict:
+        out = {
+            "real_tokens": self.real,
+            "total_tokens": self.total,
+            "padding_fraction": (1.0 - self.real / self.total) if self.total else 0.0,
+            "seq_len": self.seq_len,
+        }
+        self.real = self.total = 0
+        return out

@@ -1,0 +1,75 @@
+"""Shared fixtures. Tests never touch the network and never write into the user's cache."""
+
+import os
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "HF_FASTTRAIN_CACHE" not in os.environ:
+    os.environ["HF_FASTTRAIN_CACHE"] = tempfile.mkdtemp(prefix="hf_fasttrain_test_cache_")
+if "HF_DATASETS_CACHE" not in os.environ:
+    os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["HF_FASTTRAIN_CACHE"], "datasets")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+TINY_FILES = 40  # stdlib files in the test corpus
+TINY_VOCAB = 300
+TINY_BLOCK = 32
+
+
+@pytest.fixture(scope="session")
+def tiny_raw():
+    from hf_fasttrain.data import build_stdlib_corpus
+
+    return build_stdlib_corpus(max_files=TINY_FILES)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_raw):
+    from hf_fasttrain.data import get_tokenizer
+
+    return get_tokenizer(vocab_size=TINY_VOCAB, corpus=tiny_raw)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_raw, tiny_tokenizer):
+    """Fixed-length rows of TINY_BLOCK tokens: DatasetDict(train, validation)."""
+    from hf_fasttrain.data import tokenize_and_chunk
+
+    lm = tokenize_and_chunk(tiny_raw, tiny_tokenizer, block_size=TINY_BLOCK)
+    lm["validation"] = lm["validation"].select(range(64))  # evaluation stays fast
+    return lm
+
+
+def make_tiny_gpt2(vocab_size: int, n_positions: int = TINY_BLOCK, seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(
+        vocab_size=vocab_size, n_positions=n_positions, n_embd=32, n_layer=2, n_head=2,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )
+    return GPT2LMHeadModel(cfg)
+
+
+@pytest.fixture
+def tiny_gpt2(tiny_tokenizer):
+    return make_tiny_gpt2(len(tiny_tokenizer))
+
+
+def tiny_args(output_dir, **overrides):
+    """FastTrainingArguments for a few CPU steps, logging every step, no checkpoints unless asked."""
+    from hf_fasttrain import FastTrainingArguments
+
+    kw = dict(
+        output_dir=str(output_dir), max_steps=10, per_device_train_batch_size=8,
+        per_device_eval_batch_size=16, learning_rate=3e-3, logging_steps=1, save_strategy="no",
+        report_to="none", use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        warmup_steps=0,
+    )
+    kw.update(overrides)
+    return FastTrainingArguments(**kw)

@@ -1,0 +1,71 @@
+"""The recipe script end to end, as a user runs it (subprocesses, the tiny corpus)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = str(ROOT / "recipes" / "gpt2_small.py")
+SMALL = ["--config", "gpt2_tiny", "--max_corpus_files", "40", "--vocab_size", "300", "--block_size", "32",
+         "--n_layer", "2", "--n_embd", "32", "--n_head", "2", "--per_device_train_batch_size", "8",
+         "--max_eval_samples", "32", "--logging_steps", "5", "--disable_tqdm", "true", "--warmup_steps", "2"]
+
+
+def _run(args, **kw):
+    return subprocess.Popen([sys.executable, SCRIPT, *SMALL, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ}, **kw)
+
+
+def test_recipe_writes_its_record_and_lowers_eval_loss(tmp_path):
+    out = tmp_path / "run"
+    p = _run(["--output_dir", str(out), "--max_steps", "30", "--eval_steps", "15", "--save_steps", "15"])
+    log, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, log[-3000:]
+    for f in ("config.yaml", "run_info.json", "metrics.json", "loss_curve.png", "model.safetensors"):
+        assert (out / f).exists(), f
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["final_eval_loss"] < metrics["initial_eval_loss"] - 0.3
+    assert "eval_next_token_accuracy" in metrics["final_metrics"]
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert cfg["model"]["n_embd"] == 32 and cfg["data"]["block_size"] == 32 and cfg["max_steps"] == 30
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["hf_fasttrain"] and info["torch"] and "git_revision" in info
+    assert any("tokens_per_second" in h for h in metrics["history"])
+
+
+def _train_losses(out):
+    hist = json.loads((out / "metrics.json").read_text())["history"]
+    return {h["step"]: h["loss"] for h in hist if "loss" in h}
+
+
+def test_killed_recipe_resumes_with_the_same_command(tmp_path):
+    common = ["--max_steps", "60", "--save_steps", "10", "--eval_steps", "30"]
+    straight = _run(["--output_dir", str(tmp_path / "a"), *common])
+    log, _ = straight.communicate(timeout=600)
+    assert straight.returncode == 0, log[-3000:]
+
+    out = tmp_path / "b"
+    victim = _run(["--output_dir", str(out), *common], start_new_session=True)
+    deadline = time.time() + 300
+    while not (out / "checkpoint-10" / "trainer_state.json").exists():
+        assert victim.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.02)
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.wait()
+    assert not (out / "metrics.json").exists()  # killed before the end
+
+    again = _run(["--output_dir", str(out), *common])  # the same command again
+    log, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, log[-3000:]
+    assert "Resuming from" in log and "checkpoint-" in log
+    a, b = _train_losses(tmp_path / "a"), _train_losses(out)
+    assert sorted(a) == sorted(b) == list(range(5, 61, 5))
+    for step in a:
+        assert abs(a[step] - b[step]) < 1e-5, (step, a[step], b[step])

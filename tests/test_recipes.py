@@ -1,0 +1,94 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hf_fasttrain.recipes import bundled_recipes, load_recipe, parse_config, resolved_config, validate_recipe
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _write(tmp_path, data, name="r.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return str(p)
+
+
+def test_bundled_recipes_validate():
+    names = bundled_recipes()
+    assert {"gpt2_tiny", "gpt2_small"} <= set(names)
+    for name in names:
+        sections = validate_recipe(load_recipe(name))
+        assert sections["model"] and sections["data"] and sections[None]["output_dir"]
+
+
+def test_recipe_then_command_line_overrides(tmp_path):
+    path = _write(tmp_path, {"model": {"n_layer": 3}, "data": {"block_size": 64}, "learning_rate": "1e-5",
+                             "output_dir": str(tmp_path / "out"), "max_steps": 7})
+    m, d, t = parse_config(["--config", path, "--max_steps", "9", "--n_embd", "64", "--n_head", "4"])
+    assert (m.n_layer, m.n_embd, m.n_head) == (3, 64, 4)
+    assert d.block_size == 64
+    assert t.learning_rate == 1e-5 and isinstance(t.learning_rate, float)  # YAML '1e-5' is a string
+    assert t.max_steps == 9
+
+
+def test_unknown_key_fails_naming_it_with_a_suggestion(tmp_path):
+    path = _write(tmp_path, {"learnig_rate": 1e-3, "output_dir": str(tmp_path / "o")})
+    with pytest.raises(ValueError, match=r"unknown recipe key 'learnig_rate'.*did you mean 'learning_rate'"):
+        parse_config(["--config", path])
+    path = _write(tmp_path, {"model": {"n_layers": 2}}, "m.yaml")
+    with pytest.raises(ValueError, match=r"'n_layers' in section 'model:'.*'n_layer'"):
+        parse_config(["--config", path])
+    path = _write(tmp_path, {"block_size": 64}, "b.yaml")
+    with pytest.raises(ValueError, match=r"'block_size'.*belongs in the data: section"):
+        parse_config(["--config", path])
+    assert not (tmp_path / "o").exists()  # nothing was started
+
+
+@pytest.mark.parametrize(
+    "recipe, pattern",
+    [
+        ({"learning_rate": "fast"}, r"learning_rate='fast' is invalid: expected float"),
+        ({"max_steps": 1.5}, r"max_steps=1.5 is invalid: expected int"),
+        ({"model": {"n_embd": 100, "n_head": 3}}, r"n_head=3 is invalid: must divide n_embd=100"),
+        ({"data": {"vocab_size": 10}}, r"vocab_size=10 is invalid"),
+        ({"model": {"dropout": 1.5}}, r"dropout=1.5 is invalid"),
+        ({"data": {"block_size": "long"}}, r"data.block_size='long' is invalid: expected int"),
+        ({"mfu_peak_tflops": -1.0}, r"mfu_peak_tflops=-1.0 is invalid"),
+    ],
+)
+def test_invalid_values_fail_before_training(tmp_path, recipe, pattern):
+    path = _write(tmp_path, {**recipe, "output_dir": str(tmp_path / "o")})
+    with pytest.raises(ValueError, match=pattern):
+        parse_config(["--config", path])
+    assert not (tmp_path / "o").exists()
+
+
+def test_python_tags_are_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    path = _write(tmp_path, f"learning_rate: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(ValueError, match="not a plain YAML mapping"):
+        load_recipe(path)
+    assert not marker.exists()
+
+
+def test_resolved_config_reloads_to_the_same_arguments(tmp_path):
+    m, d, t = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "o"), "--max_steps", "11"])
+    path = _write(tmp_path, resolved_config(m, d, t), "resolved.yaml")
+    m2, d2, t2 = parse_config(["--config", path])
+    assert (m2, d2) == (m, d)
+    for k in ("learning_rate", "max_steps", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
+              "per_device_train_batch_size", "eval_strategy", "seed", "output_dir", "use_cpu"):
+        assert getattr(t2, k) == getattr(t, k), k
+
+
+def test_help_documents_every_option():
+    out = subprocess.run([sys.executable, str(ROOT / "recipes" / "gpt2_small.py"), "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--config", "--learning_rate", "--n_layer", "--block_size", "--dataset", "--tokenizer",
+                 "--mfu_peak_tflops", "--auto_resume"):
+        assert flag in out.stdout, flag
+    assert "the embedded corpus" in out.stdout
