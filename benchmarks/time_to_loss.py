@@ -1,0 +1,289 @@
+#!/usr/bin/env python
+"""Time-to-loss: wall-clock and tokens each arm needs to reach hf-tuned's final eval loss.
+
+    python benchmarks/time_to_loss.py                      # all arms, 3 seeds, tiny GPT-2 on the stdlib corpus
+    python benchmarks/time_to_loss.py --arms hf-tuned,fasttrain --seeds 5
+    python benchmarks/time_to_loss.py --quick               # a smoke run (the test suite uses it)
+
+Every arm trains the same model (GPT-2 from scratch), on the same data, for the same token budget,
+on this machine, evaluating on the same held-out rows every ``--eval-steps``. Seeds run interleaved
+(seed 0 of every arm, then seed 1 ...), so slow drifts of the machine hit all arms alike. Wall-clock
+is training time only: evaluation and checkpointing are excluded (RunRecorderCallback).
+
+The target is the median over seeds of hf-tuned's final eval loss. For each run, the time and tokens
+to reach it are read off the eval curve by linear interpolation between the two evaluations that
+bracket it; a run that never reaches it counts as infinitely slow. Reported per arm: medians over
+seeds of final eval loss, time and tokens to target, and time-to-target relative to hf-tuned.
+
+Arms (DESIGN.md): ``hf-default`` (transformers.Trainer with its defaults), ``hf-tuned`` (the best of the
+Trainer's built-in options), ``fasttrain`` (FastTrainer with this package's techniques). Other
+techniques register more arms or ablations in ``ARMS``.
+
+Writes time_to_loss.json, time_to_loss.md and time_to_loss.png into --out (benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments, set_seed  # noqa: E402
+
+from hf_fasttrain import DataArguments, FastTrainer, FastTrainingArguments, ModelArguments  # noqa: E402
+from hf_fasttrain.callbacks import RunRecorderCallback  # noqa: E402
+from hf_fasttrain.modeling import build_model  # noqa: E402
+from hf_fasttrain.run import prepare_data  # noqa: E402
+from hf_fasttrain.runinfo import environment_info  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ON_GPU = torch.cuda.is_available()
+
+
+@dataclass
+class Arm:
+    """One way of training. ``args`` override the common settings; ``fast`` picks FastTrainer."""
+
+    name: str
+    description: str
+    fast: bool
+    args: dict[str, Any] = field(default_factory=dict)
+    callbacks: Callable[[], list] = list
+
+
+# The settings a knowledgeable user reaches with the Trainer's own options (DESIGN.md, hf-tuned).
+# The peak lr was chosen by a sweep on this tiny model (1e-3, 2e-3, 4e-3: 2e-3 best).
+HF_TUNED = dict(
+    learning_rate=2e-3,
+    warmup_steps=0.02,  # a fraction < 1 is a ratio of max_steps in transformers 5
+    lr_scheduler_type="cosine_with_min_lr",
+    lr_scheduler_kwargs={"min_lr_rate": 0.1},
+    weight_decay=0.1,
+    adam_beta2=0.95,
+    max_grad_norm=1.0,
+    **({"bf16": True, "torch_compile": True, "tf32": True} if ON_GPU else {}),
+)
+
+ARMS: dict[str, Arm] = {
+    "hf-default": Arm("hf-default", "transformers.Trainer defaults (lr 5e-5, linear decay, no warmup)", fast=False),
+    "hf-tuned": Arm("hf-tuned", "Trainer, built-in options tuned: lr 2e-3, 2% warmup, cosine to 10%, wd 0.1, clip 1", fast=False, args=HF_TUNED),
+    "fasttrain": Arm("fasttrain", "FastTrainer with the recipe's techniques", fast=True, args=dict(HF_TUNED)),
+}
+
+
+@dataclass
+class Setup:
+    """Model, data and budget shared by every arm."""
+
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 128
+    vocab_size: int = 4096
+    block_size: int = 128
+    batch_size: int = 16
+    max_steps: int = 300
+    eval_steps: int = 25
+    eval_rows: int = 128
+    max_corpus_files: Optional[int] = None
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.block_size
+
+
+QUICK = Setup(n_layer=2, n_head=2, n_embd=32, vocab_size=300, block_size=32, batch_size=8, max_steps=24,
+              eval_steps=6, eval_rows=32, max_corpus_files=40)
+
+
+def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> dict[str, Any]:
+    """Train one arm for one seed; returns its eval curve (step, tokens, train seconds, eval loss)."""
+    out = workdir / f"{arm.name}-seed{seed}"
+    common = dict(
+        output_dir=str(out), max_steps=setup.max_steps, per_device_train_batch_size=setup.batch_size,
+        per_device_eval_batch_size=64, eval_strategy="steps", eval_steps=setup.eval_steps, eval_on_start=True,
+        logging_steps=setup.eval_steps, save_strategy="no", report_to="none", disable_tqdm=True, seed=seed,
+        data_seed=seed, use_cpu=not ON_GPU, dataloader_num_workers=0,
+    )
+    args_cls = FastTrainingArguments if arm.fast else TrainingArguments
+    extra = {"auto_resume": False} if arm.fast else {}
+    args = args_cls(**{**common, **extra, **arm.args})
+    set_seed(seed)
+    model = build_model(
+        ModelArguments(n_layer=setup.n_layer, n_head=setup.n_head, n_embd=setup.n_embd), tokenizer, setup.block_size
+    )
+    callbacks = arm.callbacks()
+    recorder = None
+    if not arm.fast:
+        recorder = RunRecorderCallback(write_files=False)
+        callbacks.append(recorder)
+    trainer = (FastTrainer if arm.fast else Trainer)(
+        model=model, args=args, train_dataset=lm["train"], eval_dataset=lm["validation"],
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False), processing_class=tokenizer,
+        callbacks=callbacks,
+    )
+    if arm.fast:
+        trainer.recorder.write_files = False
+        recorder = trainer.recorder
+    wall0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - wall0
+    curve = []
+    for r in recorder.records:
+        if "eval_loss" in r:
+            tokens = r.get("tokens_seen", r["step"] * setup.tokens_per_step)
+            curve.append({"step": r["step"], "tokens": tokens, "seconds": r["train_seconds"], "eval_loss": r["eval_loss"]})
+    shutil.rmtree(out, ignore_errors=True)
+    return {"arm": arm.name, "seed": seed, "curve": curve, "final_eval_loss": curve[-1]["eval_loss"],
+            "train_seconds": recorder.train_seconds(), "process_seconds": wall}
+
+
+def crossing(curve: list[dict[str, float]], target: float, key: str) -> float:
+    """``key`` (seconds or tokens) at which the eval loss first reaches ``target``, interpolated
+    linearly between the two evaluations that bracket it; ``inf`` if it never does."""
+    prev = None
+    for point in curve:
+        if point["eval_loss"] <= target:
+            if prev is None:
+                return float(point[key])
+            a, b = prev["eval_loss"], point["eval_loss"]
+            frac = (a - target) / (a - b) if a != b else 1.0
+            return float(prev[key] + frac * (point[key] - prev[key]))
+        prev = point
+    return math.inf
+
+
+def summarise(runs: list[dict[str, Any]], arms: list[str], reference: str = "hf-tuned") -> dict[str, Any]:
+    by_arm = {a: [r for r in runs if r["arm"] == a] for a in arms}
+    ref_runs = by_arm.get(reference) or next(iter(by_arm.values()))
+    target = statistics.median(r["final_eval_loss"] for r in ref_runs)
+    rows = {}
+    for a, rs in by_arm.items():
+        secs = [crossing(r["curve"], target, "seconds") for r in rs]
+        toks = [crossing(r["curve"], target, "tokens") for r in rs]
+        rows[a] = {
+            "final_eval_loss": statistics.median(r["final_eval_loss"] for r in rs),
+            "seconds_to_target": statistics.median(secs),
+            "tokens_to_target": statistics.median(toks),
+            "reached": sum(math.isfinite(s) for s in secs),
+            "seeds": len(rs),
+            "train_seconds": statistics.median(r["train_seconds"] for r in rs),
+        }
+    ref_time = rows[reference]["seconds_to_target"] if reference in rows else math.nan
+    for a, row in rows.items():
+        row["time_ratio_vs_reference"] = row["seconds_to_target"] / ref_time if ref_time else math.nan
+    return {"target_eval_loss": target, "reference": reference, "arms": rows}
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if isinstance(x, float) and math.isinf(x):
+        return "not reached"
+    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    lines = [
+        f"Target: eval loss {summary['target_eval_loss']:.4f} (median final eval loss of {summary['reference']}).",
+        "",
+        "| arm | final eval loss | train seconds to target | tokens to target | time vs hf-tuned | seeds reaching target |",
+        "|---|---|---|---|---|---|",
+    ]
+    for a, r in summary["arms"].items():
+        lines.append(
+            f"| {a} | {r['final_eval_loss']:.4f} | {_fmt(r['seconds_to_target'])} | {_fmt(r['tokens_to_target'])} "
+            f"| {_fmt(r['time_ratio_vs_reference'])} | {r['reached']}/{r['seeds']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, arm in enumerate(summary["arms"]):
+        for j, r in enumerate(x for x in runs if x["arm"] == arm):
+            pts = r["curve"][1:]  # skip the step-0 evaluation (loss ~ ln(vocab)) to keep the scale useful
+            ax.plot([p["seconds"] for p in pts], [p["eval_loss"] for p in pts], color=colours[i % len(colours)],
+                    alpha=0.8, lw=1.2, label=arm if j == 0 else None)
+    ax.axhline(summary["target_eval_loss"], color="k", ls="--", lw=0.8, label="target (hf-tuned median final)")
+    ax.set_xlabel("training wall-clock, seconds (evaluation excluded)")
+    ax.set_ylabel("eval loss")
+    ax.set_title("Time to loss, one line per seed")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms; known: {', '.join(ARMS)}")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per arm (run interleaved)")
+    p.add_argument("--max-steps", type=int, default=None, help="optimizer steps per run (default 300)")
+    p.add_argument("--quick", action="store_true", help="tiny smoke setup (the test suite runs it)")
+    p.add_argument("--out", default=str(RESULTS), help="directory for time_to_loss.{json,md,png}")
+    p.add_argument("--name", default="time_to_loss", help="basename of the output files")
+    return p
+
+
+def main(argv=None) -> dict[str, Any]:
+    ns = make_parser().parse_args(argv)
+    arms = [a.strip() for a in ns.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise SystemExit(f"--arms: unknown {unknown}; known: {list(ARMS)}")
+    if ns.seeds < 1:
+        raise SystemExit(f"--seeds must be >= 1, got {ns.seeds}")
+    setup = dataclasses.replace(QUICK if ns.quick else Setup())
+    if ns.max_steps:
+        setup.max_steps = ns.max_steps
+    data_args = DataArguments(vocab_size=setup.vocab_size, block_size=setup.block_size,
+                              max_eval_samples=setup.eval_rows, max_corpus_files=setup.max_corpus_files)
+    tokenizer, lm = prepare_data(data_args)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="ttl-") as work:
+        for seed in range(ns.seeds):
+            for arm in arms:
+                r = run_arm(ARMS[arm], seed, setup, tokenizer, lm, Path(work))
+                print(f"[time_to_loss] {arm:>12s} seed {seed}: final eval loss {r['final_eval_loss']:.4f}, "
+                      f"{r['train_seconds']:.1f} s training", flush=True)
+                runs.append(r)
+    reference = "hf-tuned" if "hf-tuned" in arms else arms[0]
+    summary = summarise(runs, arms, reference)
+    table = markdown_table(summary)
+    print(table)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment_info()
+    machine = env["cuda_devices"][0] if env["cuda_devices"] else f"{env['cpu_count']}-core CPU ({env['processor']})"
+    record = {"summary": summary, "setup": dataclasses.asdict(setup), "arms": {a: dataclasses.asdict(ARMS[a]) | {"callbacks": None} for a in arms},
+              "machine": machine, "environment": env, "runs": runs,
+              "command": "python benchmarks/time_to_loss.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+    (out / f"{ns.name}.json").write_text(json.dumps(record, indent=2, default=str))
+    (out / f"{ns.name}.md").write_text(f"Machine: {machine}; torch {env['torch']}, transformers {env['transformers']}.\n"
+                                      f"Command: `{record['command']}`\n\n" + table)
+    plot(runs, summary, out / f"{ns.name}.png")
+    return record
+
+
+if __name__ == "__main__":
+    main()

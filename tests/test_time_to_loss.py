@@ -1,0 +1,60 @@
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("time_to_loss", ROOT / "benchmarks" / "time_to_loss.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["time_to_loss"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_crossing_interpolates_and_reports_never():
+    ttl = _load()
+    curve = [{"seconds": 0.0, "tokens": 0, "eval_loss": 8.0}, {"seconds": 10.0, "tokens": 100, "eval_loss": 6.0},
+             {"seconds": 20.0, "tokens": 200, "eval_loss": 4.0}]
+    assert ttl.crossing(curve, 5.0, "seconds") == pytest.approx(15.0)
+    assert ttl.crossing(curve, 5.0, "tokens") == pytest.approx(150.0)
+    assert ttl.crossing(curve, 6.0, "seconds") == pytest.approx(10.0)
+    assert ttl.crossing(curve, 9.0, "seconds") == 0.0
+    assert math.isinf(ttl.crossing(curve, 3.9, "seconds"))
+
+
+def test_summary_ratios_against_the_reference():
+    ttl = _load()
+
+    def run(arm, final, t_end):
+        return {"arm": arm, "final_eval_loss": final, "train_seconds": t_end,
+                "curve": [{"seconds": 0.0, "tokens": 0, "eval_loss": 8.0},
+                          {"seconds": t_end, "tokens": 1000, "eval_loss": final}]}
+
+    runs = [run("hf-tuned", 4.0, 10.0), run("fast", 3.0, 10.0), run("slow", 5.0, 10.0)]
+    s = ttl.summarise(runs, ["hf-tuned", "fast", "slow"])
+    assert s["target_eval_loss"] == 4.0
+    assert s["arms"]["hf-tuned"]["seconds_to_target"] == pytest.approx(10.0)
+    assert s["arms"]["fast"]["seconds_to_target"] == pytest.approx(8.0)  # 8 -> 3 over 10 s crosses 4 at 8 s
+    assert s["arms"]["fast"]["time_ratio_vs_reference"] == pytest.approx(0.8)
+    assert math.isinf(s["arms"]["slow"]["seconds_to_target"]) and s["arms"]["slow"]["reached"] == 0
+
+
+def test_quick_run_writes_json_table_and_png(tmp_path):
+    ttl = _load()
+    record = ttl.main(["--quick", "--seeds", "1", "--arms", "hf-tuned,fasttrain", "--out", str(tmp_path)])
+    for ext in ("json", "md", "png"):
+        assert (tmp_path / f"time_to_loss.{ext}").exists()
+    data = json.loads((tmp_path / "time_to_loss.json").read_text())
+    arms = data["summary"]["arms"]
+    assert set(arms) == {"hf-tuned", "fasttrain"}
+    assert arms["hf-tuned"]["time_ratio_vs_reference"] == pytest.approx(1.0)
+    for r in record["runs"]:
+        losses = [p["eval_loss"] for p in r["curve"]]
+        assert losses[-1] < losses[0] - 0.5  # every arm learned
+        assert [p["step"] for p in r["curve"]] == [0, 6, 12, 18, 24]
