@@ -65,7 +65,8 @@ class Arm:
 
 
 # The settings a knowledgeable user reaches with the Trainer's own options (DESIGN.md, hf-tuned).
-# The peak lr was chosen by a sweep on this tiny model (1e-3, 2e-3, 4e-3: 2e-3 best).
+# Peak lr from a sweep on this setup: `python benchmarks/time_to_loss.py --arms hf-tuned
+# --lr-sweep 5e-4,1e-3,2e-3,4e-3,8e-3 --seeds 1 --name lr_sweep_hf_tuned` (results/lr_sweep_hf_tuned.md).
 HF_TUNED = dict(
     learning_rate=2e-3,
     warmup_steps=0.02,  # a fraction < 1 is a ratio of max_steps in transformers 5
@@ -239,6 +240,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms; known: {', '.join(ARMS)}")
     p.add_argument("--seeds", type=int, default=3, help="seeds per arm (run interleaved)")
     p.add_argument("--max-steps", type=int, default=None, help="optimizer steps per run (default 300)")
+    p.add_argument("--lr-sweep", default=None,
+                   help="comma-separated peak lrs: run each chosen arm at each lr (arms named ARM@LR)")
     p.add_argument("--quick", action="store_true", help="tiny smoke setup (the test suite runs it)")
     p.add_argument("--out", default=str(RESULTS), help="directory for time_to_loss.{json,md,png}")
     p.add_argument("--name", default="time_to_loss", help="basename of the output files")
@@ -253,6 +256,15 @@ def main(argv=None) -> dict[str, Any]:
         raise SystemExit(f"--arms: unknown {unknown}; known: {list(ARMS)}")
     if ns.seeds < 1:
         raise SystemExit(f"--seeds must be >= 1, got {ns.seeds}")
+    if ns.lr_sweep:
+        lrs = [float(x) for x in ns.lr_sweep.split(",") if x.strip()]
+        swept = []
+        for a in arms:
+            for lr in lrs:
+                name = f"{a}@{lr:g}"
+                ARMS[name] = dataclasses.replace(ARMS[a], name=name, args={**ARMS[a].args, "learning_rate": lr})
+                swept.append(name)
+        arms = swept
     setup = dataclasses.replace(QUICK if ns.quick else Setup())
     if ns.max_steps:
         setup.max_steps = ns.max_steps
