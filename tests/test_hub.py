@@ -1,0 +1,568 @@
+"""Tests for hf_fasttrain.hub: hf:// URIs, the offline Hub cache, safe YAML, push with a model card.
+
+No network: the Hub cache is built by hand in a temporary HF_HUB_CACHE exactly as huggingface_hub
+lays it out, and HF_HUB_OFFLINE=1 is set both in the environment and in huggingface_hub.constants
+(which reads the environment once, at import).
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hf_fasttrain import hub
+from hf_fasttrain.hub import (
+    DEFAULT_RECIPE_FILENAME,
+    HubRecipeRef,
+    HubRecipeUnavailableError,
+    RecipeYAMLError,
+    format_hub_uri,
+    guard_trust_remote_code,
+    load_hub_recipe,
+    parse_hub_uri,
+    prepare_recipe_folder,
+    push_recipe,
+    read_run_results,
+    resolve_hub_recipe,
+    safe_load_yaml,
+)
+
+COMMIT_OLD = "a" * 8 + "0123456789abcdef0123456789abcdef"
+COMMIT_NEW = "b" * 8 + "fedcba9876543210fedcba9876543210"
+RECIPE_OLD = "# old recipe\nlearning_rate: 0.001\nmodel:\n  model_type: gpt2\n"
+RECIPE_NEW = "# new recipe\nlearning_rate: 0.0006\nmax_steps: 20\nmodel:\n  model_type: gpt2\n"
+SUB_OLD = "warmup_steps: 5\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# A real Hugging Face cache layout
+# ---------------------------------------------------------------------------------------------
+
+
+def git_blob_sha1(content: bytes) -> str:
+    """The etag the Hub gives a regular (non-LFS) file: git's blob hash."""
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+
+
+def cache_repo(cache: Path, repo_id: str, snapshots: dict, refs: dict) -> Path:
+    """Lay out ``models--<owner>--<repo>`` as huggingface_hub does.
+
+    blobs/<etag> holds the bytes, snapshots/<commit>/<path> is a relative symlink to the blob,
+    refs/<name> holds the commit hash with no trailing newline (hf_hub_download reads it verbatim).
+    """
+    storage = cache / ("models--" + repo_id.replace("/", "--"))
+    for commit, files in snapshots.items():
+        for rel, text in files.items():
+            content = text.encode("utf-8")
+            blob = storage / "blobs" / git_blob_sha1(content)
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            blob.write_bytes(content)
+            pointer = storage / "snapshots" / commit / rel
+            pointer.parent.mkdir(parents=True, exist_ok=True)
+            pointer.symlink_to(os.path.relpath(blob, pointer.parent))
+    for name, commit in refs.items():
+        ref = storage / "refs" / name
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        ref.write_text(commit)
+    return storage
+
+
+@pytest.fixture
+def offline_cache(tmp_path, monkeypatch):
+    """An empty HF_HUB_CACHE with offline mode on, in the environment and in huggingface_hub.constants."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf_cache"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache
+
+
+@pytest.fixture
+def cached_repo(offline_cache):
+    """owner/repo with two commits: main -> COMMIT_NEW, tag v1 -> COMMIT_OLD (which also has sub/file.yaml)."""
+    cache_repo(
+        offline_cache,
+        "owner/repo",
+        snapshots={
+            COMMIT_OLD: {"recipe.yaml": RECIPE_OLD, "sub/file.yaml": SUB_OLD},
+            COMMIT_NEW: {"recipe.yaml": RECIPE_NEW},
+        },
+        refs={"main": COMMIT_NEW, "v1": COMMIT_OLD},
+    )
+    return offline_cache
+
+
+def test_cache_layout_is_what_huggingface_hub_scans(cached_repo):
+    from huggingface_hub import scan_cache_dir
+
+    info = scan_cache_dir(cached_repo)
+    assert info.warnings == []
+    (repo,) = info.repos
+    assert (repo.repo_id, repo.repo_type) == ("owner/repo", "model")
+    revs = {r.commit_hash: (sorted(r.refs), sorted(f.file_name for f in r.files)) for r in repo.revisions}
+    assert revs == {
+        COMMIT_NEW: (["main"], ["recipe.yaml"]),
+        COMMIT_OLD: (["v1"], ["file.yaml", "recipe.yaml"]),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# parse_hub_uri
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "uri, expected",
+    [
+        ("hf://owner/repo", ("owner/repo", "recipe.yaml", None)),
+        ("hf://owner/repo/", ("owner/repo", "recipe.yaml", None)),
+        ("hf://owner/repo@main", ("owner/repo", "recipe.yaml", "main")),
+        ("hf://owner/repo/gpt2_small.yaml", ("owner/repo", "gpt2_small.yaml", None)),
+        ("hf://owner/repo/sub/file.yml@v1.2", ("owner/repo", "sub/file.yml", "v1.2")),
+        (f"hf://owner/repo/sub/file.yaml@{COMMIT_OLD}", ("owner/repo", "sub/file.yaml", COMMIT_OLD)),
+        ("hf://owner/repo/a.yaml@refs/pr/3", ("owner/repo", "a.yaml", "refs/pr/3")),
+        # huggingface_hub's own order: revision right after the repo
+        ("hf://owner/repo@v1/sub/file.yaml", ("owner/repo", "sub/file.yaml", "v1")),
+        ("hf://owner/repo@refs/pr/3/a.yaml", ("owner/repo", "a.yaml", "refs/pr/3")),
+        ("hf://models/my-org/gpt2.recipe_v2", ("my-org/gpt2.recipe_v2", "recipe.yaml", None)),
+    ],
+)
+def test_parse_hub_uri(uri, expected):
+    ref = parse_hub_uri(uri)
+    assert tuple(ref) == expected
+    assert isinstance(ref, HubRecipeRef)
+    assert parse_hub_uri(ref.uri) == ref  # the canonical form parses back to the same thing
+
+
+@pytest.mark.parametrize(
+    "uri, match",
+    [
+        ("owner/repo", "must start with 'hf://'"),
+        ("https://huggingface.co/owner/repo", "must start with 'hf://'"),
+        ("hf://", "nothing follows"),
+        ("hf://repo", "owner and a name"),
+        ("hf://owner/", "owner and a name"),
+        ("hf://datasets/owner/repo", "dataset repo; recipes are read from model repos only"),
+        ("hf://owner/repo/config", "must name a .yaml or .yml file .*'config/recipe.yaml'"),
+        ("hf://owner/repo/a.yaml@", "revision after '@' is empty"),
+        ("hf://owner/repo@v1/a.yaml@v2", "two revisions"),
+        ("hf://owner/repo/a.yaml@v1@v2", "two revisions"),
+        ("hf://owner/repo/../x.yaml", "'..' segment"),
+        ("hf://owner/repo//x.yaml", "empty"),
+        ("hf://own er/repo", "owner 'own er' is not a valid Hub name"),
+        ("hf://owner/re--po", "repo name 're--po' is not a valid Hub name"),
+        ("hf://owner/repo@bad rev", "not a valid branch, tag or commit"),
+    ],
+)
+def test_parse_hub_uri_rejects_malformed(uri, match):
+    with pytest.raises(ValueError, match=match) as info:
+        parse_hub_uri(uri)
+    assert "hf://<owner>/<repo>[/<path>.yaml][@<revision>]" in str(info.value)
+
+
+def test_format_hub_uri_leaves_defaults_out():
+    assert format_hub_uri("o/r") == "hf://o/r"
+    assert format_hub_uri("o/r", "x/y.yaml", "v1") == "hf://o/r/x/y.yaml@v1"
+    assert format_hub_uri("o/r", DEFAULT_RECIPE_FILENAME, COMMIT_OLD) == f"hf://o/r@{COMMIT_OLD}"
+
+
+# ---------------------------------------------------------------------------------------------
+# resolve_hub_recipe from the offline cache
+# ---------------------------------------------------------------------------------------------
+
+
+def test_resolve_default_branch_from_cache(cached_repo):
+    path = resolve_hub_recipe("hf://owner/repo")
+    storage = cached_repo / "models--owner--repo"
+    assert path == storage / "snapshots" / COMMIT_NEW / "recipe.yaml"
+    assert path.read_text() == RECIPE_NEW
+
+
+def test_resolve_pinned_commit_and_tag_from_cache(cached_repo):
+    pinned = resolve_hub_recipe(f"hf://owner/repo/sub/file.yaml@{COMMIT_OLD}")
+    assert pinned == cached_repo / "models--owner--repo" / "snapshots" / COMMIT_OLD / "sub" / "file.yaml"
+    assert pinned.read_text() == SUB_OLD
+    # the pinned old recipe differs from main's
+    assert resolve_hub_recipe(f"hf://owner/repo@{COMMIT_OLD}").read_text() == RECIPE_OLD
+    assert resolve_hub_recipe("hf://owner/repo@v1").read_text() == RECIPE_OLD
+
+
+def test_resolve_honours_env_set_after_import(cached_repo, monkeypatch, tmp_path):
+    """HF_HUB_CACHE / HF_HUB_OFFLINE set in a running process are honoured, though constants froze them."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # only the env var says offline now
+    assert resolve_hub_recipe("hf://owner/repo").read_text() == RECIPE_NEW
+    assert hub._hub_offline() is True
+
+
+@pytest.mark.parametrize(
+    "uri, revision, filename",
+    [
+        ("hf://owner/repo", "main", "recipe.yaml"),
+        (f"hf://owner/repo/sub/file.yaml@{COMMIT_OLD}", COMMIT_OLD, "sub/file.yaml"),
+    ],
+)
+def test_resolve_not_cached_offline_says_so(offline_cache, uri, revision, filename):
+    with pytest.raises(HubRecipeUnavailableError) as info:
+        resolve_hub_recipe(uri)
+    msg = str(info.value)
+    assert "is not in the Hugging Face cache" in msg
+    assert "HF_HUB_OFFLINE=1 forbids downloading it" in msg
+    assert f"repo 'owner/repo', file '{filename}', revision '{revision}'" in msg
+    assert str(offline_cache) in msg
+    assert "unset HF_HUB_OFFLINE" in msg
+    assert isinstance(info.value, FileNotFoundError)
+
+
+def test_resolve_cached_repo_missing_revision_or_file(cached_repo):
+    with pytest.raises(HubRecipeUnavailableError, match="revision 'v9'.*is not in the Hugging Face cache"):
+        resolve_hub_recipe("hf://owner/repo@v9")
+    # sub/file.yaml exists only in the old commit, not on main
+    with pytest.raises(HubRecipeUnavailableError, match="file 'sub/file.yaml', revision 'main'"):
+        resolve_hub_recipe("hf://owner/repo/sub/file.yaml")
+
+
+def test_resolve_online_passes_through_and_explains_no_connection(tmp_path, monkeypatch):
+    """Online (offline unset) hf_hub_download may use the network; a failure without cache says so."""
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    seen = []
+
+    def fake_download(**kwargs):
+        seen.append(kwargs)
+        if kwargs["repo_id"] == "owner/down":
+            raise LocalEntryNotFoundError("connection error")
+        return str(tmp_path / "x.yaml")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    assert resolve_hub_recipe("hf://owner/repo/x.yaml@v3") == tmp_path / "x.yaml"
+    assert {k: seen[0][k] for k in ("repo_id", "filename", "revision", "repo_type", "cache_dir", "local_files_only")} == {
+        "repo_id": "owner/repo",
+        "filename": "x.yaml",
+        "revision": "v3",
+        "repo_type": "model",
+        "cache_dir": str(tmp_path),
+        "local_files_only": False,
+    }
+    with pytest.raises(HubRecipeUnavailableError, match="could not be fetched from the Hub .no connection.. and is not in the cache"):
+        resolve_hub_recipe("hf://owner/down")
+
+
+def test_resolve_in_fresh_interpreter_with_env_only(tmp_path):
+    """End to end: env vars set before huggingface_hub is imported, nothing patched."""
+    cache = tmp_path / "cache"
+    cache_repo(cache, "owner/repo", {COMMIT_OLD: {"recipe.yaml": RECIPE_OLD}}, {"main": COMMIT_OLD})
+    code = (
+        "from hf_fasttrain.hub import resolve_hub_recipe, HubRecipeUnavailableError\n"
+        "print(resolve_hub_recipe('hf://owner/repo').read_text(), end='')\n"
+        "try:\n    resolve_hub_recipe('hf://owner/other')\n"
+        "except HubRecipeUnavailableError as e:\n    print('MISSING', 'HF_HUB_OFFLINE=1' in str(e))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache), PYTHONPATH=str(Path(__file__).parents[1]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == RECIPE_OLD + "MISSING True\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# safe_load_yaml
+# ---------------------------------------------------------------------------------------------
+
+
+def _payload(target: Path) -> str:
+    return f'learning_rate: 0.001\nhook: !!python/object/apply:os.system ["touch {target}"]\n'
+
+
+def test_python_tag_is_rejected_without_executing(tmp_path):
+    target = tmp_path / "hacked"
+    recipe = tmp_path / "evil.yaml"
+    recipe.write_text(_payload(target))
+    with pytest.raises(RecipeYAMLError) as info:
+        safe_load_yaml(recipe)
+    msg = str(info.value)
+    assert "'!!python/object/apply:os.system' is not allowed" in msg
+    assert f"{recipe}, line 2, column 7" in msg
+    assert "Nothing was executed" in msg
+    with pytest.raises(RecipeYAMLError, match="not allowed"):
+        safe_load_yaml(_payload(target))  # as text too
+    assert not target.exists()
+    # negative control: the payload is live; an unsafe loader would have run it
+    control = tmp_path / "control"
+    yaml.unsafe_load(_payload(control))
+    assert control.exists()
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("- a\n- b\n", "must be a mapping .* got a list"),
+        ("just a string", "must be a mapping .* got a str"),
+        ("", "the recipe is empty"),
+        ("# only a comment\n", "the recipe is empty"),
+        ("1: a\nb: 2\n", r"keys must be field names \(strings\), got \[1\]"),
+        ("a: [1, 2\nb: 3\n", "line 2, column 2: not valid YAML"),
+        ("a: !custom 3\n", "'!custom' is not allowed"),
+    ],
+)
+def test_safe_load_yaml_rejects(text, match):
+    with pytest.raises(RecipeYAMLError, match=match):
+        safe_load_yaml(text + ("\n" if "\n" not in text else ""))
+
+
+def test_safe_load_yaml_paths_text_and_limits(tmp_path, monkeypatch):
+    path = tmp_path / "r.yaml"
+    path.write_text(RECIPE_NEW)
+    expected = {"learning_rate": 0.0006, "max_steps": 20, "model": {"model_type": "gpt2"}}
+    assert safe_load_yaml(path) == expected
+    assert safe_load_yaml(str(path)) == expected
+    assert safe_load_yaml(RECIPE_NEW) == expected
+    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+        safe_load_yaml(str(tmp_path / "missing.yaml"))
+    monkeypatch.setattr(hub, "RECIPE_MAX_BYTES", 10)
+    with pytest.raises(RecipeYAMLError, match="more than a recipe's limit of 10 bytes"):
+        safe_load_yaml(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# trust_remote_code
+# ---------------------------------------------------------------------------------------------
+
+
+def test_guard_trust_remote_code_drops_unless_user_allows():
+    recipe = {
+        "trust_remote_code": True,
+        "model": {"trust_remote_code": "yes", "model_type": "gpt2"},
+        "data": {"trust_remote_code": False},
+        "lists": [{"trust_remote_code": 1}],
+    }
+    with pytest.warns(UserWarning, match="never enables trust_remote_code by itself"):
+        cleaned, dropped = guard_trust_remote_code(recipe, source="hf://o/r")
+    assert dropped == ["trust_remote_code", "model.trust_remote_code", "lists[0].trust_remote_code"]
+    assert cleaned == {"model": {"model_type": "gpt2"}, "data": {"trust_remote_code": False}, "lists": [{}]}
+    assert recipe["model"]["trust_remote_code"] == "yes"  # input untouched
+    kept, none = guard_trust_remote_code(recipe, source="hf://o/r", trust_remote_code=True)
+    assert (kept, none) == (recipe, [])
+
+
+def test_load_hub_recipe_never_enables_remote_code(offline_cache):
+    text = "learning_rate: 0.001\nmodel:\n  model_type: gpt2\n  trust_remote_code: true\n"
+    cache_repo(offline_cache, "owner/remote", {COMMIT_NEW: {"recipe.yaml": text}}, {"main": COMMIT_NEW})
+    with pytest.warns(UserWarning, match="hf://owner/remote sets model.trust_remote_code"):
+        recipe = load_hub_recipe("hf://owner/remote")
+    assert recipe == {"learning_rate": 0.001, "model": {"model_type": "gpt2"}}
+    assert load_hub_recipe("hf://owner/remote", trust_remote_code=True)["model"]["trust_remote_code"] is True
+
+
+def test_load_hub_recipe_rejects_python_tag(offline_cache, tmp_path):
+    target = tmp_path / "hacked"
+    cache_repo(offline_cache, "owner/evil", {COMMIT_NEW: {"recipe.yaml": _payload(target)}}, {"main": COMMIT_NEW})
+    with pytest.raises(RecipeYAMLError, match=r"hf://owner/evil, line 2, column 7: YAML tag '!!python"):
+        load_hub_recipe("hf://owner/evil")
+    assert not target.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Push: folder, card, HfApi calls
+# ---------------------------------------------------------------------------------------------
+
+METRICS = {"eval_loss": 3.2109876, "train_runtime": 41.5, "train_steps_per_second": 12.0}
+RUN_INFO = {"machine": {"cpu": "2-core x86_64", "gpu": None}, "versions": {"torch": "2.13.0", "transformers": "5.24.0"}}
+
+
+@pytest.fixture
+def recipe_file(tmp_path):
+    path = tmp_path / "gpt2_tiny.yaml"
+    path.write_text(RECIPE_NEW)
+    return path
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    run = tmp_path / "runs" / "gpt2_tiny-seed0"
+    run.mkdir(parents=True)
+    (run / "metrics.json").write_text(json.dumps(METRICS))
+    (run / "run_info.json").write_text(json.dumps(RUN_INFO))
+    # resolved config: defaults the recipe leaves out, plus one command-line override of learning_rate
+    (run / "config.yaml").write_text(
+        yaml.safe_dump({"learning_rate": 0.0003, "max_steps": 20, "seed": 0, "model": {"model_type": "gpt2"}})
+    )
+    return run
+
+
+def front_matter(card: str) -> dict:
+    assert card.startswith("---\n")
+    return yaml.safe_load(card.split("---\n")[1])
+
+
+def test_prepare_recipe_folder_with_run(recipe_file, run_dir, tmp_path):
+    out = tmp_path / "push"
+    files = prepare_recipe_folder(recipe_file, out, run_dir, repo_id="owner/repo")
+    assert files == ["README.md", "recipe.yaml", "results/config.yaml", "results/metrics.json", "results/run_info.json"]
+    assert (out / "recipe.yaml").read_text() == RECIPE_NEW  # byte for byte, comment kept
+    assert json.loads((out / "results" / "metrics.json").read_text()) == METRICS
+    card = (out / "README.md").read_text()
+    assert front_matter(card) == {"tags": ["hf-fasttrain", "recipe", "gpt2"]}
+    assert "# repo: an hf_fasttrain training recipe" in card
+    assert "accelerate launch recipes/gpt2_small.py --config hf://owner/repo\n" in card
+    assert "```yaml\n" + RECIPE_NEW + "```" in card
+    assert "Measured in run `gpt2_tiny-seed0`" in card
+    assert "| eval_loss | 3.21099 |" in card
+    assert "| train_steps_per_second | 12 |" in card
+    assert "| machine.cpu | 2-core x86_64 |" in card
+    assert "| machine.gpu | null |" in card
+    assert "| versions.transformers | 5.24.0 |" in card
+    # the run overrode learning_rate; max_steps agrees; seed is a default, not a difference
+    assert "| learning_rate | 0.0006 | 0.0003 |" in card
+    assert "max_steps |" not in card and "| seed |" not in card
+
+
+def test_prepare_recipe_folder_without_run_and_named_file(recipe_file, tmp_path):
+    out = tmp_path / "push"
+    files = prepare_recipe_folder(
+        recipe_file, out, repo_id="owner/repo", filename="configs/tiny.yaml", revision="v2", tags=["cpu"]
+    )
+    assert files == ["README.md", "configs/tiny.yaml"]
+    card = (out / "README.md").read_text()
+    assert front_matter(card) == {"tags": ["hf-fasttrain", "recipe", "gpt2", "cpu"]}
+    assert "--config hf://owner/repo/configs/tiny.yaml@v2\n" in card
+    assert "No measured run was attached to this upload." in card
+
+
+def test_prepare_recipe_folder_refuses(recipe_file, tmp_path):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "secret.txt").write_text("x")
+    with pytest.raises(ValueError, match="must be a new or empty folder"):
+        prepare_recipe_folder(recipe_file, busy, repo_id="owner/repo")
+    empty_run = tmp_path / "empty_run"
+    empty_run.mkdir()
+    with pytest.raises(FileNotFoundError, match="holds none of the result files expected .*metrics.json"):
+        prepare_recipe_folder(recipe_file, tmp_path / "a", empty_run, repo_id="owner/repo")
+    evil = tmp_path / "evil.yaml"
+    evil.write_text(_payload(tmp_path / "hacked"))
+    with pytest.raises(RecipeYAMLError):
+        prepare_recipe_folder(evil, tmp_path / "b", repo_id="owner/repo")
+    assert not (tmp_path / "b").exists() and not (tmp_path / "hacked").exists()
+    with pytest.raises(ValueError, match="repo_id must be '<owner>/<repo>', got 'repo'"):
+        prepare_recipe_folder(recipe_file, tmp_path / "c", repo_id="repo")
+
+
+def test_read_run_results_falls_back_to_trainer_files(tmp_path):
+    (tmp_path / "all_results.json").write_text(json.dumps({"eval_loss": 2.5}))
+    res = read_run_results(tmp_path)
+    assert res["metrics"] == {"eval_loss": 2.5} and res["run_info"] == {} and res["config"] is None
+    (tmp_path / "run_info.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="must hold a JSON object, got list"):
+        read_run_results(tmp_path)
+
+
+class RecordingApi:
+    """Stands in for huggingface_hub.HfApi: records each call and what the upload folder held then."""
+
+    def __init__(self):
+        self.calls = []
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+
+    def create_branch(self, repo_id, **kwargs):
+        self.calls.append(("create_branch", repo_id, kwargs))
+
+    def upload_folder(self, **kwargs):
+        folder = Path(kwargs["folder_path"])
+        held = {p.relative_to(folder).as_posix(): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
+        self.calls.append(("upload_folder", kwargs, held))
+
+        class Info:
+            commit_url = f"https://huggingface.co/{kwargs['repo_id']}/commit/{COMMIT_NEW}"
+
+        return Info()
+
+
+def test_push_dry_run_writes_folder_and_calls_nothing(recipe_file, run_dir, tmp_path, capsys):
+    api = RecordingApi()
+    out = tmp_path / "dry"
+    plan = push_recipe(recipe_file, "owner/repo", dry_run=True, run_dir=run_dir, api=api, out_dir=out)
+    assert api.calls == []
+    assert plan.files == sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert plan.files == ["README.md", "recipe.yaml", "results/config.yaml", "results/metrics.json", "results/run_info.json"]
+    printed = capsys.readouterr().out
+    assert printed.startswith("Dry run: would push recipe hf://owner/repo\n")
+    assert "create_repo('owner/repo', repo_type='model', exist_ok=True)" in printed
+    assert "revision='main', commit_message='Upload hf_fasttrain recipe recipe.yaml with run results'" in printed
+    assert f"    recipe.yaml ({len(RECIPE_NEW)} bytes)" in printed
+
+
+def test_push_dry_run_default_folder_in_cwd(recipe_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    plan = push_recipe(recipe_file, "owner/repo", dry_run=True)
+    assert plan.folder == tmp_path / "push-recipe-owner--repo"
+    assert (plan.folder / "README.md").is_file() and (plan.folder / "recipe.yaml").read_text() == RECIPE_NEW
+
+
+def test_push_calls_hfapi_with_repo_files_and_revision(recipe_file, run_dir, capsys):
+    api = RecordingApi()
+    plan = push_recipe(recipe_file, "owner/repo", run_dir=run_dir, api=api)
+    assert [c[0] for c in api.calls] == ["create_repo", "upload_folder"]
+    assert api.calls[0] == ("create_repo", "owner/repo", {"repo_type": "model", "exist_ok": True})
+    _, kwargs, held = api.calls[1]
+    assert kwargs["repo_id"] == "owner/repo"
+    assert kwargs["repo_type"] == "model"
+    assert kwargs["revision"] == "main"
+    assert kwargs["commit_message"] == "Upload hf_fasttrain recipe recipe.yaml with run results"
+    assert sorted(held) == ["README.md", "recipe.yaml", "results/config.yaml", "results/metrics.json", "results/run_info.json"]
+    assert held["recipe.yaml"] == RECIPE_NEW
+    assert "| eval_loss | 3.21099 |" in held["README.md"]
+    assert not Path(kwargs["folder_path"]).exists()  # the temporary folder is cleaned up
+    assert plan.commit_url.endswith(COMMIT_NEW) and not plan.dry_run
+    assert capsys.readouterr().out == ""
+
+
+def test_push_to_branch_creates_it(recipe_file):
+    api = RecordingApi()
+    push_recipe(recipe_file, "owner/repo", revision="v2", api=api, private=True, commit_message="v2 recipe")
+    assert api.calls[0] == ("create_repo", "owner/repo", {"repo_type": "model", "exist_ok": True, "private": True})
+    assert api.calls[1] == ("create_branch", "owner/repo", {"branch": "v2", "repo_type": "model", "exist_ok": True})
+    _, kwargs, held = api.calls[2]
+    assert (kwargs["revision"], kwargs["commit_message"]) == ("v2", "v2 recipe")
+    assert sorted(held) == ["README.md", "recipe.yaml"]
+    assert "--config hf://owner/repo@v2\n" in held["README.md"]
+
+
+def test_push_refuses_bad_input(recipe_file, offline_cache):
+    api = RecordingApi()
+    with pytest.raises(ValueError, match="is a commit hash; push to a branch name"):
+        push_recipe(recipe_file, "owner/repo", revision=COMMIT_OLD, api=api)
+    with pytest.raises(ValueError, match="repo_id must be '<owner>/<repo>'"):
+        push_recipe(recipe_file, "a/b/c", api=api)
+    with pytest.raises(ValueError, match="HF_HUB_OFFLINE=1 is set: pushing needs the network"):
+        push_recipe(recipe_file, "owner/repo")  # real HfApi, offline
+    assert api.calls == []
+
+
+def test_pushed_folder_loads_back_through_hf_uri(recipe_file, run_dir, offline_cache, tmp_path):
+    """Push then pull: the uploaded folder, placed in the cache as a commit, resolves to the same recipe."""
+    api = RecordingApi()
+    push_recipe(recipe_file, "owner/roundtrip", run_dir=run_dir, api=api)
+    _, _, held = api.calls[-1]
+    cache_repo(offline_cache, "owner/roundtrip", {COMMIT_NEW: held}, {"main": COMMIT_NEW})
+    assert load_hub_recipe("hf://owner/roundtrip") == safe_load_yaml(recipe_file)
+    assert load_hub_recipe(f"hf://owner/roundtrip/results/config.yaml@{COMMIT_NEW}")["learning_rate"] == 0.0003
