@@ -76,6 +76,7 @@ RUN_FILES = {
     "metrics": ("metrics.json", "all_results.json", "train_results.json", "eval_results.json"),
     "run_info": ("run_info.json",),
     "config": ("config.yaml", "config.yml"),
+    "plot": ("loss_curve.png",),
 }
 
 _YAML_SUFFIXES = (".yaml", ".yml")
@@ -498,7 +499,8 @@ def read_run_results(run_dir: str | os.PathLike) -> dict[str, Any]:
 
     Returns ``{"metrics": dict, "run_info": dict, "config": dict | None, "files": {role: Path}}``.
     Metrics come from the first of ``RUN_FILES["metrics"]`` present (``metrics.json`` is the
-    foundation's); ``run_info.json`` holds machine and versions; ``config.yaml`` the resolved recipe.
+    foundation's); ``run_info.json`` holds machine and versions; ``config.yaml`` the resolved recipe;
+    ``loss_curve.png``, when present, is shown on the card.
 
     Raises:
         FileNotFoundError: ``run_dir`` missing, or it holds neither metrics nor run_info.
@@ -527,6 +529,9 @@ def read_run_results(run_dir: str | os.PathLike) -> dict[str, Any]:
     if config_path is not None:
         out["config"] = safe_load_yaml(config_path)
         out["files"]["config"] = config_path
+    plot = _first_existing(run, RUN_FILES["plot"])
+    if plot is not None:
+        out["files"]["plot"] = plot
     return out
 
 
@@ -540,8 +545,20 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _table_rows(flat: Mapping[str, Any]) -> list[str]:
+    """Markdown rows for scalars and short lists; a list of records (a loss history) becomes its length."""
+    rows = []
+    for key, value in flat.items():
+        if isinstance(value, list) and any(isinstance(v, (Mapping, list)) for v in value):
+            value = f"{len(value)} entries (in the JSON file)"
+        rows.append(f"| {_fmt(key)} | {_fmt(value)} |")
+    return rows
+
+
 def _fmt(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, (list, tuple)) and not value:
+        text = "none"
+    elif isinstance(value, bool) or value is None:
         text = json.dumps(value)
     elif isinstance(value, float):
         text = f"{value:.6g}"
@@ -652,17 +669,20 @@ def render_model_card(
         label = f" `{run_label}`" if run_label else ""
         metrics = _flatten(results.get("metrics") or {})
         if metrics:
-            lines += [f"Measured in run{label}; copied from its `metrics.json` (also in `results/`).", ""]
+            metrics_name = results["files"]["metrics"].name if "metrics" in results.get("files", {}) else "metrics.json"
+            lines += [f"Measured in run{label}; copied from its `{metrics_name}` (also in `results/`).", ""]
             lines += ["| metric | value |", "|---|---|"]
-            lines += [f"| {_fmt(k)} | {_fmt(v)} |" for k, v in metrics.items()]
+            lines += _table_rows(metrics)
             lines.append("")
         else:
             lines += [f"Run{label} recorded no metrics.", ""]
         info = _flatten(results.get("run_info") or {})
         if info:
             lines += ["### Machine and versions", "", "| | |", "|---|---|"]
-            lines += [f"| {_fmt(k)} | {_fmt(v)} |" for k, v in info.items()]
+            lines += _table_rows(info)
             lines.append("")
+        if "plot" in results.get("files", {}):
+            lines += [f"![loss curve](results/{results['files']['plot'].name})", ""]
         if results.get("config") is not None:
             diffs = _run_differences(recipe, results["config"])
             if diffs:

@@ -58,7 +58,7 @@ def cache_repo(cache: Path, repo_id: str, snapshots: dict, refs: dict) -> Path:
     storage = cache / ("models--" + repo_id.replace("/", "--"))
     for commit, files in snapshots.items():
         for rel, text in files.items():
-            content = text.encode("utf-8")
+            content = text if isinstance(text, bytes) else text.encode("utf-8")
             blob = storage / "blobs" / git_blob_sha1(content)
             blob.parent.mkdir(parents=True, exist_ok=True)
             blob.write_bytes(content)
@@ -383,8 +383,28 @@ def test_load_hub_recipe_rejects_python_tag(offline_cache, tmp_path):
 # Push: folder, card, HfApi calls
 # ---------------------------------------------------------------------------------------------
 
-METRICS = {"eval_loss": 3.2109876, "train_runtime": 41.5, "train_steps_per_second": 12.0}
-RUN_INFO = {"machine": {"cpu": "2-core x86_64", "gpu": None}, "versions": {"torch": "2.13.0", "transformers": "5.24.0"}}
+METRICS = {
+    "eval_loss": 3.2109876,
+    "train_runtime": 41.5,
+    "train_steps_per_second": 12.0,
+    "history": [{"step": 1, "loss": 6.0}, {"step": 2, "loss": 5.0}],
+    "final_metrics": {"eval_loss": 3.2109876, "epoch": 0.25},
+}
+RUN_INFO = {
+    "machine": {"cpu": "2-core x86_64", "gpu": None},
+    "versions": {"torch": "2.13.0", "transformers": "5.24.0"},
+    "cuda_devices": [],
+    "argv": ["recipes/gpt2_small.py", "--config", "gpt2_tiny"],
+}
+RUN_FOLDER = [
+    "README.md",
+    "recipe.yaml",
+    "results/config.yaml",
+    "results/loss_curve.png",
+    "results/metrics.json",
+    "results/run_info.json",
+]
+PNG = b"\x89PNG\r\n\x1a\n fake"
 
 
 @pytest.fixture
@@ -400,6 +420,7 @@ def run_dir(tmp_path):
     run.mkdir(parents=True)
     (run / "metrics.json").write_text(json.dumps(METRICS))
     (run / "run_info.json").write_text(json.dumps(RUN_INFO))
+    (run / "loss_curve.png").write_bytes(PNG)
     # resolved config: defaults the recipe leaves out, plus one command-line override of learning_rate
     (run / "config.yaml").write_text(
         yaml.safe_dump({"learning_rate": 0.0003, "max_steps": 20, "seed": 0, "model": {"model_type": "gpt2"}})
@@ -415,9 +436,10 @@ def front_matter(card: str) -> dict:
 def test_prepare_recipe_folder_with_run(recipe_file, run_dir, tmp_path):
     out = tmp_path / "push"
     files = prepare_recipe_folder(recipe_file, out, run_dir, repo_id="owner/repo")
-    assert files == ["README.md", "recipe.yaml", "results/config.yaml", "results/metrics.json", "results/run_info.json"]
+    assert files == RUN_FOLDER
     assert (out / "recipe.yaml").read_text() == RECIPE_NEW  # byte for byte, comment kept
     assert json.loads((out / "results" / "metrics.json").read_text()) == METRICS
+    assert (out / "results" / "loss_curve.png").read_bytes() == PNG
     card = (out / "README.md").read_text()
     assert front_matter(card) == {"tags": ["hf-fasttrain", "recipe", "gpt2"]}
     assert "# repo: an hf_fasttrain training recipe" in card
@@ -429,6 +451,11 @@ def test_prepare_recipe_folder_with_run(recipe_file, run_dir, tmp_path):
     assert "| machine.cpu | 2-core x86_64 |" in card
     assert "| machine.gpu | null |" in card
     assert "| versions.transformers | 5.24.0 |" in card
+    assert "| history | 2 entries (in the JSON file) |" in card
+    assert "| final_metrics.epoch | 0.25 |" in card
+    assert "| cuda_devices | none |" in card
+    assert "| argv | recipes/gpt2_small.py, --config, gpt2_tiny |" in card
+    assert "![loss curve](results/loss_curve.png)" in card
     # the run overrode learning_rate; max_steps agrees; seed is a default, not a difference
     assert "| learning_rate | 0.0006 | 0.0003 |" in card
     assert "max_steps |" not in card and "| seed |" not in card
@@ -488,7 +515,7 @@ class RecordingApi:
 
     def upload_folder(self, **kwargs):
         folder = Path(kwargs["folder_path"])
-        held = {p.relative_to(folder).as_posix(): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
+        held = {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
         self.calls.append(("upload_folder", kwargs, held))
 
         class Info:
@@ -503,7 +530,7 @@ def test_push_dry_run_writes_folder_and_calls_nothing(recipe_file, run_dir, tmp_
     plan = push_recipe(recipe_file, "owner/repo", dry_run=True, run_dir=run_dir, api=api, out_dir=out)
     assert api.calls == []
     assert plan.files == sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    assert plan.files == ["README.md", "recipe.yaml", "results/config.yaml", "results/metrics.json", "results/run_info.json"]
+    assert plan.files == RUN_FOLDER
     printed = capsys.readouterr().out
     assert printed.startswith("Dry run: would push recipe hf://owner/repo\n")
     assert "create_repo('owner/repo', repo_type='model', exist_ok=True)" in printed
@@ -528,9 +555,9 @@ def test_push_calls_hfapi_with_repo_files_and_revision(recipe_file, run_dir, cap
     assert kwargs["repo_type"] == "model"
     assert kwargs["revision"] == "main"
     assert kwargs["commit_message"] == "Upload hf_fasttrain recipe recipe.yaml with run results"
-    assert sorted(held) == ["README.md", "recipe.yaml", "results/config.yaml", "results/metrics.json", "results/run_info.json"]
-    assert held["recipe.yaml"] == RECIPE_NEW
-    assert "| eval_loss | 3.21099 |" in held["README.md"]
+    assert sorted(held) == RUN_FOLDER
+    assert held["recipe.yaml"] == RECIPE_NEW.encode()
+    assert "| eval_loss | 3.21099 |" in held["README.md"].decode()
     assert not Path(kwargs["folder_path"]).exists()  # the temporary folder is cleaned up
     assert plan.commit_url.endswith(COMMIT_NEW) and not plan.dry_run
     assert capsys.readouterr().out == ""
@@ -544,7 +571,7 @@ def test_push_to_branch_creates_it(recipe_file):
     _, kwargs, held = api.calls[2]
     assert (kwargs["revision"], kwargs["commit_message"]) == ("v2", "v2 recipe")
     assert sorted(held) == ["README.md", "recipe.yaml"]
-    assert "--config hf://owner/repo@v2\n" in held["README.md"]
+    assert "--config hf://owner/repo@v2\n" in held["README.md"].decode()
 
 
 def test_push_refuses_bad_input(recipe_file, offline_cache):
