@@ -1,11 +1,14 @@
 """``hf-fasttrain``: the console entry point.
 
     hf-fasttrain train --config gpt2_tiny [--<field> <value> ...]   # same as recipes/gpt2_small.py
+    hf-fasttrain recipes list                                      # the bundled recipes
+    hf-fasttrain push-recipe <recipe> --repo <owner>/<repo> [--dry-run] [--run-dir <output_dir>]
     hf-fasttrain version
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Optional, Sequence
 
@@ -14,8 +17,11 @@ __all__ = ["main"]
 USAGE = """usage: hf-fasttrain <command> [options]
 
 commands:
-  train      train a causal LM from a recipe (--config <path or bundled name>); --help lists every option
-  version    print the package version
+  train        train a causal LM from a recipe (--config <path, bundled name or hf://owner/repo>);
+               --help lists every option
+  recipes      recipes list: the bundled recipes
+  push-recipe  upload a recipe and a model card with a run's results to the Hub (--dry-run to preview)
+  version      print the package version
 """
 
 
@@ -35,7 +41,84 @@ def _version(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "version": _version}
+def _recipe_description(path) -> str:
+    """The first comment line of a recipe file (bundled recipes start with what they are)."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("#").strip()
+        if line.strip():
+            break
+    return ""
+
+
+def _recipes(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hf-fasttrain recipes", description="Recipes bundled with hf_fasttrain.")
+    parser.add_argument("action", choices=["list"], help="list: name, file and description of each bundled recipe")
+    parser.parse_args(list(argv))
+    from .recipes import bundled_recipes
+
+    names = bundled_recipes()
+    width = max((len(n) for n in names), default=0)
+    for name, path in names.items():
+        print(f"{name:<{width}}  {_recipe_description(path)}\n{'':<{width}}  {path}")
+    print("Run one with: accelerate launch recipes/gpt2_small.py --config <name>  (or a path, or hf://<owner>/<repo>)")
+    return 0
+
+
+def _push_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hf-fasttrain push-recipe",
+        description="Validate a recipe and upload it, with a README model card (what it is, how to run it, "
+        "the measured results of a run), to a Hub model repo.",
+    )
+    p.add_argument("recipe", help="a YAML path, a bundled name or hf://<owner>/<repo>[/<file>.yaml][@<revision>]")
+    p.add_argument("--repo", required=True, help="target model repo, <owner>/<repo> (created if missing)")
+    p.add_argument("--revision", default=None, help="branch to push to (created if missing); default main")
+    p.add_argument("--run-dir", default=None,
+                   help="a run's output_dir: its metrics.json, run_info.json, config.yaml and loss_curve.png "
+                   "go on the card and into results/")
+    p.add_argument("--dry-run", action="store_true", help="write the folder and print what would be uploaded")
+    p.add_argument("--out-dir", default=None,
+                   help="folder to write (must be new or empty); default ./push-recipe-<owner>--<repo> "
+                   "with --dry-run, a temporary folder otherwise")
+    p.add_argument("--filename", default="recipe.yaml", help="name of the YAML in the repo (default recipe.yaml)")
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--tag", action="append", default=[], help="extra card tag (repeatable)")
+    p.add_argument("--commit-message", default=None)
+    return p
+
+
+def _push_recipe(argv: Sequence[str]) -> int:
+    args = _push_parser().parse_args(list(argv))
+    from .args import DataArguments, ModelArguments
+    from .hub import push_recipe
+    from .recipes import load_recipe, recipe_path, validate_recipe
+
+    # validate before anything is written: keys, types, and the model/data sections' ranges (the
+    # training section's device checks, e.g. bf16 needs a GPU, belong to the machine that runs it)
+    path = recipe_path(args.recipe)
+    sections = validate_recipe(load_recipe(args.recipe))
+    model_args = ModelArguments(**sections["model"])
+    DataArguments(**sections["data"])
+    model_tag = (model_args.model_name_or_path or "gpt2").rstrip("/").split("/")[-1].lower()
+    plan = push_recipe(
+        path,
+        args.repo,
+        revision=args.revision,
+        dry_run=args.dry_run,
+        run_dir=args.run_dir,
+        out_dir=args.out_dir,
+        filename=args.filename,
+        private=True if args.private else None,
+        commit_message=args.commit_message,
+        tags=[model_tag, *args.tag],
+    )
+    if not args.dry_run:
+        print(plan.describe())
+    return 0
+
+
+COMMANDS = {"train": _train, "recipes": _recipes, "push-recipe": _push_recipe, "version": _version}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -349,20 +349,22 @@ def _yaml_error(source: str, err: yaml.YAMLError) -> RecipeYAMLError:
     if tag is not None:
         shown = tag.group(1).replace("tag:yaml.org,2002:", "!!")
         return RecipeYAMLError(
-            f"{where}: YAML tag {shown!r} is not allowed in a recipe. Recipes are data, read with "
+            f"{where}: not a plain YAML mapping: YAML tag {shown!r} is not allowed in a recipe. Recipes are data, read with "
             "yaml.safe_load: only mappings, lists, strings, numbers, booleans and null are accepted, "
             "and no Python object is ever constructed. Nothing was executed; remove the tag."
         )
     return RecipeYAMLError(f"{where}: not valid YAML: {problem}")
 
 
-def safe_load_yaml(path_or_text: str | os.PathLike, *, source: str | None = None) -> dict:
+def safe_load_yaml(path_or_text: str | os.PathLike, *, source: str | None = None, allow_empty: bool = False) -> dict:
     """Read a recipe with ``yaml.safe_load`` and return its top-level mapping.
 
     ``path_or_text`` is a file when it is a ``Path``/``PathLike``, or a string with no newline that
     names an existing file or ends in ``.yaml``/``.yml``; any other string is YAML text.
     Python tags (``!!python/object/apply:...``) are refused by ``safe_load`` before any object is
     built, so nothing executes; the error names the tag, line and column.
+
+    An empty document (or only comments) is an error, or ``{}`` with ``allow_empty=True``.
 
     Raises:
         RecipeYAMLError: bad YAML, a non-data tag, more than ``RECIPE_MAX_BYTES``, an empty document,
@@ -400,6 +402,8 @@ def safe_load_yaml(path_or_text: str | os.PathLike, *, source: str | None = None
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise _yaml_error(source, err) from None
+    if data is None and allow_empty:
+        return {}
     if data is None:
         raise RecipeYAMLError(f"{source}: the recipe is empty; expected a mapping of field names to values.")
     if not isinstance(data, dict):
@@ -421,7 +425,10 @@ def safe_load_yaml(path_or_text: str | os.PathLike, *, source: str | None = None
 def guard_trust_remote_code(
     recipe: Mapping[str, Any], *, source: str, trust_remote_code: bool = False
 ) -> tuple[dict, list[str]]:
-    """Drop every ``trust_remote_code`` a Hub recipe sets, unless the user allowed it.
+    """Drop every ``trust_remote_code`` a recipe sets, unless the user allowed it.
+
+    ``hf_fasttrain.recipes.load_recipe`` applies this to every recipe source (path, bundled name,
+    ``hf://``): ``trust_remote_code`` comes from the user's command line only.
 
     Looks at any depth (top level, ``model:``, ``data:``, nested kwargs). A key set to ``false``
     is harmless and kept. With ``trust_remote_code=True`` (the user's own command-line flag) the
@@ -457,8 +464,8 @@ def guard_trust_remote_code(
     cleaned = walk(recipe, "")
     if dropped:
         msg = (
-            f"{source} sets {', '.join(dropped)}; a Hub recipe never enables trust_remote_code by itself, "
-            "so it was ignored. If you trust this repo's code, pass --trust_remote_code true yourself."
+            f"{source} sets {', '.join(dropped)}; a recipe never enables trust_remote_code by itself, "
+            "so it was ignored. If you trust that code, pass --trust_remote_code true yourself."
         )
         warnings.warn(msg, UserWarning, stacklevel=2)
         logger.warning(msg)
@@ -570,9 +577,17 @@ def _fmt(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+# Values the resolved config writes differently from how a recipe says them.
+_NONE_LIKE = (None, "none", [], ["none"])
+# Where the run wrote its files says nothing about the recipe.
+_NOT_RECIPE_DIFFERENCES = ("output_dir",)
+
+
 def _same_value(a: Any, b: Any) -> bool:
-    if a == b:
+    if a == b or (a in _NONE_LIKE and b in _NONE_LIKE):
         return True
+    if isinstance(b, list) and len(b) == 1 and not isinstance(a, list):  # report_to: wandb -> [wandb]
+        return _same_value(a, b[0])
     try:  # "6e-4" (YAML 1.1 reads it as a string) vs 0.0006
         return float(a) == float(b)
     except (TypeError, ValueError):
@@ -584,6 +599,8 @@ def _run_differences(recipe: Mapping[str, Any], run_config: Mapping[str, Any]) -
     recipe_flat, run_flat = _flatten(recipe), _flatten(run_config)
     diffs = []
     for key, value in recipe_flat.items():
+        if key in _NOT_RECIPE_DIFFERENCES:
+            continue
         if key in run_flat and not _same_value(value, run_flat[key]):
             diffs.append((key, value, run_flat[key]))
     return diffs
@@ -646,8 +663,10 @@ def render_model_card(
         "## Run it",
         "",
         "```bash",
-        "pip install hf_fasttrain",
+        "# in a checkout of hf_fasttrain (pip install -e .)",
         f"accelerate launch {script} --config {uri}",
+        "# or, with the package installed",
+        f"hf-fasttrain train --config {uri}",
         "```",
         "",
         f"Any field can be overridden after the config, e.g. `--config {uri} --learning_rate 3e-4`. "
@@ -665,37 +684,45 @@ def render_model_card(
     ]
     if not results:
         lines += ["No measured run was attached to this upload.", ""]
-    else:
-        label = f" `{run_label}`" if run_label else ""
-        metrics = _flatten(results.get("metrics") or {})
-        if metrics:
-            metrics_name = results["files"]["metrics"].name if "metrics" in results.get("files", {}) else "metrics.json"
-            lines += [f"Measured in run{label}; copied from its `{metrics_name}` (also in `results/`).", ""]
-            lines += ["| metric | value |", "|---|---|"]
-            lines += _table_rows(metrics)
+        return "\n".join(lines)
+    label = f" `{run_label}`" if run_label else ""
+    files = results.get("files", {})
+    lines += [f"Measured in run{label}; its files are in `results/`.", ""]
+    # 1. how the run differed from the recipe: this qualifies every number below
+    if results.get("config") is not None:
+        diffs = _run_differences(recipe, results["config"])
+        if diffs:
+            lines += [
+                "**Note:** the measured run overrode the recipe on the command line, so its results are "
+                "for these values, not the recipe's:",
+                "",
+                "| field | recipe | run |",
+                "|---|---|---|",
+            ]
+            lines += [f"| {_fmt(k)} | {_fmt(a)} | {_fmt(b)} |" for k, a, b in diffs]
             lines.append("")
         else:
-            lines += [f"Run{label} recorded no metrics.", ""]
-        info = _flatten(results.get("run_info") or {})
-        if info:
-            lines += ["### Machine and versions", "", "| | |", "|---|---|"]
-            lines += _table_rows(info)
-            lines.append("")
-        if "plot" in results.get("files", {}):
-            lines += [f"![loss curve](results/{results['files']['plot'].name})", ""]
-        if results.get("config") is not None:
-            diffs = _run_differences(recipe, results["config"])
-            if diffs:
-                lines += [
-                    "**Note:** the run used command-line overrides; these differ from the recipe above:",
-                    "",
-                    "| field | recipe | run |",
-                    "|---|---|---|",
-                ]
-                lines += [f"| {_fmt(k)} | {_fmt(a)} | {_fmt(b)} |" for k, a, b in diffs]
-                lines.append("")
-            else:
-                lines += ["The run's resolved config (`results/config.yaml`) agrees with every field the recipe sets.", ""]
+            lines += ["The run's resolved config (`results/config.yaml`) agrees with every field the recipe sets.", ""]
+    # 2. the numbers
+    metrics = _flatten(results.get("metrics") or {})
+    if metrics:
+        name = files["metrics"].name if "metrics" in files else "metrics.json"
+        lines += [f"From `{name}`:", "", "| metric | value |", "|---|---|"]
+        lines += _table_rows(metrics)
+        lines.append("")
+    else:
+        lines += ["The run recorded no metrics.", ""]
+    if "plot" in files:
+        lines += [f"![loss curve](results/{files['plot'].name})", ""]
+    # 3. where they were measured
+    info = _flatten(results.get("run_info") or {})
+    argv = info.pop("argv", None)
+    if info:
+        lines += ["### Machine and versions", "", "| | |", "|---|---|"]
+        lines += _table_rows(info)
+        lines.append("")
+    if isinstance(argv, list) and argv:
+        lines += ["The run's command line:", "", "```", " ".join(str(a) for a in argv), "```", ""]
     return "\n".join(lines)
 
 

@@ -14,7 +14,10 @@ suggest the closest valid name; values are checked against the field's type (a Y
 YAML reads as a string, becomes the float it means) before anything trains. On the command line,
 ``--config <recipe>`` is applied first and every ``--<field> <value>`` overrides it.
 
-Sources: a local path, or a bundled name (``gpt2_tiny``, ``gpt2_small``: the files in recipes/configs).
+Sources: a local path, a bundled name (``gpt2_tiny``, ``gpt2_small``: the files in recipes/configs), or
+the Hub, ``hf://<owner>/<repo>[/<file>.yaml][@<revision>]`` (see :mod:`hf_fasttrain.hub`; honours
+``HF_HUB_OFFLINE`` and the Hub cache). No recipe, from any source, turns on ``trust_remote_code``:
+only the user's ``--trust_remote_code true`` does.
 """
 
 from __future__ import annotations
@@ -27,15 +30,15 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-import yaml
-
 from .args import DataArguments, FastTrainingArguments, ModelArguments
+from .hub import guard_trust_remote_code, is_hub_uri, resolve_hub_recipe, safe_load_yaml
 
 __all__ = [
     "SECTIONS",
     "BUNDLED_DIR",
     "bundled_recipes",
     "load_recipe",
+    "recipe_path",
     "validate_recipe",
     "make_parser",
     "parse_config",
@@ -58,29 +61,30 @@ def bundled_recipes() -> dict[str, Path]:
     return {p.stem: p for p in sorted(BUNDLED_DIR.glob("*.yaml"))}
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:  # includes python/object tags, which safe_load refuses
-        raise ValueError(f"recipe {path}: not a plain YAML mapping ({e.__class__.__name__}: {e})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ValueError(f"recipe {path}: top level must be a mapping of field names, got {type(data).__name__}")
-    return data
-
-
-def load_recipe(source: str | Path) -> dict[str, Any]:
-    """Read a recipe from a local path or a bundled name; returns the raw mapping (validate separately)."""
+def recipe_path(source: str | Path) -> Path:
+    """The local file of a recipe: a path, a bundled name, or ``hf://...`` (fetched into the Hub cache)."""
+    if is_hub_uri(source):
+        return resolve_hub_recipe(str(source))
     path = Path(source)
     if path.is_file():
-        return _read_yaml(path)
+        return path
     bundled = bundled_recipes()
     if str(source) in bundled:
-        return _read_yaml(bundled[str(source)])
+        return bundled[str(source)]
     raise FileNotFoundError(
-        f"recipe {str(source)!r} is neither a file nor a bundled recipe; bundled: {sorted(bundled)}"
+        f"recipe {str(source)!r} is neither a file, a bundled recipe nor a hf://<owner>/<repo> URI; "
+        f"bundled: {sorted(bundled)}"
     )
+
+
+def load_recipe(source: str | Path, *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """Read a recipe from a local path, a bundled name or ``hf://``; returns the raw mapping (validate
+    separately). ``yaml.safe_load`` only; any ``trust_remote_code`` the recipe sets is dropped with a
+    warning unless ``trust_remote_code=True`` (the user's own flag)."""
+    path = recipe_path(source)
+    data = safe_load_yaml(path, source=str(source) if is_hub_uri(source) else str(path), allow_empty=True)
+    data, _ = guard_trust_remote_code(data, source=str(source), trust_remote_code=trust_remote_code)
+    return data
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -192,7 +196,8 @@ def make_parser() -> "HfArgumentParser":
     parser.add_argument(
         "--config",
         default=None,
-        help="Recipe: a YAML path or a bundled name (" + ", ".join(bundled_recipes()) + "). "
+        help="Recipe: a YAML path, a bundled name (" + ", ".join(bundled_recipes()) + ") or "
+        "hf://<owner>/<repo>[/<file>.yaml][@<revision>]. "
         "Its keys are the option names below; flags given here override it.",
     )
     return parser
@@ -202,12 +207,16 @@ def parse_config(
     argv: Optional[Sequence[str]] = None,
 ) -> tuple[ModelArguments, DataArguments, FastTrainingArguments]:
     """Recipe (``--config``) first, then command-line overrides; all validated before returning."""
+    from transformers.hf_argparser import string_to_bool
+
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
+    # the user's own flag is the only way trust_remote_code becomes true (a recipe's is dropped)
+    pre.add_argument("--trust_remote_code", type=string_to_bool, nargs="?", const=True, default=False)
     ns, _ = pre.parse_known_args(argv)
     parser = make_parser()
     if ns.config is not None:
-        sections = validate_recipe(load_recipe(ns.config))
+        sections = validate_recipe(load_recipe(ns.config, trust_remote_code=ns.trust_remote_code))
         defaults = {**sections[None], **sections["model"], **sections["data"]}
         parser.set_defaults(**defaults)
         # a recipe may supply what a dataclass would otherwise require on the command line

@@ -269,8 +269,12 @@ def test_resolve_in_fresh_interpreter_with_env_only(tmp_path):
     """End to end: env vars set before huggingface_hub is imported, nothing patched."""
     cache = tmp_path / "cache"
     cache_repo(cache, "owner/repo", {COMMIT_OLD: {"recipe.yaml": RECIPE_OLD}}, {"main": COMMIT_OLD})
+    # hub.py is loaded by file path: the package __init__ would import torch and transformers (slow)
     code = (
-        "from hf_fasttrain.hub import resolve_hub_recipe, HubRecipeUnavailableError\n"
+        "import importlib.util as u, sys\n"
+        f"spec = u.spec_from_file_location('hub', {str(Path(hub.__file__))!r})\n"
+        "m = sys.modules['hub'] = u.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "resolve_hub_recipe, HubRecipeUnavailableError = m.resolve_hub_recipe, m.HubRecipeUnavailableError\n"
         "print(resolve_hub_recipe('hf://owner/repo').read_text(), end='')\n"
         "try:\n    resolve_hub_recipe('hf://owner/other')\n"
         "except HubRecipeUnavailableError as e:\n    print('MISSING', 'HF_HUB_OFFLINE=1' in str(e))\n"
@@ -374,7 +378,7 @@ def test_load_hub_recipe_never_enables_remote_code(offline_cache):
 def test_load_hub_recipe_rejects_python_tag(offline_cache, tmp_path):
     target = tmp_path / "hacked"
     cache_repo(offline_cache, "owner/evil", {COMMIT_NEW: {"recipe.yaml": _payload(target)}}, {"main": COMMIT_NEW})
-    with pytest.raises(RecipeYAMLError, match=r"hf://owner/evil, line 2, column 7: YAML tag '!!python"):
+    with pytest.raises(RecipeYAMLError, match=r"hf://owner/evil, line 2, column 7: not a plain YAML mapping: YAML tag '!!python"):
         load_hub_recipe("hf://owner/evil")
     assert not target.exists()
 
@@ -445,7 +449,7 @@ def test_prepare_recipe_folder_with_run(recipe_file, run_dir, tmp_path):
     assert "# repo: an hf_fasttrain training recipe" in card
     assert "accelerate launch recipes/gpt2_small.py --config hf://owner/repo\n" in card
     assert "```yaml\n" + RECIPE_NEW + "```" in card
-    assert "Measured in run `gpt2_tiny-seed0`" in card
+    assert "Measured in run `gpt2_tiny-seed0`; its files are in `results/`." in card
     assert "| eval_loss | 3.21099 |" in card
     assert "| train_steps_per_second | 12 |" in card
     assert "| machine.cpu | 2-core x86_64 |" in card
@@ -454,7 +458,9 @@ def test_prepare_recipe_folder_with_run(recipe_file, run_dir, tmp_path):
     assert "| history | 2 entries (in the JSON file) |" in card
     assert "| final_metrics.epoch | 0.25 |" in card
     assert "| cuda_devices | none |" in card
-    assert "| argv | recipes/gpt2_small.py, --config, gpt2_tiny |" in card
+    assert "The run's command line:\n\n```\nrecipes/gpt2_small.py --config gpt2_tiny\n```" in card
+    # the note on overrides comes before the numbers it qualifies
+    assert card.index("| learning_rate | 0.0006 | 0.0003 |") < card.index("| eval_loss |")
     assert "![loss curve](results/loss_curve.png)" in card
     # the run overrode learning_rate; max_steps agrees; seed is a default, not a difference
     assert "| learning_rate | 0.0006 | 0.0003 |" in card
