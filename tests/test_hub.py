@@ -599,3 +599,238 @@ def test_pushed_folder_loads_back_through_hf_uri(recipe_file, run_dir, offline_c
     cache_repo(offline_cache, "owner/roundtrip", {COMMIT_NEW: held}, {"main": COMMIT_NEW})
     assert load_hub_recipe("hf://owner/roundtrip") == safe_load_yaml(recipe_file)
     assert load_hub_recipe(f"hf://owner/roundtrip/results/config.yaml@{COMMIT_NEW}")["learning_rate"] == 0.0003
+
+
+# ---------------------------------------------------------------------------------------------
+# Wired into recipes.py and the CLI
+# ---------------------------------------------------------------------------------------------
+
+TINY = {
+    "model": {"n_layer": 2, "n_head": 2, "n_embd": 32},
+    "data": {"vocab_size": 300, "block_size": 32, "max_corpus_files": 40, "max_eval_samples": 32},
+    "max_steps": 4,
+    "per_device_train_batch_size": 8,
+    "learning_rate": 3.0e-3,
+    "logging_steps": 2,
+    "eval_strategy": "no",
+    "save_strategy": "no",
+    "use_cpu": True,
+    "disable_tqdm": True,
+    "report_to": "none",
+    "dataloader_num_workers": 0,
+}
+
+
+def test_parse_config_loads_hf_uri_with_overrides_and_pinning(offline_cache, tmp_path):
+    from hf_fasttrain.recipes import parse_config
+
+    old = yaml.safe_dump({**TINY, "max_steps": 10})
+    new = "# tiny\n" + yaml.safe_dump({**TINY, "learning_rate": "1e-3"})  # YAML 1.1 reads 1e-3 as a string
+    cache_repo(offline_cache, "owner/tiny", {COMMIT_OLD: {"recipe.yaml": old}, COMMIT_NEW: {"recipe.yaml": new}},
+               {"main": COMMIT_NEW})
+    out = str(tmp_path / "o")
+    m, d, t = parse_config(["--config", "hf://owner/tiny", "--output_dir", out, "--max_steps", "7"])
+    assert (m.n_layer, m.n_embd, d.block_size, d.vocab_size) == (2, 32, 32, 300)
+    assert (t.learning_rate, t.max_steps, t.use_cpu) == (1e-3, 7, True)  # recipe, then the command line
+    _, _, t_old = parse_config(["--config", f"hf://owner/tiny@{COMMIT_OLD}", "--output_dir", out])
+    assert (t_old.learning_rate, t_old.max_steps) == (3e-3, 10)
+    with pytest.raises(HubRecipeUnavailableError, match="'hf://owner/missing'.*not in the Hugging Face cache"):
+        parse_config(["--config", "hf://owner/missing", "--output_dir", out])
+    with pytest.raises(ValueError, match="must name a .yaml or .yml file"):
+        parse_config(["--config", "hf://owner/tiny/README.md", "--output_dir", out])
+    assert not (tmp_path / "o").exists()  # nothing started
+
+
+def test_no_recipe_turns_on_trust_remote_code(offline_cache, tmp_path):
+    from hf_fasttrain.recipes import parse_config
+
+    text = yaml.safe_dump({**TINY, "model": {**TINY["model"], "trust_remote_code": True}})
+    cache_repo(offline_cache, "owner/remote", {COMMIT_NEW: {"recipe.yaml": text}}, {"main": COMMIT_NEW})
+    local = tmp_path / "local.yaml"
+    local.write_text(text)
+    out = ["--output_dir", str(tmp_path / "o")]
+    for source in ("hf://owner/remote", str(local)):
+        with pytest.warns(UserWarning, match=f"{source} sets model.trust_remote_code; a recipe never enables"):
+            m, _, _ = parse_config(["--config", source, *out])
+        assert m.trust_remote_code is False
+        m, _, _ = parse_config(["--config", source, "--trust_remote_code", "true", *out])
+        assert m.trust_remote_code is True  # the user's flag
+        m, _, _ = parse_config(["--config", source, "--trust_remote_code", *out])
+        assert m.trust_remote_code is True
+        with pytest.warns(UserWarning):
+            m, _, _ = parse_config(["--config", source, "--trust_remote_code", "false", *out])
+        assert m.trust_remote_code is False
+
+
+def test_args_yaml_args_round_trip_is_identity(tmp_path):
+    """args -> resolved YAML -> args gives equal dataclasses, for every field type a recipe uses."""
+    import dataclasses
+
+    from hf_fasttrain.recipes import parse_config, resolved_config
+
+    argv = [
+        "--config", "gpt2_tiny",
+        "--output_dir", str(tmp_path / "o"),
+        "--max_steps", "17",  # int
+        "--learning_rate", "3e-4",  # float given in YAML-1.1-string form
+        "--eval_on_start", "false",  # bool
+        "--attn_implementation", "eager",  # str
+        "--model_name_or_path", "gpt2",  # Optional[str] set
+        "--max_train_samples", "100",  # Optional[int] set (n_positions stays None)
+        "--mfu_peak_tflops", "312.5",  # Optional[float]
+        "--lr_scheduler_kwargs", '{"min_lr_rate": 0.05}',  # dict
+        "--report_to", "none",  # list after TrainingArguments.__post_init__
+        "--eval_strategy", "epoch",  # enum
+        "--dataset", "a.txt,b.txt",
+    ]
+    m, d, t = parse_config(argv)
+    first = tmp_path / "first.yaml"
+    first.write_text(yaml.safe_dump(resolved_config(m, d, t), sort_keys=False))
+    m2, d2, t2 = parse_config(["--config", str(first)])
+    assert (m2, d2) == (m, d)
+    for f in dataclasses.fields(t):
+        if f.init:
+            assert getattr(t2, f.name) == getattr(t, f.name), f.name
+    assert t2.to_dict() == t.to_dict()
+    # ...and YAML -> args -> YAML is a fixed point, byte for byte
+    second = tmp_path / "second.yaml"
+    second.write_text(yaml.safe_dump(resolved_config(m2, d2, t2), sort_keys=False))
+    m3, d3, t3 = parse_config(["--config", str(second)])
+    assert yaml.safe_dump(resolved_config(m3, d3, t3), sort_keys=False) == second.read_text()
+    # every value type a recipe can hold was exercised, with non-default values
+    kinds = {type(v).__name__ for v in (*dataclasses.asdict(m).values(), *dataclasses.asdict(d).values(), *t.to_dict().values())}
+    assert {"NoneType", "bool", "dict", "float", "int", "list", "str"} <= kinds
+    assert (t2.max_steps, t2.learning_rate, t2.eval_on_start, t2.mfu_peak_tflops) == (17, 3e-4, False, 312.5)
+    assert (t2.lr_scheduler_kwargs, t2.report_to, t2.eval_strategy.value) == ({"min_lr_rate": 0.05}, [], "epoch")
+    assert (m2.model_name_or_path, m2.attn_implementation, d2.max_train_samples, m2.n_positions) == ("gpt2", "eager", 100, None)
+
+
+def test_every_bundled_recipe_validates_and_parses(tmp_path):
+    import dataclasses
+
+    from hf_fasttrain.recipes import bundled_recipes, load_recipe, parse_config, validate_recipe
+
+    names = bundled_recipes()
+    assert {"gpt2_tiny", "gpt2_small"} <= set(names)
+    for name in names:
+        sections = validate_recipe(load_recipe(name))
+        # --use_cpu: bf16 / torch_compile recipes are for GPUs, and this check runs anywhere
+        m, d, t = parse_config(["--config", name, "--output_dir", str(tmp_path / name), "--use_cpu", "true"])
+        for obj, section in ((m, "model"), (d, "data"), (t, None)):
+            for key, value in sections[section].items():
+                got = getattr(obj, key)
+                got = got.value if hasattr(got, "value") and not dataclasses.is_dataclass(got) else got
+                if key == "report_to":
+                    assert got == ([] if value == "none" else [value]), name
+                # overridden here; and TrainingArguments turns pin memory off under use_cpu
+                elif key not in ("use_cpu", "output_dir", "dataloader_pin_memory"):
+                    assert got == value, (name, key, got, value)
+
+
+def test_cli_recipes_list(capsys):
+    from hf_fasttrain.cli import main
+    from hf_fasttrain.recipes import bundled_recipes
+
+    assert main(["recipes", "list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    names = bundled_recipes()
+    for name, path in names.items():
+        (line,) = [ln for ln in out if ln.startswith(name + " ")]
+        assert line.split(None, 1)[1] == path.read_text().splitlines()[0].lstrip("# ")
+        assert out[out.index(line) + 1].strip() == str(path)
+    assert out[-1].startswith("Run one with: accelerate launch recipes/gpt2_small.py --config <name>")
+
+
+def test_cli_push_recipe_dry_run(run_dir, tmp_path, capsys):
+    from hf_fasttrain.cli import main
+
+    out = tmp_path / "folder"
+    rc = main(["push-recipe", "gpt2_tiny", "--repo", "owner/tiny", "--dry-run", "--run-dir", str(run_dir),
+               "--out-dir", str(out), "--tag", "cpu"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("Dry run: would push recipe hf://owner/tiny\n")
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == RUN_FOLDER
+    from hf_fasttrain.recipes import bundled_recipes
+
+    assert (out / "recipe.yaml").read_text() == bundled_recipes()["gpt2_tiny"].read_text()
+    card = (out / "README.md").read_text()
+    assert front_matter(card) == {"tags": ["hf-fasttrain", "recipe", "gpt2", "cpu"]}
+    assert "accelerate launch recipes/gpt2_small.py --config hf://owner/tiny\n" in card
+
+
+def test_cli_push_recipe_uploads_through_hfapi(recipe_file, monkeypatch, capsys):
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from hf_fasttrain.cli import main
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    made = []
+
+    def fake_hfapi(token=None):
+        made.append(RecordingApi())
+        return made[-1]
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", fake_hfapi)
+    recipe_file.write_text(yaml.safe_dump(TINY))
+    assert main(["push-recipe", str(recipe_file), "--repo", "owner/tiny", "--revision", "v1", "--private"]) == 0
+    (api,) = made
+    assert [c[0] for c in api.calls] == ["create_repo", "create_branch", "upload_folder"]
+    assert api.calls[0] == ("create_repo", "owner/tiny", {"repo_type": "model", "exist_ok": True, "private": True})
+    _, kwargs, held = api.calls[2]
+    assert (kwargs["repo_id"], kwargs["revision"], kwargs["repo_type"]) == ("owner/tiny", "v1", "model")
+    assert sorted(held) == ["README.md", "recipe.yaml"]
+    assert yaml.safe_load(held["recipe.yaml"]) == TINY
+    assert capsys.readouterr().out.startswith("Did push recipe hf://owner/tiny@v1\n")
+
+
+@pytest.mark.parametrize(
+    "recipe, match",
+    [
+        ({"learnig_rate": 1e-3}, "did you mean 'learning_rate'"),
+        ({"model": {"n_embd": 100, "n_head": 3}}, "n_head=3 is invalid: must divide n_embd=100"),
+        ({"data": {"vocab_size": 10}}, "vocab_size=10 is invalid"),
+    ],
+)
+def test_cli_push_recipe_validates_first(tmp_path, recipe, match):
+    from hf_fasttrain.cli import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    with pytest.raises(ValueError, match=match):
+        main(["push-recipe", str(path), "--repo", "owner/bad", "--dry-run", "--out-dir", str(tmp_path / "f")])
+    assert not (tmp_path / "f").exists()
+
+
+def test_local_recipe_run_push_then_pull_by_hf_uri(tmp_path, offline_cache, capsys):
+    """The whole story on the tiny model: a recipe trains, its run is pushed with the results, and
+    ``--config hf://...`` from the cache gives back the same arguments."""
+    from hf_fasttrain.cli import main
+    from hf_fasttrain.recipes import parse_config
+    from hf_fasttrain.run import train
+
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text("# tiny GPT-2 for tests\n" + yaml.safe_dump(TINY, sort_keys=False))
+    run = tmp_path / "run"
+    m, d, t = parse_config(["--config", str(recipe), "--output_dir", str(run)])
+    final = train(m, d, t)
+
+    folder = tmp_path / "push"
+    assert main(["push-recipe", str(recipe), "--repo", "owner/tiny", "--dry-run", "--run-dir", str(run),
+                 "--out-dir", str(folder)]) == 0
+    card = (folder / "README.md").read_text()
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["final_eval_loss"] == pytest.approx(final["eval_loss"])
+    assert f"| final_eval_loss | {metrics['final_eval_loss']:.6g} |" in card
+    assert f"| torch | {json.loads((run / 'run_info.json').read_text())['torch']} |" in card
+    # run config.yaml == recipe + defaults: no false "differences" (report_to none -> [], output_dir)
+    assert "agrees with every field the recipe sets" in card
+    assert "![loss curve](results/loss_curve.png)" in card
+
+    files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    cache_repo(offline_cache, "owner/tiny", {COMMIT_NEW: files}, {"main": COMMIT_NEW})
+    m2, d2, t2 = parse_config(["--config", "hf://owner/tiny", "--output_dir", str(run)])
+    assert (m2, d2) == (m, d) and t2.to_dict() == t.to_dict()
