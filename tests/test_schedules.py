@@ -525,3 +525,126 @@ def test_callback_validates_at_construction():
         LRScheduleCallback(min_lr=0.1, min_lr_ratio=0.2)
     with pytest.raises(ValueError, match=r"warmup_steps=-3"):
         LRScheduleCallback(warmup_steps=-3)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# FastTrainer / FastTrainingArguments (lr_decay and friends)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _fast_trainer(lm, tok, args, seed=0):
+    from transformers import DataCollatorForLanguageModeling
+
+    from conftest import make_tiny_gpt2
+    from hf_fasttrain import FastTrainer
+
+    return FastTrainer(
+        model=make_tiny_gpt2(len(tok), seed=seed), args=args, train_dataset=lm["train"],
+        data_collator=DataCollatorForLanguageModeling(tok, mlm=False), processing_class=tok,
+    )
+
+
+def test_fasttrainer_lr_decay_logs_expected_lrs(tiny_lm, tiny_tokenizer, tmp_path):
+    from conftest import tiny_args
+
+    args = tiny_args(tmp_path, max_steps=6, learning_rate=1e-2, lr_decay="sqrt", warmup_steps=2,
+                     warmup_start_factor=0.1, min_lr_ratio=0.1)
+    trainer = _fast_trainer(tiny_lm, tiny_tokenizer, args)
+    trainer.train()
+    # W=2 from 0.1, then sqrt over T=4 to 10% of the peak
+    expected = [0.1, 0.55, 1.0] + [0.1 + 0.9 * math.sqrt(1 - t / 4) for t in (1, 2, 3)]
+    assert [lr for _, lr in _logged_lrs(trainer)] == pytest.approx([1e-2 * f for f in expected], rel=1e-9)
+    assert [g["lr"] for g in trainer.optimizer.param_groups] == pytest.approx([1e-3, 1e-3], rel=1e-9)
+    assert trainer.token_progress is None
+
+
+def test_fasttrainer_token_schedule_resumes_from_a_trainer_checkpoint(tiny_lm, tiny_tokenizer, tmp_path):
+    from conftest import tiny_args
+
+    # 8 rows x 32 tokens = 256 tokens per step; budget 2048 tokens = 8 steps' worth, run for 6 steps:
+    # linear to 0 in tokens gives lr = 1e-2 * (1 - k/8) after k steps (a step schedule would give 1 - k/6)
+    def args(out, **kw):
+        return tiny_args(out, max_steps=6, learning_rate=1e-2, lr_decay="linear", schedule_unit="tokens",
+                         schedule_total_tokens=2048, **kw)
+
+    straight = _fast_trainer(tiny_lm, tiny_tokenizer, args(tmp_path / "a", save_strategy="steps", save_steps=3))
+    straight.train()
+    assert [lr for _, lr in _logged_lrs(straight)] == pytest.approx([1e-2 * (1 - k / 8) for k in range(6)], rel=1e-9)
+    assert straight.token_progress.tokens_seen == 6 * 256
+
+    saved = torch.load(tmp_path / "a" / "checkpoint-3" / "scheduler.pt", weights_only=True)
+    assert saved["token_progress"] == {"tokens_seen": 3 * 256, "total_tokens": 2048}
+    assert saved["last_epoch"] == 3
+
+    resumed = _fast_trainer(tiny_lm, tiny_tokenizer, args(tmp_path / "b"))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-3"))
+    assert resumed.token_progress.tokens_seen == 6 * 256
+    assert _logged_lrs(resumed) == _logged_lrs(straight)  # steps 4-6 computed after the resume, exact
+    losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (straight, resumed)]
+    assert losses[1][3:] == pytest.approx(losses[0][3:], rel=1e-6)
+
+
+def test_fasttrainer_default_token_budget(tiny_lm, tiny_tokenizer, tmp_path):
+    from conftest import tiny_args
+
+    args = tiny_args(tmp_path, max_steps=6, lr_decay="cosine", schedule_unit="tokens", gradient_accumulation_steps=2)
+    trainer = _fast_trainer(tiny_lm, tiny_tokenizer, args)
+    trainer.create_optimizer()
+    sched = trainer.create_scheduler(num_training_steps=6)
+    assert trainer.token_progress.total_tokens == 6 * (8 * 2) * 32  # steps x global batch x row length
+    assert sched.progress is trainer.token_progress
+
+
+def test_fasttrainer_without_lr_decay_keeps_the_trainers_scheduler(tiny_lm, tiny_tokenizer, tmp_path):
+    from conftest import tiny_args
+    from hf_fasttrain.schedules import ScheduleLR
+
+    trainer = _fast_trainer(tiny_lm, tiny_tokenizer, tiny_args(tmp_path, max_steps=6, lr_scheduler_type="cosine"))
+    trainer.create_optimizer()
+    sched = trainer.create_scheduler(num_training_steps=6)
+    assert not isinstance(sched, ScheduleLR) and trainer.token_progress is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(lr_decay="sqrt", lr_scheduler_type="cosine"), r"lr_scheduler_type='cosine' is invalid: lr_decay='sqrt' replaces"),
+        (dict(lr_decay="sqrt", lr_scheduler_kwargs={"min_lr_rate": 0.1}), r"lr_scheduler_kwargs=\{'min_lr_rate': 0\.1\} is invalid"),
+        (dict(min_lr_ratio=0.1), r"min_lr_ratio=0\.1 is invalid: only used with lr_decay"),
+        (dict(schedule_unit="tokens"), r"schedule_unit='tokens' is invalid: only used with lr_decay"),
+        (dict(lr_decay="exp"), r"lr_decay='exp' is not a known decay shape; known: cosine, sqrt"),
+        (dict(lr_decay="cosine", min_lr=0.1, min_lr_ratio=0.1), r"both given"),
+        (dict(lr_decay="cosine", min_lr=0.1, learning_rate=0.01), r"min_lr=0\.1 is invalid: must be <= learning_rate=0\.01"),
+        (dict(lr_decay="cosine", warmup_steps=20, max_steps=10), r"warmup_steps=20 \(20 steps\) is longer than training"),
+        (dict(lr_decay="1-sqrt", warmup_steps=9, max_steps=10), r"decay_fraction=0\.2 starts the decay inside the warmup"),
+        (dict(lr_decay="cosine", schedule_unit="epochs"), r"schedule_unit='epochs' is invalid: allowed: 'steps', 'tokens'"),
+        (dict(lr_decay="cosine", schedule_total_tokens=100), r"schedule_total_tokens=100 is invalid: only used with schedule_unit='tokens'"),
+        (dict(lr_decay="cosine", schedule_unit="tokens", schedule_total_tokens=0), r"schedule_total_tokens=0 is invalid"),
+    ],
+)
+def test_fast_training_arguments_reject_conflicts(tmp_path, kwargs, match):
+    from hf_fasttrain import FastTrainingArguments
+
+    with pytest.raises(ValueError, match=match):
+        FastTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kwargs)
+
+
+def test_fast_training_arguments_accept_a_schedule_by_name(tmp_path):
+    from hf_fasttrain import FastTrainingArguments
+
+    args = FastTrainingArguments(output_dir=str(tmp_path), lr_decay="sqrt", warmup_steps=0.01, min_lr_ratio=0.1,
+                                 max_steps=100, use_cpu=True, report_to="none")
+    assert (args.lr_decay, args.get_warmup_steps(100), args.min_lr_ratio) == ("sqrt", 1, 0.1)
+    # 'none' on the command line undoes a recipe's lr_decay and gives the Trainer's scheduler back
+    args = FastTrainingArguments(output_dir=str(tmp_path), lr_decay="none", lr_scheduler_type="cosine",
+                                 use_cpu=True, report_to="none")
+    assert args.lr_decay is None
+
+
+def test_tiny_recipe_uses_a_named_schedule(tmp_path):
+    from hf_fasttrain.recipes import parse_config
+
+    _, _, t = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "o")])
+    assert (t.lr_decay, t.min_lr_ratio, t.warmup_steps) == ("cosine", 0.1, 20)
+    _, _, t = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "o"), "--lr_decay", "sqrt"])
+    assert t.lr_decay == "sqrt"
