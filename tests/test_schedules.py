@@ -217,6 +217,25 @@ def test_equals_torch_sequential_linear_then_cosine(peak, floor):
         ref.step(), ours.step()
 
 
+@pytest.mark.parametrize("decay, hf_name, hf_kwargs", [
+    ("cosine", "cosine_with_min_lr", {"min_lr_rate": 0.1}),
+    ("linear", "linear", {}),
+])
+def test_equals_transformers_schedules_with_a_zero_start_warmup(decay, hf_name, hf_kwargs):
+    # hf-tuned's cosine_with_min_lr (warmup from 0) is lr_decay='cosine', min_lr_ratio=0.1 (the benchmark's
+    # reference arm and lr-cosine arm run the same lrs); linear to 0 is lr_decay='linear' with no floor.
+    from transformers import get_scheduler
+
+    ref_opt, opt = sgd(2e-3, 2e-4), sgd(2e-3, 2e-4)
+    ref = get_scheduler(hf_name, ref_opt, num_warmup_steps=6, num_training_steps=300, scheduler_specific_kwargs=hf_kwargs)
+    ours = make_scheduler(opt, 300, lr_decay=decay, warmup_steps=6, min_lr_ratio=0.1 if hf_kwargs else None)
+    for step in range(301):
+        for g_ref, g in zip(ref_opt.param_groups, opt.param_groups):
+            assert g["lr"] == pytest.approx(g_ref["lr"], rel=1e-12, abs=1e-18), step
+        ref_opt.step(), opt.step()
+        ref.step(), ours.step()
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Token-based progress
 # ----------------------------------------------------------------------------------------------------------
