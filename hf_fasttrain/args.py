@@ -141,8 +141,85 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "Resume from the last checkpoint in output_dir when one exists (a killed run "
                   "continues when restarted with the same command)."},
     )
+    # --- LR schedule (hf_fasttrain.schedules) -------------------------------------------------
+    # Rule: lr_decay=None leaves the Trainer's lr_scheduler_type in charge; setting lr_decay replaces
+    # it, so lr_scheduler_type must then stay at its default ('linear', unused) and lr_scheduler_kwargs
+    # empty, else an error. The warmup length is TrainingArguments.warmup_steps in both cases.
+    lr_decay: Optional[str] = field(
+        default=None,
+        metadata={"help": "Decay after the warmup, to the floor: 'cosine', 'sqrt', 'linear', '1-sqrt' (WSD "
+                  "cooldown) or 'constant'. Default None (or 'none', to undo a recipe's choice on the command line): "
+                  "the Trainer's lr_scheduler_type is used instead."},
+    )
+    warmup_start_factor: float = field(
+        default=0.0,
+        metadata={"help": "With lr_decay: lr multiplier at step 0, rising linearly to 1 over warmup_steps."},
+    )
+    min_lr: Optional[float] = field(
+        default=None,
+        metadata={"help": "With lr_decay: absolute floor lr, the same in every param group (<= each group's "
+                  "peak). At most one of min_lr / min_lr_ratio; neither means a floor of 0."},
+    )
+    min_lr_ratio: Optional[float] = field(
+        default=None,
+        metadata={"help": "With lr_decay: floor as a fraction of each param group's own peak lr, in [0, 1]."},
+    )
+    decay_fraction: Optional[float] = field(
+        default=None,
+        metadata={"help": "With lr_decay: hold the peak, then decay over only the last decay_fraction of "
+                  "training (warmup-stable-decay). Default: 0.2 for '1-sqrt', all of the post-warmup span "
+                  "for the other shapes."},
+    )
+    schedule_unit: str = field(
+        default="steps",
+        metadata={"help": "With lr_decay: progress counted in optimizer 'steps', or in 'tokens' trained on "
+                  "(for runs whose tokens per step change, e.g. sequence-length warmup)."},
+    )
+    schedule_total_tokens: Optional[int] = field(
+        default=None,
+        metadata={"help": "With schedule_unit='tokens': tokens at which the schedule reaches its floor. "
+                  "Default: max steps * global batch size * length of the first training row."},
+    )
 
     def __post_init__(self):
         if self.mfu_peak_tflops is not None:
             _check(self.mfu_peak_tflops > 0, "mfu_peak_tflops", self.mfu_peak_tflops, "must be > 0 or null")
         super().__post_init__()
+        self._check_lr_schedule()
+
+    def _check_lr_schedule(self) -> None:
+        from transformers.trainer_utils import SchedulerType
+
+        from .schedules import build_lr_lambdas, check_schedule_settings
+
+        if isinstance(self.lr_decay, str) and self.lr_decay.lower() in ("none", "null", ""):
+            self.lr_decay = None
+        if self.lr_decay is None:
+            for name, default in (("warmup_start_factor", 0.0), ("min_lr", None), ("min_lr_ratio", None),
+                                  ("decay_fraction", None), ("schedule_unit", "steps"),
+                                  ("schedule_total_tokens", None)):
+                _check(getattr(self, name) == default, name, getattr(self, name),
+                       f"only used with lr_decay; set lr_decay (e.g. 'cosine') or leave {name} at {default!r}")
+            return
+        _check(SchedulerType(self.lr_scheduler_type) == SchedulerType.LINEAR, "lr_scheduler_type",
+               getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type),
+               f"lr_decay={self.lr_decay!r} replaces the Trainer's scheduler; leave lr_scheduler_type at its "
+               f"default 'linear' (then unused), or set lr_decay=None to use the Trainer's schedule")
+        _check(not self.lr_scheduler_kwargs, "lr_scheduler_kwargs", self.lr_scheduler_kwargs,
+               f"not used with lr_decay={self.lr_decay!r}; use min_lr / min_lr_ratio / decay_fraction")
+        check_schedule_settings(self.lr_decay, self.warmup_start_factor, self.min_lr, self.min_lr_ratio,
+                                self.decay_fraction)
+        _check(self.schedule_unit in ("steps", "tokens"), "schedule_unit", self.schedule_unit,
+               "allowed: 'steps', 'tokens'")
+        if self.schedule_total_tokens is not None:
+            _check(self.schedule_unit == "tokens", "schedule_total_tokens", self.schedule_total_tokens,
+                   "only used with schedule_unit='tokens'")
+            _check(isinstance(self.schedule_total_tokens, int) and self.schedule_total_tokens > 0,
+                   "schedule_total_tokens", self.schedule_total_tokens, "must be a positive integer or null")
+        if self.min_lr is not None:
+            _check(self.min_lr <= self.learning_rate, "min_lr", self.min_lr,
+                   f"must be <= learning_rate={self.learning_rate} (the peak); or use min_lr_ratio")
+        if self.max_steps > 0:  # the run length is known: check warmup and cooldown against it now
+            build_lr_lambdas([1.0], self.max_steps, lr_decay=self.lr_decay, warmup_steps=self.warmup_steps,
+                             warmup_start_factor=self.warmup_start_factor, min_lr_ratio=self.min_lr_ratio,
+                             decay_fraction=self.decay_fraction)

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any, Optional
@@ -19,9 +20,12 @@ from transformers import Trainer
 from .args import FastTrainingArguments
 from .callbacks.run_record import RunRecorderCallback
 from .runinfo import training_config, write_run_record
-from .throughput import ThroughputMeter, device_peak_flops, flops_per_token, mfu
+from .schedules import TokenProgress, make_scheduler
+from .throughput import ThroughputMeter, count_tokens, device_peak_flops, flops_per_token, mfu
 
 __all__ = ["FastTrainer"]
+
+logger = logging.getLogger(__name__)
 
 
 def _model_dims(model) -> tuple[int, int, int]:
@@ -61,11 +65,37 @@ class FastTrainer(Trainer):
         self.add_callback(self.recorder)
         self._last_log_seconds = 0.0
         self._dims: Optional[tuple[int, int, int]] = None
+        self.token_progress: Optional[TokenProgress] = None  # set by create_scheduler (schedule_unit='tokens')
 
     # -- hooks ---------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.throughput.add(inputs)
+        if self.token_progress is not None:
+            self.token_progress.add(self._tokens_all_processes(inputs))
         return super().training_step(model, inputs, num_items_in_batch)
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        """With ``args.lr_decay`` set: warmup + decay to a floor from hf_fasttrain.schedules (a LambdaLR
+        whose state_dict also holds the token count, so checkpoints restore it); else the Trainer's."""
+        if self.args.lr_decay is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        args = self.args
+        self.token_progress = None
+        if args.schedule_unit == "tokens":
+            self.token_progress = TokenProgress(args.schedule_total_tokens or self._default_total_tokens(num_training_steps))
+        self.lr_scheduler = make_scheduler(
+            optimizer if optimizer is not None else self.optimizer,
+            num_training_steps,
+            lr_decay=args.lr_decay,
+            warmup_steps=args.warmup_steps,
+            warmup_start_factor=args.warmup_start_factor,
+            min_lr=args.min_lr,
+            min_lr_ratio=args.min_lr_ratio,
+            decay_fraction=args.decay_fraction,
+            progress=self.token_progress,
+        )
+        self._created_lr_scheduler = True  # as Trainer.create_scheduler: rebuilt on the next train()
+        return self.lr_scheduler
 
     def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
         if "loss" in logs:  # a training log: every process calls this together
@@ -89,6 +119,29 @@ class FastTrainer(Trainer):
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
     # -- helpers -------------------------------------------------------------------------------
+    def _tokens_all_processes(self, inputs) -> int:
+        """Real (non-pad) tokens of this micro-batch summed over processes: every rank's schedule agrees."""
+        real, _ = count_tokens(inputs, self.throughput.pad_token_id)
+        if self.args.world_size > 1:
+            t = torch.tensor(real, dtype=torch.int64, device=self.args.device)
+            real = int(self.accelerator.reduce(t, reduction="sum").item())
+        return real
+
+    def _default_total_tokens(self, num_training_steps: int) -> int:
+        """Token budget when schedule_total_tokens is not given: steps x global batch x first row's length."""
+        try:
+            row_len = len(self.train_dataset[0]["input_ids"])
+        except Exception:
+            raise ValueError(
+                "schedule_unit='tokens' needs schedule_total_tokens: the train dataset has no indexable "
+                "'input_ids' rows to derive it from"
+            ) from None
+        global_batch = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
+        total = num_training_steps * global_batch * row_len
+        logger.info("schedule_total_tokens not set: using %d = %d steps x %d rows x %d tokens",
+                    total, num_training_steps, global_batch, row_len)
+        return total
+
     def _throughput_logs(self) -> dict[str, float]:
         stats = self.throughput.flush()
         real, total = stats["real_tokens"], stats["total_tokens"]

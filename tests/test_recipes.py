@@ -75,11 +75,11 @@ def test_python_tags_are_refused(tmp_path):
 
 
 def test_resolved_config_reloads_to_the_same_arguments(tmp_path):
-    m, d, t = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "o"), "--max_steps", "11"])
+    m, d, t = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "o"), "--max_steps", "41"])
     path = _write(tmp_path, resolved_config(m, d, t), "resolved.yaml")
     m2, d2, t2 = parse_config(["--config", path])
     assert (m2, d2) == (m, d)
-    for k in ("learning_rate", "max_steps", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
+    for k in ("learning_rate", "max_steps", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "lr_decay", "min_lr_ratio",
               "per_device_train_batch_size", "eval_strategy", "seed", "output_dir", "use_cpu"):
         assert getattr(t2, k) == getattr(t, k), k
 

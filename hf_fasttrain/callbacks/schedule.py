@@ -1,0 +1,127 @@
+"""Use hf_fasttrain's lr schedules in a plain `transformers.Trainer` (or TRL's trainers): one callback.
+
+    args = TrainingArguments(..., lr_scheduler_type="constant")           # the callback shapes the lr
+    trainer = Trainer(model, args, ..., callbacks=[LRScheduleCallback("sqrt", warmup_steps=0.01, min_lr_ratio=0.1)])
+
+How: with `lr_scheduler_type="constant"` the Trainer builds a `LambdaLR` whose multiplier is always 1. At
+`on_train_begin` (after the Trainer has built that scheduler and, on resume, loaded its checkpoint) the
+callback replaces its lambdas by the multipliers of `hf_fasttrain.schedules`, one per param group, and
+sets the lrs for the current step. The Trainer saves `last_epoch` with every checkpoint and the
+multiplier is a pure function of it, so resuming continues the schedule exactly.
+
+Conflict rule, explicit: the callback refuses any `lr_scheduler_type` but "constant" (any other would be
+silently overridden), and takes its warmup from `TrainingArguments.warmup_steps` unless given its own;
+giving both (non-zero) is an error.
+
+Token-based progress (`total_tokens=...`) reads `TrainerState.num_input_tokens_seen`, which the Trainer
+counts over all processes when `include_num_input_tokens_seen` is "all" or "non_padding", and restores
+on resume from trainer_state.json.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import TrainerCallback
+
+from ..schedules import TokenProgress, build_lr_lambdas, check_schedule_settings
+
+__all__ = ["LRScheduleCallback"]
+
+
+class LRScheduleCallback(TrainerCallback):
+    """Replace the constant lr of a `transformers.Trainer` by warmup + decay to a floor (see `hf_fasttrain.schedules`).
+
+    Args:
+        lr_decay: "cosine", "sqrt", "linear", "1-sqrt" or "constant" (`hf_fasttrain.schedules.DECAY_SHAPES`).
+        warmup_steps: steps (int) or fraction of training (< 1); None takes `TrainingArguments.warmup_steps`.
+        warmup_start_factor: lr multiplier at step 0, rising linearly to 1 over the warmup.
+        min_lr: absolute floor (one, or one per param group); min_lr_ratio: floor as a fraction of each group's
+            peak. At most one.
+        decay_fraction: decay only over the last fraction of training (WSD); default 0.2 for "1-sqrt".
+        total_tokens: follow tokens seen (`TrainerState.num_input_tokens_seen`) up to this budget instead of steps.
+
+    Example:
+        ```python
+        >>> from transformers import Trainer, TrainingArguments
+        >>> from hf_fasttrain.callbacks.schedule import LRScheduleCallback
+        >>> args = TrainingArguments("out", learning_rate=1e-3, lr_scheduler_type="constant", max_steps=100)
+        >>> trainer = Trainer(model, args, train_dataset=ds,
+        ...                   callbacks=[LRScheduleCallback("cosine", warmup_steps=0.02, min_lr_ratio=0.1)])
+        >>> trainer.train()  # doctest: +SKIP
+        ```
+    """
+
+    def __init__(
+        self,
+        lr_decay: str = "cosine",
+        warmup_steps: float | None = None,
+        warmup_start_factor: float = 0.0,
+        min_lr: float | Sequence[float] | None = None,
+        min_lr_ratio: float | None = None,
+        decay_fraction: float | None = None,
+        total_tokens: int | None = None,
+    ):
+        check_schedule_settings(lr_decay, warmup_start_factor, min_lr, min_lr_ratio, decay_fraction)
+        if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, (int, float)) or warmup_steps < 0):
+            raise ValueError(f"warmup_steps={warmup_steps!r} is not allowed; use an integer >= 0 or a fraction in (0, 1)")
+        self.settings = dict(
+            lr_decay=lr_decay,
+            warmup_start_factor=warmup_start_factor,
+            min_lr=min_lr,
+            min_lr_ratio=min_lr_ratio,
+            decay_fraction=decay_fraction,
+        )
+        self.warmup_steps = warmup_steps
+        self.progress = None if total_tokens is None else TokenProgress(total_tokens)
+
+    def _check_args(self, args) -> None:
+        scheduler_type = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+        if scheduler_type != "constant":
+            raise ValueError(
+                f"lr_scheduler_type={scheduler_type!r} is not allowed with LRScheduleCallback, which would override it; "
+                f"set lr_scheduler_type='constant' and choose the schedule in the callback"
+            )
+        if self.warmup_steps is not None and args.warmup_steps:
+            raise ValueError(
+                f"warmup_steps is set twice: TrainingArguments.warmup_steps={args.warmup_steps!r} and "
+                f"LRScheduleCallback(warmup_steps={self.warmup_steps!r}); set it in one place"
+            )
+        if self.progress is not None and args.include_num_input_tokens_seen in ("no", False):
+            raise ValueError(
+                f"include_num_input_tokens_seen={args.include_num_input_tokens_seen!r} is not allowed with "
+                f"LRScheduleCallback(total_tokens=...); set it to 'all' or 'non_padding' so the Trainer counts tokens"
+            )
+
+    def on_init_end(self, args, state, control, **kwargs):
+        self._check_args(args)
+
+    def on_train_begin(self, args, state, control, lr_scheduler=None, **kwargs):
+        self._check_args(args)
+        if not isinstance(lr_scheduler, torch.optim.lr_scheduler.LambdaLR):
+            raise ValueError(
+                f"LRScheduleCallback needs the Trainer's LambdaLR scheduler, got {type(lr_scheduler).__name__}; "
+                f"do not pass a scheduler through Trainer(optimizers=...)"
+            )
+        if self.progress is not None:
+            self.progress.tokens_seen = int(state.num_input_tokens_seen)
+        warmup = args.warmup_steps if self.warmup_steps is None else self.warmup_steps
+        lr_scheduler.lr_lambdas = build_lr_lambdas(
+            lr_scheduler.base_lrs, state.max_steps, warmup_steps=warmup, progress=self.progress, **self.settings
+        )
+        # The constant scheduler already set every group to its peak lr; set the lr for the current step
+        # (0, or the step resumed from) as LambdaLR would have.
+        step = lr_scheduler.last_epoch
+        for group, base_lr, fn in zip(lr_scheduler.optimizer.param_groups, lr_scheduler.base_lrs, lr_scheduler.lr_lambdas):
+            lr = base_lr * fn(step)
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+        lr_scheduler._last_lr = [group["lr"] for group in lr_scheduler.optimizer.param_groups]
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        # Runs after optimizer.step() and before lr_scheduler.step(): the next lr follows the tokens trained on so far.
+        if self.progress is not None:
+            self.progress.tokens_seen = int(state.num_input_tokens_seen)

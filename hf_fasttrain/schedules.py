@@ -1,0 +1,531 @@
+"""Learning-rate schedules: linear warmup, then a decay shape down to a floor.
+
+Every schedule here is a pure function giving the multiplier of a param group's peak lr at a point of
+training. `functools.partial` binds the settings; `torch.optim.lr_scheduler.LambdaLR` wraps it only at
+the edge (`make_scheduler`), with one lambda per param group, so a hybrid optimizer with several groups
+keeps their lr ratios, and an absolute floor (`min_lr`) lands at the same lr in every group.
+
+The shape of the multiplier `f(x)` over training progress `x` (optimizer steps, or tokens):
+
+    (1) warmup   x < W:          f = s + (1 - s) * x / W               s = warmup_start_factor
+    (2) stable   W <= x < D:     f = 1                                 only with decay_fraction (WSD)
+    (3) decay    D <= x:         f = r + (1 - r) * shape(p)            p = min(1, (x - D) / (N - D))
+
+with N the total, W the warmup length, D the start of the decay (D = W, or D = N * (1 - decay_fraction))
+and r the floor as a fraction of the group's peak lr (`min_lr_ratio`, or `min_lr / peak`). Written with
+min and max lrs this is `min + (max - min) * shape(p)`, with the shapes
+
+    cosine    0.5 * (1 + cos(pi * p))                  Loshchilov & Hutter, 2017 (SGDR)
+    sqrt      sqrt(1 - p)       = sqrt((T - t) / T)
+    linear    1 - p             = (T - t) / T
+    1-sqrt    1 - sqrt(p)       the WSD cooldown of Hägele et al., 2024 ("Scaling Laws and
+                                Compute-Optimal Training Beyond Fixed Training Durations"), held at the
+                                peak until the last `decay_fraction` (default 0.2) of training
+    constant  1
+
+Beyond the end (x > N) the multiplier stays at the floor. The warmup matches `torch.optim.lr_scheduler.
+LinearLR` (factor `s` at step 0, 1 at step W), so warmup + cosine equals torch's
+`SequentialLR(LinearLR, CosineAnnealingLR)` step by step (tests/test_schedules.py checks it).
+
+Progress in tokens: give `progress=TokenProgress(total_tokens)` and feed it the tokens actually trained
+on (`progress.add(n)` before each `scheduler.step()`); the schedule then follows tokens_seen /
+total_tokens instead of step / num_training_steps, which matters when the tokens per step change during
+training (sequence-length warmup). Its state is saved in the scheduler's `state_dict`, so it survives a
+Trainer checkpoint.
+
+Plot the shapes: `python -m hf_fasttrain.schedules --plot schedules.png --decays cosine,sqrt,linear,1-sqrt`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import numbers
+from typing import Callable, Literal, Mapping, Sequence
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+__all__ = [
+    "DECAY_SHAPES",
+    "DEFAULT_DECAY_FRACTION",
+    "DecayName",
+    "ScheduleLR",
+    "TokenProgress",
+    "build_lr_lambdas",
+    "check_schedule_settings",
+    "constant_shape",
+    "cosine_shape",
+    "get_decay_shape",
+    "linear_shape",
+    "lr_factor",
+    "make_scheduler",
+    "one_minus_sqrt_shape",
+    "plot_schedules",
+    "resolve_warmup_steps",
+    "schedule_curve",
+    "sqrt_shape",
+]
+
+DecayName = Literal["cosine", "sqrt", "linear", "1-sqrt", "constant"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Decay shapes: p in [0, 1] (progress through the decay) -> fraction of the way from the floor to the peak,
+# 1 at p = 0 and 0 at p = 1 (constant excepted).
+# ---------------------------------------------------------------------------------------------------------
+
+
+def cosine_shape(p: float) -> float:
+    """Half a cosine wave: `0.5 * (1 + cos(pi * p))` (Loshchilov & Hutter, 2017)."""
+    return 0.5 * (1.0 + math.cos(math.pi * p))
+
+
+def sqrt_shape(p: float) -> float:
+    """Square-root decay: `sqrt(1 - p)`, i.e. `sqrt((T - t) / T)`; falls slowly at first, steeply at the end."""
+    return math.sqrt(1.0 - p)
+
+
+def linear_shape(p: float) -> float:
+    """Linear decay: `1 - p`, i.e. `(T - t) / T`."""
+    return 1.0 - p
+
+
+def one_minus_sqrt_shape(p: float) -> float:
+    """The WSD cooldown `1 - sqrt(p)` of Hägele et al., 2024 (arXiv:2405.18392): steep first, flat at the end."""
+    return 1.0 - math.sqrt(p)
+
+
+def constant_shape(p: float) -> float:
+    """No decay: the peak lr for the whole run (after warmup)."""
+    return 1.0
+
+
+#: Registry: decay name -> shape function `p -> [0, 1]`. Add a shape by adding an entry.
+DECAY_SHAPES: dict[str, Callable[[float], float]] = {
+    "cosine": cosine_shape,
+    "sqrt": sqrt_shape,
+    "linear": linear_shape,
+    "1-sqrt": one_minus_sqrt_shape,
+    "constant": constant_shape,
+}
+
+#: Fraction of training spent in the decay when `decay_fraction` is not given; shapes not listed decay over
+#: everything after the warmup. 0.2: Hägele et al., 2024 find a 20% 1-sqrt cooldown matches cosine.
+DEFAULT_DECAY_FRACTION: dict[str, float] = {"1-sqrt": 0.2}
+
+
+def get_decay_shape(name: str) -> Callable[[float], float]:
+    """The shape function registered under `name`; an unknown name raises ValueError listing the known ones."""
+    if name not in DECAY_SHAPES:
+        raise ValueError(f"lr_decay={name!r} is not a known decay shape; known: {', '.join(DECAY_SHAPES)}")
+    return DECAY_SHAPES[name]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The multiplier: a pure function of progress, settings bound with functools.partial.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def lr_factor(
+    x: float,
+    *,
+    shape: Callable[[float], float],
+    total: float,
+    warmup: float,
+    decay_start: float,
+    warmup_start_factor: float,
+    floor: float,
+) -> float:
+    """Multiplier of the peak lr at progress `x` (steps or tokens; `total`, `warmup`, `decay_start` in the same unit).
+
+    Args:
+        x: progress so far: optimizer steps taken, or tokens trained on.
+        shape: decay shape `p -> [0, 1]`, see `DECAY_SHAPES`.
+        total: progress at the end of training (N).
+        warmup: length of the linear warmup (W), `0 <= W <= decay_start`.
+        decay_start: where the decay begins (D); `D = W` unless a stable phase is wanted (WSD).
+        warmup_start_factor: multiplier at x = 0 (s).
+        floor: multiplier reached at the end of the decay (r), `min_lr / peak` or `min_lr_ratio`.
+    """
+    # (1) linear warmup from s to 1, as torch's LinearLR: s at x = 0, 1 at x = W
+    if x < warmup:
+        return warmup_start_factor + (1.0 - warmup_start_factor) * x / warmup
+    # (2) stable phase at the peak until the decay starts (only when decay_start > warmup)
+    if x < decay_start:
+        return 1.0
+    # (3) decay from the peak to the floor over [D, N]; held at the floor beyond N
+    span = total - decay_start
+    p = min(1.0, (x - decay_start) / span) if span > 0 else 1.0
+    return floor + (1.0 - floor) * shape(p)
+
+
+def _factor_at_step(step: int, **kwargs) -> float:
+    return lr_factor(float(step), **kwargs)
+
+
+def _factor_at_tokens(step: int, *, progress: "TokenProgress", **kwargs) -> float:
+    # LambdaLR passes its step count; a token schedule follows the tokens fed to `progress` instead.
+    return lr_factor(float(progress.tokens_seen), **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Token-based progress
+# ---------------------------------------------------------------------------------------------------------
+
+
+class TokenProgress:
+    """Counts the tokens trained on, so a schedule can follow tokens_seen / total_tokens instead of steps.
+
+    Feed it the tokens actually trained on (summed over processes) before each `scheduler.step()`. Its state
+    is two integers; `ScheduleLR.state_dict()` carries it, so a checkpoint restores it.
+
+    Args:
+        total_tokens: tokens in the whole run; the schedule reaches its floor there.
+
+    Example:
+        ```python
+        >>> import torch
+        >>> from hf_fasttrain.schedules import TokenProgress, make_scheduler
+        >>> opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> progress = TokenProgress(total_tokens=1000)
+        >>> sched = make_scheduler(opt, num_training_steps=10, lr_decay="linear", progress=progress)
+        >>> progress.add(250); opt.step(); sched.step()
+        >>> sched.get_last_lr()
+        [0.75]
+        ```
+    """
+
+    def __init__(self, total_tokens: int):
+        if isinstance(total_tokens, bool) or not isinstance(total_tokens, numbers.Integral) or total_tokens <= 0:
+            raise ValueError(f"total_tokens={total_tokens!r} is not allowed; it must be a positive integer")
+        self.total_tokens = int(total_tokens)
+        self.tokens_seen = 0
+
+    def add(self, n: int) -> None:
+        """Count `n` more tokens trained on."""
+        n = int(n)
+        if n < 0:
+            raise ValueError(f"TokenProgress.add(n={n}): n must be >= 0")
+        self.tokens_seen += n
+
+    @property
+    def fraction(self) -> float:
+        """tokens_seen / total_tokens (may exceed 1 when training runs past the budget)."""
+        return self.tokens_seen / self.total_tokens
+
+    # NOTE: total_tokens is configuration, not state: on resume it comes from the new run's settings, as
+    # num_training_steps does for a step schedule. Only the count is restored.
+    def state_dict(self) -> dict[str, int]:
+        return {"tokens_seen": self.tokens_seen, "total_tokens": self.total_tokens}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.tokens_seen = int(state["tokens_seen"])
+
+    def __repr__(self) -> str:
+        return f"TokenProgress(tokens_seen={self.tokens_seen}, total_tokens={self.total_tokens})"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation and binding
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def resolve_warmup_steps(warmup_steps: float, num_training_steps: int) -> int:
+    """Warmup length in steps: an integer count, or for `0 < warmup_steps < 1` a fraction of training.
+
+    Fractions round up, as `TrainingArguments.get_warmup_steps` does (`ceil(N * fraction)`).
+    Raises ValueError for a negative value, a non-integral value >= 1, or a warmup longer than training.
+    """
+    if not _is_number(warmup_steps) or warmup_steps < 0:
+        raise ValueError(
+            f"warmup_steps={warmup_steps!r} is not allowed; use an integer >= 0 (steps) "
+            f"or a fraction 0 < warmup_steps < 1 of the training steps"
+        )
+    if warmup_steps >= 1 and warmup_steps != int(warmup_steps):
+        raise ValueError(
+            f"warmup_steps={warmup_steps!r} is not allowed; values >= 1 count steps and must be whole numbers "
+            f"(a fraction of training must be < 1)"
+        )
+    steps = int(warmup_steps) if warmup_steps >= 1 or warmup_steps == 0 else math.ceil(num_training_steps * warmup_steps)
+    if steps > num_training_steps:
+        raise ValueError(
+            f"warmup_steps={warmup_steps!r} ({steps} steps) is longer than training "
+            f"(num_training_steps={num_training_steps}); allowed: at most {num_training_steps}"
+        )
+    return steps
+
+
+def check_schedule_settings(
+    lr_decay: str = "cosine",
+    warmup_start_factor: float = 0.0,
+    min_lr: float | Sequence[float] | None = None,
+    min_lr_ratio: float | None = None,
+    decay_fraction: float | None = None,
+) -> None:
+    """Validate the settings that do not depend on the run length or the optimizer. Raises ValueError."""
+    get_decay_shape(lr_decay)
+    if not _is_number(warmup_start_factor) or not 0.0 <= warmup_start_factor <= 1.0:
+        raise ValueError(f"warmup_start_factor={warmup_start_factor!r} is not allowed; it must be in [0, 1]")
+    if min_lr is not None and min_lr_ratio is not None:
+        raise ValueError(
+            f"min_lr={min_lr!r} and min_lr_ratio={min_lr_ratio!r} were both given; set at most one "
+            f"(min_lr is an absolute floor, min_lr_ratio a fraction of each param group's peak lr)"
+        )
+    if min_lr_ratio is not None and (not _is_number(min_lr_ratio) or not 0.0 <= min_lr_ratio <= 1.0):
+        raise ValueError(f"min_lr_ratio={min_lr_ratio!r} is not allowed; it must be in [0, 1] (a floor above the peak is not)")
+    if min_lr is not None:
+        values = list(min_lr) if isinstance(min_lr, (list, tuple)) else [min_lr]
+        if not values or not all(_is_number(v) and v >= 0 for v in values):
+            raise ValueError(f"min_lr={min_lr!r} is not allowed; it must be a number >= 0 or one per param group")
+    if decay_fraction is not None:
+        if not _is_number(decay_fraction) or not 0.0 < decay_fraction <= 1.0:
+            raise ValueError(f"decay_fraction={decay_fraction!r} is not allowed; it must be in (0, 1]")
+        if lr_decay == "constant":
+            raise ValueError(
+                f"decay_fraction={decay_fraction!r} was given with lr_decay='constant', which never decays; "
+                f"choose a decaying shape ({', '.join(n for n in DECAY_SHAPES if n != 'constant')}) or drop decay_fraction"
+            )
+
+
+def _floor_ratios(base_lrs: Sequence[float], min_lr, min_lr_ratio) -> list[float]:
+    """Per-group floor as a fraction of that group's peak lr."""
+    if min_lr is None:
+        return [float(min_lr_ratio or 0.0)] * len(base_lrs)
+    floors = list(min_lr) if isinstance(min_lr, (list, tuple)) else [min_lr] * len(base_lrs)
+    if len(floors) != len(base_lrs):
+        raise ValueError(f"min_lr={min_lr!r} gives {len(floors)} floors for {len(base_lrs)} param groups; give one or one per group")
+    ratios = []
+    for i, (floor, peak) in enumerate(zip(floors, base_lrs)):
+        if floor > peak:
+            raise ValueError(
+                f"min_lr={floor!r} is above the peak lr {peak!r} of param group {i}; the floor must be <= the peak "
+                f"(or use min_lr_ratio, a fraction of each group's own peak)"
+            )
+        ratios.append(floor / peak if peak > 0 else 0.0)
+    return ratios
+
+
+def build_lr_lambdas(
+    base_lrs: Sequence[float],
+    num_training_steps: int,
+    *,
+    lr_decay: str = "cosine",
+    warmup_steps: float = 0,
+    warmup_start_factor: float = 0.0,
+    min_lr: float | Sequence[float] | None = None,
+    min_lr_ratio: float | None = None,
+    decay_fraction: float | None = None,
+    progress: TokenProgress | None = None,
+) -> list[functools.partial]:
+    """One validated multiplier function `step -> factor` per param group (peak lrs `base_lrs`), for LambdaLR.
+
+    Raises ValueError naming the field and value for any setting that is not allowed.
+    """
+    check_schedule_settings(lr_decay, warmup_start_factor, min_lr, min_lr_ratio, decay_fraction)
+    if isinstance(num_training_steps, bool) or not isinstance(num_training_steps, numbers.Integral) or num_training_steps <= 0:
+        raise ValueError(f"num_training_steps={num_training_steps!r} is not allowed; it must be a positive integer")
+    if progress is not None and not isinstance(progress, TokenProgress):
+        raise ValueError(f"progress={progress!r} is not allowed; pass a TokenProgress or None (count steps)")
+    warmup = resolve_warmup_steps(warmup_steps, num_training_steps)
+    if decay_fraction is None:
+        decay_fraction = DEFAULT_DECAY_FRACTION.get(lr_decay)
+
+    # Units: steps, or tokens (warmup and decay start keep their fraction of training).
+    # Tokens: an integer warmup keeps its share of the steps; a fractional one is taken of the tokens directly.
+    total = float(num_training_steps) if progress is None else float(progress.total_tokens)
+    if progress is None:
+        warmup_x = float(warmup)
+    elif 0 < warmup_steps < 1:
+        warmup_x = warmup_steps * total
+    else:
+        warmup_x = warmup * total / num_training_steps
+    decay_start = warmup_x if decay_fraction is None else total * (1.0 - decay_fraction)
+    if decay_start < warmup_x - 1e-9 * total:
+        raise ValueError(
+            f"decay_fraction={decay_fraction!r} starts the decay inside the warmup (warmup_steps={warmup_steps!r} of "
+            f"{num_training_steps} steps); allowed: decay_fraction <= {1.0 - warmup_x / total:g}"
+        )
+    decay_start = max(decay_start, warmup_x)
+
+    fn = _factor_at_step if progress is None else functools.partial(_factor_at_tokens, progress=progress)
+    shape = get_decay_shape(lr_decay)
+    return [
+        functools.partial(
+            fn,
+            shape=shape,
+            total=total,
+            warmup=warmup_x,
+            decay_start=decay_start,
+            warmup_start_factor=float(warmup_start_factor),
+            floor=floor,
+        )
+        for floor in _floor_ratios(list(base_lrs), min_lr, min_lr_ratio)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The edge: LambdaLR
+# ---------------------------------------------------------------------------------------------------------
+
+
+class ScheduleLR(LambdaLR):
+    """`LambdaLR` whose `state_dict` also carries the `TokenProgress` of a token-based schedule.
+
+    Built by `make_scheduler`. A step-based schedule needs no more state than LambdaLR's `last_epoch`
+    (the multiplier is a pure function of it); a token-based one adds the token count.
+
+    Example:
+        ```python
+        >>> import torch
+        >>> from hf_fasttrain.schedules import make_scheduler
+        >>> opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> sched = make_scheduler(opt, 100, lr_decay="cosine", warmup_steps=10, warmup_start_factor=0.1)
+        >>> sched.get_last_lr()
+        [0.1]
+        ```
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_lambdas, progress: TokenProgress | None = None):
+        self.progress = progress
+        super().__init__(optimizer, lr_lambdas)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state.pop("progress", None)  # the object itself is not saved, only its counts (loads with weights_only)
+        state["token_progress"] = None if self.progress is None else self.progress.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        token_state = state_dict.pop("token_progress", None)
+        progress = self.progress
+        super().load_state_dict(state_dict)
+        self.progress = progress
+        if token_state is not None:
+            if progress is None:
+                raise ValueError("the checkpoint holds a token-based schedule but this scheduler counts steps (progress=None)")
+            progress.load_state_dict(token_state)
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer,
+    num_training_steps: int,
+    lr_decay: str = "cosine",
+    warmup_steps: float = 0,
+    warmup_start_factor: float = 0.0,
+    min_lr: float | Sequence[float] | None = None,
+    min_lr_ratio: float | None = None,
+    decay_fraction: float | None = None,
+    progress: TokenProgress | None = None,
+) -> ScheduleLR:
+    """Warmup then decay to a floor, as a `LambdaLR` with one multiplier per param group.
+
+    Args:
+        optimizer: its param groups' current `lr` (or `initial_lr`) are the peak lrs.
+        num_training_steps: optimizer steps in the run.
+        lr_decay: a name in `DECAY_SHAPES`: "cosine", "sqrt", "linear", "1-sqrt" or "constant".
+        warmup_steps: linear warmup length: an integer number of steps, or a fraction `0 < x < 1` of training.
+        warmup_start_factor: multiplier at step 0, rising linearly to 1 at the end of the warmup.
+        min_lr: absolute floor lr (one for all groups, or one per group); must be <= each group's peak.
+        min_lr_ratio: floor as a fraction of each group's peak lr. At most one of min_lr / min_lr_ratio; none
+            means a floor of 0.
+        decay_fraction: decay only over the last `decay_fraction` of training, at the peak before (WSD).
+            Default: 0.2 for "1-sqrt", the whole post-warmup span for the other shapes.
+        progress: a `TokenProgress` to follow tokens instead of steps; None counts optimizer steps.
+
+    Returns:
+        `ScheduleLR` (a LambdaLR); call `step()` after each `optimizer.step()`.
+    """
+    base_lrs = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
+    lambdas = build_lr_lambdas(
+        base_lrs,
+        num_training_steps,
+        lr_decay=lr_decay,
+        warmup_steps=warmup_steps,
+        warmup_start_factor=warmup_start_factor,
+        min_lr=min_lr,
+        min_lr_ratio=min_lr_ratio,
+        decay_fraction=decay_fraction,
+        progress=progress,
+    )
+    return ScheduleLR(optimizer, lambdas, progress=progress)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plot: python -m hf_fasttrain.schedules --plot out.png
+# ---------------------------------------------------------------------------------------------------------
+
+
+def schedule_curve(num_training_steps: int, peak_lr: float = 1.0, **settings) -> list[float]:
+    """The lr at steps 0..num_training_steps of one param group with peak `peak_lr`."""
+    (fn,) = build_lr_lambdas([peak_lr], num_training_steps, **settings)
+    return [peak_lr * fn(step) for step in range(num_training_steps + 1)]
+
+
+def plot_schedules(path: str, decays: Sequence[str], num_training_steps: int, peak_lr: float = 1.0, **settings) -> None:
+    """Draw the lr of each decay shape in its own panel, side by side, the other shapes faint for comparison."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {name: schedule_curve(num_training_steps, peak_lr, lr_decay=name, **settings) for name in decays}
+    steps = list(range(num_training_steps + 1))
+    fig, axes = plt.subplots(1, len(decays), figsize=(3.2 * len(decays), 3.0), sharey=True, squeeze=False)
+    for ax, (name, lrs) in zip(axes[0], curves.items()):
+        for other, other_lrs in curves.items():
+            if other != name:
+                ax.plot(steps, other_lrs, color="0.85", linewidth=1)
+        ax.plot(steps, lrs, linewidth=2)
+        ax.set_title(name)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("learning rate")
+    shown = ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None)
+    fig.suptitle(f"num_training_steps={num_training_steps}, peak lr={peak_lr:g}, {shown}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hf_fasttrain.schedules", description="Plot lr schedules.")
+    parser.add_argument("--plot", required=True, help="output PNG path")
+    parser.add_argument("--decays", default="cosine,sqrt,linear,1-sqrt", help=f"comma-separated, from: {', '.join(DECAY_SHAPES)}")
+    parser.add_argument("--total-steps", type=int, default=1000)
+    parser.add_argument("--warmup-steps", type=float, default=0.02, help="steps, or a fraction of training if < 1")
+    parser.add_argument("--warmup-start-factor", type=float, default=0.0)
+    parser.add_argument("--peak-lr", type=float, default=1.0)
+    floor = parser.add_mutually_exclusive_group()
+    floor.add_argument("--min-lr", type=float, default=None)
+    floor.add_argument("--min-lr-ratio", type=float, default=None)
+    parser.add_argument("--decay-fraction", type=float, default=None, help="WSD: decay over this last fraction only")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = make_parser().parse_args(argv)
+    warmup = int(args.warmup_steps) if args.warmup_steps >= 1 else args.warmup_steps
+    decays = [d.strip() for d in args.decays.split(",") if d.strip()]
+    plot_schedules(
+        args.plot,
+        decays,
+        args.total_steps,
+        peak_lr=args.peak_lr,
+        warmup_steps=warmup,
+        warmup_start_factor=args.warmup_start_factor,
+        min_lr=args.min_lr,
+        min_lr_ratio=args.min_lr_ratio,
+        decay_fraction=args.decay_fraction,
+    )
+    print(f"wrote {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
