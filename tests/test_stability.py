@@ -17,6 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import safetensors.torch
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
@@ -501,6 +503,42 @@ def test_resume_equals_straight_with_guard_state(tmp_path):
     mid = safetensors.torch.load_file(str(tmp_path / "a" / "checkpoint-5" / "model.safetensors"))
     assert not torch.equal(mid["transformer.h.0.mlp.c_fc.weight"], straight.model.state_dict()["transformer.h.0.mlp.c_fc.weight"])
     json.dumps(gs.state())  # stored in trainer_state.json
+
+
+# ------------------------------------------------------------------------------------- DDP
+
+
+def _ddp_worker(rank, world, init_file, out_dir):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = DivergenceGuardCallback(rollback="none", spike_window=4, spike_warmup=2)
+    args = SimpleNamespace(deepspeed=None, fsdp=None)
+    state = SimpleNamespace(global_step=0)
+    guard.on_train_begin(args, state, None, model=model, optimizer=opt)
+    results = []
+    # step 1: only rank 0 sees a NaN loss -> both ranks skip; step 2 and 3: different finite losses
+    # per rank -> both record the same mean
+    for step, losses in enumerate([(float("nan"), 1.0), (3.0, 5.0), (2.0, 2.0)], start=1):
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        guard.observe_loss(torch.tensor(losses[rank]))
+        guard.on_pre_optimizer_step(args, state, None, model=model, optimizer=opt)
+        results.append(all(p.grad is None for p in model.parameters()))
+        state.global_step = step
+    torch.save({"skipped": results, "history": guard.loss_history}, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_guard_decisions_agree_across_ranks(tmp_path):
+    # fork: the children inherit the imported modules (spawn would re-import transformers: ~30 s here)
+    mp.start_processes(_ddp_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True, start_method="fork")
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert r0["skipped"] == r1["skipped"] == [True, False, False]
+    assert r0["history"] == r1["history"] == [4.0, 2.0]
 
 
 # ------------------------------------------------------------------------------------- settings
