@@ -3,7 +3,13 @@
 __version__ = "0.1.0"
 
 from .args import DataArguments, FastTrainingArguments, ModelArguments  # noqa: E402
-from .callbacks import RunRecorderCallback  # noqa: E402
+from .callbacks import (  # noqa: E402
+    DivergenceError,
+    DivergenceGuardCallback,
+    GradientClippingCallback,
+    RunRecorderCallback,
+    StabilityTrainerMixin,
+)
 from .trainer import FastTrainer  # noqa: E402
 
 __all__ = [
@@ -13,4 +19,8 @@ __all__ = [
     "ModelArguments",
     "DataArguments",
     "RunRecorderCallback",
+    "GradientClippingCallback",
+    "DivergenceGuardCallback",
+    "DivergenceError",
+    "StabilityTrainerMixin",
 ]

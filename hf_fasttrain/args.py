@@ -13,6 +13,8 @@ from typing import Optional
 
 from transformers import TrainingArguments
 
+from .callbacks.stability import CLIP_MODES, ROLLBACK_MODES
+
 __all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments"]
 
 
@@ -181,9 +183,62 @@ class FastTrainingArguments(TrainingArguments):
                   "Default: max steps * global batch size * length of the first training row."},
     )
 
+    # --- Stability: gradient clipping and the divergence guard (issue 6) ----------------------
+    clip_mode: str = field(
+        default="norm",
+        metadata={"help": "Gradient clipping, once per optimizer step after fp16 unscaling and DDP reduction: "
+                  "'norm' (global L2 norm to max_grad_norm, the Trainer's own clipping), 'value' (every "
+                  "element to [-clip_value, clip_value]), 'agc' (adaptive, per output unit: Brock et al. "
+                  "2021) or 'none'. max_grad_norm applies in 'norm' mode only."},
+    )
+    clip_value: float = field(default=1.0, metadata={"help": "Bound for clip_mode='value'."})
+    agc_lambda: float = field(
+        default=0.01,
+        metadata={"help": "clip_mode='agc': largest allowed ||grad|| / max(||weight||, 1e-3) per output unit "
+                  "(Brock et al. 2021 use 0.01 at batch 4096, larger values for smaller batches). The output "
+                  "layer and vectors are not clipped."},
+    )
+    divergence_guard: bool = field(
+        default=False,
+        metadata={"help": "Skip optimizer steps with a NaN/inf loss or gradient, roll back loss spikes to the "
+                  "last good state (skipping the batches in between), and stop with a saved checkpoint after "
+                  "more than guard_max_rollbacks rollbacks in 1000 steps (DivergenceGuardCallback)."},
+    )
+    guard_rollback: str = field(
+        default="auto",
+        metadata={"help": "Where the guard's last good state lives: 'memory' (a CPU copy every "
+                  "guard_snapshot_every steps), 'checkpoint' (the Trainer's checkpoints), 'auto' (memory when "
+                  "3x the parameter bytes fit in 4 GiB) or 'none' (spikes are skipped, never rolled back)."},
+    )
+    guard_snapshot_every: int = field(
+        default=50, metadata={"help": "Optimizer steps between the guard's in-memory snapshots."}
+    )
+    guard_spike_sigma: float = field(
+        default=6.0,
+        metadata={"help": "A loss (or gradient norm) this many standard deviations above the mean of the last "
+                  "guard_spike_window healthy steps is a spike (OLMo-core's rule)."},
+    )
+    guard_spike_window: int = field(
+        default=128, metadata={"help": "Healthy steps the spike statistics are taken over (judged after half)."}
+    )
+    guard_max_rollbacks: int = field(
+        default=3, metadata={"help": "Rollbacks allowed within 1000 steps; one more stops training."}
+    )
+
     def __post_init__(self):
         if self.mfu_peak_tflops is not None:
             _check(self.mfu_peak_tflops > 0, "mfu_peak_tflops", self.mfu_peak_tflops, "must be > 0 or null")
+        # stability (issue 6)
+        _check(self.clip_mode in CLIP_MODES, "clip_mode", self.clip_mode, f"allowed: {', '.join(CLIP_MODES)}")
+        _check(_positive(self.clip_value), "clip_value", self.clip_value, "must be a finite number > 0")
+        _check(_positive(self.agc_lambda), "agc_lambda", self.agc_lambda, "must be a finite number > 0")
+        _check(self.guard_rollback in ROLLBACK_MODES, "guard_rollback", self.guard_rollback,
+               f"allowed: {', '.join(ROLLBACK_MODES)}")
+        _check(_positive(self.guard_spike_sigma), "guard_spike_sigma", self.guard_spike_sigma,
+               "must be a finite number > 0")
+        for name, low in (("guard_snapshot_every", 1), ("guard_spike_window", 2), ("guard_max_rollbacks", 0)):
+            v = getattr(self, name)
+            _check(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, v, f"must be an integer >= {low}")
         super().__post_init__()
         self._check_lr_schedule()
 
@@ -223,3 +278,7 @@ class FastTrainingArguments(TrainingArguments):
             build_lr_lambdas([1.0], self.max_steps, lr_decay=self.lr_decay, warmup_steps=self.warmup_steps,
                              warmup_start_factor=self.warmup_start_factor, min_lr_ratio=self.min_lr_ratio,
                              decay_fraction=self.decay_fraction)
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")

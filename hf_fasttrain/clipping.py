@@ -30,6 +30,7 @@ __all__ = [
     "global_grad_norm",
     "clip_by_value_",
     "clip_by_global_norm_",
+    "norm_clip_stats",
     "clip_agc_",
     "default_unit_dims",
     "agc_unit_dims",
@@ -146,6 +147,22 @@ def clip_by_global_norm_(grads: Sequence[torch.Tensor], max_norm: float) -> Clip
         # multiplying by exactly 1.0 leaves values unchanged; skipping the multiply would need a host sync
         g.mul_(coef.to(device=g.device, dtype=g.dtype))
     return ClipStats(pre, global_grad_norm(grads), clip.to(torch.int64), 1)
+
+
+def norm_clip_stats(pre_norm: torch.Tensor | float, max_norm: float) -> ClipStats:
+    """The :class:`ClipStats` of a norm clip someone else did (``torch.nn.utils.clip_grad_norm_``, which
+    the Trainer uses with ``max_grad_norm``), from the pre-clip norm it returned.
+
+    torch multiplies by ``min(1, max_norm / (norm + 1e-6))``, so the post-clip norm follows exactly.
+
+    Example:
+        >>> s = norm_clip_stats(torch.tensor(4.0), max_norm=1.0)
+        >>> round(float(s.post_norm), 5), int(s.num_clipped)
+        (1.0, 1)
+    """
+    pre = torch.as_tensor(pre_norm, dtype=torch.float32).detach().reshape(())
+    post = pre * torch.clamp(max_norm / (pre + 1e-6), max=1.0)
+    return ClipStats(pre, post, (pre > max_norm).to(torch.int64), 1)
 
 
 def default_unit_dims(tensor: torch.Tensor) -> UnitDims:

@@ -19,6 +19,8 @@ from transformers import Trainer
 
 from .args import FastTrainingArguments
 from .callbacks.run_record import RunRecorderCallback
+from .callbacks.stability import ClipStatsWindow, StabilityTrainerMixin, stability_callbacks
+from .clipping import norm_clip_stats
 from .runinfo import training_config, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import ThroughputMeter, count_tokens, device_peak_flops, flops_per_token, mfu
@@ -40,7 +42,7 @@ def _model_dims(model) -> tuple[int, int, int]:
     return n_params, int(n_layer), int(d_model)
 
 
-class FastTrainer(Trainer):
+class FastTrainer(StabilityTrainerMixin, Trainer):
     """A ``Trainer`` that adds hf_fasttrain's techniques according to ``FastTrainingArguments``.
 
     On top of the Trainer it logs, with every training log: ``tokens_per_second`` (real tokens,
@@ -49,6 +51,11 @@ class FastTrainer(Trainer):
     a GPU with a known peak, ``mfu``. Evaluation adds ``eval_perplexity``. Each run writes
     ``config.yaml`` and ``run_info.json`` into ``output_dir`` at the start, and ``metrics.json`` and
     ``loss_curve.png`` at the end.
+
+    Stability: ``clip_mode`` picks norm (``max_grad_norm``), value, AGC or no clipping, and training
+    logs gain ``clip_pre_norm``, ``clip_post_norm``, ``clip_pre_norm_max`` and ``clip_fraction``;
+    ``divergence_guard`` adds a :class:`~hf_fasttrain.callbacks.stability.DivergenceGuardCallback`,
+    which gets every loss from ``training_step`` (``guard_*`` counts in the logs).
 
     Args:
         run_config: extra sections (e.g. ``{"model": {...}, "data": {...}}``) saved into
@@ -66,6 +73,11 @@ class FastTrainer(Trainer):
         self._last_log_seconds = 0.0
         self._dims: Optional[tuple[int, int, int]] = None
         self.token_progress: Optional[TokenProgress] = None  # set by create_scheduler (schedule_unit='tokens')
+        # stability (issue 6): guard and value/AGC clipping as callbacks; the mixin hands them the loss
+        # and merges their stats into the logs; norm-mode stats come from _clip_grad_norm below
+        for callback in stability_callbacks(self.args):
+            self.add_callback(callback)
+        self._norm_clip_window = ClipStatsWindow()
 
     # -- hooks ---------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -97,9 +109,22 @@ class FastTrainer(Trainer):
         self._created_lr_scheduler = True  # as Trainer.create_scheduler: rebuilt on the next train()
         return self.lr_scheduler
 
+    def _clip_grad_norm(self, model):
+        # The Trainer's clip (it runs when max_grad_norm > 0). Other clip modes skip it: the Trainer then
+        # only measures the norm (and still unscales fp16 gradients) in _get_grad_norm.
+        if getattr(self.args, "clip_mode", "norm") != "norm":
+            return None
+        pre_norm = super()._clip_grad_norm(model)
+        if pre_norm is not None:
+            if hasattr(pre_norm, "full_tensor"):  # a DTensor under FSDP2
+                pre_norm = pre_norm.full_tensor()
+            self._norm_clip_window.add(norm_clip_stats(pre_norm, self.args.max_grad_norm))
+        return pre_norm
+
     def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
         if "loss" in logs:  # a training log: every process calls this together
             logs.update(self._throughput_logs())
+            logs.update(self._norm_clip_window.pop())
         else:  # evaluation and end-of-training logs carry the clock too (it survives a resume)
             logs.setdefault("train_seconds", self.recorder.train_seconds())
         super().log(logs, start_time)

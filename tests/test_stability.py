@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
+from hf_fasttrain import FastTrainer, FastTrainingArguments
 from hf_fasttrain.callbacks.stability import (
     DivergenceError,
     DivergenceGuardCallback,
@@ -30,8 +31,10 @@ from hf_fasttrain.callbacks.stability import (
     detect_spike,
     ensure_unscaled,
     restore_snapshot,
+    stability_callbacks,
     take_snapshot,
 )
+from hf_fasttrain.recipes import parse_config
 
 V, T, BS = 64, 16, 8
 NAN, GRAD_X1E6, POISON = 1, 2, 3
@@ -108,6 +111,10 @@ class GuardedTrainer(StabilityTrainerMixin, FaultyTrainer):
     pass
 
 
+class FaultyFastTrainer(FastTrainer, FaultyTrainer):
+    pass
+
+
 def make_trainer(out, steps, faults=None, callbacks=(), drop=(), cls=GuardedTrainer, optimizers=None, **kw):
     settings = dict(
         output_dir=str(out),
@@ -126,6 +133,9 @@ def make_trainer(out, steps, faults=None, callbacks=(), drop=(), cls=GuardedTrai
         seed=0,
     )
     settings.update(kw)
+    args_cls = FastTrainingArguments if issubclass(cls, FastTrainer) else TrainingArguments
+    if args_cls is FastTrainingArguments:
+        settings["auto_resume"] = False
     model = tiny_gpt2()
     opt_sched = (None, None)
     if optimizers == "lambda":
@@ -134,7 +144,7 @@ def make_trainer(out, steps, faults=None, callbacks=(), drop=(), cls=GuardedTrai
         opt_sched = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1.0 + 0.1 * s)))
     return cls(
         model=model,
-        args=TrainingArguments(**settings),
+        args=args_cls(**settings),
         train_dataset=make_rows(steps + len(drop), faults=faults, drop=drop),
         eval_dataset=make_rows(8, seed=2),
         data_collator=collate,
@@ -576,3 +586,76 @@ def test_sharded_training_fails_before_training(monkeypatch, cls):
     args = SimpleNamespace(deepspeed=None, fsdp=None, max_grad_norm=0.0)
     with pytest.raises(ValueError, match="FSDP"):
         cls().on_train_begin(args, None, None, model=torch.nn.Linear(2, 2))
+
+
+# ------------------------------------------------------------------------------------- FastTrainer wiring
+
+
+@pytest.mark.parametrize(
+    "field, value, allowed",
+    [
+        ("clip_mode", "clip", "norm, value, agc, none"),
+        ("clip_value", 0.0, "> 0"),
+        ("agc_lambda", -0.01, "> 0"),
+        ("guard_rollback", "disk", "auto, memory, checkpoint, none"),
+        ("guard_snapshot_every", 0, ">= 1"),
+        ("guard_spike_sigma", float("inf"), "> 0"),
+        ("guard_spike_window", 1, ">= 2"),
+        ("guard_max_rollbacks", -1, ">= 0"),
+    ],
+)
+def test_fast_training_arguments_reject_bad_stability_settings(tmp_path, field, value, allowed):
+    with pytest.raises(ValueError, match=f"{field}={value!r} is invalid") as err:
+        FastTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **{field: value})
+    assert allowed in str(err.value)
+
+
+def test_fasttrainer_value_mode_turns_the_norm_clip_off_and_guards(tmp_path):
+    spy = GradSpy()  # user callbacks come before the ones FastTrainer adds: it sees unclipped gradients
+    trainer = make_trainer(
+        tmp_path, 6, {3: NAN}, callbacks=[spy], cls=FaultyFastTrainer, max_grad_norm=1.0,
+        clip_mode="value", clip_value=0.01, divergence_guard=True, guard_spike_window=8,
+    )
+    kinds = [type(cb) for cb in trainer.callback_handler.callbacks if isinstance(cb, (DivergenceGuardCallback, GradientClippingCallback))]
+    assert kinds == [DivergenceGuardCallback, GradientClippingCallback]
+    trainer.train()
+    norms = [torch.linalg.vector_norm(torch.stack([g.norm() for g in grads.values()])).item() for grads in spy.grads]
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    healthy = [n for i, n in enumerate(norms) if i != 2]
+    assert max(healthy) > 1.0  # max_grad_norm=1.0 did not clip: value mode replaces it
+    assert [h["clip_pre_norm"] for h in logs if "clip_pre_norm" in h] == pytest.approx(healthy, rel=1e-5)
+    assert all(h["clip_fraction"] > 0 for h in logs if "clip_fraction" in h)
+    g = find(trainer, DivergenceGuardCallback)
+    assert [(e["step"], e["kind"]) for e in g.events] == [(3, "skip")]
+    assert len(g.loss_history) == 5  # FastTrainer hands the guard the loss of every healthy step
+    assert logs[-1]["guard_skipped_nonfinite"] == 1 and all_finite(trainer.model)
+
+
+@pytest.mark.parametrize("mode", ["norm", "none"])
+def test_fasttrainer_norm_and_none_modes(tmp_path, mode):
+    spy = GradSpy()
+    trainer = make_trainer(tmp_path, 4, callbacks=[spy], cls=FaultyFastTrainer, max_grad_norm=1.0, clip_mode=mode)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    norms = [torch.linalg.vector_norm(torch.stack([g.norm() for g in grads.values()])).item() for grads in spy.grads]
+    pre = [h["grad_norm"] for h in logs]
+    assert max(pre) > 1.0
+    if mode == "norm":  # the Trainer's clip, with its statistics in the logs
+        assert [h["clip_pre_norm"] for h in logs] == pytest.approx(pre, rel=1e-6)
+        assert [h["clip_post_norm"] for h in logs] == pytest.approx([min(p, 1.0) for p in pre], rel=1e-5)
+        assert [h["clip_fraction"] for h in logs] == [1.0 if p > 1.0 else 0.0 for p in pre]
+        assert norms == pytest.approx([min(p, 1.0) for p in pre], rel=1e-5)
+    else:  # nothing clips, nothing is logged about clipping
+        assert norms == pytest.approx(pre, rel=1e-5)
+        assert not any("clip_pre_norm" in h for h in logs)
+
+
+def test_recipes_switch_the_guard_on():
+    _, _, tiny = parse_config(["--config", "gpt2_tiny"])
+    assert (tiny.clip_mode, tiny.max_grad_norm, tiny.divergence_guard) == ("norm", 1.0, True)
+    (cb,) = stability_callbacks(tiny)
+    assert isinstance(cb, DivergenceGuardCallback) and cb.snapshot_every == 50 and cb.spike_sigma == 6.0
+    _, _, agc = parse_config(["--config", "gpt2_tiny", "--clip_mode", "agc", "--agc_lambda", "0.05", "--divergence_guard", "false"])
+    (cb,) = stability_callbacks(agc)
+    assert isinstance(cb, GradientClippingCallback) and (cb.mode, cb.agc_lambda) == ("agc", 0.05)
+    assert stability_callbacks(TrainingArguments(output_dir="x", use_cpu=True, report_to="none")) == []

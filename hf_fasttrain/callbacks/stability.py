@@ -62,6 +62,8 @@ __all__ = [
     "DivergenceGuardCallback",
     "DivergenceError",
     "StabilityTrainerMixin",
+    "ClipStatsWindow",
+    "stability_callbacks",
     "TrainingSnapshot",
     "take_snapshot",
     "restore_snapshot",
@@ -194,8 +196,19 @@ class StabilityTrainerMixin:
 # --------------------------------------------------------------------------------------------------
 
 
-class _ClipWindow:
-    """Clip statistics of the optimizer steps since the last log, kept as tensors (no host sync)."""
+class ClipStatsWindow:
+    """Clip statistics of the optimizer steps since the last log, kept as tensors (no host sync).
+
+    ``pop()`` gives the means over those steps: ``clip_pre_norm``, ``clip_post_norm``, ``clip_fraction``
+    and the largest ``clip_pre_norm_max``.
+
+    Example:
+        >>> from hf_fasttrain.clipping import norm_clip_stats
+        >>> w = ClipStatsWindow()
+        >>> w.add(norm_clip_stats(torch.tensor(4.0), 1.0)); w.add(norm_clip_stats(torch.tensor(0.5), 1.0))
+        >>> {k: round(v, 4) for k, v in w.pop().items()}
+        {'clip_pre_norm': 2.25, 'clip_pre_norm_max': 4.0, 'clip_post_norm': 0.75, 'clip_fraction': 0.5}
+    """
 
     def __init__(self) -> None:
         self.reset()
@@ -294,7 +307,7 @@ class GradientClippingCallback(TrainerCallback, ExportableState):
         self.agc_lambda = agc_lambda
         self.agc_eps = agc_eps
         self.agc_clip_output_layer = bool(agc_clip_output_layer)
-        self._window = _ClipWindow()
+        self._window = ClipStatsWindow()
         self._agc_dims: dict[int, Any] = {}
         self.last_stats: ClipStats | None = None
 
@@ -321,6 +334,8 @@ class GradientClippingCallback(TrainerCallback, ExportableState):
                 "use TrainingArguments.max_grad_norm for norm clipping there"
             )
         trainer_clip = args.max_grad_norm or 0.0
+        if getattr(args, "clip_mode", "norm") != "norm":
+            trainer_clip = 0.0  # FastTrainingArguments: FastTrainer applies max_grad_norm in 'norm' mode only
         if self.mode == "norm" and trainer_clip > 0:
             raise ValueError(
                 f"GradientClippingCallback(mode='norm') clips by itself, but TrainingArguments.max_grad_norm="
@@ -917,3 +932,28 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
     def _event(self, step: int, kind: str, reason: str) -> None:
         self.events = (self.events + [{"step": step, "kind": kind, "reason": reason}])[-100:]
         logger.warning(f"DivergenceGuardCallback: step {step}: {kind}: {reason}")
+
+
+def stability_callbacks(args: Any) -> list[TrainerCallback]:
+    """The callbacks that ``FastTrainingArguments`` ask for, guard first (it must see unclipped gradients).
+
+    ``clip_mode`` 'value' or 'agc' gives a :class:`GradientClippingCallback`; 'norm' is the Trainer's own
+    clipping with ``max_grad_norm`` and 'none' clips nothing (FastTrainer turns the Trainer's norm clip
+    off for both). ``divergence_guard`` gives a :class:`DivergenceGuardCallback`. Plain
+    ``TrainingArguments`` (without these fields) give no callbacks.
+    """
+    callbacks: list[TrainerCallback] = []
+    if getattr(args, "divergence_guard", False):
+        callbacks.append(
+            DivergenceGuardCallback(
+                spike_window=args.guard_spike_window,
+                spike_sigma=args.guard_spike_sigma,
+                rollback=args.guard_rollback,
+                snapshot_every=args.guard_snapshot_every,
+                max_rollbacks=args.guard_max_rollbacks,
+            )
+        )
+    mode = getattr(args, "clip_mode", "norm")
+    if mode in ("value", "agc"):
+        callbacks.append(GradientClippingCallback(mode=mode, clip_value=args.clip_value, agc_lambda=args.agc_lambda))
+    return callbacks
