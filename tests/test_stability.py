@@ -228,6 +228,13 @@ def test_detect_spike(value, history, expected):
     assert detect_spike(value, history, sigma=6.0, ratio=1.1, warmup=4) is expected
 
 
+def test_guard_warmup_defaults():
+    assert DivergenceGuardCallback().warmup == 64  # OLMo-core: max(20, window // 2)
+    assert DivergenceGuardCallback(spike_window=30).warmup == 20
+    assert DivergenceGuardCallback(spike_window=8).warmup == 8  # never more than the window holds
+    assert DivergenceGuardCallback(spike_window=8, spike_warmup=3).warmup == 3
+
+
 def test_ensure_unscaled_unscales_once_with_a_cpu_grad_scaler():
     w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     opt = torch.optim.SGD([w], lr=0.1)

@@ -561,7 +561,8 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
     Args:
         spike_window: number of recent healthy steps the mean and std are taken over (OLMo-core: 128).
         spike_sigma: how many standard deviations above the mean is a spike (OLMo-core: 6).
-        spike_warmup: healthy steps needed before spikes are judged; None: ``max(20, spike_window // 2)``.
+        spike_warmup: healthy steps needed before spikes are judged; None: ``max(20, spike_window // 2)``
+            (at most ``spike_window``).
         loss_spike_ratio: a loss spike must also exceed the mean by this factor (1.1: 10% above).
         grad_spike_ratio: a gradient-norm spike must also exceed the mean by this factor; None turns
             gradient-norm spike skipping off.
@@ -694,7 +695,9 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
     # ---- inputs ----
     @property
     def warmup(self) -> int:
-        return self.spike_warmup if self.spike_warmup is not None else max(20, self.spike_window // 2)
+        if self.spike_warmup is not None:
+            return self.spike_warmup
+        return min(self.spike_window, max(20, self.spike_window // 2))
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         """Add one micro-batch loss (as ``training_step`` returns it) to the current optimizer step."""
