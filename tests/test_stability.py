@@ -622,6 +622,7 @@ def test_fasttrainer_value_mode_turns_the_norm_clip_off_and_guards(tmp_path):
     trainer = make_trainer(
         tmp_path, 6, {3: NAN}, callbacks=[spy], cls=FaultyFastTrainer, max_grad_norm=1.0,
         clip_mode="value", clip_value=0.01, divergence_guard=True, guard_spike_window=8,
+        per_device_train_batch_size=BS // 2, gradient_accumulation_steps=2,  # batch k in two halves
     )
     kinds = [type(cb) for cb in trainer.callback_handler.callbacks if isinstance(cb, (DivergenceGuardCallback, GradientClippingCallback))]
     assert kinds == [DivergenceGuardCallback, GradientClippingCallback]
@@ -634,7 +635,8 @@ def test_fasttrainer_value_mode_turns_the_norm_clip_off_and_guards(tmp_path):
     assert all(h["clip_fraction"] > 0 for h in logs if "clip_fraction" in h)
     g = find(trainer, DivergenceGuardCallback)
     assert [(e["step"], e["kind"]) for e in g.events] == [(3, "skip")]
-    assert len(g.loss_history) == 5  # FastTrainer hands the guard the loss of every healthy step
+    # FastTrainer hands the guard every micro-batch loss: per step, the same loss the Trainer logs
+    assert g.loss_history == pytest.approx([h["loss"] for h in logs if h["step"] != 3], rel=1e-6)
     assert logs[-1]["guard_skipped_nonfinite"] == 1 and all_finite(trainer.model)
 
 
