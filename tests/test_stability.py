@@ -415,6 +415,16 @@ def test_fault_injection_guard_matches_a_clean_run(tmp_path):
     assert partial.evaluate()["eval_loss"] > clean_eval + 0.5
 
 
+def test_a_clean_run_with_the_guard_is_bit_identical_to_one_without(tmp_path):
+    plain = make_trainer(tmp_path / "plain", 8, cls=FaultyTrainer)
+    plain.train()
+    guarded = make_trainer(tmp_path / "guarded", 8, callbacks=[guard(snapshot_every=2, spike_warmup=2)])
+    guarded.train()
+    assert find(guarded, DivergenceGuardCallback).events == []
+    assert_same_tensors(plain.model.state_dict(), guarded.model.state_dict())
+    assert_same_tensors(plain.optimizer.state_dict()["state"], guarded.optimizer.state_dict()["state"])
+
+
 @pytest.mark.parametrize("rollback", ["memory", "checkpoint"])
 def test_rollback_restores_state_exactly_and_skips_the_batches(tmp_path, rollback):
     recorder = Recorder()
