@@ -3,7 +3,8 @@
 __version__ = "0.1.0"
 
 from .args import DataArguments, FastTrainingArguments, ModelArguments  # noqa: E402
-from .callbacks import RunRecorderCallback  # noqa: E402
+from .callbacks import LRScheduleCallback, RunRecorderCallback  # noqa: E402
+from .schedules import TokenProgress, make_scheduler  # noqa: E402
 from .trainer import FastTrainer  # noqa: E402
 
 __all__ = [
@@ -13,4 +14,7 @@ __all__ = [
     "ModelArguments",
     "DataArguments",
     "RunRecorderCallback",
+    "LRScheduleCallback",
+    "make_scheduler",
+    "TokenProgress",
 ]
