@@ -85,6 +85,14 @@ ARMS: dict[str, Arm] = {
 }
 
 
+# --- LR schedule ablation (hf_fasttrain.schedules): every decay shape at hf-tuned's peak lr, 2% warmup
+# from 0 and floor at 10% of the peak, only the shape differs (lr-cosine runs exactly hf-tuned's lrs):
+#   python benchmarks/time_to_loss.py --quick --max-steps 300 --seeds 3 --arms lr-cosine,lr-sqrt,lr-linear,lr-1-sqrt,lr-constant --name lr_schedules
+_SCHEDULE_BASE = {k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_type", "lr_scheduler_kwargs")}
+for _decay in ("cosine", "sqrt", "linear", "1-sqrt", "constant"):
+    ARMS[f"lr-{_decay}"] = Arm(f"lr-{_decay}", f"FastTrainer, hf-tuned settings, lr_decay={_decay!r}, floor 10% of peak",
+                               fast=True, args={**_SCHEDULE_BASE, "lr_decay": _decay, "min_lr_ratio": 0.1})
+
 @dataclass
 class Setup:
     """Model, data and budget shared by every arm."""
@@ -200,7 +208,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
     lines = [
         f"Target: eval loss {summary['target_eval_loss']:.4f} (median final eval loss of {summary['reference']}).",
         "",
-        "| arm | final eval loss | train seconds to target | tokens to target | time vs hf-tuned | seeds reaching target |",
+        f"| arm | final eval loss | train seconds to target | tokens to target | time vs {summary['reference']} | seeds reaching target |",
         "|---|---|---|---|---|---|",
     ]
     for a, r in summary["arms"].items():

@@ -7,9 +7,11 @@ from .callbacks import (  # noqa: E402
     DivergenceError,
     DivergenceGuardCallback,
     GradientClippingCallback,
+    LRScheduleCallback,
     RunRecorderCallback,
     StabilityTrainerMixin,
 )
+from .schedules import TokenProgress, make_scheduler  # noqa: E402
 from .trainer import FastTrainer  # noqa: E402
 
 __all__ = [
@@ -23,4 +25,7 @@ __all__ = [
     "DivergenceGuardCallback",
     "DivergenceError",
     "StabilityTrainerMixin",
+    "LRScheduleCallback",
+    "make_scheduler",
+    "TokenProgress",
 ]

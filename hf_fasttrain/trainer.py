@@ -89,8 +89,13 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """With ``args.lr_decay`` set: warmup + decay to a floor from hf_fasttrain.schedules (a LambdaLR
         whose state_dict also holds the token count, so checkpoints restore it); else the Trainer's."""
-        if self.args.lr_decay is None or self.lr_scheduler is not None:
+        if self.args.lr_decay is None:
             return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is not None:  # Trainer resets the one it made, so this one came from optimizers=
+            raise ValueError(
+                f"lr_decay={self.args.lr_decay!r} but a scheduler ({type(self.lr_scheduler).__name__}) was passed "
+                f"through FastTrainer(optimizers=...); use one or the other"
+            )
         args = self.args
         self.token_progress = None
         if args.schedule_unit == "tokens":

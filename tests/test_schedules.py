@@ -624,6 +624,22 @@ def test_fasttrainer_without_lr_decay_keeps_the_trainers_scheduler(tiny_lm, tiny
     assert not isinstance(sched, ScheduleLR) and trainer.token_progress is None
 
 
+def test_fasttrainer_refuses_lr_decay_with_a_scheduler_passed_in(tiny_lm, tiny_tokenizer, tmp_path):
+    from transformers import DataCollatorForLanguageModeling
+
+    from conftest import make_tiny_gpt2, tiny_args
+    from hf_fasttrain import FastTrainer
+
+    model = make_tiny_gpt2(len(tiny_tokenizer))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    trainer = FastTrainer(model=model, args=tiny_args(tmp_path, lr_decay="cosine"), train_dataset=tiny_lm["train"],
+                          data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False),
+                          optimizers=(opt, sched))
+    with pytest.raises(ValueError, match=r"lr_decay='cosine' but a scheduler \(LambdaLR\) was passed"):
+        trainer.train()
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
