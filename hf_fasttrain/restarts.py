@@ -49,6 +49,11 @@ __all__ = [
     "divergence_reason",
     "seed_statistics",
     "planned_steps",
+    "RecipeTrialRunner",
+    "restart_config_from_args",
+    "latest_checkpoint_before",
+    "train_with_restarts",
+    "ARG_FIELDS",
     "STATE_FILE",
     "SUMMARY_JSON",
     "SUMMARY_MD",
@@ -919,3 +924,181 @@ def _is_number(v) -> bool:
 def run_restarts(config: RestartConfig, runner: TrialRunner, output_dir: str, max_steps: int) -> Dict[str, Any]:
     """Runs or resumes a search in ``output_dir``; returns the summary dict. See :class:`RestartOrchestrator`."""
     return RestartOrchestrator(config, runner, output_dir, max_steps).run()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Trials as recipe runs (the Trainer side)
+# ----------------------------------------------------------------------------------------------------------
+
+# FastTrainingArguments field -> RestartConfig field
+ARG_FIELDS = {
+    "restart_num_seeds": "num_seeds",
+    "restart_explore_fraction": "explore_fraction",
+    "restart_rungs": "rungs",
+    "restart_keep_fraction": "keep_fraction",
+    "restart_metric": "metric",
+    "restart_direction": "direction",
+    "restart_divergence_threshold": "divergence_threshold",
+    "restart_replace_diverged": "replace_diverged",
+    "restart_vary": "vary",
+    "restart_parallel": "parallel",
+}
+
+
+def restart_config_from_args(training_args, **overrides) -> RestartConfig:
+    """The :class:`RestartConfig` described by a ``FastTrainingArguments``' ``restart_*`` fields; the base seeds
+    are its ``seed`` and ``data_seed``. Errors name the ``restart_*`` field."""
+    kwargs = {cfg: getattr(training_args, arg) for arg, cfg in ARG_FIELDS.items()}
+    kwargs.update(seed=training_args.seed, data_seed=getattr(training_args, "data_seed", None), **overrides)
+    try:
+        return RestartConfig(**kwargs)
+    except ValueError as e:
+        msg = str(e)
+        for arg, cfg in ARG_FIELDS.items():
+            msg = msg.replace(f"RestartConfig.{cfg}=", f"{arg}=")
+        raise ValueError(msg.replace("RestartConfig.", "")) from None
+
+
+def _checkpoint_step(path: str) -> Optional[int]:
+    name = os.path.basename(os.path.normpath(path))
+    if name.startswith("checkpoint-") and name[len("checkpoint-"):].isdigit():
+        return int(name[len("checkpoint-"):])
+    return None
+
+
+def latest_checkpoint_before(trial_dir: str, before_step: int, hint: Optional[str] = None) -> Optional[str]:
+    """The newest complete ``checkpoint-N`` (has ``trainer_state.json``) in ``trial_dir`` with ``N < before_step``.
+
+    A trial stage resumes from there: the orchestrator's checkpoint (``hint``) or a newer one a killed attempt
+    left behind (resuming any checkpoint of the same run equals the uninterrupted run). A checkpoint at or
+    after ``before_step`` is never used: the stage must end exactly at ``before_step``.
+    """
+    found = []
+    paths = [os.path.join(trial_dir, d) for d in os.listdir(trial_dir)] if os.path.isdir(trial_dir) else []
+    if hint:
+        paths.append(hint)
+    for p in paths:
+        step = _checkpoint_step(p)
+        if step is not None and step < before_step and os.path.isfile(os.path.join(p, "trainer_state.json")):
+            found.append((step, p))
+    return max(found)[1] if found else None
+
+
+class RecipeTrialRunner:
+    """Runs each trial as a normal recipe run: :func:`hf_fasttrain.run.train` in this process, or the recipe's
+    command line in a subprocess (one per GPU under ``parallel="per_gpu"``, with ``CUDA_VISIBLE_DEVICES``).
+
+    A trial's arguments are the recipe's with ``seed = model_seed``, ``data_seed = data_seed``, the trial's
+    ``output_dir``, the full run's ``max_steps`` and ``restart_stop_at_step = until_step`` (the run stops and
+    saves ``checkpoint-<until_step>`` there, see :class:`~hf_fasttrain.callbacks.stop_at_step.StopAtStepCallback`).
+    The eval history is read from that checkpoint's ``trainer_state.json``; the run's final evaluation (at
+    ``until_step``) is the rung value. A non-finite training loss in the log marks the trial diverged.
+
+    Args:
+        model_args, data_args, training_args: the recipe's resolved arguments.
+        subprocess: run trials as subprocesses (always so under ``per_gpu``).
+        launcher: command prefix for subprocess trials; the trial's config file follows as ``--config PATH``.
+            Default: ``python -m hf_fasttrain.cli train``; e.g. ``["accelerate", "launch", "-m",
+            "hf_fasttrain.cli", "train"]``.
+        trial_overrides: ``{trial index: {field: value}}`` applied to that trial's training arguments (for
+            experiments, e.g. forcing one seed to diverge with a huge ``learning_rate``).
+        callbacks: extra Trainer callbacks for in-process trials.
+
+    Example:
+        >>> # model_args, data_args, training_args = parse_config(["--config", "gpt2_tiny"])
+        >>> # runner = RecipeTrialRunner(model_args, data_args, training_args)
+        >>> # RestartOrchestrator(restart_config_from_args(training_args), runner, "runs/r", 300).run()
+    """
+
+    def __init__(self, model_args, data_args, training_args, subprocess: bool = False,
+                 launcher: Optional[Sequence[str]] = None, trial_overrides: Optional[Dict[int, Dict[str, Any]]] = None,
+                 callbacks: Optional[Sequence[Any]] = None):
+        self.model_args = model_args
+        self.data_args = data_args
+        self.training_args = training_args
+        self.subprocess = subprocess
+        self.launcher = list(launcher) if launcher else None
+        self.trial_overrides = dict(trial_overrides or {})
+        self.callbacks = list(callbacks or [])
+
+    def available_metrics(self) -> List[str]:
+        """Metrics every recipe evaluation reports (FastTrainer's eval loss, perplexity, next-token accuracy)."""
+        return ["eval_loss", "eval_perplexity", "eval_accuracy"]
+
+    def trial_args(self, trial: TrialSpec, until_step: int, resume_from: Optional[str]):
+        """The trial's training arguments: a copy of the recipe's with the seeds, directory and stop step."""
+        import copy
+
+        args = copy.deepcopy(self.training_args)
+        changes = {
+            "seed": trial.model_seed,
+            "data_seed": trial.data_seed,
+            "output_dir": trial.output_dir,
+            "max_steps": trial.max_steps,
+            "restart_num_seeds": 1,
+            "restart_stop_at_step": until_step,
+            "resume_from_checkpoint": latest_checkpoint_before(trial.output_dir, until_step, resume_from),
+            "auto_resume": False,
+        }
+        changes.update(self.trial_overrides.get(trial.index, {}))
+        for k, v in changes.items():
+            setattr(args, k, v)
+        return args
+
+    def run(self, trial: TrialSpec, until_step: int, resume_from: Optional[str]) -> TrialResult:
+        args = self.trial_args(trial, until_step, resume_from)
+        os.makedirs(trial.output_dir, exist_ok=True)
+        if self.subprocess:
+            metrics = self._run_subprocess(trial, args)
+        else:
+            from .run import train
+
+            metrics = train(self.model_args, self.data_args, args, callbacks=list(self.callbacks))
+        ckpt = os.path.join(trial.output_dir, f"checkpoint-{until_step}")
+        with open(os.path.join(ckpt, "trainer_state.json"), encoding="utf-8") as f:
+            log_history = json.load(f)["log_history"]
+        history = [dict(e) for e in log_history if "step" in e and any(k.startswith("eval_") for k in e)]
+        final = {k: float(v) for k, v in metrics.items() if _is_number(v)}
+        history.append({"step": until_step, **final})
+        losses = [float(e["loss"]) for e in log_history if _is_number(e.get("loss"))]
+        diverged = any(not math.isfinite(v) for v in losses)
+        return TrialResult(history, final, ckpt, diverged)
+
+    def _run_subprocess(self, trial: TrialSpec, args) -> Dict[str, Any]:
+        import subprocess
+        import sys
+
+        import yaml
+
+        from .recipes import resolved_config
+
+        config = resolved_config(self.model_args, self.data_args, args)
+        path = os.path.join(trial.output_dir, f"trial_config_{args.restart_stop_at_step}.yaml")
+        _atomic_write_text(path, yaml.safe_dump(config, sort_keys=False))
+        cmd = (self.launcher or [sys.executable, "-m", "hf_fasttrain.cli", "train"]) + ["--config", path]
+        env = dict(os.environ)
+        if trial.device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(trial.device)
+        log_path = os.path.join(trial.output_dir, f"trial_{args.restart_stop_at_step}.log")
+        with open(log_path, "a", encoding="utf-8") as log:
+            proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            raise RuntimeError(f"trial {trial.trial_id} failed (exit {proc.returncode}); see {log_path}")
+        with open(os.path.join(trial.output_dir, "metrics.json"), encoding="utf-8") as f:
+            return json.load(f)
+
+
+def train_with_restarts(model_args, data_args, training_args, callbacks: Optional[Sequence[Any]] = None,
+                        runner: Optional[TrialRunner] = None, **config_overrides) -> Dict[str, Any]:
+    """The random-restart search for a recipe: explores ``restart_num_seeds`` seeds, continues the best to
+    ``max_steps``; state, summary and trials live in ``training_args.output_dir``. Returns the summary."""
+    config = restart_config_from_args(training_args, **config_overrides)
+    if training_args.max_steps is None or training_args.max_steps <= 0:
+        raise ValueError(
+            f"max_steps={training_args.max_steps!r} is invalid for random restart: set max_steps > 0 (the "
+            "exploration budget is a fraction of it)."
+        )
+    if runner is None:
+        runner = RecipeTrialRunner(model_args, data_args, training_args, subprocess=config.parallel == "per_gpu",
+                                   callbacks=callbacks)
+    return RestartOrchestrator(config, runner, training_args.output_dir, training_args.max_steps).run()
