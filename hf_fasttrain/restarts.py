@@ -1077,6 +1077,9 @@ class RecipeTrialRunner:
         _atomic_write_text(path, yaml.safe_dump(config, sort_keys=False))
         cmd = (self.launcher or [sys.executable, "-m", "hf_fasttrain.cli", "train"]) + ["--config", path]
         env = dict(os.environ)
+        # the trial imports the same hf_fasttrain as this process (a checkout may shadow an installed copy)
+        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
         if trial.device is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(trial.device)
         log_path = os.path.join(trial.output_dir, f"trial_{args.restart_stop_at_step}.log")
