@@ -795,6 +795,7 @@ class RestartOrchestrator:
                     "diverged_reason": t["diverged_reason"],
                     "dropped_at_rung": t["dropped_at_rung"],
                     "replaces": t["replaces"],
+                    "stage_evals": {int(s): dict(r["final_eval"]) for s, r in t["results"].items()},
                     "steps_trained": reached,
                     "starts": t["starts"],
                     "history": sorted((int(s), float(v)) for s, v in t["history"].items()),
@@ -1023,7 +1024,7 @@ class RecipeTrialRunner:
 
     def available_metrics(self) -> List[str]:
         """Metrics every recipe evaluation reports (FastTrainer's eval loss, perplexity, next-token accuracy)."""
-        return ["eval_loss", "eval_perplexity", "eval_accuracy"]
+        return ["eval_loss", "eval_perplexity", "eval_next_token_accuracy"]
 
     def trial_args(self, trial: TrialSpec, until_step: int, resume_from: Optional[str]):
         """The trial's training arguments: a copy of the recipe's with the seeds, directory and stop step."""
