@@ -49,6 +49,7 @@ __all__ = [
     "divergence_reason",
     "seed_statistics",
     "planned_steps",
+    "search_time_curve",
     "RecipeTrialRunner",
     "restart_config_from_args",
     "latest_checkpoint_before",
@@ -336,6 +337,54 @@ def planned_steps(num_seeds: int, rung_steps: Sequence[int], max_steps: int, kee
         if r < len(rung_steps) - 1:
             alive = num_to_keep(alive, keep_fraction)
     return total + (max_steps - prev)
+
+
+def search_time_curve(summary: Dict[str, Any], winner_evals: Sequence[Dict[str, Any]], tokens_per_step: int,
+                      seconds_key: str = "train_seconds") -> List[Dict[str, float]]:
+    """The eval curve of a whole search on the compute axis, to compare it with single runs (time to loss).
+
+    Nothing counts before the winner is known: the first point is the end of the exploration, at the
+    seconds and tokens of every trial's training so far (losers, diverged seeds and failed continuations
+    included), with the winner's metric there; then the winner's evaluations after the exploration, shifted
+    by that cost. ``winner_evals`` are the winner's eval logs (``step``, the metric, ``seconds_key``); its
+    ``stage_evals`` in the summary are merged in. Returns points ``{step, tokens, seconds, <metric>}``.
+
+    >>> summary = {"metric": "eval_loss", "winner": "a", "rung_steps": [2], "trials": [
+    ...     {"trial_id": "a", "stage_evals": {2: {"eval_loss": 3.0, "train_seconds": 1.0},
+    ...                                      6: {"eval_loss": 2.0, "train_seconds": 5.0}}},
+    ...     {"trial_id": "b", "stage_evals": {"2": {"eval_loss": 3.5, "train_seconds": 1.5}}}]}
+    >>> search_time_curve(summary, [{"step": 4, "eval_loss": 2.5, "train_seconds": 3.0}], tokens_per_step=10)
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [{'step': 2, 'tokens': 40, 'seconds': 2.5, 'eval_loss': 3.0},
+     {'step': 4, 'tokens': 60, 'seconds': 4.5, 'eval_loss': 2.5},
+     {'step': 6, 'tokens': 80, 'seconds': 6.5, 'eval_loss': 2.0}]
+    """
+    metric, winner = summary["metric"], summary["winner"]
+    explore_step = int(summary["rung_steps"][-1])
+    cost_seconds, cost_steps, w = 0.0, 0, None
+    for row in summary["trials"]:
+        stages = {int(k): v for k, v in row["stage_evals"].items()}
+        if row["trial_id"] == winner:
+            w = stages
+            stages = {k: v for k, v in stages.items() if k <= explore_step}
+        if stages:
+            last = max(stages)
+            cost_seconds += float(stages[last][seconds_key])
+            cost_steps += last
+    if w is None or explore_step not in w:
+        raise ValueError(f"summary has no winner with an evaluation at the exploration step {explore_step}")
+    w_explore_seconds = float(w[explore_step][seconds_key])
+    points = {explore_step: {"seconds": cost_seconds, metric: float(w[explore_step][metric])}}
+    later = [dict(e) for e in winner_evals if metric in e] + [{"step": k, **v} for k, v in w.items()]
+    for e in sorted(later, key=lambda e: int(e["step"])):
+        step = int(e["step"])
+        if step > explore_step and seconds_key in e:
+            points[step] = {"seconds": cost_seconds + float(e[seconds_key]) - w_explore_seconds, metric: float(e[metric])}
+    return [
+        {"step": s, "tokens": (cost_steps + s - explore_step) * tokens_per_step, "seconds": p["seconds"],
+         metric: p[metric]}
+        for s, p in sorted(points.items())
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1089,7 +1138,10 @@ class RecipeTrialRunner:
         if proc.returncode != 0:
             raise RuntimeError(f"trial {trial.trial_id} failed (exit {proc.returncode}); see {log_path}")
         with open(os.path.join(trial.output_dir, "metrics.json"), encoding="utf-8") as f:
-            return json.load(f)
+            record = json.load(f)
+        if "final_metrics" not in record:
+            raise RuntimeError(f"trial {trial.trial_id}: {trial.output_dir}/metrics.json has no final_metrics")
+        return record["final_metrics"]
 
 
 def train_with_restarts(model_args, data_args, training_args, callbacks: Optional[Sequence[Any]] = None,

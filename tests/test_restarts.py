@@ -305,6 +305,26 @@ def test_successive_halving_keeps_the_best_half_per_rung(tmp_path):
     assert summary["rung_stats"][2]["n"] == 2
 
 
+def test_search_time_curve_charges_every_trial_before_the_winner_counts(tmp_path):
+    def table(trial, step):  # 0.5 s of training per step, for every seed
+        a, b = SH_COEFFS[trial.index]
+        return {"eval_loss": a + b / step, "train_seconds": 0.5 * step}
+
+    runner = StubRunner(table, max_steps=40)
+    summary = run_restarts(RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3), runner, tmp_path, 40)
+    w = next(r for r in summary["trials"] if r["chosen"])
+    winner_evals = [{"step": s, **table(type("T", (), {"index": 1}), s)} for s in range(18, 41, 2)]
+    curve = restarts.search_time_curve(summary, winner_evals, tokens_per_step=10)
+    # exploration: 4 seeds stop at 4, 2 at 8, seed-0 and the winner at 16 -> 64 steps, 32 s
+    assert curve[0] == {"step": 16, "tokens": 640, "seconds": 32.0, "eval_loss": pytest.approx(1.8125)}
+    assert [p["step"] for p in curve] == [16] + list(range(18, 41, 2))
+    assert curve[-1] == {"step": 40, "tokens": 880, "seconds": 44.0, "eval_loss": pytest.approx(1.325)}
+    assert curve[-1]["tokens"] == summary["total_steps"] * 10 and w["trial_id"] == "seed-1"
+    # from the summary JSON on disk (string step keys) the curve is the same
+    on_disk = json.loads((tmp_path / SUMMARY_JSON).read_text())
+    assert restarts.search_time_curve(on_disk, winner_evals, tokens_per_step=10) == curve
+
+
 # ----------------------------------------------------------------------------------------------------------
 # divergence
 # ----------------------------------------------------------------------------------------------------------

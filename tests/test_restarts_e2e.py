@@ -25,6 +25,8 @@ from hf_fasttrain.restarts import (
 )
 from hf_fasttrain.run import train
 
+pytestmark = pytest.mark.slow  # real (tiny) training runs: about a minute on an idle 2-core CPU
+
 MAX_STEPS = 6
 TINY = ["--config", "gpt2_tiny", "--max_corpus_files", "40", "--vocab_size", "300", "--block_size", "32",
         "--n_layer", "2", "--n_embd", "32", "--n_head", "2", "--per_device_train_batch_size", "8",
