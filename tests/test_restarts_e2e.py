@@ -126,6 +126,10 @@ def test_continued_winner_equals_an_uninterrupted_run_of_its_seed(search, tmp_pa
     # the rung value is the uninterrupted run's eval at that step; the final metric its final eval
     assert w["rung_metrics"][0] == pytest.approx(_losses(straight, "eval_loss")[2], rel=1e-6)
     assert summary["winner_final_metric"] == pytest.approx(straight_metrics["eval_loss"], rel=1e-6)
+    # the training clock stops with training: the final evaluation after train() carries the training time
+    # (the search's cost accounting, search_time_curve, adds up these per-trial values)
+    record = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    assert straight_metrics["train_seconds"] == record["train_seconds"] > 0
     # negative control: the losing seed's losses differ, so the equality above is not vacuous
     loser = next(r for r in summary["trials"] if not r["chosen"] and not r["diverged"])
     with open(out / "trials" / loser["trial_id"] / "checkpoint-2" / "trainer_state.json") as f:
