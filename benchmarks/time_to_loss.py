@@ -62,6 +62,8 @@ class Arm:
     fast: bool
     args: dict[str, Any] = field(default_factory=dict)
     callbacks: Callable[[], list] = list
+    # an arm that is not one training run (e.g. random restart) brings its own: run(arm, seed, setup, workdir)
+    run: Optional[Callable[..., dict[str, Any]]] = None
 
 
 # The settings a knowledgeable user reaches with the Trainer's own options (DESIGN.md, hf-tuned).
@@ -117,15 +119,22 @@ QUICK = Setup(n_layer=2, n_head=2, n_embd=32, vocab_size=300, block_size=32, bat
               eval_steps=6, eval_rows=32, max_corpus_files=40)
 
 
-def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> dict[str, Any]:
-    """Train one arm for one seed; returns its eval curve (step, tokens, train seconds, eval loss)."""
-    out = workdir / f"{arm.name}-seed{seed}"
-    common = dict(
+def common_args(setup: Setup, seed: int, out: Path) -> dict[str, Any]:
+    """Training arguments every arm shares."""
+    return dict(
         output_dir=str(out), max_steps=setup.max_steps, per_device_train_batch_size=setup.batch_size,
         per_device_eval_batch_size=64, eval_strategy="steps", eval_steps=setup.eval_steps, eval_on_start=True,
         logging_steps=setup.eval_steps, save_strategy="no", report_to="none", disable_tqdm=True, seed=seed,
         data_seed=seed, use_cpu=not ON_GPU, dataloader_num_workers=0,
     )
+
+
+def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> dict[str, Any]:
+    """Train one arm for one seed; returns its eval curve (step, tokens, train seconds, eval loss)."""
+    if arm.run is not None:
+        return arm.run(arm, seed, setup, workdir)
+    out = workdir / f"{arm.name}-seed{seed}"
+    common = common_args(setup, seed, out)
     args_cls = FastTrainingArguments if arm.fast else TrainingArguments
     extra = {"auto_resume": False} if arm.fast else {}
     args = args_cls(**{**common, **extra, **arm.args})
@@ -157,6 +166,42 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> 
     shutil.rmtree(out, ignore_errors=True)
     return {"arm": arm.name, "seed": seed, "curve": curve, "final_eval_loss": curve[-1]["eval_loss"],
             "train_seconds": recorder.train_seconds(), "process_seconds": wall}
+
+
+# --- Random restart (hf_fasttrain/restarts.py) ------------------------------------------------------------
+def run_best_of_n(arm: Arm, seed: int, setup: Setup, workdir: Path, num_seeds: int = 4,
+                  explore_fraction: float = 0.1) -> dict[str, Any]:
+    """Best-of-N at equal total compute: N seeds train ``explore_fraction`` of a run of T steps (with that
+    run's schedule), the best continues to T; T is chosen so the search trains as many optimizer steps
+    as one single-seed run: N*f*T + (1-f)*T = max_steps (N=4, f=0.1, 300 steps: T=231, 4*23 + 208 = 300).
+    Its clock counts every trial's training, losers included (``search_time_curve``)."""
+    from hf_fasttrain.restarts import search_time_curve, train_with_restarts
+
+    total = round(setup.max_steps / (1 + (num_seeds - 1) * explore_fraction))
+    out = workdir / f"{arm.name}-seed{seed}"
+    args = FastTrainingArguments(**{**common_args(setup, seed * num_seeds, out), "auto_resume": False,
+                                    **arm.args, "max_steps": total})
+    model_args = ModelArguments(n_layer=setup.n_layer, n_head=setup.n_head, n_embd=setup.n_embd)
+    data_args = DataArguments(vocab_size=setup.vocab_size, block_size=setup.block_size,
+                              max_eval_samples=setup.eval_rows, max_corpus_files=setup.max_corpus_files)
+    wall0 = time.perf_counter()
+    summary = train_with_restarts(model_args, data_args, args, num_seeds=num_seeds, explore_fraction=explore_fraction)
+    wall = time.perf_counter() - wall0
+    state = json.loads((Path(summary["winner_checkpoint"]) / "trainer_state.json").read_text())
+    curve = search_time_curve(summary, state["log_history"], setup.tokens_per_step)
+    shutil.rmtree(out, ignore_errors=True)
+    rows = [{k: r[k] for k in ("trial_id", "model_seed", "data_seed", "rung_metrics", "final_metric", "status")}
+            for r in summary["trials"]]
+    return {"arm": arm.name, "seed": seed, "curve": curve, "final_eval_loss": curve[-1]["eval_loss"],
+            "train_seconds": curve[-1]["seconds"], "process_seconds": wall,
+            "restarts": {"max_steps": total, "rung_steps": summary["rung_steps"], "total_steps": summary["total_steps"],
+                         "winner": summary["winner"], "trials": rows}}
+
+
+ARMS["fasttrain-best-of-4"] = Arm(
+    "fasttrain-best-of-4", "FastTrainer, random restart: 4 seeds explore 10% of a shorter run, the best continues; "
+    "as many optimizer steps in all as one single-seed run", fast=True, args=dict(HF_TUNED), run=run_best_of_n,
+)
 
 
 def crossing(curve: list[dict[str, float]], target: float, key: str) -> float:

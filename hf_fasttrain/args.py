@@ -225,7 +225,61 @@ class FastTrainingArguments(TrainingArguments):
         default=3, metadata={"help": "Rollbacks allowed within 1000 steps; one more stops training."}
     )
 
+    # --- Random restart (issue 7: hf_fasttrain/restarts.py) ---------------------------------
+    # restart_num_seeds > 1 turns the recipe into a search: every seed trains for
+    # restart_explore_fraction * max_steps (with the full run's LR schedule), the best continues.
+    restart_num_seeds: int = field(
+        default=1,
+        metadata={"help": "Random restart: seeds to explore (model init and data order). 1 = a single run; "
+                  "> 1 explores each seed briefly and continues the best to max_steps."},
+    )
+    restart_explore_fraction: float = field(
+        default=0.1, metadata={"help": "Random restart: exploration budget as a fraction of max_steps, in (0, 1]."}
+    )
+    restart_rungs: int = field(
+        default=1,
+        metadata={"help": "Random restart: successive-halving rungs (1 = plain best-of-N). Rung r of R sits at "
+                  "restart_explore_fraction * restart_keep_fraction**(R-1-r) of max_steps."},
+    )
+    restart_keep_fraction: float = field(
+        default=0.5, metadata={"help": "Random restart: share of seeds kept at each rung before the last, in (0, 1)."}
+    )
+    restart_metric: str = field(
+        default="eval_loss", metadata={"help": "Random restart: eval metric that ranks the seeds."}
+    )
+    restart_direction: str = field(
+        default="min", metadata={"help": "Random restart: 'min' (lower is better) or 'max'."}
+    )
+    restart_divergence_threshold: Optional[float] = field(
+        default=None,
+        metadata={"help": "Random restart: a seed whose metric at a rung is worse than this is diverged "
+                  "(non-finite values always are). E.g. ln(vocab size) for eval_loss."},
+    )
+    restart_replace_diverged: bool = field(
+        default=False, metadata={"help": "Random restart: replace each diverged seed by a fresh one."}
+    )
+    restart_vary: str = field(
+        default="both",
+        metadata={"help": "Random restart: which seed changes across trials: 'both', 'model' (init) or 'data' (order)."},
+    )
+    restart_parallel: str = field(
+        default="no",
+        metadata={"help": "Random restart: 'no' (trials one after another in this process) or 'per_gpu' (one "
+                  "subprocess per visible GPU, CUDA_VISIBLE_DEVICES set per trial)."},
+    )
+    restart_stop_at_step: Optional[int] = field(
+        default=None,
+        metadata={"help": "Stop after this optimizer step, saving checkpoint-<step>, with the schedule still "
+                  "built from max_steps. Set by the random-restart search on each trial."},
+    )
+
     def __post_init__(self):
+        from .restarts import restart_config_from_args
+
+        restart_config_from_args(self)  # raises naming the restart_* field
+        if self.restart_stop_at_step is not None:
+            _check(isinstance(self.restart_stop_at_step, int) and self.restart_stop_at_step >= 1,
+                   "restart_stop_at_step", self.restart_stop_at_step, "must be an integer >= 1 or null")
         if self.mfu_peak_tflops is not None:
             _check(self.mfu_peak_tflops > 0, "mfu_peak_tflops", self.mfu_peak_tflops, "must be > 0 or null")
         # stability (issue 6)

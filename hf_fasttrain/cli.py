@@ -3,6 +3,7 @@
     hf-fasttrain train --config gpt2_tiny [--<field> <value> ...]   # same as recipes/gpt2_small.py
     hf-fasttrain recipes list                                      # the bundled recipes
     hf-fasttrain push-recipe <recipe> --repo <owner>/<repo> [--dry-run] [--run-dir <output_dir>]
+    hf-fasttrain restarts --config gpt2_tiny --num-seeds 4 --explore-fraction 0.1 [--<field> <value> ...]
     hf-fasttrain version
 """
 
@@ -21,6 +22,9 @@ commands:
                --help lists every option
   recipes      recipes list: the bundled recipes
   push-recipe  upload a recipe and a model card with a run's results to the Hub (--dry-run to preview)
+  restarts     random restart: train --num-seeds seeds for --explore-fraction of the run, continue
+               the best (also --rungs, --keep-fraction, --metric, --direction, --divergence-threshold,
+               --replace-diverged, --vary, --parallel, or any --restart_<name>); summary in --output_dir
   version      print the package version
 """
 
@@ -30,8 +34,33 @@ def _train(argv: Sequence[str]) -> int:
     from .run import train
 
     model_args, data_args, training_args = parse_config(list(argv))
+    if training_args.restart_num_seeds > 1:  # the recipe flag: same as `hf-fasttrain restarts`
+        return _restarts(argv)
     train(model_args, data_args, training_args)
     return 0
+
+
+RESTART_FLAGS = ("num-seeds", "explore-fraction", "rungs", "keep-fraction", "metric", "direction",
+                 "divergence-threshold", "replace-diverged", "vary", "parallel")
+
+
+def _restarts(argv: Sequence[str]) -> int:
+    """``hf-fasttrain restarts``: ``--num-seeds N`` is ``--restart_num_seeds N``, and so on."""
+    from .recipes import parse_config
+    from .restarts import SUMMARY_MD, train_with_restarts
+
+    flags = {f"--{name}": f"--restart_{name.replace('-', '_')}" for name in RESTART_FLAGS}
+    args = []
+    for a in argv:
+        key, eq, value = a.partition("=")
+        args.append(flags.get(key, key) + eq + value if key in flags else a)
+    model_args, data_args, training_args = parse_config(args)
+    summary = train_with_restarts(model_args, data_args, training_args)
+    import os
+
+    with open(os.path.join(training_args.output_dir, SUMMARY_MD), encoding="utf-8") as f:
+        print(f.read(), end="")
+    return 0 if summary["winner"] else 1
 
 
 def _version(argv: Sequence[str]) -> int:
@@ -118,7 +147,8 @@ def _push_recipe(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "recipes": _recipes, "push-recipe": _push_recipe, "version": _version}
+COMMANDS = {"train": _train, "recipes": _recipes, "push-recipe": _push_recipe, "restarts": _restarts,
+            "version": _version}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -21,6 +21,7 @@ from .args import FastTrainingArguments
 from .callbacks.run_record import RunRecorderCallback
 from .callbacks.stability import ClipStatsWindow, StabilityTrainerMixin, stability_callbacks
 from .clipping import norm_clip_stats
+from .callbacks.stop_at_step import StopAtStepCallback
 from .runinfo import training_config, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import ThroughputMeter, count_tokens, device_peak_flops, flops_per_token, mfu
@@ -70,6 +71,9 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self.throughput = ThroughputMeter(pad_token_id=pad_id)
         self.recorder = RunRecorderCallback()
         self.add_callback(self.recorder)
+        stop_at = getattr(self.args, "restart_stop_at_step", None)
+        if stop_at:  # a random-restart trial: stop (and checkpoint) early, schedule from max_steps
+            self.add_callback(StopAtStepCallback(stop_at))
         self._last_log_seconds = 0.0
         self._dims: Optional[tuple[int, int, int]] = None
         self.token_progress: Optional[TokenProgress] = None  # set by create_scheduler (schedule_unit='tokens')

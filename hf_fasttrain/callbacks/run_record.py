@@ -94,6 +94,9 @@ class RunRecorderCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self._resume_pause()
+        # training is over: freeze the clock, so a final evaluate() or save_model() after train() does not
+        # count as training time (their logs and metrics.json carry the training time proper)
+        self._offset, self._t0 = self.train_seconds(), None
         if self.write_files and state.is_world_process_zero:
             self.save(args.output_dir)
 

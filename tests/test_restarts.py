@@ -1,0 +1,622 @@
+"""Random-restart orchestrator: selection, successive halving, divergence, kill-and-resume, validation.
+
+Trials run through a stub runner backed by a table of eval values, so every expectation is exact. The stub
+also checks the prefix contract: each call gets the FULL run's max_steps and resumes from the checkpoint
+that trial saved at its previous stage.
+"""
+
+import doctest
+import json
+import math
+import os
+import statistics
+import threading
+import time
+
+import pytest
+
+from hf_fasttrain import restarts
+from hf_fasttrain.restarts import (
+    CURVES_PNG,
+    STATE_FILE,
+    SUMMARY_JSON,
+    SUMMARY_MD,
+    RestartConfig,
+    RestartOrchestrator,
+    TrialResult,
+    TrialRunner,
+    compute_rung_steps,
+    derive_seeds,
+    divergence_reason,
+    num_to_keep,
+    planned_steps,
+    rank_trials,
+    run_restarts,
+    seed_statistics,
+)
+
+NAN = float("nan")
+
+
+class SimulatedKill(Exception):
+    """Stands for the process being killed."""
+
+
+class StubRunner:
+    """Eval values come from ``table(trial, step) -> {metric: value}``; evaluates every ``eval_every`` steps
+    and at ``until_step``; saves a real checkpoint directory holding a marker. Thread-safe."""
+
+    def __init__(self, table, max_steps, eval_every=2, kill_at_call=None, flag_diverged=(), metrics=None, delay=0.0):
+        self.table = table
+        self.max_steps = max_steps
+        self.eval_every = eval_every
+        self.kill_at_call = kill_at_call
+        self.flag_diverged = set(flag_diverged)
+        self.metrics = metrics
+        self.delay = delay
+        self.calls = []  # (trial_id, until_step, resume_from, device), in start order
+        self.finished = []  # (trial_id, until_step)
+        self.active = set()
+        self.max_active = 0
+        self.lock = threading.Lock()
+
+    def run(self, trial, until_step, resume_from):
+        with self.lock:
+            self.calls.append((trial.trial_id, until_step, resume_from, trial.device))
+            n = len(self.calls)
+            self.active.add(trial.device)
+            self.max_active = max(self.max_active, len(self.active))
+        try:
+            if self.kill_at_call == n:
+                raise SimulatedKill(f"killed in call {n}: {trial.trial_id} -> {until_step}")
+            # the prefix contract: the full run's schedule length, resumed from this trial's own checkpoint
+            assert trial.max_steps == self.max_steps
+            assert until_step <= self.max_steps
+            start = 0
+            if resume_from is not None:
+                with open(os.path.join(resume_from, "marker.json")) as f:
+                    marker = json.load(f)
+                assert marker["trial_id"] == trial.trial_id and marker["model_seed"] == trial.model_seed
+                start = marker["step"]
+                assert start < until_step
+            time.sleep(self.delay)
+            steps = [s for s in range(start + 1, until_step + 1) if s % self.eval_every == 0 or s == until_step]
+            history = [{"step": s, **self.table(trial, s)} for s in steps]
+            ckpt = os.path.join(trial.output_dir, f"checkpoint-{until_step}")
+            os.makedirs(ckpt, exist_ok=True)
+            with open(os.path.join(ckpt, "marker.json"), "w") as f:
+                json.dump({"trial_id": trial.trial_id, "model_seed": trial.model_seed, "step": until_step}, f)
+            with self.lock:
+                self.finished.append((trial.trial_id, until_step))
+            return TrialResult(history, self.table(trial, until_step), ckpt, trial.model_seed in self.flag_diverged)
+        finally:
+            with self.lock:
+                self.active.discard(trial.device)
+
+    def available_metrics(self):
+        return self.metrics if self.metrics is not None else ["eval_loss"]
+
+
+def hyperbolic(coeffs):
+    """eval_loss of trial i at step s = a_i + b_i / s (falls with steps, at a seed-specific rate)."""
+
+    def table(trial, step):
+        a, b = coeffs[trial.index]
+        return {"eval_loss": a + b / step}
+
+    return table
+
+
+# 8 seeds; by hand: step 4 -> [4.0, 4.25, 3.5, 3.6, 5.5, 4.4, 5.0, 4.7], step 8 -> seed-1 overtakes.
+SH_COEFFS = [(2.0, 8), (1.0, 13), (3.0, 2), (2.6, 4), (1.5, 16), (3.4, 4), (4.0, 4), (2.2, 10)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# pure functions
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ((100, 0.2, 1, 0.5), [20]),
+        ((100, 0.2, 3, 0.5), [5, 10, 20]),
+        ((40, 0.4, 3, 0.5), [4, 8, 16]),
+        ((10, 1.0, 1, 0.5), [10]),
+        ((10, 0.01, 1, 0.5), [1]),  # at least one step
+        ((10, 0.25, 1, 0.5), [3]),  # 2.5 rounds half up
+        ((90, 1.0, 2, 1 / 3), [30, 90]),
+    ],
+)
+def test_compute_rung_steps(args, expected):
+    assert compute_rung_steps(*args) == expected
+
+
+def test_compute_rung_steps_rejects_colliding_rungs():
+    with pytest.raises(ValueError, match=r"rungs=4 .* rung steps \[1, 1, 2, 4\]"):
+        compute_rung_steps(10, 0.4, 4, 0.5)
+
+
+def test_derive_seeds_vary_model_and_data_independently():
+    assert [derive_seeds(i, 10, None, "both") for i in range(3)] == [(10, 10), (11, 11), (12, 12)]
+    assert [derive_seeds(i, 10, 100, "both") for i in range(3)] == [(10, 100), (11, 101), (12, 102)]
+    assert [derive_seeds(i, 10, 100, "model") for i in range(3)] == [(10, 100), (11, 100), (12, 100)]
+    assert [derive_seeds(i, 10, 100, "data") for i in range(3)] == [(10, 100), (10, 101), (10, 102)]
+
+
+def test_rank_trials_and_num_to_keep():
+    vals = {"a": 3.0, "b": 1.0, "c": 2.0, "d": 1.0}
+    assert rank_trials(vals, "min", ["a", "b", "c", "d"]) == ["b", "d", "c", "a"]
+    assert rank_trials(vals, "max", ["a", "b", "c", "d"]) == ["a", "c", "b", "d"]
+    assert rank_trials(vals, "min", ["d", "c", "b", "a"]) == ["d", "b", "c", "a"]  # ties by order
+    assert [num_to_keep(n, 0.5) for n in range(0, 9)] == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert [num_to_keep(n, 1 / 3) for n in (1, 3, 4, 9)] == [1, 1, 2, 3]
+
+
+def test_divergence_reason_table():
+    assert divergence_reason([(2, 3.0)], "eval_loss", "min", None, 2.0, 4) is None
+    assert divergence_reason([(2, math.inf)], "eval_loss", "min", None, 2.0, 4) == "eval_loss is inf at step 2"
+    assert divergence_reason([], "eval_loss", "min", None, NAN, 4) == "eval_loss is nan at step 4"
+    assert divergence_reason([], "eval_loss", "min", 5.0, 5.0, 4) is None  # equal is not worse
+    assert "did not improve past divergence_threshold 5.0" in divergence_reason([], "eval_loss", "min", 5.0, 5.5, 4)
+    assert divergence_reason([], "eval_acc", "max", 0.2, 0.1, 4).startswith("eval_acc 0.1 at step 4")
+    assert divergence_reason([], "eval_acc", "max", 0.2, 0.3, 4) is None
+
+
+def test_seed_statistics_and_planned_steps():
+    s = seed_statistics([2.0, 4.0, NAN, None, 6.0])
+    assert s == {"n": 3, "mean": 4.0, "std": 2.0, "min": 2.0, "max": 6.0}
+    assert seed_statistics([1.5]) == {"n": 1, "mean": 1.5, "std": None, "min": 1.5, "max": 1.5}
+    assert seed_statistics([]) == {"n": 0, "mean": None, "std": None, "min": None, "max": None}
+    assert planned_steps(4, [5], 20) == 4 * 5 + 15
+    assert planned_steps(8, [4, 8, 16], 40) == 8 * 4 + 4 * 4 + 2 * 8 + 24
+    assert planned_steps(3, [10], 10) == 30
+
+
+def test_doctests_pass():
+    result = doctest.testmod(restarts)
+    assert result.attempted >= 20 and result.failed == 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# selection
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_selection_picks_lowest_eval_loss_and_continues_it_from_its_checkpoint(tmp_path):
+    coeffs = [(2.0, 4.0), (1.5, 5.0), (1.0, 8.0), (2.5, 1.0)]  # step 5: 2.8, 2.5, 2.6, 2.7
+    runner = StubRunner(hyperbolic(coeffs), max_steps=20)
+    cfg = RestartConfig(num_seeds=4, explore_fraction=0.25, seed=42, data_seed=7)
+    summary = RestartOrchestrator(cfg, runner, tmp_path, max_steps=20).run()
+
+    assert summary["rung_steps"] == [5]
+    assert summary["winner"] == "seed-1"
+    assert (summary["winner_model_seed"], summary["winner_data_seed"]) == (43, 8)
+    assert [r["rung_metrics"][0] for r in summary["trials"]] == pytest.approx([2.8, 2.5, 2.6, 2.7])
+    # four explorations from scratch, then the winner alone from its step-5 checkpoint to the end
+    ck = str(tmp_path / "trials" / "seed-1" / "checkpoint-5")
+    assert [c[:3] for c in runner.calls] == [
+        ("seed-0", 5, None), ("seed-1", 5, None), ("seed-2", 5, None), ("seed-3", 5, None), ("seed-1", 20, ck)
+    ]
+    assert summary["winner_final_metric"] == pytest.approx(1.5 + 5.0 / 20)
+    assert summary["winner_checkpoint"] == str(tmp_path / "trials" / "seed-1" / "checkpoint-20")
+    # seed-2 would have ended lower (1.4 < 1.75) but was not the best at the exploration step: by design
+    assert [r["status"] for r in summary["trials"]] == ["dropped", "chosen", "dropped", "dropped"]
+    assert [r["chosen"] for r in summary["trials"]] == [False, True, False, False]
+    assert [(r["model_seed"], r["data_seed"]) for r in summary["trials"]] == [(42, 7), (43, 8), (44, 9), (45, 10)]
+    assert summary["total_steps"] == 4 * 5 + 15 == summary["planned_steps"]
+    assert summary["compute_ratio"] == pytest.approx(35 / 20)
+    # the winner's curve is its whole run: every eval step 2..20 (eval_every=2) plus the rung step 5
+    steps = [s for s, _ in summary["trials"][1]["history"]]
+    assert steps == [2, 4, 5, 6, 8, 10, 12, 14, 16, 18, 20]
+
+
+def test_selection_direction_max(tmp_path):
+    acc = {0: 0.30, 1: 0.55, 2: 0.70, 3: 0.40}
+
+    def table(trial, step):
+        return {"eval_loss": 1.0, "eval_accuracy": acc[trial.index] * step / 10}
+
+    runner = StubRunner(table, max_steps=10, metrics=["eval_loss", "eval_accuracy"])
+    cfg = RestartConfig(num_seeds=4, explore_fraction=0.5, metric="accuracy", direction="max")
+    assert cfg.metric == "eval_accuracy"
+    summary = run_restarts(cfg, runner, tmp_path, 10)
+    assert summary["winner"] == "seed-2"
+    assert summary["winner_final_metric"] == pytest.approx(0.70)
+    assert summary["rung_stats"][0]["max"] == pytest.approx(0.35)
+    # and with direction="min" on the same table the lowest accuracy wins
+    summary = run_restarts(
+        RestartConfig(num_seeds=4, explore_fraction=0.5, metric="eval_accuracy", direction="min"),
+        StubRunner(table, max_steps=10, metrics=["eval_loss", "eval_accuracy"]),
+        tmp_path / "min",
+        10,
+    )
+    assert summary["winner"] == "seed-0"
+
+
+def test_explore_fraction_one_needs_no_continuation(tmp_path):
+    runner = StubRunner(hyperbolic([(1.0, 4.0), (0.5, 8.0), (1.0, 1.0)]), max_steps=8)
+    summary = run_restarts(RestartConfig(num_seeds=3, explore_fraction=1.0), runner, tmp_path, 8)
+    # at step 8: 1.5, 1.5, 1.125
+    assert summary["winner"] == "seed-2"
+    assert [c[:2] for c in runner.calls] == [("seed-0", 8), ("seed-1", 8), ("seed-2", 8)]
+    assert summary["winner_final_metric"] == pytest.approx(1.125)
+    assert summary["total_steps"] == 24
+
+
+@pytest.mark.parametrize("vary, expected", [("model", [(5, 9), (6, 9), (7, 9)]), ("data", [(5, 9), (5, 10), (5, 11)])])
+def test_seeds_recorded_per_trial_and_handed_to_runner(tmp_path, vary, expected):
+    seen = []
+
+    def table(trial, step):
+        seen.append((trial.model_seed, trial.data_seed))
+        return {"eval_loss": 1.0 + trial.index}
+
+    cfg = RestartConfig(num_seeds=3, explore_fraction=0.5, seed=5, data_seed=9, vary=vary)
+    summary = run_restarts(cfg, StubRunner(table, max_steps=4), tmp_path, 4)
+    assert [(r["model_seed"], r["data_seed"]) for r in summary["trials"]] == expected
+    assert sorted(set(seen)) == expected
+
+
+# ----------------------------------------------------------------------------------------------------------
+# successive halving
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_successive_halving_keeps_the_best_half_per_rung(tmp_path):
+    runner = StubRunner(hyperbolic(SH_COEFFS), max_steps=40)
+    cfg = RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3, keep_fraction=0.5)
+    orch = RestartOrchestrator(cfg, runner, tmp_path, max_steps=40)
+    summary = orch.run()
+
+    assert summary["rung_steps"] == [4, 8, 16]
+    rungs = orch.state["rungs"]
+    # step 4: 2:3.5 3:3.6 0:4.0 1:4.25 | 5:4.4 7:4.7 6:5.0 4:5.5
+    assert rungs[0]["kept"] == ["seed-2", "seed-3", "seed-0", "seed-1"]
+    # step 8: 1:2.625 0:3.0 | 3:3.1 2:3.25   (the rung-0 leader is cut here)
+    assert rungs[1]["entrants"] == ["seed-2", "seed-3", "seed-0", "seed-1"]
+    assert rungs[1]["kept"] == ["seed-1", "seed-0"]
+    # step 16: 1:1.8125 0:2.5
+    assert rungs[2]["ranking"] == ["seed-1", "seed-0"]
+    assert summary["winner"] == "seed-1"
+    assert summary["winner_final_metric"] == pytest.approx(1.0 + 13 / 40)
+
+    # each rung resumes the previous rung's checkpoint; nothing is trained twice
+    ck = lambda t, s: str(tmp_path / "trials" / t / f"checkpoint-{s}")  # noqa: E731
+    assert [c[:3] for c in runner.calls] == (
+        [(f"seed-{i}", 4, None) for i in range(8)]
+        + [(t, 8, ck(t, 4)) for t in ["seed-2", "seed-3", "seed-0", "seed-1"]]
+        + [(t, 16, ck(t, 8)) for t in ["seed-1", "seed-0"]]
+        + [("seed-1", 40, ck("seed-1", 16))]
+    )
+    rows = {r["trial_id"]: r for r in summary["trials"]}
+    assert rows["seed-4"]["dropped_at_rung"] == 0 and rows["seed-4"]["rung_metrics"] == [5.5, None, None]
+    assert rows["seed-2"]["dropped_at_rung"] == 1 and rows["seed-2"]["rung_metrics"] == pytest.approx([3.5, 3.25, None])
+    assert rows["seed-0"]["dropped_at_rung"] == 2 and rows["seed-0"]["rung_metrics"] == pytest.approx([4.0, 3.0, 2.5])
+    assert rows["seed-1"]["rung_metrics"] == pytest.approx([4.25, 2.625, 1.8125])
+    assert summary["total_steps"] == 8 * 4 + 4 * 4 + 2 * 8 + 24 == summary["planned_steps"] == 88
+
+    rung0 = [4.0, 4.25, 3.5, 3.6, 5.5, 4.4, 5.0, 4.7]
+    st = summary["rung_stats"][0]
+    assert st["n"] == 8
+    assert st["mean"] == pytest.approx(statistics.fmean(rung0))
+    assert st["std"] == pytest.approx(statistics.stdev(rung0))
+    assert (st["min"], st["max"]) == (3.5, 5.5)
+    assert summary["rung_stats"][2]["n"] == 2
+
+
+def test_search_time_curve_charges_every_trial_before_the_winner_counts(tmp_path):
+    def table(trial, step):  # 0.5 s of training per step, for every seed
+        a, b = SH_COEFFS[trial.index]
+        return {"eval_loss": a + b / step, "train_seconds": 0.5 * step}
+
+    runner = StubRunner(table, max_steps=40)
+    summary = run_restarts(RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3), runner, tmp_path, 40)
+    w = next(r for r in summary["trials"] if r["chosen"])
+    winner_evals = [{"step": s, **table(type("T", (), {"index": 1}), s)} for s in range(18, 41, 2)]
+    curve = restarts.search_time_curve(summary, winner_evals, tokens_per_step=10)
+    # exploration: 4 seeds stop at 4, 2 at 8, seed-0 and the winner at 16 -> 64 steps, 32 s
+    assert curve[0] == {"step": 16, "tokens": 640, "seconds": 32.0, "eval_loss": pytest.approx(1.8125)}
+    assert [p["step"] for p in curve] == [16] + list(range(18, 41, 2))
+    assert curve[-1] == {"step": 40, "tokens": 880, "seconds": 44.0, "eval_loss": pytest.approx(1.325)}
+    assert curve[-1]["tokens"] == summary["total_steps"] * 10 and w["trial_id"] == "seed-1"
+    # from the summary JSON on disk (string step keys) the curve is the same
+    on_disk = json.loads((tmp_path / SUMMARY_JSON).read_text())
+    assert restarts.search_time_curve(on_disk, winner_evals, tokens_per_step=10) == curve
+
+
+# ----------------------------------------------------------------------------------------------------------
+# divergence
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _divergent_table(trial, step):
+    # seed-0: NaN at an intermediate eval though it ends the lowest; seed-1 flagged by the runner (lowest too);
+    # seed-2: above the threshold; seed-3 ok (2.0); seed-4, seed-5 (replacements) ok at 1.9 and 1.8
+    base = {0: 0.5, 1: 0.6, 2: 9.0, 3: 2.0, 4: 1.9, 5: 1.8, 6: 1.7}[trial.index]
+    if trial.index == 0 and step == 2:
+        return {"eval_loss": NAN}
+    return {"eval_loss": base}
+
+
+def test_diverged_seeds_are_reported_and_never_chosen(tmp_path):
+    runner = StubRunner(_divergent_table, max_steps=10, flag_diverged={43})
+    cfg = RestartConfig(num_seeds=4, explore_fraction=0.4, divergence_threshold=8.0, seed=42)
+    summary = run_restarts(cfg, runner, tmp_path, 10)
+    assert summary["winner"] == "seed-3"
+    rows = {r["trial_id"]: r for r in summary["trials"]}
+    assert [rows[t]["diverged"] for t in ("seed-0", "seed-1", "seed-2", "seed-3")] == [True, True, True, False]
+    assert rows["seed-0"]["diverged_reason"] == "eval_loss is nan at step 2"
+    assert rows["seed-1"]["diverged_reason"] == "the runner reported divergence"
+    assert rows["seed-2"]["diverged_reason"] == (
+        "eval_loss 9 at step 4 did not improve past divergence_threshold 8.0"
+    )
+    assert summary["num_diverged"] == 3
+    assert summary["rung_stats"][0] == {"rung": 0, "step": 4, "n": 1, "mean": 2.0, "std": None, "min": 2.0, "max": 2.0}
+    assert [c[:2] for c in runner.calls][-1] == ("seed-3", 10)
+    md = (tmp_path / SUMMARY_MD).read_text()
+    assert "| seed-0 | 42 | 42 | 0.5000 | - | diverged (eval_loss is nan at step 2) |" in md
+    assert "| seed-3 | 45 | 45 | 2.0000 | 2.0000 | **chosen** |" in md
+
+
+def test_diverged_seeds_are_replaced_when_asked(tmp_path):
+    runner = StubRunner(_divergent_table, max_steps=10, flag_diverged={43})
+    cfg = RestartConfig(num_seeds=4, explore_fraction=0.4, divergence_threshold=8.0, seed=42, replace_diverged=True,
+                        max_replacements=2)
+    summary = run_restarts(cfg, runner, tmp_path, 10)
+    rows = {r["trial_id"]: r for r in summary["trials"]}
+    # seed-0 and seed-1 get fresh seeds 46 and 47 (trained from scratch to the rung); the cap stops at 2,
+    # so seed-2 is not replaced
+    assert rows["seed-4"]["replaces"] == "seed-0" and rows["seed-4"]["model_seed"] == 46
+    assert rows["seed-5"]["replaces"] == "seed-1" and rows["seed-5"]["model_seed"] == 47
+    assert "seed-6" not in rows
+    assert ("seed-4", 4, None) in [c[:3] for c in runner.calls] and ("seed-5", 4, None) in [c[:3] for c in runner.calls]
+    assert summary["winner"] == "seed-5"  # 1.8 beats 1.9 and 2.0
+    assert summary["winner_final_metric"] == pytest.approx(1.8)
+    assert summary["rung_stats"][0]["n"] == 3
+
+
+def test_replacement_of_a_replacement_and_unlimited_budget(tmp_path):
+    # seed-4 (the replacement of seed-0) diverges too and is itself replaced by seed-5
+    def table(trial, step):
+        return {"eval_loss": {0: NAN, 1: 3.0, 2: 2.5, 3: NAN, 4: 2.0}[trial.index]}
+
+    runner = StubRunner(table, max_steps=6)
+    cfg = RestartConfig(num_seeds=3, explore_fraction=0.5, replace_diverged=True)
+    summary = run_restarts(cfg, runner, tmp_path, 6)
+    rows = {r["trial_id"]: r for r in summary["trials"]}
+    assert rows["seed-3"]["replaces"] == "seed-0" and rows["seed-3"]["diverged"]
+    assert rows["seed-4"]["replaces"] == "seed-3" and not rows["seed-4"]["diverged"]
+    assert summary["winner"] == "seed-4"
+
+
+def test_winner_that_diverges_while_continuing_falls_back_to_the_next_best(tmp_path):
+    def table(trial, step):
+        v = {0: 2.0, 1: 1.0, 2: 1.5}[trial.index]
+        return {"eval_loss": NAN if (trial.index == 1 and step > 6) else v}
+
+    runner = StubRunner(table, max_steps=12)
+    summary = run_restarts(RestartConfig(num_seeds=3, explore_fraction=0.5), runner, tmp_path, 12)
+    assert [c[:2] for c in runner.calls][3:] == [("seed-1", 12), ("seed-2", 12)]
+    rows = {r["trial_id"]: r for r in summary["trials"]}
+    assert rows["seed-1"]["diverged"] and rows["seed-1"]["diverged_reason"] == "eval_loss is nan at step 8"
+    assert summary["winner"] == "seed-2" and summary["winner_final_metric"] == 1.5
+
+
+def test_all_seeds_diverged_raises_after_writing_the_summary(tmp_path):
+    runner = StubRunner(lambda t, s: {"eval_loss": NAN}, max_steps=4)
+    with pytest.raises(RuntimeError, match="all 2 trials diverged"):
+        run_restarts(RestartConfig(num_seeds=2, explore_fraction=0.5), runner, tmp_path, 4)
+    data = json.loads((tmp_path / SUMMARY_JSON).read_text())
+    assert data["winner"] is None and data["num_diverged"] == 2
+    assert data["trials"][0]["rung_metrics"] == ["nan"]  # non-finite values stay valid JSON
+    assert "No winner: every seed diverged." in (tmp_path / SUMMARY_MD).read_text()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# kill and resume
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _kill_config():
+    # successive halving + divergence + replacement: every kind of transition appears
+    return RestartConfig(num_seeds=4, explore_fraction=0.5, rungs=2, keep_fraction=0.5, seed=0,
+                         divergence_threshold=8.0, replace_diverged=True)
+
+
+def _kill_table(trial, step):
+    a, b = [(1.0, 8.0), (9.0, 0.0), (0.5, 12.0), (1.5, 2.0), (0.8, 6.0)][trial.index]
+    return {"eval_loss": a + b / step}
+
+
+def _comparable(summary, out):
+    """The summary without start counts, with the output directory written as OUT."""
+    rows = [{k: v for k, v in r.items() if k != "starts"} for r in summary["trials"]]
+    return json.dumps(dict(summary, trials=rows), sort_keys=True).replace(str(out), "OUT")
+
+
+def test_kill_mid_trial_then_resume_finishes_with_same_choice_and_no_rerun(tmp_path):
+    straight_runner = StubRunner(_kill_table, max_steps=12)
+    straight = run_restarts(_kill_config(), straight_runner, tmp_path / "straight", 12)
+    # rungs at 3, 6. Step 3: seed-1 9.0 > 8 diverges, seed-4 replaces it; 3:2.17 4:2.8 | 0:3.67 2:4.5.
+    # Step 6: 4:1.8 3:1.83 -> the replacement wins.
+    assert straight["rung_steps"] == [3, 6] and straight["winner"] == "seed-4"
+    n_calls = len(straight_runner.calls)
+    assert n_calls == 4 + 1 + 2 + 1  # 4 seeds + 1 replacement at rung 0, 2 at rung 1, 1 continuation
+
+    for k in range(1, n_calls + 1):
+        out = tmp_path / f"kill{k}"
+        first = StubRunner(_kill_table, max_steps=12, kill_at_call=k)
+        with pytest.raises(SimulatedKill):
+            run_restarts(_kill_config(), first, out, 12)
+        recorded = {
+            (tid, int(s)) for tid, t in json.loads((out / STATE_FILE).read_text())["trials"].items() for s in t["results"]
+        }
+        assert recorded == set(first.finished)  # finished == recorded in state
+        second = StubRunner(_kill_table, max_steps=12)
+        resumed = RestartOrchestrator(_kill_config(), second, out, 12).run()
+        # no finished trial rerun: the killed stage is started again, nothing else
+        assert not recorded & {c[:2] for c in second.calls}
+        assert len(first.calls) + len(second.calls) == n_calls + 1
+        assert [c[:2] for c in first.calls + second.calls] == (
+            [c[:2] for c in straight_runner.calls[:k]] + [c[:2] for c in straight_runner.calls[k - 1:]]
+        )
+        assert _comparable(resumed, out) == _comparable(straight, tmp_path / "straight")
+        killed_trial = straight_runner.calls[k - 1][0]
+        assert {r["trial_id"]: r["starts"] for r in resumed["trials"]}[killed_trial] == (
+            sum(c[0] == killed_trial for c in straight_runner.calls) + 1
+        )
+
+
+def test_kill_at_every_state_transition_then_resume(tmp_path, monkeypatch):
+    """A kill before any state write (the disk keeps the previous state) resumes to the same result."""
+    straight = run_restarts(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path / "straight", 12)
+    saves = []
+    real_save = RestartOrchestrator._save
+    monkeypatch.setattr(RestartOrchestrator, "_save", lambda self: (saves.append(1), real_save(self)))
+    run_restarts(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path / "count", 12)
+    n_saves = len(saves)
+    assert n_saves > 20
+
+    for k in range(1, n_saves + 1):
+        count = [0]
+
+        def dying_save(self, k=k, count=count):
+            count[0] += 1
+            if count[0] == k:
+                raise SimulatedKill(f"killed before save {k}")
+            real_save(self)
+
+        out = tmp_path / f"save{k}"
+        monkeypatch.setattr(RestartOrchestrator, "_save", dying_save)
+        first = StubRunner(_kill_table, max_steps=12)
+        with pytest.raises(SimulatedKill):
+            run_restarts(_kill_config(), first, out, 12)
+        monkeypatch.setattr(RestartOrchestrator, "_save", real_save)
+        recorded = set()
+        if (out / STATE_FILE).exists():
+            state = json.loads((out / STATE_FILE).read_text())
+            recorded = {(tid, int(s)) for tid, t in state["trials"].items() for s in t["results"]}
+        second = StubRunner(_kill_table, max_steps=12)
+        resumed = run_restarts(_kill_config(), second, out, 12)
+        assert not recorded & {c[:2] for c in second.calls}, k
+        assert _comparable(resumed, out) == _comparable(straight, tmp_path / "straight"), k
+
+
+def test_resume_of_a_finished_search_runs_nothing(tmp_path):
+    run_restarts(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path, 12)
+    again = StubRunner(_kill_table, max_steps=12)
+    summary = run_restarts(_kill_config(), again, tmp_path, 12)
+    assert again.calls == [] and summary["winner"] == "seed-4"
+
+
+def test_resume_with_other_settings_fails_naming_the_field(tmp_path):
+    run_restarts(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path, 12)
+    runner = StubRunner(_kill_table, max_steps=12)
+    cfg = _kill_config()
+    cfg.num_seeds = 5
+    with pytest.raises(ValueError, match=r"num_seeds: 4 in the state, 5 now"):
+        run_restarts(cfg, runner, tmp_path, 12)
+    with pytest.raises(ValueError, match=r"max_steps: 12 in the state, 14 now"):
+        run_restarts(_kill_config(), StubRunner(_kill_table, max_steps=14), tmp_path, 14)
+    assert runner.calls == []
+
+
+# ----------------------------------------------------------------------------------------------------------
+# parallel
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_parallel_per_gpu_gives_each_concurrent_trial_its_own_device(tmp_path):
+    seq_runner = StubRunner(hyperbolic(SH_COEFFS), 40)
+    seq = run_restarts(RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3), seq_runner, tmp_path / "seq", 40)
+    runner = StubRunner(hyperbolic(SH_COEFFS), 40, delay=0.05)
+    cfg = RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3, parallel="per_gpu", devices=["0", "1", "2"])
+    par = run_restarts(cfg, runner, tmp_path / "par", 40)
+    assert par["winner"] == seq["winner"] == "seed-1"
+    assert [(r["rung_metrics"], r["status"]) for r in par["trials"]] == [
+        (r["rung_metrics"], r["status"]) for r in seq["trials"]
+    ]
+    assert sorted(c[:2] for c in runner.calls) == sorted(c[:2] for c in seq_runner.calls)
+    assert {c[3] for c in runner.calls} == {"0", "1", "2"} and {c[3] for c in seq_runner.calls} == {None}
+    assert runner.max_active == 3  # three trials at once, each on its own device
+    assert seq_runner.max_active == 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# outputs
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_summary_files_json_markdown_and_png(tmp_path):
+    run_restarts(RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3), StubRunner(hyperbolic(SH_COEFFS), 40),
+                 tmp_path, 40)
+    data = json.loads((tmp_path / SUMMARY_JSON).read_text())
+    assert data["winner"] == "seed-1" and data["metric"] == "eval_loss" and data["rung_steps"] == [4, 8, 16]
+    md = (tmp_path / SUMMARY_MD).read_text().splitlines()
+    assert md[0] == (
+        "| trial | model_seed | data_seed | eval_loss @ 4 | eval_loss @ 8 | eval_loss @ 16 | "
+        "eval_loss @ 40 (final) | status |"
+    )
+    assert md[3] == "| seed-1 | 43 | 43 | 4.2500 | 2.6250 | 1.8125 | 1.3250 | **chosen** |"
+    assert md[6] == "| seed-4 | 46 | 46 | 5.5000 | - | - | - | dropped at rung 0 |"
+    assert md[10] == "| *mean* |  |  | 4.3688 | 2.9937 | 2.1562 |  |  |"  # 2.99375 in binary rounds down
+    assert md[12] == "| *min* |  |  | 3.5000 | 2.6250 | 1.8125 |  |  |"
+    png = (tmp_path / CURVES_PNG).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+# ----------------------------------------------------------------------------------------------------------
+# validation: before any trial starts
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"num_seeds": 0}, "num_seeds=0"),
+        ({"num_seeds": -2}, "num_seeds=-2"),
+        ({"num_seeds": 2.0}, "num_seeds=2.0"),
+        ({"explore_fraction": 0.0}, "explore_fraction=0.0"),
+        ({"explore_fraction": 1.5}, "explore_fraction=1.5"),
+        ({"explore_fraction": -0.1}, "explore_fraction=-0.1"),
+        ({"explore_fraction": NAN}, "explore_fraction=nan"),
+        ({"direction": "minimize"}, "direction='minimize'"),
+        ({"direction": "up"}, "direction='up'"),
+        ({"metric": ""}, "metric=''"),
+        ({"rungs": 0}, "rungs=0"),
+        ({"keep_fraction": 1.0}, "keep_fraction=1.0"),
+        ({"keep_fraction": 0}, "keep_fraction=0"),
+        ({"divergence_threshold": math.inf}, "divergence_threshold=inf"),
+        ({"vary": "neither"}, "vary='neither'"),
+        ({"parallel": True}, "parallel=True"),
+        ({"parallel": "per_node"}, "parallel='per_node'"),
+        ({"max_replacements": -1}, "max_replacements=-1"),
+        ({"seed": -1}, "seed=-1"),
+        ({"devices": []}, "devices=[]"),
+    ],
+)
+def test_invalid_config_fails_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError, match="RestartConfig." + field.replace("[", r"\[").replace("]", r"\]")):
+        RestartConfig(**kwargs)
+
+
+def test_invalid_settings_fail_before_any_trial_starts(tmp_path, monkeypatch):
+    runner = StubRunner(hyperbolic(SH_COEFFS), 40)
+    with pytest.raises(ValueError, match=r"RestartConfig.metric='eval_accuracy' is invalid: this runner reports \['eval_loss'\]"):
+        run_restarts(RestartConfig(metric="accuracy"), runner, tmp_path / "a", 40)
+    with pytest.raises(ValueError, match=r"rung steps \[1, 1, 2, 4\]"):
+        run_restarts(RestartConfig(explore_fraction=0.4, rungs=4), runner, tmp_path / "b", 10)
+    with pytest.raises(ValueError, match=r"max_steps=0"):
+        run_restarts(RestartConfig(), runner, tmp_path / "c", 0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ValueError, match=r"parallel='per_gpu' is invalid here: no GPU is visible"):
+        run_restarts(RestartConfig(parallel="per_gpu"), runner, tmp_path / "d", 40)
+    assert runner.calls == []
+    assert not any((tmp_path / d).exists() for d in "abcd")
+
+
+def test_runner_protocol():
+    assert isinstance(StubRunner(hyperbolic(SH_COEFFS), 40), TrialRunner)
+    with pytest.raises(ValueError, match="runner=.* must have a run"):
+        RestartOrchestrator(RestartConfig(), object(), "unused", 10)
