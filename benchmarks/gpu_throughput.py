@@ -163,6 +163,33 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+class MemoryWatch:
+    """Peak device memory of the whole run and of the timed steps alone (CUDA only)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.warmup_peak = None
+
+    def warmup_done(self):
+        import torch
+
+        if self.device.type == "cuda":
+            self.warmup_peak = int(torch.cuda.max_memory_allocated(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def report(self) -> dict:
+        import torch
+
+        if self.device.type != "cuda":
+            return {"peak_mem_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,  # KiB on Linux
+                    "peak_mem_timed_bytes": None, "peak_mem_kind": "cpu peak RSS (whole process)"}
+        timed = int(torch.cuda.max_memory_allocated(self.device))
+        return {"peak_mem_bytes": max(timed, self.warmup_peak or 0), "peak_mem_timed_bytes": timed,
+                "peak_mem_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
+                "peak_mem_kind": "cuda max_memory_allocated",
+                "tf32_matmul_effective": bool(torch.backends.cuda.matmul.allow_tf32)}
+
+
 def _build_model(spec, attn_implementation="sdpa"):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -212,9 +239,8 @@ def _compile_on(opts) -> bool:
     return opts.compile == "on" or (opts.compile == "auto" and opts.device == "cuda")
 
 
-def _trainer_arm(arm, opts, spec, device, info):
+def _trainer_arm(arm, opts, spec, device, info, memory):
     """hf-default, hf-bf16, hf-tuned and fasttrain: the Trainer (or FastTrainer) with a timing callback."""
-    import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from hf_fasttrain.precision import apply_precision, resolve_precision
@@ -226,6 +252,8 @@ def _trainer_arm(arm, opts, spec, device, info):
         def on_step_end(self, args, state, control, **kwargs):
             _sync(device)
             self.ends.append(time.perf_counter())
+            if len(self.ends) == opts.warmup:
+                memory.warmup_done()
 
     total_steps = opts.warmup + opts.steps
     out_dir = tempfile.mkdtemp(prefix=f"gpu_throughput_{arm}_")
@@ -284,7 +312,7 @@ def _fasttrain_setup(kwargs, opts, info):
     raise ArmUnavailable("fasttrain arm: recipe throughput settings not wired yet (phase 2)")
 
 
-def _loop_arm(arm, opts, spec, device, info):
+def _loop_arm(arm, opts, spec, device, info, memory):
     """torch-loop and torch-loop-chunked-ce: the same HF model in a hand-written training loop."""
     import torch
 
@@ -330,6 +358,8 @@ def _loop_arm(arm, opts, spec, device, info):
         losses.append(loss.detach())
         _sync(device)
         ends.append(time.perf_counter())
+        if step + 1 == opts.warmup:
+            memory.warmup_done()
     ends = [start] + ends
     step_times = [b - a for a, b in zip(ends[opts.warmup : -1], ends[opts.warmup + 1 :])]
     return {
@@ -361,16 +391,11 @@ def run_worker(arm: str, opts) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     began = time.perf_counter()
+    memory = MemoryWatch(device)
     runner = _loop_arm if arm.startswith("torch-loop") else _trainer_arm
-    result = runner(arm, opts, spec, device, info)
+    result = runner(arm, opts, spec, device, info, memory)
     result["wall_s"] = time.perf_counter() - began
-    if device.type == "cuda":
-        result["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(device))
-        result["peak_mem_reserved_bytes"] = int(torch.cuda.max_memory_reserved(device))
-        result["peak_mem_kind"] = "cuda max_memory_allocated"
-    else:
-        result["peak_mem_bytes"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
-        result["peak_mem_kind"] = "cpu peak RSS (whole process)"
+    result.update(memory.report())
     result["device_name"] = info.name
     result["device"] = dict(kind=info.kind, name=info.name, compute_capability=info.compute_capability)
     result["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__,
@@ -437,6 +462,7 @@ def _aggregate(arm_runs: list[dict], peak_flops: float | None) -> dict:
         "mfu": tokens_per_s * fpt / peak_flops if peak_flops else None,
         "flops_per_token": fpt,
         "peak_mem_bytes": max(r["peak_mem_bytes"] for r in ok),
+        "peak_mem_timed_bytes": first.get("peak_mem_timed_bytes"),
         "peak_mem_kind": first["peak_mem_kind"],
         "final_loss": statistics.median(r["final_loss"] for r in ok),
         "settings": first["settings"],
