@@ -52,7 +52,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # import this checkout's hf_fasttrain, not an installed one
     sys.path.insert(0, ROOT)
 
-__all__ = ["ARMS", "MODEL_SPECS", "flops_per_token", "peak_bf16_flops", "summarize_steps", "main"]
+__all__ = ["ARMS", "MODEL_SPECS", "peak_bf16_flops", "summarize_steps", "main"]
 
 # name -> one-line description (the runner functions are below, in WORKERS)
 ARMS = {
@@ -75,49 +75,16 @@ MODEL_SPECS = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=32, vocab_size=512, n_positions=64, batch_size=8, seq_len=64),
 }
 
-# Dense bf16 (fp16 for pre-Ampere) tensor-core peak, TFLOP/s, from NVIDIA data sheets; the first
-# substring found in the device name wins, so the specific names come first.
-_PEAK_TFLOPS = [
-    ("H200 NVL", 835.0),
-    ("H200", 989.4),
-    ("GH200", 989.4),
-    ("H100 PCIe", 756.0),
-    ("H100 NVL", 835.0),
-    ("H100", 989.4),
-    ("B200", 2250.0),
-    ("A100", 312.0),
-    ("L40S", 362.0),
-    ("L40", 181.0),
-    ("L4", 121.0),
-    ("A10G", 70.0),
-    ("A10", 125.0),
-    ("RTX 4090", 165.2),
-    ("RTX 3090", 71.0),
-    ("V100", 125.0),
-    ("T4", 65.0),
-]
-
-
 def peak_bf16_flops(device_name: str | None) -> float | None:
-    """Dense bf16 peak FLOP/s for a known GPU name, else None (CPU, unknown GPU)."""
+    """Dense bf16 peak FLOP/s for a known GPU name (hf_fasttrain.throughput's table), else None."""
+    from hf_fasttrain.throughput import PEAK_BF16_FLOPS
+
     if not device_name:
         return None
-    for key, tflops in _PEAK_TFLOPS:
+    for key, peak in PEAK_BF16_FLOPS.items():  # first match wins: specific names come first
         if key in device_name:
-            return tflops * 1e12
+            return peak
     return None
-
-
-def flops_per_token(n_params_no_pos: int, n_layer: int, n_embd: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6 N (forward + backward matmuls) + 12 L d T (attention scores).
-
-    Example:
-        ```python
-        >>> round(flops_per_token(123_653_376, 12, 768, 1024) / 1e6, 1)  # GPT-2 small
-        855.2
-        ```
-    """
-    return 6.0 * n_params_no_pos + 12.0 * n_layer * n_embd * seq_len
 
 
 def summarize_steps(step_times: list[float], tokens_per_step: int) -> dict:
@@ -193,10 +160,11 @@ class MemoryWatch:
 def _build_model(spec, attn_implementation="sdpa"):
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    p = spec.get("dropout", 0.0)
     config = GPT2Config(
         n_layer=spec["n_layer"], n_head=spec["n_head"], n_embd=spec["n_embd"], vocab_size=spec["vocab_size"],
         n_positions=spec["n_positions"], bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM",
-        attn_implementation=attn_implementation,
+        attn_implementation=attn_implementation, resid_pdrop=p, embd_pdrop=p, attn_pdrop=p,
     )
     return GPT2LMHeadModel(config)
 
@@ -291,7 +259,7 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
     ends = [start] + timer.ends
     step_times = [b - a for a, b in zip(ends[opts.warmup : -1], ends[opts.warmup + 1 :])]
     settings.update(
-        precision=args.mixed_precision, torch_compile=bool(args.torch_compile), tf32=args.tf32, optim=str(args.optim),
+        precision=args.mixed_precision, torch_compile=bool(args.torch_compile), tf32=args.tf32, optim=str(getattr(args.optim, "value", args.optim)),
         attn_implementation=model.config._attn_implementation, dataloader_num_workers=args.dataloader_num_workers,
         dataloader_pin_memory=args.dataloader_pin_memory, per_device_train_batch_size=args.per_device_train_batch_size,
     )
@@ -305,11 +273,31 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
     }
 
 
+# The recipe keys that are throughput settings; the rest of the recipe (schedule, eval, checkpoints)
+# does not change the speed of a training step and is left out so every arm does the same work.
+FASTTRAIN_RECIPE = "gpt2_small"
+THROUGHPUT_KEYS = (
+    "precision", "bf16", "fp16", "tf32", "torch_compile", "torch_compile_mode", "torch_compile_backend", "optim",
+    "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
+)
+
+
 def _fasttrain_setup(kwargs, opts, info):
-    """FastTrainer with the throughput settings of the GPT-2 small recipe (needs the foundation)."""
+    """FastTrainer + FastTrainingArguments with the throughput settings of the GPT-2 small recipe."""
     if not os.path.exists(os.path.join(ROOT, "hf_fasttrain", "trainer.py")):
         raise ArmUnavailable("FastTrainer is not in this checkout yet (no hf_fasttrain/trainer.py)")
-    raise ArmUnavailable("fasttrain arm: recipe throughput settings not wired yet (phase 2)")
+    from hf_fasttrain import FastTrainer, FastTrainingArguments
+    from hf_fasttrain.recipes import load_recipe, validate_recipe
+
+    recipe = validate_recipe(load_recipe(FASTTRAIN_RECIPE))[None]
+    taken = {k: v for k, v in recipe.items() if k in THROUGHPUT_KEYS}
+    kwargs = dict(kwargs, **taken, auto_resume=False, _args_cls=FastTrainingArguments)
+    if "torch_compile" in taken:
+        kwargs["torch_compile"] = bool(taken["torch_compile"]) and _compile_on(opts)
+    if opts.device == "cpu" and opts.tiny:  # a 2-core CPU: worker processes would only compete with training
+        kwargs["dataloader_num_workers"] = 0
+        kwargs.pop("dataloader_persistent_workers", None)
+    return FastTrainer, kwargs, {"trainer": "FastTrainer", "recipe": FASTTRAIN_RECIPE, "recipe_settings": taken}
 
 
 def _loop_arm(arm, opts, spec, device, info, memory):
@@ -387,6 +375,7 @@ def run_worker(arm: str, opts) -> dict:
     if opts.seq_len:
         spec["seq_len"] = opts.seq_len
         spec["n_positions"] = max(spec["n_positions"], opts.seq_len)
+    spec["dropout"] = opts.dropout
     device, info = _device_and_precision(opts)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -449,6 +438,8 @@ def _aggregate(arm_runs: list[dict], peak_flops: float | None) -> dict:
     first = ok[0]
     median_step = statistics.median(s["step_time_median_s"] for s in per_repeat)
     tokens_per_s = first["tokens_per_step"] / median_step
+    from hf_fasttrain.throughput import flops_per_token
+
     fpt = flops_per_token(first["n_params_no_pos"], first["model"]["n_layer"], first["model"]["n_embd"],
                           first["model"]["seq_len"])
     out = {
@@ -538,6 +529,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1, help="processes per arm, run round-robin; medians over them")
     p.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
                    help="torch.compile in the arms that use it; auto = on for cuda, off for cpu (inductor takes ~50 s per model on 2 CPU cores)")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="GPT-2 dropout in every arm (0.0 as in the recipe and in pretraining; GPT2Config's default is 0.1)")
     p.add_argument("--ce-chunk-size", type=int, default=4096, help="tokens per chunk in torch-loop-chunked-ce")
     p.add_argument("--peak-tflops", type=float, default=None, help="override the device's dense bf16 peak for MFU")
     p.add_argument("--arm-timeout", type=float, default=900.0, help="seconds before an arm's process is killed")
@@ -579,7 +572,7 @@ def main(argv=None) -> dict | None:
         return None
 
     common = ["--device", opts.device, "--steps", str(opts.steps), "--warmup", str(opts.warmup),
-              "--compile", opts.compile, "--ce-chunk-size", str(opts.ce_chunk_size)]
+              "--compile", opts.compile, "--ce-chunk-size", str(opts.ce_chunk_size), "--dropout", str(opts.dropout)]
     if opts.tiny:
         common.append("--tiny")
     if opts.batch_size:
