@@ -611,6 +611,9 @@ def main(argv=None) -> dict | None:
         },
         "arms": {arm: _aggregate(rs, peak) for arm, rs in runs.items()},
     }
+    if opts.tiny:
+        results["note"] = ("smoke run of the benchmark's code path on a tiny model: per-step overheads dominate and, "
+                           "on a shared CPU, so does the machine's load; not a throughput measurement")
     os.makedirs(opts.out_dir, exist_ok=True)
     stem = opts.name or f"gpu_throughput_{opts.device}{'_tiny' if opts.tiny else ''}"
     json_path = os.path.join(opts.out_dir, stem + ".json")
@@ -620,7 +623,8 @@ def main(argv=None) -> dict | None:
     results["png"] = png_path if _plot(results, png_path) else None
     table = format_table(results)
     with open(os.path.join(opts.out_dir, stem + ".md"), "w") as f:
-        f.write(f"`{results['command']}` on {device_name} ({opts.device}), git {results['git_revision']}\n\n{table}\n")
+        note = f"\n\nNote: {results['note']}." if "note" in results else ""
+        f.write(f"`{results['command']}` on {device_name} ({opts.device}), git {results['git_revision']}{note}\n\n{table}\n")
     print(f"\n{results['config']['model_name']}, batch {spec['batch_size']} x {spec['seq_len']}, "
           f"{opts.steps} timed steps after {opts.warmup} warm-up, on {device_name}\n")
     print(table)

@@ -336,3 +336,75 @@ def test_deepspeed_config_environment_leaves_batch_knobs_to_the_trainer():
 def test_multi_node_config_rendezvous():
     args, _ = _launch_args(os.path.join(ROOT, "recipes", "accelerate", "multi_node.yaml"), "--machine_rank", "1")
     assert (args.machine_rank, args.main_process_ip, args.main_process_port, args.rdzv_backend) == (1, "10.0.0.1", 29500, "static")
+
+
+# --- FastTrainingArguments.precision -----------------------------------------------------------
+
+
+def _fast_args(tmp_path, **kw):
+    from hf_fasttrain import FastTrainingArguments
+
+    return FastTrainingArguments(output_dir=str(tmp_path), report_to="none", **kw)
+
+
+def test_field_bf16_on_cpu_turns_use_cpu_on(tmp_path, monkeypatch):
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    monkeypatch.setattr(precision_mod, "detect_device", lambda use_cpu=False, env=None: CPU)
+    args = _fast_args(tmp_path, precision="bf16", use_cpu=False)
+    assert (args.bf16, args.fp16, args.use_cpu, args.mixed_precision) == (True, False, True, "bf16")
+    assert args.precision_choice.reason.endswith("[from precision=bf16]")
+
+
+def test_field_auto_on_cpu_is_fp32_and_fp16_falls_back_with_a_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    monkeypatch.setattr(precision_mod, "detect_device", lambda use_cpu=False, env=None: CPU)
+    args = _fast_args(tmp_path)
+    assert (args.precision, args.bf16, args.fp16, args.mixed_precision) == ("auto", False, False, "no")
+    with caplog.at_level(logging.WARNING, logger="hf_fasttrain.precision"):
+        args = _fast_args(tmp_path, precision="fp16")
+    assert (args.fp16, args.mixed_precision) == (False, "no")
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "would silently train in fp32" in caplog.records[0].getMessage()
+
+
+def test_field_reads_accelerate_launch_mixed_precision(tmp_path, monkeypatch):
+    monkeypatch.setattr(precision_mod, "detect_device", lambda use_cpu=False, env=None: CPU)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    args = _fast_args(tmp_path)
+    assert (args.bf16, args.use_cpu) == (True, True)
+    assert "ACCELERATE_MIXED_PRECISION=bf16" in args.precision_choice.reason
+    with pytest.raises(ValueError, match="precision='fp32' contradicts ACCELERATE_MIXED_PRECISION=bf16"):
+        _fast_args(tmp_path, precision="fp32")
+
+
+def test_field_rejects_bad_values_before_training(tmp_path, monkeypatch):
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    with pytest.raises(ValueError, match="precision must be one of auto, bf16, fp16, fp32; got 'half'"):
+        _fast_args(tmp_path, precision="half")
+    with pytest.raises(ValueError, match="precision='fp32' contradicts bf16=True"):
+        _fast_args(tmp_path, precision="fp32", bf16=True)
+
+
+def test_gpt2_small_recipe_uses_precision_auto(monkeypatch):
+    from hf_fasttrain.recipes import load_recipe, validate_recipe
+
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    top = validate_recipe(load_recipe("gpt2_small"))[None]
+    assert top["precision"] == "auto" and "bf16" not in top and "fp16" not in top
+    assert (top["torch_compile"], top["optim"], top["dataloader_pin_memory"]) == (True, "adamw_torch_fused", True)
+    assert top["ddp_find_unused_parameters"] is False
+
+
+def test_fast_trainer_logs_the_choice(tmp_path, monkeypatch, caplog):
+    from conftest import make_tiny_gpt2
+
+    from hf_fasttrain import FastTrainer
+
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    monkeypatch.setattr(precision_mod, "detect_device", lambda use_cpu=False, env=None: CPU)
+    args = _fast_args(tmp_path, precision="bf16")
+    with caplog.at_level(logging.INFO, logger="hf_fasttrain.precision"):
+        FastTrainer(model=make_tiny_gpt2(64), args=args)
+    lines = [r.getMessage() for r in caplog.records if r.name == "hf_fasttrain.precision"]
+    assert lines == ["precision: bf16 autocast on CPU cpu (no native bf16 on this CPU: expect it slower than fp32); "
+                     "use_cpu=True set, the Trainer requires it for bf16 on CPU [from precision=bf16]"]
