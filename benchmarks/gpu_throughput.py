@@ -536,6 +536,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--arm-timeout", type=float, default=900.0, help="seconds before an arm's process is killed")
     p.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
     p.add_argument("--name", default=None, help="output file stem (default gpu_throughput_<device>[_tiny])")
+    p.add_argument("--append", action="store_true",
+                   help="keep the arms already in the output JSON that this run does not re-run (split a run in parts)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
     return p
@@ -580,22 +582,47 @@ def main(argv=None) -> dict | None:
     if opts.seq_len:
         common += ["--seq-len", str(opts.seq_len)]
 
+    stem = opts.name or f"gpu_throughput_{opts.device}{'_tiny' if opts.tiny else ''}"
+    json_path = os.path.join(opts.out_dir, stem + ".json")
+    earlier = {}
+    if opts.append and os.path.exists(json_path):  # keep the arms a previous (split) run measured
+        with open(json_path) as f:
+            earlier = json.load(f).get("arms", {})
     runs = {arm: [] for arm in opts.arm_list}
+    results = None
     for rep in range(opts.repeats):
         order = opts.arm_list[rep % len(opts.arm_list):] + opts.arm_list[: rep % len(opts.arm_list)]
         for arm in order:
             print(f"[{rep + 1}/{opts.repeats}] {arm} ...", file=sys.stderr, flush=True)
             r = _run_arm_process(arm, opts, common)
             print(f"    {r.get('status')} in {r.get('process_wall_s', 0):.1f} s {r.get('error', '')}", file=sys.stderr)
+            if r.get("status") == "error" and r.get("stderr_tail"):
+                print("    " + "\n    ".join(r["stderr_tail"]), file=sys.stderr)
             runs[arm].append(r)
+            # written after every arm, so a run cut short still leaves what it measured
+            results = _write_outputs(opts, argv, runs, earlier, json_path, stem, final=False)
+    results = _write_outputs(opts, argv, runs, earlier, json_path, stem, final=True)
+    spec, device_name = results["config"]["model"], results["machine"]["device_name"]
+    print(f"\n{results['config']['model_name']}, batch {spec['batch_size']} x {spec['seq_len']}, "
+          f"{opts.steps} timed steps after {opts.warmup} warm-up, on {device_name}\n")
+    print(format_table(results))
+    print(f"\nwrote {json_path}" + (f" and {results['png']}" if results["png"] else " (no matplotlib: no PNG)"))
+    return results
 
-    first_ok = next((r for rs in runs.values() for r in rs if r.get("status") == "ok"), {})
+
+def _write_outputs(opts, argv, runs, earlier, json_path, stem, final):
+    done = {arm: rs for arm, rs in runs.items() if rs}
+    first_ok = next((r for rs in done.values() for r in rs if r.get("status") == "ok"), {})
     device_name = first_ok.get("device_name")
     peak = opts.peak_tflops * 1e12 if opts.peak_tflops else (peak_bf16_flops(device_name) if opts.device == "cuda" else None)
     spec = first_ok.get("model", MODEL_SPECS["tiny" if opts.tiny else "small"])
+    arms = {a: r for a, r in earlier.items() if a not in done}
+    arms.update({arm: _aggregate(rs, peak) for arm, rs in done.items()})
+    arms = {a: arms[a] for a in ARMS if a in arms}  # a fixed order
     results = {
         "benchmark": "gpu_throughput",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "complete": final,
         "command": "python " + " ".join([os.path.relpath(os.path.abspath(__file__), ROOT)] + list(argv if argv is not None else sys.argv[1:])),
         "git_revision": _git_revision(),
         "machine": {
@@ -609,26 +636,22 @@ def main(argv=None) -> dict | None:
             "warmup_steps": opts.warmup, "repeats": opts.repeats, "compile": opts.compile,
             "data": "synthetic uniform token ids (seed 0)",
         },
-        "arms": {arm: _aggregate(rs, peak) for arm, rs in runs.items()},
+        "arms": arms,
     }
+    if earlier:
+        results["appended_to_earlier_arms"] = sorted(a for a in earlier if a not in done)
     if opts.tiny:
         results["note"] = ("smoke run of the benchmark's code path on a tiny model: per-step overheads dominate and, "
                            "on a shared CPU, so does the machine's load; not a throughput measurement")
     os.makedirs(opts.out_dir, exist_ok=True)
-    stem = opts.name or f"gpu_throughput_{opts.device}{'_tiny' if opts.tiny else ''}"
-    json_path = os.path.join(opts.out_dir, stem + ".json")
+    png_path = os.path.join(opts.out_dir, stem + ".png")
+    results["png"] = png_path if final and _plot(results, png_path) else None
     with open(json_path, "w") as f:
         json.dump(results, f, indent=2)
-    png_path = os.path.join(opts.out_dir, stem + ".png")
-    results["png"] = png_path if _plot(results, png_path) else None
-    table = format_table(results)
     with open(os.path.join(opts.out_dir, stem + ".md"), "w") as f:
         note = f"\n\nNote: {results['note']}." if "note" in results else ""
-        f.write(f"`{results['command']}` on {device_name} ({opts.device}), git {results['git_revision']}{note}\n\n{table}\n")
-    print(f"\n{results['config']['model_name']}, batch {spec['batch_size']} x {spec['seq_len']}, "
-          f"{opts.steps} timed steps after {opts.warmup} warm-up, on {device_name}\n")
-    print(table)
-    print(f"\nwrote {json_path}" + (f" and {png_path}" if results["png"] else " (no matplotlib: no PNG)"))
+        f.write(f"`{results['command']}` on {device_name} ({opts.device}), git {results['git_revision']}{note}\n\n"
+                f"{format_table(results)}\n")
     return results
 
 

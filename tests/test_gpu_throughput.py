@@ -70,10 +70,17 @@ def test_unknown_arm_is_refused():
 
 @pytest.mark.slow
 def test_cpu_tiny_run_writes_json_with_all_arms(tmp_path):
-    results = gt.main(["--device", "cpu", "--tiny", "--out-dir", str(tmp_path), "--name", "t"])
+    # in two parts, as a GPU session short of time would run it: the second appends its arm
+    first = gt.main(["--device", "cpu", "--tiny", "--out-dir", str(tmp_path), "--name", "t",
+                     "--arms", "hf-default,hf-tuned,fasttrain,torch-loop"])
+    assert list(first["arms"]) == ["hf-default", "hf-tuned", "fasttrain", "torch-loop"]
+    results = gt.main(["--device", "cpu", "--tiny", "--out-dir", str(tmp_path), "--name", "t",
+                       "--arms", "torch-loop-chunked-ce", "--append"])
     with open(tmp_path / "t.json") as f:
         on_disk = json.load(f)
     assert on_disk["arms"].keys() == results["arms"].keys()
+    assert on_disk["complete"] is True
+    assert on_disk["appended_to_earlier_arms"] == ["fasttrain", "hf-default", "hf-tuned", "torch-loop"]
     assert list(on_disk["arms"]) == ["hf-default", "hf-tuned", "fasttrain", "torch-loop", "torch-loop-chunked-ce"]
     assert on_disk["config"]["batch_size"] == 8 and on_disk["config"]["seq_len"] == 64
     assert on_disk["machine"]["versions"]["torch"]
