@@ -1,5 +1,6 @@
 """Precision choice for each device situation (mocked devices, no GPU), and the Accelerate configs."""
 
+import contextlib
 import doctest
 import glob
 import logging
@@ -341,6 +342,20 @@ def test_multi_node_config_rendezvous():
 # --- FastTrainingArguments.precision -----------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _capture(caplog, level):
+    """caplog on hf_fasttrain.precision itself: run.setup_logging may have made 'hf_fasttrain' non-propagating."""
+    log = logging.getLogger("hf_fasttrain.precision")
+    old = log.level
+    log.addHandler(caplog.handler)
+    log.setLevel(level)
+    try:
+        yield
+    finally:
+        log.removeHandler(caplog.handler)
+        log.setLevel(old)
+
+
 def _fast_args(tmp_path, **kw):
     from hf_fasttrain import FastTrainingArguments
 
@@ -360,7 +375,7 @@ def test_field_auto_on_cpu_is_fp32_and_fp16_falls_back_with_a_warning(tmp_path, 
     monkeypatch.setattr(precision_mod, "detect_device", lambda use_cpu=False, env=None: CPU)
     args = _fast_args(tmp_path)
     assert (args.precision, args.bf16, args.fp16, args.mixed_precision) == ("auto", False, False, "no")
-    with caplog.at_level(logging.WARNING, logger="hf_fasttrain.precision"):
+    with _capture(caplog, logging.WARNING):
         args = _fast_args(tmp_path, precision="fp16")
     assert (args.fp16, args.mixed_precision) == (False, "no")
     assert [r.levelname for r in caplog.records] == ["WARNING"]
@@ -403,7 +418,7 @@ def test_fast_trainer_logs_the_choice(tmp_path, monkeypatch, caplog):
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     monkeypatch.setattr(precision_mod, "detect_device", lambda use_cpu=False, env=None: CPU)
     args = _fast_args(tmp_path, precision="bf16")
-    with caplog.at_level(logging.INFO, logger="hf_fasttrain.precision"):
+    with _capture(caplog, logging.INFO):
         FastTrainer(model=make_tiny_gpt2(64), args=args)
     lines = [r.getMessage() for r in caplog.records if r.name == "hf_fasttrain.precision"]
     assert lines == ["precision: bf16 autocast on CPU cpu (no native bf16 on this CPU: expect it slower than fp32); "
