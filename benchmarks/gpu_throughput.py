@@ -207,11 +207,35 @@ def _compile_on(opts) -> bool:
     return opts.compile == "on" or (opts.compile == "auto" and opts.device == "cuda")
 
 
+def trainer_arm_setup(arm, kwargs, info, compile_on, opts=None):
+    """(trainer class or None for Trainer, TrainingArguments kwargs, attention, settings) of a Trainer arm.
+
+    Pure apart from the fasttrain arm (which reads the recipe), so the GPU settings of each arm are
+    testable with a mocked device.
+    """
+    from hf_fasttrain.precision import apply_precision, resolve_precision
+
+    kwargs = dict(kwargs)
+    settings = {"trainer": "Trainer"}
+    if arm == "hf-default":
+        return None, kwargs, None, settings  # attention: whatever transformers picks by default
+    if arm == "hf-bf16":
+        kwargs = apply_precision(kwargs, resolve_precision("bf16", info))
+        kwargs.pop("tf32", None)  # bf16 alone: TF32 stays at torch's default
+        return None, kwargs, None, settings
+    if arm == "hf-tuned":
+        kwargs = apply_precision(kwargs, resolve_precision("bf16", info))
+        kwargs.update(torch_compile=compile_on, optim="adamw_torch_fused")
+        return None, kwargs, "sdpa", settings
+    if arm == "fasttrain":
+        trainer_cls, kwargs, settings = _fasttrain_setup(kwargs, compile_on, opts, info)
+        return trainer_cls, kwargs, "sdpa", settings
+    raise ValueError(f"not a Trainer arm: {arm}")
+
+
 def _trainer_arm(arm, opts, spec, device, info, memory):
     """hf-default, hf-bf16, hf-tuned and fasttrain: the Trainer (or FastTrainer) with a timing callback."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
-
-    from hf_fasttrain.precision import apply_precision, resolve_precision
 
     class StepTimer(TrainerCallback):
         def __init__(self):
@@ -230,21 +254,8 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
         report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0,
         use_cpu=device.type == "cpu",
     )
-    trainer_cls = Trainer
-    attn = "sdpa"
-    settings = {"trainer": "Trainer"}
-    if arm == "hf-default":
-        attn = None  # whatever transformers picks by default
-    elif arm == "hf-bf16":
-        attn = None
-        kwargs = apply_precision(kwargs, resolve_precision("bf16", info))
-    elif arm == "hf-tuned":
-        kwargs = apply_precision(kwargs, resolve_precision("bf16", info))
-        kwargs.update(torch_compile=_compile_on(opts), optim="adamw_torch_fused")
-    elif arm == "fasttrain":
-        trainer_cls, kwargs, settings = _fasttrain_setup(kwargs, opts, info)
-    else:
-        raise ValueError(f"not a Trainer arm: {arm}")
+    trainer_cls, kwargs, attn, settings = trainer_arm_setup(arm, kwargs, info, _compile_on(opts), opts)
+    trainer_cls = trainer_cls or Trainer
 
     model = _build_model(spec, attn) if attn else _build_model(spec, attn_implementation=None)
     dataset = SyntheticTokens(spec["batch_size"] * total_steps, spec["seq_len"], spec["vocab_size"])
@@ -284,7 +295,7 @@ THROUGHPUT_KEYS = (
 )
 
 
-def _fasttrain_setup(kwargs, opts, info):
+def _fasttrain_setup(kwargs, compile_on, opts, info):
     """FastTrainer + FastTrainingArguments with the throughput settings of the GPT-2 small recipe."""
     if not os.path.exists(os.path.join(ROOT, "hf_fasttrain", "trainer.py")):
         raise ArmUnavailable("FastTrainer is not in this checkout yet (no hf_fasttrain/trainer.py)")
@@ -295,8 +306,8 @@ def _fasttrain_setup(kwargs, opts, info):
     taken = {k: v for k, v in recipe.items() if k in THROUGHPUT_KEYS}
     kwargs = dict(kwargs, **taken, auto_resume=False, _args_cls=FastTrainingArguments)
     if "torch_compile" in taken:
-        kwargs["torch_compile"] = bool(taken["torch_compile"]) and _compile_on(opts)
-    if opts.device == "cpu" and opts.tiny:  # a 2-core CPU: worker processes would only compete with training
+        kwargs["torch_compile"] = bool(taken["torch_compile"]) and compile_on
+    if info.is_cpu and opts is not None and opts.tiny:  # a 2-core CPU: worker processes would only compete with training
         kwargs["dataloader_num_workers"] = 0
         kwargs.pop("dataloader_persistent_workers", None)
     return FastTrainer, kwargs, {"trainer": "FastTrainer", "recipe": FASTTRAIN_RECIPE, "recipe_settings": taken}

@@ -107,3 +107,29 @@ def test_cpu_tiny_run_writes_json_with_all_arms(tmp_path):
     assert settings["fasttrain"]["precision"] == "no"  # auto on CPU: fp32
     assert settings["fasttrain"]["optim"] == "adamw_torch_fused"
     assert all(s["torch_compile"] is False for s in settings.values())  # compile is off on CPU by default
+
+
+def test_arm_settings_on_a_mocked_h200():
+    """What each Trainer arm would ask of the Trainer on an H200 (no GPU needed to check it)."""
+    from hf_fasttrain import FastTrainer, FastTrainingArguments
+    from hf_fasttrain.precision import DeviceInfo
+
+    h200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0),
+                      bf16_supported=True, fp16_supported=True, tf32_supported=True)
+    base = {"output_dir": "o", "per_device_train_batch_size": 32, "use_cpu": False}
+    cls, kw, attn, _ = gt.trainer_arm_setup("hf-default", base, h200, compile_on=True)
+    assert (cls, kw, attn) == (None, base, None)
+    cls, kw, attn, _ = gt.trainer_arm_setup("hf-bf16", base, h200, compile_on=True)
+    assert kw == {**base, "bf16": True, "fp16": False} and attn is None
+    cls, kw, attn, _ = gt.trainer_arm_setup("hf-tuned", base, h200, compile_on=True)
+    assert kw == {**base, "bf16": True, "fp16": False, "tf32": True, "torch_compile": True,
+                  "optim": "adamw_torch_fused"}
+    assert attn == "sdpa"
+    cls, kw, attn, settings = gt.trainer_arm_setup("fasttrain", base, h200, compile_on=True)
+    assert cls is FastTrainer and kw.pop("_args_cls") is FastTrainingArguments
+    assert kw == {**base, "precision": "auto", "torch_compile": True, "optim": "adamw_torch_fused",
+                  "dataloader_num_workers": 4, "dataloader_pin_memory": True,
+                  "dataloader_persistent_workers": True, "auto_resume": False}
+    assert settings["recipe"] == "gpt2_small" and attn == "sdpa"
+    with pytest.raises(ValueError, match="not a Trainer arm: torch-loop"):
+        gt.trainer_arm_setup("torch-loop", base, h200, compile_on=True)
