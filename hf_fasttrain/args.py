@@ -8,6 +8,8 @@ two dataclasses), and every one can be overridden on the command line as ``--<fi
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -136,6 +138,14 @@ class FastTrainingArguments(TrainingArguments):
         default=None,
         metadata={"help": "Peak TFLOP/s of one device for the MFU estimate. Default: looked up from the "
                   "GPU name (dense bf16 datasheet figure); MFU is not logged on CPU or unknown devices."},
+    )
+    # --- Precision (issue 8: mixed precision through Accelerate) ------------------------------
+    precision: str = field(
+        default="auto",
+        metadata={"help": "auto | bf16 | fp16 | fp32. auto: bf16 on GPUs with native bf16 (compute capability "
+                  ">= 8.0), fp16 with loss scaling on older GPUs, fp32 on CPU. bf16 on CPU turns use_cpu on "
+                  "(autocast); fp16 on CPU trains in fp32 with a warning. Sets bf16/fp16, which may also be "
+                  "given but must agree. tf32 left unset means on where the GPU has it, unless precision=fp32."},
     )
     # --- Run management ----------------------------------------------------------------------
     auto_resume: bool = field(
@@ -293,6 +303,7 @@ class FastTrainingArguments(TrainingArguments):
         for name, low in (("guard_snapshot_every", 1), ("guard_spike_window", 2), ("guard_max_rollbacks", 0)):
             v = getattr(self, name)
             _check(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, v, f"must be an integer >= {low}")
+        self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         super().__post_init__()
         self._check_lr_schedule()
 
@@ -332,6 +343,23 @@ class FastTrainingArguments(TrainingArguments):
             build_lr_lambdas([1.0], self.max_steps, lr_decay=self.lr_decay, warmup_steps=self.warmup_steps,
                              warmup_start_factor=self.warmup_start_factor, min_lr_ratio=self.min_lr_ratio,
                              decay_fraction=self.decay_fraction)
+
+    def _resolve_precision(self):
+        """precision -> bf16 / fp16 / use_cpu / tf32 for this device (see hf_fasttrain.precision)."""
+        from .precision import detect_device, effective_request, resolve_precision
+        from .precision import logger as precision_logger
+
+        request, source = effective_request(
+            self.precision, bf16=bool(self.bf16), fp16=bool(self.fp16),
+            launcher_mixed_precision=os.environ.get("ACCELERATE_MIXED_PRECISION"),
+        )
+        choice = resolve_precision(request, detect_device(use_cpu=self.use_cpu), tf32=self.tf32)
+        for key, value in choice.training_kwargs().items():
+            setattr(self, key, value)
+        # not a field (so not saved or parsed): FastTrainer logs its reason once logging is set up
+        self.precision_choice = dataclasses.replace(choice, reason=f"{choice.reason} [from {source}]")
+        if choice.warning:
+            precision_logger.warning(choice.warning)
 
 
 def _positive(v) -> bool:

@@ -22,6 +22,7 @@ from .callbacks.run_record import RunRecorderCallback
 from .callbacks.stability import ClipStatsWindow, StabilityTrainerMixin, stability_callbacks
 from .clipping import norm_clip_stats
 from .callbacks.stop_at_step import StopAtStepCallback
+from .precision import logger as precision_logger
 from .runinfo import training_config, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import ThroughputMeter, count_tokens, device_peak_flops, flops_per_token, mfu
@@ -82,6 +83,9 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         for callback in stability_callbacks(self.args):
             self.add_callback(callback)
         self._norm_clip_window = ClipStatsWindow()
+        choice = getattr(self.args, "precision_choice", None)  # set by FastTrainingArguments
+        if choice is not None and self.is_world_process_zero():
+            precision_logger.info("precision: %s", choice.reason)
 
     # -- hooks ---------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
