@@ -180,3 +180,45 @@ def test_truncated_batch_trains_tiny_gpt2():
         losses.append(loss.item())
     assert lengths == [8, 8, 16, 16, 24, 24, 32, 32]
     assert losses[-1] < losses[0]
+
+
+def _train_with_warmup(tmp_path, max_steps, resume=None, save_steps=None):
+    import datasets
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from hf_fasttrain.callbacks.seqlen import apply_seq_len_warmup
+
+    chunks = [[(start + j) % 63 + 1 for j in range(16)] for start in range(0, 40 * 7, 7)]
+    ds = datasets.Dataset.from_dict({"input_ids": chunks, "labels": chunks})
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=2, learning_rate=1e-2,
+        report_to=[], use_cpu=True, logging_steps=1, save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500, seed=0, disable_tqdm=True, include_num_input_tokens_seen="all",
+    )
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
+    trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=default_data_collator)
+    collator = apply_seq_len_warmup(trainer, SeqLenWarmup(min_seq_len=8, max_seq_len=16, warmup_batches=4, multiple=4))
+    trainer.train(resume_from_checkpoint=resume)
+    return collator, trainer, [h for h in trainer.state.log_history if "loss" in h]
+
+
+def test_plain_trainer_seq_len_warmup_logs_trains_and_resumes(tmp_path):
+    collator, trainer, straight = _train_with_warmup(tmp_path, max_steps=6, save_steps=3)
+    assert [h["seq_len"] for h in straight] == [8, 8, 12, 12, 16, 16]
+    # tokens actually trained (counted by the Trainer on the batches it used): 2 rows x seq_len
+    assert [h["num_input_tokens_seen"] for h in straight] == [16, 32, 56, 80, 112, 144]
+    # evaluation batches keep their full length: the Trainer's own collator is not wrapped
+    assert trainer.data_collator is default_data_collator
+    _, _, resumed = _train_with_warmup(tmp_path, max_steps=6, resume=str(tmp_path / "checkpoint-3"))
+    resumed = [h for h in resumed if h["step"] > 3]
+    assert [h["seq_len"] for h in resumed] == [12, 16, 16]
+    assert [h["num_input_tokens_seen"] for h in resumed] == [80, 112, 144]
+    assert [h["loss"] for h in resumed] == pytest.approx([h["loss"] for h in straight[3:]], abs=1e-6)
+
+
+def test_batches_consumed_with_short_last_step():
+    from hf_fasttrain.data.seqlen import batches_consumed
+
+    # 5 micro-batches per epoch, accumulation 2 -> 3 optimizer steps per epoch (2, 2, 1)
+    assert [batches_consumed(s, 2, 5) for s in range(7)] == [0, 2, 4, 5, 7, 9, 10]

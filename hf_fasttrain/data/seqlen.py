@@ -36,6 +36,7 @@ __all__ = [
     "seq_len_at",
     "set_batch_sequence_length",
     "count_tokens",
+    "batches_consumed",
     "SeqLenWarmup",
     "SeqLenWarmupCollator",
 ]
@@ -200,6 +201,21 @@ def count_tokens(batch: Mapping[str, Any]) -> int:
     if "attention_mask" in batch and batch["attention_mask"] is not None:
         return int(batch["attention_mask"].sum())
     return int(batch["input_ids"].numel())
+
+
+def batches_consumed(global_step: int, grad_accum: int, batches_per_epoch: int) -> int:
+    """Micro-batches the Trainer has trained after `global_step` optimizer steps.
+
+    An epoch of `batches_per_epoch` micro-batches makes ``ceil(batches_per_epoch / grad_accum)``
+    optimizer steps (the last one may be short), so ``global_step * grad_accum`` is only right
+    within the first epoch or when `grad_accum` divides the epoch.
+    """
+    _check_int("global_step", global_step, 0)
+    _check_int("grad_accum", grad_accum, 1)
+    _check_int("batches_per_epoch", batches_per_epoch, 1)
+    updates_per_epoch = -(-batches_per_epoch // grad_accum)
+    epochs, rest = divmod(global_step, updates_per_epoch)
+    return epochs * batches_per_epoch + rest * grad_accum
 
 
 # ---- schedule object ----------------------------------------------------------------------------
