@@ -422,3 +422,72 @@ def test_plain_trainer_curriculum_logs_length_limit(tmp_path):
     for s in range(5):
         for b in (batches[2 * s], batches[2 * s + 1]):
             assert max(lengths[b]) <= sampler.length_limit(2 * s + (b is batches[2 * s + 1]))
+
+
+# ---- two processes: accelerate launch --multi_gpu --num_processes 2, CPU (gloo) -------------------
+
+DDP_SCRIPT = r'''
+import json, sys
+import datasets, numpy as np, torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from hf_fasttrain.callbacks.seqlen import apply_batch_sampler
+from hf_fasttrain.data.samplers import CurriculumBatchSampler, get_lengths
+
+out = sys.argv[1]
+rng = np.random.default_rng(0)
+ids = [[(int(rng.integers(1, 64)) + j) % 63 + 1 for j in range(int(n))] for n in rng.integers(3, 33, size=64)]
+ds = datasets.Dataset.from_dict({"input_ids": ids, "idx": list(range(64))})
+seen = []
+
+def collate(features):
+    seen.append([f["idx"] for f in features])
+    width = max(len(f["input_ids"]) for f in features)
+    ids = torch.zeros((len(features), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, f in enumerate(features):
+        ids[r, : len(f["input_ids"])] = torch.tensor(f["input_ids"])
+        mask[r, : len(f["input_ids"])] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+args = TrainingArguments(output_dir=out, max_steps=6, learning_rate=1e-3, report_to=[], use_cpu=True,
+                         logging_steps=1, save_strategy="no", seed=0, disable_tqdm=True,
+                         remove_unused_columns=False)
+torch.manual_seed(0)
+model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate)
+sampler = CurriculumBatchSampler(get_lengths(ds), 2, min_length=8, curriculum_batches=6, seed=args.seed,
+                                 world_size=args.world_size, rank=args.process_index)
+apply_batch_sampler(trainer, sampler)
+trainer.train()
+limits = [h["length_limit"] for h in trainer.state.log_history if "loss" in h]
+json.dump({"world_size": args.world_size, "rank": args.process_index, "batches": seen[:6], "limits": limits,
+           "lengths": get_lengths(ds).tolist()}, open(f"{out}/rank{args.process_index}.json", "w"))
+'''
+
+
+@pytest.mark.slow
+def test_two_process_curriculum_same_limit_disjoint_examples(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp_curriculum.py"
+    script.write_text(DDP_SCRIPT)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.getcwd(), OMP_NUM_THREADS="1")
+    # NOTE: in accelerate 1.15 `launch --cpu --num_processes 2` starts ONE process unless mpirun is
+    # used; `--multi_gpu` goes through torchrun and, with use_cpu=True, trains on CPU over gloo.
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    lengths = ranks[0]["lengths"]
+    # both ranks logged the same limit at every step, and it rose: floor(8 + 24 * step / 6)
+    assert ranks[0]["limits"] == ranks[1]["limits"] == [8, 12, 16, 20, 24, 28]
+    for step in range(6):
+        b0, b1 = ranks[0]["batches"][step], ranks[1]["batches"][step]
+        assert len(b0) == len(b1) == 2 and not set(b0) & set(b1)  # disjoint examples at every step
+        limit = 8 + 24 * step // 6
+        assert max(lengths[i] for i in b0 + b1) <= limit
