@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -35,7 +36,6 @@ __all__ = [
     "length_limit_at",
     "seq_len_at",
     "set_batch_sequence_length",
-    "count_tokens",
     "batches_consumed",
     "SeqLenWarmup",
     "SeqLenWarmupCollator",
@@ -196,13 +196,6 @@ def set_batch_sequence_length(
     return out
 
 
-def count_tokens(batch: Mapping[str, Any]) -> int:
-    """Real (non-pad) tokens in a batch: the sum of ``attention_mask`` if present, else ``input_ids.numel()``."""
-    if "attention_mask" in batch and batch["attention_mask"] is not None:
-        return int(batch["attention_mask"].sum())
-    return int(batch["input_ids"].numel())
-
-
 def batches_consumed(global_step: int, grad_accum: int, batches_per_epoch: int) -> int:
     """Micro-batches the Trainer has trained after `global_step` optimizer steps.
 
@@ -269,6 +262,7 @@ class SeqLenWarmup:
         self.pacing = pacing
         self.num_stages = num_stages
         self.mode = mode
+        self._prefix: np.ndarray | None = None  # prefix sums of seq_len over the warmup
 
     def __repr__(self) -> str:
         return (
@@ -294,25 +288,37 @@ class SeqLenWarmup:
             return rows_per_batch * self.max_seq_len
         return rows_per_batch * self.seq_len(position)
 
+    def _row_prefix(self) -> np.ndarray:
+        """``prefix[n]`` = tokens per row in batches ``0 .. n - 1`` of the warmup (computed once)."""
+        if self._prefix is None:
+            per_row = [self.tokens_in_batch(p, 1) for p in range(self.warmup_batches)]
+            self._prefix = np.concatenate([[0], np.cumsum(per_row, dtype=np.int64)]).astype(np.int64)
+        return self._prefix
+
     def cumulative_tokens(self, num_batches: int, rows_per_batch: int) -> int:
         """Tokens in batches ``0 .. num_batches - 1`` (a pure function: no counting state needed)."""
         _check_int("num_batches", num_batches, 0)
         in_warmup = min(num_batches, self.warmup_batches)
-        total = sum(self.tokens_in_batch(p, rows_per_batch) for p in range(in_warmup))
-        return total + (num_batches - in_warmup) * rows_per_batch * self.max_seq_len
+        per_row = int(self._row_prefix()[in_warmup]) + (num_batches - in_warmup) * self.max_seq_len
+        return rows_per_batch * per_row
 
     def batches_for_tokens(self, tokens: int, rows_per_batch: int) -> int:
         """Smallest number of batches whose `cumulative_tokens` reaches `tokens` (a token-counted stop)."""
         _check_int("tokens", tokens, 0)
-        total = 0
-        for p in range(self.warmup_batches):
-            if total >= tokens:
-                return p
-            total += self.tokens_in_batch(p, rows_per_batch)
-        if total >= tokens:
-            return self.warmup_batches
+        _check_int("rows_per_batch", rows_per_batch, 1)
+        prefix = self._row_prefix() * rows_per_batch
+        if tokens <= prefix[-1]:
+            return int(np.searchsorted(prefix, tokens, side="left"))
         per_batch = rows_per_batch * self.max_seq_len
-        return self.warmup_batches + -(-(tokens - total) // per_batch)
+        return self.warmup_batches + -(-(tokens - int(prefix[-1])) // per_batch)
+
+    def full_length_batches(self, num_batches: int) -> float:
+        """How many full-length batches hold as many tokens as the first `num_batches` of this warmup.
+
+        The LR schedule evaluated at this count (instead of at `num_batches`) advances with tokens
+        seen, so a short-sequence phase is not charged full steps.
+        """
+        return self.cumulative_tokens(num_batches, 1) / self.max_seq_len
 
     def token_progress(self, position: int, total_batches: int, rows_per_batch: int) -> float:
         """Training progress counted in tokens: ``cumulative_tokens(position) / cumulative_tokens(total)``."""
@@ -331,7 +337,9 @@ class SeqLenWarmupCollator:
     behind the prefetching dataloader), so batch ``t`` always gets ``warmup.seq_len(t)``. Use it for the
     training dataloader only, with ``dataloader_num_workers=0`` (a worker process would count its own
     share of batches; this raises instead). On resume set `position` to the number of batches
-    already trained (``global_step * gradient_accumulation_steps``) or restore `state_dict`.
+    already trained (`batches_consumed`; `SeqLenWarmupCallback` does it) or restore `state_dict`.
+    `cut(batch)` applies the schedule to a batch collated elsewhere (FastTrainer cuts batches in the
+    main process as the training loop takes them, so dataloader workers are fine there).
 
     Example:
         >>> from transformers import default_data_collator
@@ -358,7 +366,10 @@ class SeqLenWarmupCollator:
                 "SeqLenWarmupCollator counts batches in the main process; set dataloader_num_workers=0 "
                 "(a worker would only count its own share of batches)."
             )
-        batch = self.collator(features)
+        return self.cut(self.collator(features))
+
+    def cut(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """Cut an already collated batch as the next batch of the schedule (and count it)."""
         self.last_seq_len = self.warmup.seq_len(self.position)
         out = self.warmup.apply(batch, self.position, self.pad_token_id)
         self.position += 1
