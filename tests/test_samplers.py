@@ -424,14 +424,14 @@ def test_plain_trainer_curriculum_logs_length_limit(tmp_path):
             assert max(lengths[b]) <= sampler.length_limit(2 * s + (b is batches[2 * s + 1]))
 
 
-# ---- two processes: accelerate launch --multi_gpu --num_processes 2, CPU (gloo) -------------------
+# ---- two processes, FastTrainer with the curriculum: accelerate launch --multi_gpu --num_processes 2, CPU (gloo)
 
 DDP_SCRIPT = r'''
 import json, sys
 import datasets, numpy as np, torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-from hf_fasttrain.callbacks.seqlen import apply_batch_sampler
-from hf_fasttrain.data.samplers import CurriculumBatchSampler, get_lengths
+from transformers import GPT2Config, GPT2LMHeadModel
+from hf_fasttrain import FastTrainer, FastTrainingArguments
+from hf_fasttrain.data.samplers import get_lengths
 
 out = sys.argv[1]
 rng = np.random.default_rng(0)
@@ -449,15 +449,13 @@ def collate(features):
         mask[r, : len(f["input_ids"])] = 1
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
-args = TrainingArguments(output_dir=out, max_steps=6, learning_rate=1e-3, report_to=[], use_cpu=True,
-                         logging_steps=1, save_strategy="no", seed=0, disable_tqdm=True,
-                         remove_unused_columns=False)
+args = FastTrainingArguments(output_dir=out, max_steps=6, per_device_train_batch_size=2, learning_rate=1e-3,
+                             report_to="none", use_cpu=True, logging_steps=1, save_strategy="no", seed=0,
+                             disable_tqdm=True, remove_unused_columns=False,
+                             curriculum_min_length=8, curriculum_fraction=1.0)
 torch.manual_seed(0)
 model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
-trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate)
-sampler = CurriculumBatchSampler(get_lengths(ds), 2, min_length=8, curriculum_batches=6, seed=args.seed,
-                                 world_size=args.world_size, rank=args.process_index)
-apply_batch_sampler(trainer, sampler)
+trainer = FastTrainer(model=model, args=args, train_dataset=ds, data_collator=collate)
 trainer.train()
 limits = [h["length_limit"] for h in trainer.state.log_history if "loss" in h]
 json.dump({"world_size": args.world_size, "rank": args.process_index, "batches": seen[:6], "limits": limits,
