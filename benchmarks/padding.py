@@ -3,8 +3,9 @@
     python benchmarks/padding.py                      # full run (a few minutes on a 2-core CPU)
     python benchmarks/padding.py --steps 4 --repeats 1 --max-examples 800   # smoke run
 
-Data: top-level functions and classes of the running Python's standard library (`ast`), tokenized
-with a byte-level BPE trained on them (`tokenizers`), truncated to `--max-len` tokens.
+Data: top-level functions and classes (`ast`) of the embedded corpus's files (the running Python's
+standard library), tokenized with the embedded corpus's cached byte-level BPE (hf_fasttrain.data.corpus,
+the tokenizer every recipe uses), truncated to `--max-len` tokens.
 Arms, measured side by side in one run, on the same model, data and machine:
 
 - ``random``: `transformers.Trainer` default sampling (`train_sampling_strategy="random"`), batch B.
@@ -18,7 +19,8 @@ Arms, measured side by side in one run, on the same model, data and machine:
   padding-free row of up to ``B * mean length`` tokens (attention is one long masked row on CPU).
 
 Padding fraction = 1 - real / computed tokens over a whole epoch's plan. Throughput: a tiny GPT-2
-training step (forward, backward, AdamW) on `--steps` batches evenly spaced over each arm's epoch; real (non-pad)
+training step (forward, backward, AdamW) on `--steps` batches at evenly spaced quantiles of each arm's
+batch sizes (a stratified sample of its epoch); real (non-pad)
 tokens/s per repeat, median over `--repeats`, arms interleaved. Writes benchmarks/results/padding.json,
 padding.md (table) and padding.png.
 """
@@ -34,7 +36,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import sysconfig
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,24 +48,24 @@ import transformers  # noqa: E402
 from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from hf_fasttrain.data.corpus import build_stdlib_corpus, get_tokenizer, list_stdlib_sources, stdlib_root  # noqa: E402
 from hf_fasttrain.data.packing import PackedBatchSampler, PackedRowsCollator  # noqa: E402
 from hf_fasttrain.data.samplers import LengthGroupedBatchSampler, TokenBudgetBatchSampler, get_lengths  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-PAD_ID = 0
+PAD_ID = 0  # set from the tokenizer in main()
 
 
 # ---- data ---------------------------------------------------------------------------------------
 
 
 def stdlib_examples(max_examples: int, seed: int = 0) -> list[str]:
-    """Source of each top-level function and class in the stdlib (tests and site-packages excluded)."""
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    skip = {"site-packages", "test", "tests", "idle_test"}
+    """Source of each top-level function and class of the embedded corpus's stdlib files."""
+    root = stdlib_root()
     out: list[str] = []
-    for path in sorted(p for p in root.rglob("*.py") if not skip & set(p.parts)):
+    for rel in list_stdlib_sources(root):
         try:
-            source = path.read_text(encoding="utf-8")
+            source = (root / rel).read_text(encoding="utf-8")
             tree = ast.parse(source)
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
@@ -79,28 +80,13 @@ def stdlib_examples(max_examples: int, seed: int = 0) -> list[str]:
     return out
 
 
-def bpe_tokenizer(texts: list[str], vocab_size: int):
-    """Phase-1 stand-in for the foundation's corpus tokenizer: a byte-level BPE trained on `texts`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(texts[:: max(1, len(texts) // 1500)], trainer=trainer)
-    assert tok.token_to_id("<pad>") == PAD_ID
-    return tok
-
-
-def build_dataset(args) -> datasets.Dataset:
+def build_dataset(args):
+    """(dataset of variable-length input_ids, pad id, vocabulary size), tokenized by the embedded corpus's cached BPE."""
     texts = stdlib_examples(args.max_examples, seed=args.seed)
-    tok = bpe_tokenizer(texts, args.vocab_size)
-    ids = [e.ids[: args.max_len] for e in tok.encode_batch(texts)]
-    ids = [x for x in ids if len(x) >= 2]
-    ds = datasets.Dataset.from_dict({"input_ids": ids})
-    return ds
+    tokenizer = get_tokenizer(vocab_size=args.vocab_size, corpus=build_stdlib_corpus())
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    ids = [x[: args.max_len] for x in ids if len(x) >= 2]
+    return datasets.Dataset.from_dict({"input_ids": ids}), tokenizer.pad_token_id, len(tokenizer)
 
 
 def pad_collate(features):
@@ -194,7 +180,8 @@ def git_rev() -> str:
 def main(args) -> dict:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    ds = build_dataset(args)
+    global PAD_ID
+    ds, PAD_ID, vocab = build_dataset(args)
     lengths = get_lengths(ds)
     print(f"{len(ds)} examples, lengths: mean {lengths.mean():.1f}, median {np.median(lengths):.0f}, "
           f"max {lengths.max()}, {100 * (lengths == args.max_len).mean():.1f}% truncated at {args.max_len} "
@@ -217,19 +204,23 @@ def main(args) -> dict:
         }
 
     config = GPT2Config(
-        vocab_size=args.vocab_size, n_positions=args.max_len, n_embd=args.n_embd,
+        vocab_size=vocab, n_positions=args.max_len, n_embd=args.n_embd,
         n_layer=2, n_head=2, attn_implementation="sdpa",
     )
     torch.manual_seed(args.seed)
     model = GPT2LMHeadModel(config).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    # time `steps` batches evenly spaced over each arm's epoch (the first batches of an epoch can be
-    # unrepresentative: the Trainer's grouping puts the longest batch first and walks one megabatch
-    # from long to short), after `warmup` untimed ones
-    picked = {
-        name: [batches[int(k)] for k in np.linspace(0, len(batches) - 1, args.warmup + args.steps).round()]
-        for name, (batches, _, _) in arms.items()
-    }
+    # Time a stratified sample of each arm's epoch: its batches sorted by computed size, `steps`
+    # taken at evenly spaced quantiles (plus `warmup` untimed ones), so the sample has the epoch's mix
+    # of small and large batches; fixed-count arms range from a few short rows to B x max_len, and a
+    # plain random pick of a few dozen would swing the estimate more than the arms differ.
+    picked = {}
+    for name, (batches, _, kind) in arms.items():
+        by_size = sorted(batches, key=lambda b: (computed_tokens(b, lengths, kind), int(lengths[b].sum())))
+        at = [int((k + 0.5) * len(by_size) / args.steps) for k in range(args.steps)]
+        rng = np.random.default_rng(args.seed)
+        warm = [by_size[int(i)] for i in rng.choice(len(by_size), args.warmup, replace=False)]
+        picked[name] = warm + [by_size[i] for i in at]
     prepared = {name: [arms[name][1]([ds[int(i)] for i in b]) for b in picked[name]] for name in arms}
     names = list(arms)
     for rep in range(args.repeats):
@@ -324,10 +315,10 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--max-examples", type=int, default=4000)
     p.add_argument("--max-len", type=int, default=512)
-    p.add_argument("--vocab-size", type=int, default=2048)
+    p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary (4096: the time-to-loss setup)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--n-embd", type=int, default=64)
-    p.add_argument("--steps", type=int, default=24, help="timed steps per arm per repeat")
+    p.add_argument("--steps", type=int, default=32, help="timed steps per arm per repeat")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per arm per repeat")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
