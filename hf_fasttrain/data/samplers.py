@@ -13,8 +13,15 @@ Every sampler here is a pure function of (seed, epoch, position, world_size, ran
 Lengths come from a column computed once (`add_length_column`, a batched `datasets.map`), not by
 reading every example as `transformers`' `LengthGroupedSampler` does when the column is missing.
 
-The samplers are *batch samplers*: pass them as ``DataLoader(ds, batch_sampler=...)``. With
-`accelerate`, do not let ``accelerator.prepare`` shard them again (they are already rank-aware).
+The samplers are *batch samplers*: pass them as ``DataLoader(ds, batch_sampler=...)`` and call
+``set_epoch(epoch)`` before each epoch. With `accelerate`/the Trainer use `batch_sampler_dataloader`,
+which keeps ``accelerator.prepare`` from sharding them a second time (they are already rank-aware);
+FastTrainer does this from its arguments, and `hf_fasttrain.callbacks.apply_batch_sampler` is the
+one-liner for a plain `transformers.Trainer`.
+
+The sampler's ``state_dict`` position counts batches it has yielded; a DataLoader draws ahead of
+training, so the Trainer resumes by skipping the batches it trained (re-iterating the same plan),
+not from this position.
 
 References:
 - Megabatch length grouping: `transformers.trainer_pt_utils.get_length_grouped_indices`.
