@@ -171,13 +171,13 @@ class SeqLenWiring:
         lengths = get_lengths(dataset, column=self.input_name, length_column=args.length_column_name)
         shard = dict(seed=self.seed, world_size=args.world_size, rank=args.process_index)
         if args.length_grouping:
-            return LengthGroupedBatchSampler(lengths, self.rows, **shard), None
+            return LengthGroupedBatchSampler(lengths, self.rows, drop_last=args.dataloader_drop_last, **shard), None
         if args.curriculum_min_length is not None:
             sampler = CurriculumBatchSampler(
                 lengths, self.rows, min_length=args.curriculum_min_length,
                 curriculum_batches=round(args.curriculum_fraction * args.max_steps * self.grad_accum),
                 max_length=args.curriculum_max_length, pacing=args.curriculum_pacing,
-                num_stages=args.curriculum_stages, **shard,
+                num_stages=args.curriculum_stages, drop_last=args.dataloader_drop_last, **shard,
             )
             return sampler, None
         if args.packing == "flatten":
