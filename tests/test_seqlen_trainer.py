@@ -166,3 +166,19 @@ def test_recipe_keys_are_the_field_names():
     assert sections[None] == {"seq_len_warmup_min": 64, "seq_len_warmup_fraction": 0.25, "packing": "none"}
     with pytest.raises(ValueError, match="did you mean 'seq_len_warmup_min'"):
         validate_recipe({"seq_len_warmup_mn": 64})
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [dict(lr_decay="linear"), dict(lr_decay="linear", schedule_unit="tokens")],
+    ids=["lr_decay-steps", "lr_decay-tokens"],
+)
+def test_token_counted_warmup_with_hf_fasttrain_schedules(schedule, tiny_lm, tiny_tokenizer, tmp_path):
+    # the same run as above; hf_fasttrain.schedules' linear decay, counted in steps (our token mapping
+    # wraps it) or in tokens (its own TokenProgress counts them): the same learning rates either way
+    kw = dict(max_steps=6, per_device_train_batch_size=4, seq_len_warmup_min=8, seq_len_warmup_fraction=0.5,
+              learning_rate=3e-3, **schedule)
+    trainer = _fast_trainer(tiny_tokenizer, tiny_lm["train"], tiny_args(tmp_path, **kw))
+    logs = _train_logs(trainer)
+    expected_lr = [3e-3 * (1 - e / 6) for e in (0, 0.25, 0.75, 1.5, 2.5, 3.5, 4.5, 5.5)]
+    assert [e["learning_rate"] for e in logs] == pytest.approx(expected_lr, rel=1e-6)
