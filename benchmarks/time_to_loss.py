@@ -84,6 +84,12 @@ ARMS: dict[str, Arm] = {
     "hf-default": Arm("hf-default", "transformers.Trainer defaults (lr 5e-5, linear decay, no warmup)", fast=False),
     "hf-tuned": Arm("hf-tuned", "Trainer, built-in options tuned: lr 2e-3, 2% warmup, cosine to 10%, wd 0.1, clip 1", fast=False, args=HF_TUNED),
     "fasttrain": Arm("fasttrain", "FastTrainer with the recipe's techniques", fast=True, args=dict(HF_TUNED)),
+    # Sequence-length warmup (Li et al. 2022): rows cut to 16 tokens at first, growing by 8 to the full
+    # block over the first 30% of the token budget; the run stops at the same token budget (more,
+    # shorter steps at first) and the LR schedule advances with tokens.
+    "seq-len-warmup": Arm("seq-len-warmup", "hf-tuned + sequence-length warmup 16 -> block over 30%, token-counted",
+                          fast=True, args=dict(HF_TUNED, seq_len_warmup_min=16, seq_len_warmup_fraction=0.3,
+                                               include_num_input_tokens_seen="all")),
 }
 
 
@@ -161,7 +167,7 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> 
     curve = []
     for r in recorder.records:
         if "eval_loss" in r:
-            tokens = r.get("tokens_seen", r["step"] * setup.tokens_per_step)
+            tokens = r.get("tokens_seen", r.get("num_input_tokens_seen", r["step"] * setup.tokens_per_step))
             curve.append({"step": r["step"], "tokens": tokens, "seconds": r["train_seconds"], "eval_loss": r["eval_loss"]})
     shutil.rmtree(out, ignore_errors=True)
     return {"arm": arm.name, "seed": seed, "curve": curve, "final_eval_loss": curve[-1]["eval_loss"],

@@ -16,6 +16,7 @@ from typing import Optional
 from transformers import TrainingArguments
 
 from .callbacks.stability import CLIP_MODES, ROLLBACK_MODES
+from .data.from_args import check_seqlen_args
 
 __all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments"]
 
@@ -192,6 +193,70 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "With schedule_unit='tokens': tokens at which the schedule reaches its floor. "
                   "Default: max steps * global batch size * length of the first training row."},
     )
+    # --- Sequence length (issue 5): hf_fasttrain.data.samplers / seqlen / packing ---------------
+    # At most one batching option (length_grouping, max_tokens_per_batch, packing, curriculum_*);
+    # seq_len_warmup_* is for fixed-length rows and combines with none of packing. All samplers are
+    # deterministic per (data_seed or seed, epoch), sharded across ranks, and resume mid-epoch.
+    length_grouping: bool = field(
+        default=False,
+        metadata={"help": "Batches of similar length (per_device_train_batch_size examples) in random order; "
+                  "lengths read from length_column_name or computed once with a batched map."},
+    )
+    max_tokens_per_batch: Optional[int] = field(
+        default=None,
+        metadata={"help": "Token-budget batching: each micro-batch holds up to this many padded tokens "
+                  "(examples x longest), instead of a fixed count. With packing='flatten': tokens per packed row."},
+    )
+    packing: str = field(
+        default="none",
+        metadata={"help": "Pack variable-length examples without padding and without attention across them: "
+                  "'flatten' (one row of max_tokens_per_batch tokens per micro-batch), 'rows' "
+                  "(per_device_train_batch_size rows of packing_row_length tokens) or 'none'."},
+    )
+    packing_row_length: Optional[int] = field(
+        default=None, metadata={"help": "Tokens per packed row with packing='rows' (e.g. the model's context)."}
+    )
+    curriculum_min_length: Optional[int] = field(
+        default=None,
+        metadata={"help": "Short-to-long curriculum: only examples up to this length at the start; the limit "
+                  "grows to curriculum_max_length over curriculum_fraction of max_steps. null = off."},
+    )
+    curriculum_max_length: Optional[int] = field(
+        default=None, metadata={"help": "Curriculum's final length limit. Default: the longest example."}
+    )
+    curriculum_fraction: float = field(
+        default=0.3, metadata={"help": "Share of max_steps over which the curriculum limit grows (then all lengths)."}
+    )
+    curriculum_pacing: str = field(
+        default="linear", metadata={"help": "Growth of the curriculum limit: 'linear', 'sqrt' or 'steps'."}
+    )
+    curriculum_stages: int = field(default=4, metadata={"help": "Plateaus of the 'steps' curriculum pacing."})
+    seq_len_warmup_min: Optional[int] = field(
+        default=None,
+        metadata={"help": "Sequence-length warmup (Li et al. 2022) for fixed-length rows: train on rows cut to "
+                  "this length at first, growing to the full length over seq_len_warmup_fraction of max_steps. "
+                  "null = off."},
+    )
+    seq_len_warmup_fraction: float = field(
+        default=0.3, metadata={"help": "Share of max_steps over which the length grows (Composer's default 0.3)."}
+    )
+    seq_len_warmup_multiple: int = field(
+        default=8, metadata={"help": "Lengths are multiples of this (8 for tensor cores; larger limits recompiles)."}
+    )
+    seq_len_warmup_pacing: str = field(
+        default="linear", metadata={"help": "Growth of the length: 'linear', 'sqrt' or 'steps'."}
+    )
+    seq_len_warmup_stages: int = field(default=4, metadata={"help": "Plateaus of the 'steps' pacing."})
+    seq_len_warmup_mode: str = field(
+        default="truncate",
+        metadata={"help": "'truncate' (drop each row's tail) or 'rechunk' (cut rows into more, shorter rows: no "
+                  "token dropped)."},
+    )
+    seq_len_warmup_count_tokens: bool = field(
+        default=True,
+        metadata={"help": "With 'truncate': stop after the tokens of max_steps full-length steps (more steps) and "
+                  "advance the LR schedule with tokens seen, so short steps are not charged as full ones."},
+    )
 
     # --- Stability: gradient clipping and the divergence guard (issue 6) ----------------------
     clip_mode: str = field(
@@ -304,6 +369,7 @@ class FastTrainingArguments(TrainingArguments):
             v = getattr(self, name)
             _check(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, v, f"must be an integer >= {low}")
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
+        check_seqlen_args(self)
         super().__post_init__()
         self._check_lr_schedule()
 

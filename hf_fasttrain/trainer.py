@@ -23,6 +23,7 @@ from .callbacks.stability import ClipStatsWindow, StabilityTrainerMixin, stabili
 from .clipping import norm_clip_stats
 from .callbacks.stop_at_step import StopAtStepCallback
 from .precision import logger as precision_logger
+from .data.from_args import SeqLenWiring
 from .runinfo import training_config, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import ThroughputMeter, count_tokens, device_peak_flops, flops_per_token, mfu
@@ -86,8 +87,25 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         choice = getattr(self.args, "precision_choice", None)  # set by FastTrainingArguments
         if choice is not None and self.is_world_process_zero():
             precision_logger.info("precision: %s", choice.reason)
+        # sequence-length options (samplers, packing, warmup); None when all are off
+        self.seqlen = SeqLenWiring.from_trainer(self)
 
     # -- hooks ---------------------------------------------------------------------------------
+    def get_train_dataloader(self):
+        loader = self.seqlen.train_dataloader() if self.seqlen is not None else None
+        return loader if loader is not None else super().get_train_dataloader()
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.seqlen is not None and self.seqlen.cutter is not None:  # sequence-length warmup
+            batches = self.seqlen.cut(batches)
+            num_items = self._get_num_items_in_batch(batches, device)
+        return batches, num_items
+
+    def set_initial_training_values(self, args, dataloader):
+        values = super().set_initial_training_values(args, dataloader)
+        return self.seqlen.adjust_training_values(values) if self.seqlen is not None else values
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.throughput.add(inputs)
         if self.token_progress is not None:
@@ -96,9 +114,16 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """With ``args.lr_decay`` set: warmup + decay to a floor from hf_fasttrain.schedules (a LambdaLR
-        whose state_dict also holds the token count, so checkpoints restore it); else the Trainer's."""
+        whose state_dict also holds the token count, so checkpoints restore it); else the Trainer's.
+        With sequence-length warmup counted in tokens, the schedule spans the user's max_steps and
+        advances with the tokens trained on."""
+        if self.seqlen is not None:
+            num_training_steps = self.seqlen.schedule_steps(num_training_steps)
         if self.args.lr_decay is None:
-            return super().create_scheduler(num_training_steps, optimizer)
+            scheduler = super().create_scheduler(num_training_steps, optimizer)
+            if self.seqlen is not None:
+                self.seqlen.count_schedule_in_tokens(scheduler)
+            return scheduler
         if self.lr_scheduler is not None:  # Trainer resets the one it made, so this one came from optimizers=
             raise ValueError(
                 f"lr_decay={self.args.lr_decay!r} but a scheduler ({type(self.lr_scheduler).__name__}) was passed "
@@ -120,6 +145,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             progress=self.token_progress,
         )
         self._created_lr_scheduler = True  # as Trainer.create_scheduler: rebuilt on the next train()
+        if self.seqlen is not None and self.token_progress is None:  # schedule_unit='tokens' counts already
+            self.seqlen.count_schedule_in_tokens(self.lr_scheduler)
         return self.lr_scheduler
 
     def _clip_grad_norm(self, model):

@@ -3,6 +3,7 @@
 from .run_record import RunRecorderCallback, plot_loss_curves
 from .schedule import LRScheduleCallback
 from .stability import DivergenceError, DivergenceGuardCallback, GradientClippingCallback, StabilityTrainerMixin
+from .seqlen import CurriculumCallback, SeqLenWarmupCallback, apply_batch_sampler, apply_seq_len_warmup
 
 __all__ = [
     "RunRecorderCallback",
@@ -12,4 +13,8 @@ __all__ = [
     "DivergenceGuardCallback",
     "DivergenceError",
     "StabilityTrainerMixin",
+    "SeqLenWarmupCallback",
+    "CurriculumCallback",
+    "apply_batch_sampler",
+    "apply_seq_len_warmup",
 ]

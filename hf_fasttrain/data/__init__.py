@@ -7,6 +7,16 @@ from .corpus import (
     tokenize_and_chunk,
     tokenize_documents,
 )
+from .packing import PackedBatchSampler, PackedRowsCollator, pack_bins
+from .samplers import (
+    CurriculumBatchSampler,
+    LengthGroupedBatchSampler,
+    TokenBudgetBatchSampler,
+    add_length_column,
+    batch_sampler_dataloader,
+    get_lengths,
+)
+from .seqlen import SeqLenWarmup, SeqLenWarmupCollator, set_batch_sequence_length, seq_len_at
 
 __all__ = [
     "build_stdlib_corpus",
@@ -14,4 +24,18 @@ __all__ = [
     "load_text_datasets",
     "tokenize_and_chunk",
     "tokenize_documents",
+    # sequence length (issue 5)
+    "add_length_column",
+    "get_lengths",
+    "LengthGroupedBatchSampler",
+    "TokenBudgetBatchSampler",
+    "CurriculumBatchSampler",
+    "batch_sampler_dataloader",
+    "PackedBatchSampler",
+    "PackedRowsCollator",
+    "pack_bins",
+    "SeqLenWarmup",
+    "SeqLenWarmupCollator",
+    "set_batch_sequence_length",
+    "seq_len_at",
 ]
