@@ -179,10 +179,12 @@ def _gram_schmidt_q(a):
     return _tr(qs)
 
 
-def ref_soap_matrix(theta, target, noises, lr, b1, b2, shampoo_beta, eps, wd, freq, max_dim):
+def ref_soap_matrix(theta, target, noises, lr, b1, b2, shampoo_beta, eps, wd, freq, max_dim, stats=None):
     """Vyas et al. 2024, Algorithm 3 for one m x n matrix, with the reference code's first step
     (initialise L, R, eigenbases; no update) and refresh (sort by diag(Q^T L Q), one power
-    iteration, QR)."""
+    iteration, QR). `stats["reordered"]` counts refreshes whose sort was not the identity."""
+    stats = {} if stats is None else stats
+    stats.setdefault("reordered", 0)
     m, n = len(theta), len(theta[0])
     s = shampoo_beta
     L = R = QL = QR = None
@@ -233,11 +235,13 @@ def ref_soap_matrix(theta, target, noises, lr, b1, b2, shampoo_beta, eps, wd, fr
             if L is not None:
                 est = [sum(QL[a][k] * L[a][b] * QL[b][k] for a in range(m) for b in range(m)) for k in range(m)]
                 order = sorted(range(m), key=lambda k: -est[k])
+                stats["reordered"] += order != list(range(m))
                 V = [V[k] for k in order]
                 QL = _gram_schmidt_q(_mm(L, [[QL[r][k] for k in order] for r in range(m)]))
             if R is not None:
                 est = [sum(QR[a][k] * R[a][b] * QR[b][k] for a in range(n) for b in range(n)) for k in range(n)]
                 order = sorted(range(n), key=lambda k: -est[k])
+                stats["reordered"] += order != list(range(n))
                 V = [[row[k] for k in order] for row in V]
                 QR = _gram_schmidt_q(_mm(R, [[QR[r][k] for k in order] for r in range(n)]))
     return theta
@@ -353,7 +357,7 @@ def test_ademamix_beta3_halfway_doubles_half_life_harmonically():
 SOAP_KW = dict(lr=0.02, b1=0.9, b2=0.95, shampoo_beta=0.9, eps=1e-8, wd=0.1, freq=3)
 
 
-def _soap_expected(inits, targets, noises, max_dims):
+def _soap_expected(inits, targets, noises, max_dims, stats=None):
     out = []
     for k, (x, y) in enumerate(zip(inits, targets)):
         noise_k = [n[k].tolist() for n in noises]
@@ -363,7 +367,7 @@ def _soap_expected(inits, targets, noises, max_dims):
         else:
             theta = ref_soap_matrix(
                 x.tolist(), y.tolist(), noise_k, **kw, shampoo_beta=SOAP_KW["shampoo_beta"], freq=SOAP_KW["freq"],
-                max_dim=max_dims[k],
+                max_dim=max_dims[k], stats=stats,
             )
             out.append([v for row in theta for v in row])
     return out
@@ -380,11 +384,14 @@ def _make_soap(ps):
 def test_soap_matches_reference():
     # 8 gradients: the first initialises, then 7 updates with eigenbasis refreshes at steps 3 and 6.
     shapes = SHAPES + [(4, 3)]
-    inits, targets, noises = _problem(5, shapes=shapes, steps=8)
+    inits, targets, noises = _problem(9, shapes=shapes, steps=8)
     got, opt = _run(_make_soap, inits, targets, noises)
     assert int(opt.state[opt.param_groups[0]["params"][0]]["step"]) == 7
     assert sorted(opt.state[opt.param_groups[1]["params"][0]]) == ["GG_1", "Q_1", "exp_avg", "exp_avg_sq", "step"]
-    _assert_close(got, _soap_expected(inits, targets, noises, [10000, 10000, 10000, 3]), rtol=1e-9, atol=1e-11)
+    stats = {}
+    expected = _soap_expected(inits, targets, noises, [10000, 10000, 10000, 3], stats)
+    assert stats["reordered"] >= 1  # this seed exercises the eigenvalue re-sorting of a refresh
+    _assert_close(got, expected, rtol=1e-9, atol=1e-11)
 
 
 def test_soap_fp32_close_to_reference():
