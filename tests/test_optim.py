@@ -717,7 +717,7 @@ def test_bad_hyperparameters_fail_naming_the_field(name, kwargs, message):
 @pytest.mark.parametrize(
     "raw, expected",
     [
-        ({"lr": "1e-5", "betas": ["0.9", 0.98]}, {"lr": 1e-5, "betas": (0.9, 0.98)}),
+        ({"lr": "1e-5", "betas": ["0.9", 0.98]}, {"lr": 1e-5, "betas": [0.9, 0.98]}),
         ('{"weight_decay": "0.5"}', {"weight_decay": 0.5}),
         (None, {}),
     ],
@@ -763,3 +763,112 @@ def test_plain_trainer_with_optimizer_cls_and_kwargs(tmp_path):
     factors = [0.5, 1.0, 0.5, 0.0]  # linear warmup over 2 steps, then linear decay to step 4
     assert RecordLr.lrs == [pytest.approx([2e-2 * f, 1e-3 * f, 1e-3 * f]) for f in factors]
     assert not torch.equal(before, model.transformer.h[0].mlp.c_fc.weight)
+
+
+# ---------------------------------------------------------------------------------------------
+# FastTrainingArguments(optimizer=..., optimizer_kwargs=...) and FastTrainer
+# ---------------------------------------------------------------------------------------------
+
+
+def test_trainer_optimizer_kwargs_from_args():
+    from hf_fasttrain import FastTrainingArguments
+    from hf_fasttrain.optim import trainer_optimizer_kwargs
+
+    args = FastTrainingArguments(
+        output_dir="x", optimizer="adamw", learning_rate=2e-3, weight_decay=0.05, adam_beta2=0.95,
+        optimizer_kwargs={"eps": "1e-6"},
+    )
+    assert trainer_optimizer_kwargs(args, 100) == {"lr": 2e-3, "weight_decay": 0.05, "betas": (0.9, 0.95), "eps": 1e-6}
+    args = FastTrainingArguments(output_dir="x", optimizer="ademamix", optimizer_kwargs='{"lr": "3e-3"}')
+    assert args.optimizer_kwargs == {"lr": 3e-3}
+    assert trainer_optimizer_kwargs(args, 250) == {"lr": 3e-3, "weight_decay": 0.0, "T_alpha_beta3": 250}
+    args = FastTrainingArguments(output_dir="x", optimizer="muon", learning_rate=1e-3)
+    assert trainer_optimizer_kwargs(args, 250) == {"lr": 1e-3, "weight_decay": 0.0}
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"optimizer": "lino"}, r"optimizer must be one of .* got 'lino'. Did you mean 'lion'\?"),
+        ({"optimizer_kwargs": {"lr": 1e-3}}, r"optimizer_kwargs=\{'lr': 0.001\} is invalid: only allowed together with `optimizer`"),
+        ({"optimizer": "lion", "optim": "adafactor"}, r"optim='adafactor' is invalid: set either `optim` or `optimizer`"),
+        ({"optimizer": "lion", "optim_args": "foo=1"}, r"optim_args='foo=1' is invalid: applies to `optim` only"),
+        ({"optimizer": "lion", "optimizer_kwargs": {"betas": [0.9, "1.2"]}}, r"Lion: betas\[1\] must be a number in \[0, 1\), got 1.2"),
+        ({"optimizer": "soap", "optimizer_kwargs": '{"precondition_frequency": "0"}'}, r"SOAP: precondition_frequency must be an integer >= 1, got 0"),
+        ({"optimizer": "lion", "learning_rate": -1.0}, r"Lion: lr must be a finite number >= 0, got -1.0"),
+        ({"optimizer": "muon", "optimizer_kwargs": {"adjust": "original"}}, r"muon has no option 'adjust'.*Did you mean 'adjust_lr_fn'"),
+        ({"optimizer": "lion", "optimizer_kwargs": "{betas: 1}"}, r"optimizer_kwargs must be a JSON object"),
+    ],
+)
+def test_fast_training_arguments_reject_bad_optimizer_settings(kwargs, message):
+    from hf_fasttrain import FastTrainingArguments
+
+    with pytest.raises(ValueError, match=message):
+        FastTrainingArguments(output_dir="x", **kwargs)
+
+
+def test_recipe_and_command_line_set_the_optimizer(tmp_path):
+    from hf_fasttrain.recipes import parse_config
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "output_dir: out\noptimizer: soap\noptimizer_kwargs: {precondition_frequency: '20', betas: [0.9, '0.95']}\n"
+    )
+    _, _, args = parse_config(["--config", str(recipe)])
+    assert (args.optimizer, args.optimizer_kwargs) == ("soap", {"precondition_frequency": 20, "betas": [0.9, 0.95]})
+    _, _, args = parse_config(["--config", str(recipe), "--optimizer", "muon", "--optimizer_kwargs", '{"muon_lr": "2e-2"}'])
+    assert (args.optimizer, args.optimizer_kwargs) == ("muon", {"muon_lr": 0.02})
+
+
+def _fast_trainer(model, lm, tok, args):
+    from transformers import DataCollatorForLanguageModeling
+
+    from hf_fasttrain import FastTrainer
+
+    return FastTrainer(
+        model=model, args=args, train_dataset=lm["train"], eval_dataset=lm["validation"],
+        data_collator=DataCollatorForLanguageModeling(tok, mlm=False), processing_class=tok,
+    )
+
+
+FAST_LR = {"adamw": 3e-3, "lion": 3e-3, "ademamix": 3e-3, "soap": 1e-2, "muon": 3e-3}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_fast_trainer_lowers_eval_loss_with_each_optimizer(name, tiny_lm, tiny_tokenizer, tmp_path):
+    from conftest import make_tiny_gpt2, tiny_args
+
+    model = make_tiny_gpt2(len(tiny_tokenizer))
+    args = tiny_args(tmp_path, max_steps=15, logging_steps=5, optimizer=name, learning_rate=FAST_LR[name],
+                     weight_decay=0.1, warmup_steps=2, lr_scheduler_type="cosine")
+    trainer = _fast_trainer(model, tiny_lm, tiny_tokenizer, args)
+    start = trainer.evaluate()["eval_loss"]
+    trainer.train()
+    end = trainer.evaluate()["eval_loss"]
+    expected = {"adamw": "AdamW", "lion": "Lion", "ademamix": "AdEMAMix", "soap": "SOAP", "muon": "MuonWithAdamW"}
+    assert type(trainer.optimizer.optimizer).__name__ == expected[name]
+    if name == "ademamix":  # warmups span the run
+        assert trainer.optimizer.optimizer.param_groups[0]["T_alpha_beta3"] == 15
+    assert end < start - 0.5, (start, end)
+
+
+def test_fast_trainer_resume_with_lion_is_bit_for_bit(tiny_lm, tiny_tokenizer, tmp_path):
+    from conftest import make_tiny_gpt2, tiny_args
+
+    def args(out):
+        return tiny_args(out, max_steps=6, save_strategy="steps", save_steps=3, optimizer="lion",
+                         learning_rate=1e-3, weight_decay=1.0, warmup_steps=2, lr_scheduler_type="cosine")
+
+    straight = make_tiny_gpt2(len(tiny_tokenizer))
+    _fast_trainer(straight, tiny_lm, tiny_tokenizer, args(tmp_path / "a")).train()
+    resumed = make_tiny_gpt2(len(tiny_tokenizer), seed=1)
+    trainer = _fast_trainer(resumed, tiny_lm, tiny_tokenizer, args(tmp_path / "b"))
+    trainer.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-3"))
+    assert isinstance(trainer.optimizer.optimizer, Lion)
+    for (n, a), b in zip(straight.named_parameters(), resumed.parameters()):
+        assert torch.equal(a, b), n
+    # negative control: the checkpoint at step 3 is not the end state
+    from safetensors.torch import load_file
+
+    mid = load_file(str(tmp_path / "a" / "checkpoint-3" / "model.safetensors"))
+    assert not torch.equal(mid["transformer.h.0.mlp.c_fc.weight"], straight.transformer.h[0].mlp.c_fc.weight)

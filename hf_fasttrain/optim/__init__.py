@@ -13,6 +13,7 @@ param groups (no weight decay on biases and norms; Muon only on hidden matrices)
                       optimizers=(create_optimizer("muon", model, lr=1e-3), None))
 
 The Trainer's scheduler (`lr_scheduler_type`, warmup) scales every param group of the optimizer.
+With FastTrainer, set `FastTrainingArguments(optimizer="lion", optimizer_kwargs={...})` instead.
 """
 
 from .ademamix import AdEMAMix, ademamix_alpha, ademamix_beta3
@@ -22,12 +23,14 @@ from .muon import MuonWithAdamW, conv1d_lr_multiplier, muon_routing
 from .registry import (
     OPTIMIZERS,
     OptimizerFactory,
+    check_optimizer_options,
     create_optimizer,
     decay_param_groups,
     get_optimizer_factory,
     optimizer_cls_and_kwargs_for,
     optimizer_option_names,
     parse_optimizer_kwargs,
+    trainer_optimizer_kwargs,
 )
 from .soap import SOAP, soap_preconditioned_dims
 
@@ -41,6 +44,7 @@ __all__ = [
     "ademamix_alpha",
     "ademamix_beta3",
     "build_adamw",
+    "check_optimizer_options",
     "conv1d_lr_multiplier",
     "create_optimizer",
     "decay_param_groups",
@@ -50,4 +54,5 @@ __all__ = [
     "optimizer_option_names",
     "parse_optimizer_kwargs",
     "soap_preconditioned_dims",
+    "trainer_optimizer_kwargs",
 ]

@@ -38,12 +38,14 @@ from .soap import SOAP
 __all__ = [
     "OPTIMIZERS",
     "OptimizerFactory",
+    "check_optimizer_options",
     "create_optimizer",
     "decay_param_groups",
     "get_optimizer_factory",
     "optimizer_cls_and_kwargs_for",
     "optimizer_option_names",
     "parse_optimizer_kwargs",
+    "trainer_optimizer_kwargs",
 ]
 
 
@@ -292,8 +294,8 @@ def optimizer_cls_and_kwargs_for(name: str, **kwargs) -> tuple[OptimizerFactory,
 
 
 def _coerce(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_coerce(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_coerce(v) for v in value)
     if isinstance(value, str):
         text = value.strip()
         lowered = text.lower()
@@ -312,13 +314,13 @@ def _coerce(value: Any) -> Any:
 def parse_optimizer_kwargs(name: str, kwargs: Union[None, str, Mapping[str, Any]]) -> dict[str, Any]:
     """Options for `name` from YAML or a CLI JSON string, with strings like "1e-5" made numbers.
 
-    Lists become tuples (betas), "true"/"false"/"null" become True/False/None. Unknown keys raise
-    a ValueError listing the allowed ones; values are checked when the optimizer is built.
+    Also inside lists (betas); "true"/"false"/"null" become True/False/None. Unknown keys raise a
+    ValueError listing the allowed ones; `check_optimizer_options` checks the values.
 
     Example:
         >>> from hf_fasttrain.optim import parse_optimizer_kwargs
         >>> parse_optimizer_kwargs("lion", '{"lr": "1e-4", "betas": [0.9, "0.98"]}')
-        {'lr': 0.0001, 'betas': (0.9, 0.98)}
+        {'lr': 0.0001, 'betas': [0.9, 0.98]}
     """
     if kwargs is None:
         return {}
@@ -331,3 +333,35 @@ def parse_optimizer_kwargs(name: str, kwargs: Union[None, str, Mapping[str, Any]
         raise ValueError(f"optimizer_kwargs must be a mapping of option -> value, got {kwargs!r}")
     _check_options(name, kwargs)
     return {k: _coerce(v) for k, v in kwargs.items()}
+
+
+def check_optimizer_options(name: str, **kwargs) -> None:
+    """Build optimizer `name` with `kwargs` on a 3-parameter probe module, so bad names and values
+    raise their ValueError now (e.g. in a config's `__post_init__`) rather than when training starts."""
+    probe = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
+    create_optimizer(name, probe, **kwargs)
+
+
+def trainer_optimizer_kwargs(args: Any, num_training_steps: Optional[int] = None) -> dict[str, Any]:
+    """Keyword arguments of `create_optimizer(args.optimizer, model, **kw)` for a Trainer run.
+
+    `lr` is `args.learning_rate` and `weight_decay` is `args.weight_decay`; for "adamw" the Trainer's
+    `adam_beta1`, `adam_beta2` and `adam_epsilon` are its betas and eps; for "ademamix" the
+    alpha/beta3 warmup spans the whole run (`T_alpha_beta3 = num_training_steps`, the paper's
+    choice). `args.optimizer_kwargs` overrides any of these.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(optimizer="ademamix", optimizer_kwargs={"alpha": 8.0}, learning_rate=1e-3,
+        ...                        weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
+        >>> trainer_optimizer_kwargs(args, num_training_steps=500)
+        {'lr': 0.001, 'weight_decay': 0.1, 'T_alpha_beta3': 500, 'alpha': 8.0}
+    """
+    name = args.optimizer
+    kwargs: dict[str, Any] = {"lr": args.learning_rate, "weight_decay": args.weight_decay}
+    if name == "adamw":
+        kwargs.update(betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+    if name == "ademamix" and num_training_steps is not None and num_training_steps > 0:
+        kwargs["T_alpha_beta3"] = int(num_training_steps)
+    kwargs.update(parse_optimizer_kwargs(name, args.optimizer_kwargs))
+    return kwargs
