@@ -348,6 +348,25 @@ class FastTrainingArguments(TrainingArguments):
                   "built from max_steps. Set by the random-restart search on each trial."},
     )
 
+    # --- Optimizer by name (hf_fasttrain.optim) ------------------------------------------------
+    # Rule: `optimizer` set -> it replaces the Trainer's `optim`, which must then stay at its default
+    # (and `optim_args` unset); learning_rate / weight_decay are its lr and weight decay.
+    optimizer: Optional[str] = field(
+        default=None,
+        metadata={"help": "Optimizer from hf_fasttrain.optim: 'adamw', 'lion', 'ademamix', 'soap' or 'muon' "
+                  "(Muon on hidden matrices + AdamW on embeddings, head, biases, norms). Replaces `optim`, which "
+                  "must then be left at its default. learning_rate and weight_decay are its lr and weight decay "
+                  "(adam_beta1/2 and adam_epsilon too for 'adamw'); 'ademamix' warms alpha and beta3 up over the "
+                  "whole run. Default: null, the Trainer's `optim`."},
+    )
+    optimizer_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "More options of `optimizer`, a mapping (YAML) or a JSON string (CLI), e.g. "
+                  "'{\"betas\": [0.9, 0.99]}' or '{\"muon_lr\": 0.02}'. Numbers written as strings ('1e-5') are "
+                  "converted; unknown keys and bad values are errors. Overrides learning_rate / weight_decay when "
+                  "it sets lr / weight_decay."},
+    )
+
     def __post_init__(self):
         from .restarts import restart_config_from_args
 
@@ -370,6 +389,7 @@ class FastTrainingArguments(TrainingArguments):
             _check(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, v, f"must be an integer >= {low}")
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         check_seqlen_args(self)
+        self._check_optimizer()
         super().__post_init__()
         self._check_lr_schedule()
 
@@ -426,6 +446,30 @@ class FastTrainingArguments(TrainingArguments):
         self.precision_choice = dataclasses.replace(choice, reason=f"{choice.reason} [from {source}]")
         if choice.warning:
             precision_logger.warning(choice.warning)
+
+    def _check_optimizer(self) -> None:
+        """Validate `optimizer` / `optimizer_kwargs` now: a bad name or value fails before any training."""
+        from .optim import (
+            check_optimizer_options,
+            get_optimizer_factory,
+            parse_optimizer_kwargs,
+            trainer_optimizer_kwargs,
+        )
+
+        if self.optimizer is None:
+            _check(not self.optimizer_kwargs, "optimizer_kwargs", self.optimizer_kwargs,
+                   "only allowed together with `optimizer` (the Trainer's `optim` takes `optim_args`)")
+            return
+        get_optimizer_factory(self.optimizer)  # ValueError naming the known optimizers
+        default_optim = next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "optim")
+        optim = getattr(self.optim, "value", self.optim)
+        _check(optim == default_optim, "optim", optim,
+               f"set either `optim` or `optimizer` (here {self.optimizer!r}), not both; leave optim at "
+               f"{default_optim!r} when `optimizer` is set")
+        _check(not self.optim_args, "optim_args", self.optim_args,
+               f"applies to `optim` only; give options of optimizer={self.optimizer!r} in `optimizer_kwargs`")
+        self.optimizer_kwargs = parse_optimizer_kwargs(self.optimizer, self.optimizer_kwargs)  # JSON, "1e-5"
+        check_optimizer_options(self.optimizer, **trainer_optimizer_kwargs(self))
 
 
 def _positive(v) -> bool:

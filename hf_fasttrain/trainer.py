@@ -20,10 +20,11 @@ from transformers import Trainer
 from .args import FastTrainingArguments
 from .callbacks.run_record import RunRecorderCallback
 from .callbacks.stability import ClipStatsWindow, StabilityTrainerMixin, stability_callbacks
-from .clipping import norm_clip_stats
 from .callbacks.stop_at_step import StopAtStepCallback
-from .precision import logger as precision_logger
+from .clipping import norm_clip_stats
 from .data.from_args import SeqLenWiring
+from .optim import create_optimizer, trainer_optimizer_kwargs
+from .precision import logger as precision_logger
 from .runinfo import training_config, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import ThroughputMeter, count_tokens, device_peak_flops, flops_per_token, mfu
@@ -168,6 +169,14 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         else:  # evaluation and end-of-training logs carry the clock too (it survives a resume)
             logs.setdefault("train_seconds", self.recorder.train_seconds())
         super().log(logs, start_time)
+
+    def create_optimizer(self, model=None):
+        """``args.optimizer`` set: build it by name from hf_fasttrain.optim; else the Trainer's ``optim``."""
+        if getattr(self.args, "optimizer", None) is None or self.optimizer is not None:
+            return super().create_optimizer(model)
+        kwargs = trainer_optimizer_kwargs(self.args, num_training_steps=self.state.max_steps)
+        self.optimizer = create_optimizer(self.args.optimizer, self.model if model is None else model, **kwargs)
+        return self.optimizer
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)

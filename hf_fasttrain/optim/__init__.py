@@ -1,1 +1,58 @@
-"""optim"""
+"""Optimizers by name for the Hugging Face Trainer: AdamW, Lion, AdEMAMix, SOAP and Muon (+AdamW).
+
+All run on CPU and GPU without extra packages. Pick one by name and let the registry build the
+param groups (no weight decay on biases and norms; Muon only on hidden matrices):
+
+    from hf_fasttrain.optim import create_optimizer, optimizer_cls_and_kwargs_for
+
+    # plain transformers.Trainer, one line:
+    trainer = Trainer(model, args, train_dataset=ds,
+                      optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("lion", lr=1e-4))
+    # or built up front:
+    trainer = Trainer(model, args, train_dataset=ds,
+                      optimizers=(create_optimizer("muon", model, lr=1e-3), None))
+
+The Trainer's scheduler (`lr_scheduler_type`, warmup) scales every param group of the optimizer.
+With FastTrainer, set `FastTrainingArguments(optimizer="lion", optimizer_kwargs={...})` instead.
+"""
+
+from .ademamix import AdEMAMix, ademamix_alpha, ademamix_beta3
+from .adamw import build_adamw
+from .lion import Lion
+from .muon import MuonWithAdamW, conv1d_lr_multiplier, muon_routing
+from .registry import (
+    OPTIMIZERS,
+    OptimizerFactory,
+    check_optimizer_options,
+    create_optimizer,
+    decay_param_groups,
+    get_optimizer_factory,
+    optimizer_cls_and_kwargs_for,
+    optimizer_option_names,
+    parse_optimizer_kwargs,
+    trainer_optimizer_kwargs,
+)
+from .soap import SOAP, soap_preconditioned_dims
+
+__all__ = [
+    "OPTIMIZERS",
+    "AdEMAMix",
+    "Lion",
+    "MuonWithAdamW",
+    "OptimizerFactory",
+    "SOAP",
+    "ademamix_alpha",
+    "ademamix_beta3",
+    "build_adamw",
+    "check_optimizer_options",
+    "conv1d_lr_multiplier",
+    "create_optimizer",
+    "decay_param_groups",
+    "get_optimizer_factory",
+    "muon_routing",
+    "optimizer_cls_and_kwargs_for",
+    "optimizer_option_names",
+    "parse_optimizer_kwargs",
+    "soap_preconditioned_dims",
+    "trainer_optimizer_kwargs",
+]

@@ -1,0 +1,123 @@
+"""Shared pieces of the optimizers in this package: argument checks, fp32 state, tensor bucketing.
+
+Nothing here is public API; the optimizers import it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from itertools import chain
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch.optim import Optimizer
+
+__all__ = [
+    "LOW_PRECISION",
+    "FP32StateOptimizer",
+    "check_betas",
+    "check_nonnegative",
+    "check_positive_int",
+    "check_unit_interval",
+    "state_dtype",
+]
+
+# Parameters stored in these dtypes get their optimizer state (and the update arithmetic) in fp32.
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _is_real_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_nonnegative(owner: str, field: str, value: Any) -> float:
+    """Raise ValueError unless `value` is a finite number >= 0; return it as float."""
+    if not _is_real_number(value) or value < 0:
+        raise ValueError(f"{owner}: {field} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_unit_interval(owner: str, field: str, value: Any) -> float:
+    """Raise ValueError unless `value` is a number in [0, 1) (a decay rate such as a beta)."""
+    if not _is_real_number(value) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{owner}: {field} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def check_betas(owner: str, betas: Any, n: int, field: str = "betas") -> tuple[float, ...]:
+    """Raise ValueError unless `betas` is a sequence of `n` numbers, each in [0, 1)."""
+    if isinstance(betas, (str, bytes)) or not isinstance(betas, Sequence) or len(betas) != n:
+        raise ValueError(f"{owner}: {field} must be a sequence of {n} numbers in [0, 1), got {betas!r}")
+    return tuple(check_unit_interval(owner, f"{field}[{i}]", b) for i, b in enumerate(betas))
+
+
+def check_positive_int(owner: str, field: str, value: Any, maximum: int | None = None) -> int:
+    """Raise ValueError unless `value` is an int >= 1 (and <= maximum when given)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (maximum is not None and value > maximum):
+        allowed = f"an integer in [1, {maximum}]" if maximum is not None else "an integer >= 1"
+        raise ValueError(f"{owner}: {field} must be {allowed}, got {value!r}")
+    return value
+
+
+def state_dtype(param: torch.Tensor) -> torch.dtype:
+    """The dtype optimizer state is kept in: fp32 for fp16/bf16 params, the param's own dtype otherwise."""
+    return torch.float32 if param.dtype in LOW_PRECISION else param.dtype
+
+
+def bucket(indices: Iterable[int], key_fn) -> dict[Any, list[int]]:
+    """Group positions by `key_fn(i)` (device, dtype, step...) so each bucket is one foreach call."""
+    buckets: dict[Any, list[int]] = defaultdict(list)
+    for i in indices:
+        buckets[key_fn(i)].append(i)
+    return buckets
+
+
+def _keep_dtype(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device)
+    if isinstance(value, dict):
+        return {k: _keep_dtype(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_keep_dtype(v, device) for v in value)
+    return value
+
+
+class FP32StateOptimizer(Optimizer):
+    """Base class whose state for fp16/bf16 params stays fp32 across `load_state_dict`.
+
+    `torch.optim.Optimizer.load_state_dict` casts every floating state tensor to its param's dtype,
+    which would round fp32 moments of a bf16 param to bf16 on resume. This class reloads the saved
+    tensors of low-precision params with their saved dtype, so a resumed run equals a straight one.
+
+    Subclasses use `state_dtype(p)` when they create state and `_fp32_views` / `_write_back` to do
+    their arithmetic in fp32 for low-precision params.
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved_groups = state_dict["param_groups"]
+        saved_state = state_dict["state"]
+        super().load_state_dict(state_dict)
+        id_to_param = dict(
+            zip(
+                chain.from_iterable(g["params"] for g in saved_groups),
+                chain.from_iterable(g["params"] for g in self.param_groups),
+            )
+        )
+        for saved_id, value in saved_state.items():
+            param = id_to_param.get(saved_id)
+            if param is not None and param.dtype in LOW_PRECISION:
+                self.state[param] = _keep_dtype(value, param.device)
+
+    @staticmethod
+    def _fp32_views(params: list[torch.Tensor], grads: list[torch.Tensor]):
+        """(params, grads) to compute with: fp32 copies for low-precision tensors, else the tensors."""
+        if params and params[0].dtype in LOW_PRECISION:
+            return [p.float() for p in params], [g.float() for g in grads]
+        return params, grads
+
+    @staticmethod
+    def _write_back(params: list[torch.Tensor], computed: list[torch.Tensor]) -> None:
+        """Copy fp32 results back into low-precision params (a no-op when they are the same tensors)."""
+        if params and params[0] is not computed[0]:
+            torch._foreach_copy_(params, computed)

@@ -1,0 +1,367 @@
+"""Optimizers by name: `OPTIMIZERS[name](model, lr=None, weight_decay=None, **kwargs) -> Optimizer`.
+
+Each factory builds the param groups from the model: weight decay only on the parameters the
+Trainer decays (`Trainer.get_decay_parameter_names`: not biases, not norms), and for "muon" the
+split between Muon (hidden matrices) and AdamW (embeddings, LM head, biases, norms). `lr=None` or
+`weight_decay=None` take the optimizer's default from its paper (see each module).
+
+Plain `transformers.Trainer`, one line:
+
+    Trainer(model, args, ..., optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("lion", lr=1e-4))
+
+or with an optimizer built up front (cannot be combined with `model_init`):
+
+    Trainer(model, args, ..., optimizers=(create_optimizer("soap", model, lr=3e-3), None))
+
+Either way the Trainer still builds its LR scheduler (`lr_scheduler_type`, warmup) on top, and the
+learning rate is the one given here, not `args.learning_rate`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import json
+from typing import Any, Callable, Mapping, Optional, Union
+
+import torch
+from torch import nn
+
+from ._common import check_nonnegative
+from .adamw import build_adamw
+from .ademamix import AdEMAMix
+from .lion import Lion
+from .muon import MuonWithAdamW, _conv1d_type, conv1d_lr_multiplier, muon_routing
+from .soap import SOAP
+
+__all__ = [
+    "OPTIMIZERS",
+    "OptimizerFactory",
+    "check_optimizer_options",
+    "create_optimizer",
+    "decay_param_groups",
+    "get_optimizer_factory",
+    "optimizer_cls_and_kwargs_for",
+    "optimizer_option_names",
+    "parse_optimizer_kwargs",
+    "trainer_optimizer_kwargs",
+]
+
+
+def decay_param_groups(model: nn.Module, weight_decay: float, names: Optional[set[str]] = None) -> list[dict]:
+    """[decay group, no-decay group] of `model`'s trainable params, as the Trainer builds them.
+
+    Params are given as (name, tensor) pairs, so each group records `param_names`. Empty groups are
+    left out. `names` restricts the groups to those parameter names.
+    """
+    from transformers import Trainer  # the Trainer's own rule: no decay on biases and norms
+
+    decay_names = set(Trainer.get_decay_parameter_names(None, model))
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad or (names is not None and name not in names):
+            continue
+        (decay if name in decay_names else no_decay).append((name, p))
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def _defaults(fn: Callable) -> dict[str, Any]:
+    return {
+        k: v.default
+        for k, v in inspect.signature(fn).parameters.items()
+        if v.default is not inspect.Parameter.empty
+    }
+
+
+def _build(owner: str, builder: Callable, model: nn.Module, lr, weight_decay, kwargs) -> torch.optim.Optimizer:
+    defaults = _defaults(builder)
+    lr = defaults["lr"] if lr is None else lr
+    weight_decay = defaults["weight_decay"] if weight_decay is None else weight_decay
+    check_nonnegative(owner, "weight_decay", weight_decay)  # also set per group below
+    return builder(decay_param_groups(model, weight_decay), lr=lr, weight_decay=weight_decay, **kwargs)
+
+
+def create_adamw(
+    model: nn.Module,
+    lr: Optional[float] = None,
+    weight_decay: Optional[float] = None,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    fused: Optional[bool] = None,
+) -> torch.optim.Optimizer:
+    """torch AdamW (fused on CUDA, foreach otherwise); defaults lr 1e-3, weight decay 0.1."""
+    return _build("AdamW", build_adamw, model, lr, weight_decay, {"betas": betas, "eps": eps, "fused": fused})
+
+
+def create_lion(
+    model: nn.Module,
+    lr: Optional[float] = None,
+    weight_decay: Optional[float] = None,
+    betas: tuple[float, float] = (0.9, 0.99),
+) -> torch.optim.Optimizer:
+    """Lion (Chen et al. 2023); defaults lr 1e-4, weight decay 1.0, betas (0.9, 0.99)."""
+    return _build("Lion", Lion, model, lr, weight_decay, {"betas": betas})
+
+
+def create_ademamix(
+    model: nn.Module,
+    lr: Optional[float] = None,
+    weight_decay: Optional[float] = None,
+    betas: tuple[float, float, float] = (0.9, 0.999, 0.9999),
+    alpha: float = 5.0,
+    T_alpha_beta3: Optional[int] = None,
+    eps: float = 1e-8,
+) -> torch.optim.Optimizer:
+    """AdEMAMix (Pagliardini et al. 2024); set T_alpha_beta3 to the run's length, as the paper does."""
+    kwargs = {"betas": betas, "alpha": alpha, "T_alpha_beta3": T_alpha_beta3, "eps": eps}
+    return _build("AdEMAMix", AdEMAMix, model, lr, weight_decay, kwargs)
+
+
+def create_soap(
+    model: nn.Module,
+    lr: Optional[float] = None,
+    weight_decay: Optional[float] = None,
+    betas: tuple[float, float] = (0.95, 0.95),
+    shampoo_beta: Optional[float] = None,
+    eps: float = 1e-8,
+    precondition_frequency: int = 10,
+    max_precond_dim: int = 10000,
+    precondition_1d: bool = False,
+) -> torch.optim.Optimizer:
+    """SOAP (Vyas et al. 2024); defaults lr 3e-3, betas (0.95, 0.95), weight decay 0.01, refresh every 10."""
+    kwargs = {
+        "betas": betas,
+        "shampoo_beta": shampoo_beta,
+        "eps": eps,
+        "precondition_frequency": precondition_frequency,
+        "max_precond_dim": max_precond_dim,
+        "precondition_1d": precondition_1d,
+    }
+    return _build("SOAP", SOAP, model, lr, weight_decay, kwargs)
+
+
+def create_muon(
+    model: nn.Module,
+    lr: Optional[float] = None,
+    weight_decay: Optional[float] = None,
+    muon_lr: Optional[float] = None,
+    momentum: float = 0.95,
+    nesterov: bool = True,
+    ns_steps: int = 5,
+    adjust_lr_fn: str = "match_rms_adamw",
+    betas: tuple[float, float] = (0.9, 0.95),
+    eps: float = 1e-8,
+    adamw_patterns: tuple[str, ...] = (),
+    fused: Optional[bool] = None,
+) -> MuonWithAdamW:
+    """Muon on the hidden matrices, AdamW on the rest (see `muon_routing`), as one optimizer.
+
+    `lr` (default 1e-3) is AdamW's; `muon_lr` is Muon's, defaulting to `lr` with "match_rms_adamw"
+    (Liu et al. 2025) and to 0.02 with "original" (Jordan et al. 2024). Weight decay (default 0.1,
+    Liu et al. 2025) applies to the Muon matrices and to AdamW's decay group (embeddings included).
+    Groups: Muon groups first (one per lr multiplier, see `conv1d_lr_multiplier`), then AdamW's
+    decay and no-decay groups; every group carries `use_muon` and `param_names`.
+    """
+    lr = 1e-3 if lr is None else lr
+    weight_decay = 0.1 if weight_decay is None else weight_decay
+    check_nonnegative("Muon", "lr", lr)
+    check_nonnegative("Muon", "weight_decay", weight_decay)
+    if muon_lr is None:
+        muon_lr = 0.02 if adjust_lr_fn == "original" else lr
+    check_nonnegative("Muon", "muon_lr", muon_lr)
+    if isinstance(adamw_patterns, str):
+        adamw_patterns = (adamw_patterns,)
+
+    routing = muon_routing(model, adamw_patterns)
+    named = dict(model.named_parameters())
+    conv1d_ids = {id(m.weight) for m in model.modules() if isinstance(m, _conv1d_type())}
+
+    by_multiplier: dict[float, list] = {}
+    for name, route in routing.items():
+        if route != "muon":
+            continue
+        p = named[name]
+        mult = conv1d_lr_multiplier(p.shape, adjust_lr_fn) if id(p) in conv1d_ids else 1.0
+        by_multiplier.setdefault(mult, []).append((name, p))
+    groups = [
+        {"params": params, "use_muon": True, "lr": muon_lr * mult, "weight_decay": weight_decay / mult}
+        for mult, params in by_multiplier.items()
+    ]
+    adamw_names = {n for n, r in routing.items() if r == "adamw"}
+    for g in decay_param_groups(model, weight_decay, names=adamw_names):
+        groups.append({**g, "use_muon": False, "lr": lr})
+    return MuonWithAdamW(
+        groups,
+        lr=lr,
+        weight_decay=weight_decay,
+        momentum=momentum,
+        nesterov=nesterov,
+        ns_steps=ns_steps,
+        adjust_lr_fn=adjust_lr_fn,
+        betas=betas,
+        eps=eps,
+        fused=fused,
+    )
+
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adamw": create_adamw,
+    "lion": create_lion,
+    "ademamix": create_ademamix,
+    "soap": create_soap,
+    "muon": create_muon,
+}
+
+
+def get_optimizer_factory(name: str) -> Callable[..., torch.optim.Optimizer]:
+    """`OPTIMIZERS[name]`, or a ValueError that lists the known names."""
+    if not isinstance(name, str) or name not in OPTIMIZERS:
+        close = difflib.get_close_matches(str(name).lower(), OPTIMIZERS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {name!r}.{hint}")
+    return OPTIMIZERS[name]
+
+
+def optimizer_option_names(name: str) -> list[str]:
+    """The keyword options the factory of `name` accepts (lr and weight_decay included)."""
+    params = inspect.signature(get_optimizer_factory(name)).parameters
+    return [k for k in params if k != "model"]
+
+
+def _check_options(name: str, kwargs: Mapping[str, Any]) -> None:
+    allowed = optimizer_option_names(name)
+    for key in kwargs:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"optimizer_kwargs: {name} has no option {key!r}; allowed: {allowed}.{hint}")
+
+
+def create_optimizer(
+    name: str, model: nn.Module, lr: Optional[float] = None, weight_decay: Optional[float] = None, **kwargs
+) -> torch.optim.Optimizer:
+    """Build optimizer `name` for `model` with param groups (see the module docstring).
+
+    Example:
+        >>> import torch
+        >>> from hf_fasttrain.optim import create_optimizer
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.LayerNorm(4))
+        >>> opt = create_optimizer("lion", net, lr=1e-4)
+        >>> [(g["param_names"], g["weight_decay"]) for g in opt.param_groups]
+        [(['0.weight'], 1.0), (['0.bias', '1.weight', '1.bias'], 0.0)]
+    """
+    factory = get_optimizer_factory(name)
+    _check_options(name, kwargs)
+    return factory(model, lr=lr, weight_decay=weight_decay, **kwargs)
+
+
+class OptimizerFactory:
+    """What `Trainer(optimizer_cls_and_kwargs=(OptimizerFactory(name), kwargs))` needs.
+
+    The Trainer treats a non-`Optimizer` first element as a factory maker and calls
+    `OptimizerFactory(name)()(model, **kwargs)`, i.e. `create_optimizer(name, model, **kwargs)`.
+
+    Example:
+        >>> from hf_fasttrain.optim import OptimizerFactory
+        >>> OptimizerFactory("soap")
+        OptimizerFactory('soap')
+    """
+
+    def __init__(self, name: str):
+        get_optimizer_factory(name)
+        self.name = name
+
+    def __call__(self) -> Callable[..., torch.optim.Optimizer]:
+        return functools.partial(create_optimizer, self.name)
+
+    def __repr__(self) -> str:
+        return f"OptimizerFactory({self.name!r})"
+
+
+def optimizer_cls_and_kwargs_for(name: str, **kwargs) -> tuple[OptimizerFactory, dict[str, Any]]:
+    """`(factory, kwargs)` for `transformers.Trainer(optimizer_cls_and_kwargs=...)`; checks names now.
+
+    Example:
+        >>> from hf_fasttrain.optim import optimizer_cls_and_kwargs_for
+        >>> optimizer_cls_and_kwargs_for("lion", lr=1e-4)
+        (OptimizerFactory('lion'), {'lr': 0.0001})
+    """
+    get_optimizer_factory(name)
+    _check_options(name, kwargs)
+    return OptimizerFactory(name), dict(kwargs)
+
+
+def _coerce(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return type(value)(_coerce(v) for v in value)
+    if isinstance(value, str):
+        text = value.strip()
+        lowered = text.lower()
+        if lowered in ("none", "null"):
+            return None
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        for parse in (int, float):
+            try:
+                return parse(text)
+            except ValueError:
+                pass
+    return value
+
+
+def parse_optimizer_kwargs(name: str, kwargs: Union[None, str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Options for `name` from YAML or a CLI JSON string, with strings like "1e-5" made numbers.
+
+    Also inside lists (betas); "true"/"false"/"null" become True/False/None. Unknown keys raise a
+    ValueError listing the allowed ones; `check_optimizer_options` checks the values.
+
+    Example:
+        >>> from hf_fasttrain.optim import parse_optimizer_kwargs
+        >>> parse_optimizer_kwargs("lion", '{"lr": "1e-4", "betas": [0.9, "0.98"]}')
+        {'lr': 0.0001, 'betas': [0.9, 0.98]}
+    """
+    if kwargs is None:
+        return {}
+    if isinstance(kwargs, str):
+        try:
+            kwargs = json.loads(kwargs) if kwargs.strip() else {}
+        except json.JSONDecodeError as err:
+            raise ValueError(f"optimizer_kwargs must be a JSON object, got {kwargs!r} ({err})") from None
+    if not isinstance(kwargs, Mapping):
+        raise ValueError(f"optimizer_kwargs must be a mapping of option -> value, got {kwargs!r}")
+    _check_options(name, kwargs)
+    return {k: _coerce(v) for k, v in kwargs.items()}
+
+
+def check_optimizer_options(name: str, **kwargs) -> None:
+    """Build optimizer `name` with `kwargs` on a 3-parameter probe module, so bad names and values
+    raise their ValueError now (e.g. in a config's `__post_init__`) rather than when training starts."""
+    probe = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
+    create_optimizer(name, probe, **kwargs)
+
+
+def trainer_optimizer_kwargs(args: Any, num_training_steps: Optional[int] = None) -> dict[str, Any]:
+    """Keyword arguments of `create_optimizer(args.optimizer, model, **kw)` for a Trainer run.
+
+    `lr` is `args.learning_rate` and `weight_decay` is `args.weight_decay`; for "adamw" the Trainer's
+    `adam_beta1`, `adam_beta2` and `adam_epsilon` are its betas and eps; for "ademamix" the
+    alpha/beta3 warmup spans the whole run (`T_alpha_beta3 = num_training_steps`, the paper's
+    choice). `args.optimizer_kwargs` overrides any of these.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(optimizer="ademamix", optimizer_kwargs={"alpha": 8.0}, learning_rate=1e-3,
+        ...                        weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
+        >>> trainer_optimizer_kwargs(args, num_training_steps=500)
+        {'lr': 0.001, 'weight_decay': 0.1, 'T_alpha_beta3': 500, 'alpha': 8.0}
+    """
+    name = args.optimizer
+    kwargs: dict[str, Any] = {"lr": args.learning_rate, "weight_decay": args.weight_decay}
+    if name == "adamw":
+        kwargs.update(betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+    if name == "ademamix" and num_training_steps is not None and num_training_steps > 0:
+        kwargs["T_alpha_beta3"] = int(num_training_steps)
+    kwargs.update(parse_optimizer_kwargs(name, args.optimizer_kwargs))
+    return kwargs
