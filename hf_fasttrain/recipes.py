@@ -200,7 +200,26 @@ def make_parser() -> "HfArgumentParser":
         "hf://<owner>/<repo>[/<file>.yaml][@<revision>]. "
         "Its keys are the option names below; flags given here override it.",
     )
+    # Optional fields accept "null" on the command line, to undo a recipe's value.
+    optional = set()
+    for cls in SECTIONS.values():
+        for name, tp in _field_types(cls).items():
+            if type(None) in _union_members(tp):
+                optional.add(name)
+    for action in parser._actions:
+        if action.dest in optional and callable(action.type):
+            action.type = _nullable(action.type)
     return parser
+
+
+def _nullable(convert):
+    def parse(text):
+        if isinstance(text, str) and text.strip().lower() == "null":
+            return None
+        return convert(text)
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse's error messages name the type
+    return parse
 
 
 def parse_config(

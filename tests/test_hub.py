@@ -678,6 +678,8 @@ def test_args_yaml_args_round_trip_is_identity(tmp_path):
         "--model_name_or_path", "gpt2",  # Optional[str] set
         "--max_train_samples", "100",  # Optional[int] set (n_positions stays None)
         "--mfu_peak_tflops", "312.5",  # Optional[float]
+        "--lr_decay", "none", "--min_lr_ratio", "null",  # hand the schedule back to the Trainer
+        "--lr_scheduler_type", "cosine_with_min_lr",
         "--lr_scheduler_kwargs", '{"min_lr_rate": 0.05}',  # dict
         "--report_to", "none",  # list after TrainingArguments.__post_init__
         "--eval_strategy", "epoch",  # enum

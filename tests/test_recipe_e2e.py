@@ -53,7 +53,14 @@ def test_killed_recipe_resumes_with_the_same_command(tmp_path):
     out = tmp_path / "b"
     victim = _run(["--output_dir", str(out), *common], start_new_session=True)
     deadline = time.time() + 300
-    while not (out / "checkpoint-10" / "trainer_state.json").exists():
+    def saved(step):  # the Trainer writes trainer_state.json last: parsed, the checkpoint is whole
+        try:
+            json.loads((out / f"checkpoint-{step}" / "trainer_state.json").read_text())
+            return True
+        except (OSError, ValueError):
+            return False
+
+    while not saved(10):
         assert victim.poll() is None, "the run ended before it could be killed"
         assert time.time() < deadline
         time.sleep(0.02)

@@ -132,3 +132,15 @@ def test_logged_padding_fraction_is_exact_on_a_hand_made_batch(tiny_tokenizer, t
     log = [e for e in trainer.state.log_history if "loss" in e][0]
     assert log["padding_fraction"] == 0.25
     assert pad not in (7, 8, 9, 10)
+
+
+def test_resume_skips_a_checkpoint_cut_short(tmp_path):
+    from hf_fasttrain.run import last_complete_checkpoint
+
+    for step, state in ((5, '{"global_step": 5}'), (10, '{"global_step": 10}'), (15, '{"global_st')):
+        d = tmp_path / f"checkpoint-{step}"
+        d.mkdir()
+        (d / "trainer_state.json").write_text(state)
+    (tmp_path / "checkpoint-20").mkdir()  # killed before its state file was written
+    assert last_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-10")
+    assert last_complete_checkpoint(str(tmp_path / "missing")) is None
