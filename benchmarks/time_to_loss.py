@@ -100,6 +100,24 @@ _SCHEDULE_BASE = {k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_t
 for _decay in ("cosine", "sqrt", "linear", "1-sqrt", "constant"):
     ARMS[f"lr-{_decay}"] = Arm(f"lr-{_decay}", f"FastTrainer, hf-tuned settings, lr_decay={_decay!r}, floor 10% of peak",
                                fast=True, args={**_SCHEDULE_BASE, "lr_decay": _decay, "min_lr_ratio": 0.1})
+# --- Optimizer ablation (hf_fasttrain.optim) -------------------------------------------------------
+# hf-tuned's settings with another optimizer at its own peak lr, each picked by
+# benchmarks/optimizer_lr_sweep.py on this setup (results/optimizer_lr_sweep.md); AdamW's is hf-tuned's.
+OPTIMIZER_LRS = {"lion": 5e-4, "ademamix": 2e-3, "soap": 4e-3, "muon": 2e-3}
+
+
+def optimizer_arm(name: str, lr: float) -> Arm:
+    """Arm ``opt-<name>``: FastTrainer with hf-tuned's settings and ``optimizer=name`` at peak ``lr``."""
+    args = {**HF_TUNED, "optimizer": name, "learning_rate": lr}
+    if name == "lion":  # Chen et al. 2023: a smaller lr with a larger decay, lr * weight_decay as AdamW's
+        args["weight_decay"] = HF_TUNED["weight_decay"] * HF_TUNED["learning_rate"] / lr
+    if name == "soap":  # the 4096-token embedding stays unrotated on its vocab side, as a 50k one would
+        args["optimizer_kwargs"] = {"max_precond_dim": 1024}
+    return Arm(f"opt-{name}", f"FastTrainer, hf-tuned settings, optimizer={name} at lr {lr:g}", fast=True, args=args)
+
+
+ARMS.update({f"opt-{n}": optimizer_arm(n, lr) for n, lr in OPTIMIZER_LRS.items()})
+
 
 @dataclass
 class Setup:

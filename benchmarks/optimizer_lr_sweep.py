@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""Peak-lr sweep of each optimizer on the time-to-loss setup; picks the lr of its ``opt-*`` arm.
+
+    python benchmarks/optimizer_lr_sweep.py                   # writes results/optimizer_lr_sweep.{json,md,png}
+    python benchmarks/optimizer_lr_sweep.py --optimizers lion,muon --seeds 2
+
+Three lrs per optimizer; when the best is at an edge of the grid, the grid is extended by a factor
+of 2 that way (at most ``--max-extend`` times). Every run is ``benchmarks/time_to_loss.py``'s arm ``opt-<name>`` (hf-tuned's settings: 2% warmup,
+cosine to 10%, weight decay 0.1 (Lion: scaled to keep lr * decay), clip 1.0) with the peak lr
+replaced, on the same tiny GPT-2, data and token budget. Reported: final eval loss per lr (median
+over seeds) and the best lr. AdamW's lr is hf-tuned's (swept there: 1e-3, 2e-3, 4e-3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import multiprocessing
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # this checkout
+import torch  # noqa: E402
+from time_to_loss import QUICK, RESULTS, Setup, optimizer_arm, run_arm  # noqa: E402
+
+from hf_fasttrain import DataArguments  # noqa: E402
+from hf_fasttrain.run import prepare_data  # noqa: E402
+from hf_fasttrain.runinfo import environment_info  # noqa: E402
+
+# Three peak lrs a factor 2 apart around each paper's advice relative to AdamW's 2e-3 here
+# (Lion 3-10x smaller; AdEMAMix as AdamW; SOAP a little higher; Muon with the AdamW-matched scale).
+SWEEP = {
+    "lion": [2.5e-4, 5e-4, 1e-3],
+    "ademamix": [1e-3, 2e-3, 4e-3],
+    "soap": [2e-3, 4e-3, 8e-3],
+    "muon": [1e-3, 2e-3, 4e-3],
+}
+
+
+_SHARED: dict = {}
+
+
+def _init_worker(setup, tokenizer, lm, work) -> None:
+    _SHARED.update(setup=setup, tokenizer=tokenizer, lm=lm, work=work)
+    if not torch.cuda.is_available():
+        torch.set_num_threads(_SHARED.get("threads", 1))
+
+
+def _run_one(job: tuple[str, float, int]) -> dict:
+    name, lr, seed = job
+    s = _SHARED
+    r = run_arm(optimizer_arm(name, lr), seed, s["setup"], s["tokenizer"], s["lm"], Path(s["work"]))
+    r.update(optimizer=name, lr=lr)
+    return r
+
+
+@contextlib.contextmanager
+def _pool(jobs: int, setup, tokenizer, lm, work):
+    """Runs in `jobs` forked processes (None: in this one); each run is independent of the others."""
+    _init_worker(setup, tokenizer, lm, work)
+    if jobs <= 1:
+        yield None
+        return
+    ctx = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        yield pool
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--optimizers", default=",".join(SWEEP), help=f"comma-separated; known: {', '.join(SWEEP)}")
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--max-extend", type=int, default=2, help="grid extensions (x2 or /2) when the best lr is at an edge")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (1: on a shared 2-core machine two threads fight other tenants)")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (results do not depend on it)")
+    p.add_argument("--quick", action="store_true", help="tiny smoke setup")
+    p.add_argument("--out", default=str(RESULTS))
+    return p
+
+
+def main(argv=None) -> dict:
+    ns = make_parser().parse_args(argv)
+    names = [n.strip() for n in ns.optimizers.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SWEEP]
+    if unknown:
+        raise SystemExit(f"--optimizers: unknown {unknown}; known: {list(SWEEP)}")
+    _SHARED["threads"] = ns.threads
+    setup = dataclasses.replace(QUICK if ns.quick else Setup())
+    data_args = DataArguments(vocab_size=setup.vocab_size, block_size=setup.block_size,
+                              max_eval_samples=setup.eval_rows, max_corpus_files=setup.max_corpus_files)
+    tokenizer, lm = prepare_data(data_args)
+    runs = []
+    summary = {}
+    with tempfile.TemporaryDirectory(prefix="lr-sweep-") as work, _pool(ns.jobs, setup, tokenizer, lm, work) as pool:
+
+        def run_all(points: list[tuple[str, float]]) -> dict[tuple[str, float], float]:
+            jobs = [(name, lr, seed) for name, lr in points for seed in range(ns.seeds)]
+            results = list(pool.map(_run_one, jobs)) if pool else [_run_one(j) for j in jobs]
+            for r in results:
+                print(f"[lr_sweep] {r['optimizer']:>9s} lr {r['lr']:<8g} seed {r['seed']}: final eval loss "
+                      f"{r['final_eval_loss']:.4f}, {r['train_seconds']:.1f} s", flush=True)
+            runs.extend(results)
+            return {(n, lr): statistics.median(r["final_eval_loss"] for r in results
+                                               if (r["optimizer"], r["lr"]) == (n, lr)) for n, lr in points}
+
+        losses = {name: {} for name in names}
+        for (name, lr), loss in run_all([(n, lr) for n in names for lr in SWEEP[n]]).items():
+            losses[name][lr] = loss
+        # best at an edge of the grid: extend it by a factor of 2 that way, at most --max-extend times
+        for _ in range(ns.max_extend):
+            points = []
+            for name, by_lr in losses.items():
+                best, lrs = min(by_lr, key=by_lr.get), sorted(by_lr)
+                if best == lrs[-1]:
+                    points.append((name, best * 2))
+                elif best == lrs[0]:
+                    points.append((name, best / 2))
+            if not points:
+                break
+            for (name, lr), loss in run_all(points).items():
+                losses[name][lr] = loss
+    for name, by_lr in losses.items():
+        by_lr = dict(sorted(by_lr.items()))
+        best = min(by_lr, key=by_lr.get)
+        summary[name] = {"final_eval_loss_by_lr": by_lr, "best_lr": best,
+                         "best_at_edge": best in (min(by_lr), max(by_lr))}
+    lines = ["| optimizer | final eval loss at each peak lr | best lr |", "|---|---|---|"]
+    for name, s in summary.items():
+        cells = [f"{lr:g}: {loss:.4f}" + (" **" if lr == s["best_lr"] else "") for lr, loss in s["final_eval_loss_by_lr"].items()]
+        lines.append(f"| {name} | " + ", ".join(cells) + f" | {s['best_lr']:g}{' (edge of the grid)' if s['best_at_edge'] else ''} |")
+    env = environment_info()
+    machine = env["cuda_devices"][0] if env["cuda_devices"] else f"{env['cpu_count']}-core CPU ({env['processor']})"
+    command = "python benchmarks/optimizer_lr_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    table = (f"Final eval loss after {setup.max_steps} steps x {setup.tokens_per_step} tokens (median of {ns.seeds} "
+             f"seed(s)); ** marks the best lr.\n\n" + "\n".join(lines) + "\n")
+    print(table)
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"summary": summary, "sweep": SWEEP, "setup": dataclasses.asdict(setup), "machine": machine,
+              "environment": env, "command": command, "runs": runs}
+    (out / "optimizer_lr_sweep.json").write_text(json.dumps(record, indent=2, default=str))
+    (out / "optimizer_lr_sweep.md").write_text(f"Machine: {machine}; torch {env['torch']}.\nCommand: `{command}`\n\n" + table)
+    plot(summary, out / "optimizer_lr_sweep.png")
+    return record
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, s in summary.items():
+        lrs = list(s["final_eval_loss_by_lr"])
+        ax.plot(lrs, [s["final_eval_loss_by_lr"][lr] for lr in lrs], marker="o", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("final eval loss")
+    ax.set_title("Peak-lr sweep, same token budget")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
