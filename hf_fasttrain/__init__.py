@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 from .args import DataArguments, FastTrainingArguments, ModelArguments  # noqa: E402
 from .callbacks import RunRecorderCallback  # noqa: E402
+from .restarts import RestartConfig, RestartOrchestrator, train_with_restarts  # noqa: E402
 from .trainer import FastTrainer  # noqa: E402
 
 __all__ = [
@@ -13,4 +14,7 @@ __all__ = [
     "ModelArguments",
     "DataArguments",
     "RunRecorderCallback",
+    "RestartConfig",
+    "RestartOrchestrator",
+    "train_with_restarts",
 ]
