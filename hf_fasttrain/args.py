@@ -335,7 +335,8 @@ class FastTrainingArguments(TrainingArguments):
     )
     restart_vary: str = field(
         default="both",
-        metadata={"help": "Random restart: which seed changes across trials: 'both', 'model' (init) or 'data' (order)."},
+        metadata={"help": "Random restart: which seed changes across trials: 'both', 'model' (init) or 'data' "
+                  "(order)."},
     )
     restart_parallel: str = field(
         default="no",

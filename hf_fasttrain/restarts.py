@@ -202,7 +202,9 @@ def _is_real(x) -> bool:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def compute_rung_steps(max_steps: int, explore_fraction: float, rungs: int = 1, keep_fraction: float = 0.5) -> List[int]:
+def compute_rung_steps(
+    max_steps: int, explore_fraction: float, rungs: int = 1, keep_fraction: float = 0.5
+) -> List[int]:
     """Optimizer steps at which the rungs are cut, increasing; the last is the exploration budget.
 
     Rung ``r`` of ``R`` sits at ``explore_fraction * keep_fraction ** (R - 1 - r)`` of ``max_steps``, rounded
@@ -297,7 +299,9 @@ def divergence_reason(
     if threshold is not None:
         worse = rung_value > threshold if direction == "min" else rung_value < threshold
         if worse:
-            return f"{metric} {rung_value:.6g} at step {rung_step} did not improve past divergence_threshold {threshold}"
+            return (
+                f"{metric} {rung_value:.6g} at step {rung_step} did not improve past divergence_threshold {threshold}"
+            )
     return None
 
 
@@ -379,7 +383,8 @@ def search_time_curve(summary: Dict[str, Any], winner_evals: Sequence[Dict[str, 
     for e in sorted(later, key=lambda e: int(e["step"])):
         step = int(e["step"])
         if step > explore_step and seconds_key in e:
-            points[step] = {"seconds": cost_seconds + float(e[seconds_key]) - w_explore_seconds, metric: float(e[metric])}
+            seconds = cost_seconds + float(e[seconds_key]) - w_explore_seconds
+            points[step] = {"seconds": seconds, metric: float(e[metric])}
     return [
         {"step": s, "tokens": (cost_steps + s - explore_step) * tokens_per_step, "seconds": p["seconds"],
          metric: p[metric]}
@@ -403,8 +408,9 @@ class TrialSpec:
 
     Example:
 
-    >>> TrialSpec("seed-0", 0, model_seed=42, data_seed=42, max_steps=100, output_dir="out/trials/seed-0")
-    TrialSpec(trial_id='seed-0', index=0, model_seed=42, data_seed=42, max_steps=100, output_dir='out/trials/seed-0', device=None)
+    >>> spec = TrialSpec("seed-0", 0, model_seed=42, data_seed=42, max_steps=100, output_dir="out/trials/seed-0")
+    >>> spec.model_seed, spec.data_seed, spec.max_steps, spec.device
+    (42, 42, 100, None)
     """
 
     trial_id: str
@@ -523,7 +529,8 @@ class RestartOrchestrator:
     ...         m = {"eval_loss": 1.0 + trial.model_seed % 3}
     ...         return TrialResult([{"step": until_step, **m}], m, f"{trial.output_dir}/checkpoint-{until_step}")
     >>> out = tempfile.mkdtemp()
-    >>> summary = RestartOrchestrator(RestartConfig(num_seeds=3, explore_fraction=0.5, seed=1), TableRunner(), out, 10).run()
+    >>> cfg = RestartConfig(num_seeds=3, explore_fraction=0.5, seed=1)
+    >>> summary = RestartOrchestrator(cfg, TableRunner(), out, max_steps=10).run()
     >>> summary["winner"], summary["winner_model_seed"], summary["winner_final_metric"]
     ('seed-2', 3, 1.0)
     """
@@ -532,7 +539,9 @@ class RestartOrchestrator:
         if not isinstance(config, RestartConfig):
             raise ValueError(f"config={config!r} is invalid: it must be a RestartConfig.")
         if not callable(getattr(runner, "run", None)):
-            raise ValueError(f"runner={runner!r} is invalid: it must have a run(trial, until_step, resume_from) method.")
+            raise ValueError(
+                f"runner={runner!r} is invalid: it must have a run(trial, until_step, resume_from) method."
+            )
         self.config = config
         self.runner = runner
         self.output_dir = os.fspath(output_dir)
@@ -587,7 +596,9 @@ class RestartOrchestrator:
         with open(self.state_path, encoding="utf-8") as f:
             state = json.load(f)
         if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"{self.state_path} has state version {state.get('version')!r}; expected {_STATE_VERSION}.")
+            raise ValueError(
+                f"{self.state_path} has state version {state.get('version')!r}; expected {_STATE_VERSION}."
+            )
         old = dict(state["search"], max_steps=state["max_steps"])
         new = dict(self.config.search_dict(), max_steps=self.max_steps)
         changed = [k for k in new if old.get(k) != new[k]]
@@ -612,7 +623,7 @@ class RestartOrchestrator:
             "model_seed": model_seed,
             "data_seed": data_seed,
             "output_dir": os.path.join(self.output_dir, "trials", tid),
-            "status": "pending",  # pending | running | alive | dropped | diverged | chosen | finished
+            "status": "pending",  # pending | running | alive | dropped | diverged | chosen
             "results": {},  # str(step) -> {"value", "final_eval", "checkpoint_dir", "diverged"}
             "history": {},  # str(step) -> metric value (every evaluation seen)
             "starts": 0,
@@ -728,7 +739,8 @@ class RestartOrchestrator:
                 if str(step) in trials[tid]["results"] and self._check_divergence(tid, step):
                     self._maybe_replace(tid, rung)
             todo = [
-                t for t in rung["entrants"] if str(step) not in trials[t]["results"] and trials[t]["status"] != "diverged"
+                t for t in rung["entrants"]
+                if str(step) not in trials[t]["results"] and trials[t]["status"] != "diverged"
             ]
             if not todo:
                 break
@@ -853,7 +865,7 @@ class RestartOrchestrator:
             )
         rung_stats = []
         for r, s in enumerate(self.rung_steps):
-            vals = [row["rung_metrics"][r] for row in rows if not row["diverged"] and row["rung_metrics"][r] is not None]
+            vals = [row["rung_metrics"][r] for row in rows if not row["diverged"]]
             rung_stats.append({"rung": r, "step": s, **seed_statistics(vals)})
         winner = self.state["winner"]
         w = trials[winner] if winner else None
@@ -877,7 +889,9 @@ class RestartOrchestrator:
             "winner_checkpoint": w["results"].get(str(self.max_steps), {}).get("checkpoint_dir") if w else None,
             "total_steps": sum(row["steps_trained"] for row in rows),
             "compute_ratio": sum(row["steps_trained"] for row in rows) / self.max_steps,
-            "planned_steps": planned_steps(self.config.num_seeds, self.rung_steps, self.max_steps, self.config.keep_fraction),
+            "planned_steps": planned_steps(
+                self.config.num_seeds, self.rung_steps, self.max_steps, self.config.keep_fraction
+            ),
         }
 
     def markdown(self, summary: Dict[str, Any]) -> str:
@@ -922,7 +936,8 @@ class RestartOrchestrator:
             lines.append("No winner: every seed diverged.")
         lines.append(
             f"Compute: {summary['total_steps']} optimizer steps over all trials = {summary['compute_ratio']:.2f}x "
-            f"one run of {summary['max_steps']} steps; {summary['num_diverged']} of {summary['num_trials']} trials diverged."
+            f"one run of {summary['max_steps']} steps; "
+            f"{summary['num_diverged']} of {summary['num_trials']} trials diverged."
         )
         return "\n".join(lines) + "\n"
 

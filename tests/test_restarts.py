@@ -450,7 +450,9 @@ def test_kill_mid_trial_then_resume_finishes_with_same_choice_and_no_rerun(tmp_p
         with pytest.raises(SimulatedKill):
             run_restarts(_kill_config(), first, out, 12)
         recorded = {
-            (tid, int(s)) for tid, t in json.loads((out / STATE_FILE).read_text())["trials"].items() for s in t["results"]
+            (tid, int(s))
+            for tid, t in json.loads((out / STATE_FILE).read_text())["trials"].items()
+            for s in t["results"]
         }
         assert recorded == set(first.finished)  # finished == recorded in state
         second = StubRunner(_kill_table, max_steps=12)
@@ -470,6 +472,7 @@ def test_kill_mid_trial_then_resume_finishes_with_same_choice_and_no_rerun(tmp_p
 
 def test_kill_at_every_state_transition_then_resume(tmp_path, monkeypatch):
     """A kill before any state write (the disk keeps the previous state) resumes to the same result."""
+    monkeypatch.setattr(RestartOrchestrator, "plot", lambda self, summary, path: None)  # ~40 runs: skip the PNGs
     straight = run_restarts(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path / "straight", 12)
     saves = []
     real_save = RestartOrchestrator._save
@@ -603,7 +606,8 @@ def test_invalid_config_fails_naming_the_field(kwargs, field):
 
 def test_invalid_settings_fail_before_any_trial_starts(tmp_path, monkeypatch):
     runner = StubRunner(hyperbolic(SH_COEFFS), 40)
-    with pytest.raises(ValueError, match=r"RestartConfig.metric='eval_accuracy' is invalid: this runner reports \['eval_loss'\]"):
+    msg = r"RestartConfig.metric='eval_accuracy' is invalid: this runner reports \['eval_loss'\]"
+    with pytest.raises(ValueError, match=msg):
         run_restarts(RestartConfig(metric="accuracy"), runner, tmp_path / "a", 40)
     with pytest.raises(ValueError, match=r"rung steps \[1, 1, 2, 4\]"):
         run_restarts(RestartConfig(explore_fraction=0.4, rungs=4), runner, tmp_path / "b", 10)

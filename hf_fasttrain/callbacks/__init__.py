@@ -2,8 +2,9 @@
 
 from .run_record import RunRecorderCallback, plot_loss_curves
 from .schedule import LRScheduleCallback
-from .stability import DivergenceError, DivergenceGuardCallback, GradientClippingCallback, StabilityTrainerMixin
 from .seqlen import CurriculumCallback, SeqLenWarmupCallback, apply_batch_sampler, apply_seq_len_warmup
+from .stability import DivergenceError, DivergenceGuardCallback, GradientClippingCallback, StabilityTrainerMixin
+from .stop_at_step import StopAtStepCallback
 
 __all__ = [
     "RunRecorderCallback",
@@ -17,4 +18,5 @@ __all__ = [
     "CurriculumCallback",
     "apply_batch_sampler",
     "apply_seq_len_warmup",
+    "StopAtStepCallback",
 ]
