@@ -9,7 +9,8 @@ Arms (same model, same data, same batch; each in its own process, one after the 
     hf-default             transformers.Trainer with its defaults (fp32, eager, fused AdamW)
     hf-bf16                hf-default + bf16=True (isolates what precision alone gives)
     hf-tuned               Trainer + bf16 + torch_compile + tf32 + adamw_torch_fused, SDPA attention
-    fasttrain              FastTrainer with the throughput settings of recipes/configs/gpt2_small.yaml
+    fasttrain              FastTrainer with recipes/configs/gpt2_small.yaml: precision, compile, optimizer,
+                           data loading, stability guard, LR schedule (not its run length, eval, saving)
     torch-loop             plain PyTorch loop over the same HF model: torch.compile, bf16 autocast,
                            fused AdamW, clip 1.0, tf32 (the reference the Trainer arms are held to)
     torch-loop-chunked-ce  torch-loop with the LM head + cross-entropy computed in token chunks
@@ -59,7 +60,7 @@ ARMS = {
     "hf-default": "Trainer defaults (fp32, eager, fused AdamW)",
     "hf-bf16": "Trainer defaults + bf16",
     "hf-tuned": "Trainer + bf16 + torch_compile + tf32 + fused AdamW + SDPA",
-    "fasttrain": "FastTrainer, recipe throughput settings",
+    "fasttrain": "FastTrainer with the gpt2_small recipe (its run settings aside)",
     "torch-loop": "plain compiled PyTorch loop, bf16 autocast, fused AdamW",
     "torch-loop-chunked-ce": "torch-loop + chunked LM-head cross-entropy",
 }
@@ -286,24 +287,26 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
     }
 
 
-# The recipe keys that are throughput settings; the rest of the recipe (schedule, eval, checkpoints)
-# does not change the speed of a training step and is left out so every arm does the same work.
+# The fasttrain arm takes the whole recipe (precision, compile, optimizer, data loading, but also the
+# stability guard and the LR schedule, which run every step) except the keys about the run around
+# the steps, which the benchmark sets the same for every arm.
 FASTTRAIN_RECIPE = "gpt2_small"
-THROUGHPUT_KEYS = (
-    "precision", "bf16", "fp16", "tf32", "torch_compile", "torch_compile_mode", "torch_compile_backend", "optim",
-    "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers", "dataloader_prefetch_factor",
+RUN_KEYS = (
+    "output_dir", "max_steps", "num_train_epochs", "per_device_train_batch_size", "per_device_eval_batch_size",
+    "warmup_steps", "logging_steps", "logging_strategy", "eval_strategy", "eval_steps", "eval_on_start",
+    "save_strategy", "save_steps", "save_total_limit", "report_to", "seed", "use_cpu",
 )
 
 
 def _fasttrain_setup(kwargs, compile_on, opts, info):
-    """FastTrainer + FastTrainingArguments with the throughput settings of the GPT-2 small recipe."""
+    """FastTrainer + FastTrainingArguments with the GPT-2 small recipe's settings (RUN_KEYS left out)."""
     if not os.path.exists(os.path.join(ROOT, "hf_fasttrain", "trainer.py")):
         raise ArmUnavailable("FastTrainer is not in this checkout yet (no hf_fasttrain/trainer.py)")
     from hf_fasttrain import FastTrainer, FastTrainingArguments
     from hf_fasttrain.recipes import load_recipe, validate_recipe
 
     recipe = validate_recipe(load_recipe(FASTTRAIN_RECIPE))[None]
-    taken = {k: v for k, v in recipe.items() if k in THROUGHPUT_KEYS}
+    taken = {k: v for k, v in recipe.items() if k not in RUN_KEYS}
     kwargs = dict(kwargs, **taken, auto_resume=False, _args_cls=FastTrainingArguments)
     if "torch_compile" in taken:
         kwargs["torch_compile"] = bool(taken["torch_compile"]) and compile_on

@@ -127,9 +127,13 @@ def test_arm_settings_on_a_mocked_h200():
     assert attn == "sdpa"
     cls, kw, attn, settings = gt.trainer_arm_setup("fasttrain", base, h200, compile_on=True)
     assert cls is FastTrainer and kw.pop("_args_cls") is FastTrainingArguments
-    assert kw == {**base, "precision": "auto", "torch_compile": True, "optim": "adamw_torch_fused",
-                  "dataloader_num_workers": 4, "dataloader_pin_memory": True,
-                  "dataloader_persistent_workers": True, "auto_resume": False}
+    want = {"precision": "auto", "torch_compile": True, "optim": "adamw_torch_fused", "dataloader_num_workers": 4,
+            "dataloader_pin_memory": True, "dataloader_persistent_workers": True, "auto_resume": False,
+            "ddp_find_unused_parameters": False}
+    assert {k: kw[k] for k in want} == want
+    assert {k: kw[k] for k in base} == base  # the benchmark's run settings, not the recipe's
+    assert "divergence_guard" in kw  # what runs every step comes along (the recipe's stability guard)
+    assert not set(kw) & (set(gt.RUN_KEYS) - set(base))
     assert settings["recipe"] == "gpt2_small" and attn == "sdpa"
     with pytest.raises(ValueError, match="not a Trainer arm: torch-loop"):
         gt.trainer_arm_setup("torch-loop", base, h200, compile_on=True)

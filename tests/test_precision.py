@@ -342,17 +342,26 @@ def test_multi_node_config_rendezvous():
 # --- FastTrainingArguments.precision -----------------------------------------------------------
 
 
+class _ListHandler(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
 @contextlib.contextmanager
-def _capture(caplog, level):
-    """caplog on hf_fasttrain.precision itself: run.setup_logging may have made 'hf_fasttrain' non-propagating."""
+def _capture(level):
+    """Records of hf_fasttrain.precision itself, whatever propagation run.setup_logging left behind."""
     log = logging.getLogger("hf_fasttrain.precision")
-    old = log.level
-    log.addHandler(caplog.handler)
+    handler, old = _ListHandler(), log.level
+    log.addHandler(handler)
     log.setLevel(level)
     try:
-        yield
+        yield handler.records
     finally:
-        log.removeHandler(caplog.handler)
+        log.removeHandler(handler)
         log.setLevel(old)
 
 
@@ -370,16 +379,16 @@ def test_field_bf16_on_cpu_turns_use_cpu_on(tmp_path, monkeypatch):
     assert args.precision_choice.reason.endswith("[from precision=bf16]")
 
 
-def test_field_auto_on_cpu_is_fp32_and_fp16_falls_back_with_a_warning(tmp_path, monkeypatch, caplog):
+def test_field_auto_on_cpu_is_fp32_and_fp16_falls_back_with_a_warning(tmp_path, monkeypatch):
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     monkeypatch.setattr(precision_mod, "detect_device", lambda use_cpu=False, env=None: CPU)
     args = _fast_args(tmp_path)
     assert (args.precision, args.bf16, args.fp16, args.mixed_precision) == ("auto", False, False, "no")
-    with _capture(caplog, logging.WARNING):
+    with _capture(logging.WARNING) as records:
         args = _fast_args(tmp_path, precision="fp16")
     assert (args.fp16, args.mixed_precision) == (False, "no")
-    assert [r.levelname for r in caplog.records] == ["WARNING"]
-    assert "would silently train in fp32" in caplog.records[0].getMessage()
+    assert [r.levelname for r in records] == ["WARNING"]
+    assert "would silently train in fp32" in records[0].getMessage()
 
 
 def test_field_reads_accelerate_launch_mixed_precision(tmp_path, monkeypatch):
@@ -410,7 +419,7 @@ def test_gpt2_small_recipe_uses_precision_auto(monkeypatch):
     assert top["ddp_find_unused_parameters"] is False
 
 
-def test_fast_trainer_logs_the_choice(tmp_path, monkeypatch, caplog):
+def test_fast_trainer_logs_the_choice(tmp_path, monkeypatch):
     from conftest import make_tiny_gpt2
 
     from hf_fasttrain import FastTrainer
@@ -418,8 +427,8 @@ def test_fast_trainer_logs_the_choice(tmp_path, monkeypatch, caplog):
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     monkeypatch.setattr(precision_mod, "detect_device", lambda use_cpu=False, env=None: CPU)
     args = _fast_args(tmp_path, precision="bf16")
-    with _capture(caplog, logging.INFO):
+    with _capture(logging.INFO) as records:
         FastTrainer(model=make_tiny_gpt2(64), args=args)
-    lines = [r.getMessage() for r in caplog.records if r.name == "hf_fasttrain.precision"]
+    lines = [r.getMessage() for r in records]
     assert lines == ["precision: bf16 autocast on CPU cpu (no native bf16 on this CPU: expect it slower than fp32); "
                      "use_cpu=True set, the Trainer requires it for bf16 on CPU [from precision=bf16]"]
