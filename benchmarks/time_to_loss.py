@@ -83,7 +83,10 @@ HF_TUNED = dict(
 ARMS: dict[str, Arm] = {
     "hf-default": Arm("hf-default", "transformers.Trainer defaults (lr 5e-5, linear decay, no warmup)", fast=False),
     "hf-tuned": Arm("hf-tuned", "Trainer, built-in options tuned: lr 2e-3, 2% warmup, cosine to 10%, wd 0.1, clip 1", fast=False, args=HF_TUNED),
-    "fasttrain": Arm("fasttrain", "FastTrainer with the recipe's techniques", fast=True, args=dict(HF_TUNED)),
+    # The tiny recipe's settings: the same schedule through hf_fasttrain.schedules, plus the divergence guard.
+    "fasttrain": Arm("fasttrain", "FastTrainer as the tiny recipe: hf-tuned's values, lr_decay cosine to 10%, divergence guard",
+                     fast=True, args={**{k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_type", "lr_scheduler_kwargs")},
+                                      "lr_decay": "cosine", "min_lr_ratio": 0.1, "divergence_guard": True}),
     # Sequence-length warmup (Li et al. 2022): rows cut to 16 tokens at first, growing by 8 to the full
     # block over the first 30% of the token budget; the run stops at the same token budget (more,
     # shorter steps at first) and the LR schedule advances with tokens.
