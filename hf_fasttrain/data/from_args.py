@@ -161,7 +161,10 @@ class SeqLenWiring:
 
     @classmethod
     def from_trainer(cls, trainer) -> Optional["SeqLenWiring"]:
-        return cls(trainer) if seqlen_enabled(trainer.args) else None
+        """None when every sequence-length option is off (or there is no training set: evaluation only)."""
+        if not seqlen_enabled(trainer.args) or trainer.train_dataset is None:
+            return None
+        return cls(trainer)
 
     # -- construction --------------------------------------------------------------------------
     def _batching(self, args, dataset, data_collator):
