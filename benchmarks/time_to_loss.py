@@ -264,7 +264,7 @@ def summarise(runs: list[dict[str, Any]], arms: list[str], reference: str = "hf-
         }
     ref_time = rows[reference]["seconds_to_target"] if reference in rows else math.nan
     for a, row in rows.items():
-        row["time_ratio_vs_reference"] = row["seconds_to_target"] / ref_time if ref_time else math.nan
+        row["time_ratio_vs_reference"] = row["seconds_to_target"] / ref_time if 0 < ref_time < math.inf else math.nan
     return {"target_eval_loss": target, "reference": reference, "arms": rows}
 
 
@@ -304,7 +304,7 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Non
             pts = r["curve"][1:]  # skip the step-0 evaluation (loss ~ ln(vocab)) to keep the scale useful
             ax.plot([p["seconds"] for p in pts], [p["eval_loss"] for p in pts], color=colours[i % len(colours)],
                     alpha=0.8, lw=1.2, label=arm if j == 0 else None)
-    ax.axhline(summary["target_eval_loss"], color="k", ls="--", lw=0.8, label="target (hf-tuned median final)")
+    ax.axhline(summary["target_eval_loss"], color="k", ls="--", lw=0.8, label=f"target ({summary['reference']} median final)")
     ax.set_xlabel("training wall-clock, seconds (evaluation excluded)")
     ax.set_ylabel("eval loss")
     ax.set_title("Time to loss, one line per seed")
