@@ -42,18 +42,43 @@ def count_tokens(batch: Mapping[str, torch.Tensor], pad_token_id: Optional[int] 
 
     ``total`` is the padded size of ``input_ids``; ``real`` excludes padding, read from the
     ``attention_mask`` when there is one, else from ``pad_token_id``. A packed batch
-    (position_ids and no attention mask) has no padding.
+    (``position_ids`` and no attention mask) counts as padding only each row's tail: the last
+    segment (from the last restart of ``position_ids`` at 0) when it is all ``pad_token_id`` and,
+    if labels are given, all -100, as ``PackedRowsCollator`` pads; a row packed full has none.
     """
     ids = batch["input_ids"]
     total = ids.numel()
     mask = batch.get("attention_mask")
+    positions = batch.get("position_ids")
     if mask is not None:
         real = int(mask.sum())
-    elif pad_token_id is not None and "position_ids" not in batch:
+    elif pad_token_id is None:
+        real = total
+    elif positions is None:
         real = int((ids != pad_token_id).sum())
     else:
-        real = total
+        real = total - _packed_tail_padding(ids, positions, batch.get("labels"), pad_token_id)
     return real, total
+
+
+def _packed_tail_padding(ids: torch.Tensor, positions: torch.Tensor, labels, pad_token_id: int) -> int:
+    """Tokens in the padded tails of packed rows (see ``count_tokens``)."""
+    ids2, pos2 = ids.reshape(-1, ids.shape[-1]), positions.reshape(-1, positions.shape[-1])
+    lab2 = labels.reshape(-1, labels.shape[-1]) if labels is not None else None
+    width = ids2.shape[-1]
+    cols = torch.arange(width, device=pos2.device).expand_as(pos2)
+    start = torch.where(pos2 == 0, cols, torch.zeros_like(cols)).amax(dim=-1)  # last restart per row
+    padding = 0
+    for r in range(ids2.shape[0]):
+        s = int(start[r])
+        if s == 0:  # one segment: the whole row is one (possibly empty) sequence
+            if bool((ids2[r] == pad_token_id).all()) and (lab2 is None or bool((lab2[r] == -100).all())):
+                padding += width
+            continue
+        tail_ids = ids2[r, s:]
+        if bool((tail_ids == pad_token_id).all()) and (lab2 is None or bool((lab2[r, s:] == -100).all())):
+            padding += width - s
+    return padding
 
 
 def flops_per_token(n_params: int, n_layer: int, d_model: int, seq_len: int) -> float:

@@ -103,6 +103,15 @@ def test_count_tokens_and_meter_exact():
     assert count_tokens({"input_ids": batch["input_ids"]}, pad_token_id=0) == (9, 12)
     packed = {"input_ids": torch.tensor([[1, 2, 3, 4, 5]]), "position_ids": torch.tensor([[0, 1, 0, 1, 2]])}
     assert count_tokens(packed, pad_token_id=0) == (5, 5)
+    # rows packed by PackedRowsCollator: only each row's padded tail (and an empty row) is padding
+    from hf_fasttrain.data.packing import PackedRowsCollator
+
+    rows = PackedRowsCollator(row_len=6, pad_token_id=0, num_rows=3)(
+        [{"input_ids": [3, 4, 5]}, {"input_ids": [6, 7]}, {"input_ids": [8, 9, 1, 2]}])
+    assert rows["input_ids"].tolist() == [[3, 4, 5, 6, 7, 0], [8, 9, 1, 2, 0, 0], [0] * 6]
+    assert count_tokens(rows, pad_token_id=0) == (9, 18)
+    full = PackedRowsCollator(row_len=5, pad_token_id=0)([{"input_ids": [3, 4, 5]}, {"input_ids": [6, 0]}])
+    assert count_tokens(full, pad_token_id=0) == (5, 5)  # a real token equal to the pad id is not padding
     m = ThroughputMeter()
     m.add(batch)
     m.add({"input_ids": torch.ones(1, 4, dtype=torch.long), "attention_mask": torch.ones(1, 4)})
