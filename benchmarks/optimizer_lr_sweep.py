@@ -80,7 +80,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="torch CPU threads (1: on a shared 2-core machine two threads fight other tenants)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (results do not depend on it)")
     p.add_argument("--quick", action="store_true", help="tiny smoke setup")
+    p.add_argument("--grid", action="append", default=[], metavar="NAME=LR,LR,...",
+                   help="replace an optimizer's starting grid, e.g. --grid muon=8e-3,1.6e-2,3.2e-2 (repeatable)")
     p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--name", default="optimizer_lr_sweep", help="basename of the output files")
     return p
 
 
@@ -90,6 +93,16 @@ def main(argv=None) -> dict:
     unknown = [n for n in names if n not in SWEEP]
     if unknown:
         raise SystemExit(f"--optimizers: unknown {unknown}; known: {list(SWEEP)}")
+    grid = dict(SWEEP)
+    for item in ns.grid:
+        name, _, lrs = item.partition("=")
+        try:
+            values = sorted(float(x) for x in lrs.split(",") if x.strip())
+        except ValueError:
+            values = []
+        if name not in SWEEP or not values:
+            raise SystemExit(f"--grid {item!r}: expected NAME=LR,LR,... with NAME one of {list(SWEEP)} and numbers")
+        grid[name] = values
     _SHARED["threads"] = ns.threads
     setup = dataclasses.replace(QUICK if ns.quick else Setup())
     data_args = DataArguments(vocab_size=setup.vocab_size, block_size=setup.block_size,
@@ -110,7 +123,7 @@ def main(argv=None) -> dict:
                                                if (r["optimizer"], r["lr"]) == (n, lr)) for n, lr in points}
 
         losses = {name: {} for name in names}
-        for (name, lr), loss in run_all([(n, lr) for n in names for lr in SWEEP[n]]).items():
+        for (name, lr), loss in run_all([(n, lr) for n in names for lr in grid[n]]).items():
             losses[name][lr] = loss
         # best at an edge of the grid: extend it by a factor of 2 that way, at most --max-extend times
         for _ in range(ns.max_extend):
@@ -142,11 +155,11 @@ def main(argv=None) -> dict:
     print(table)
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {"summary": summary, "sweep": SWEEP, "setup": dataclasses.asdict(setup), "machine": machine,
+    record = {"summary": summary, "sweep": {n: grid[n] for n in names}, "setup": dataclasses.asdict(setup), "machine": machine,
               "environment": env, "command": command, "runs": runs}
-    (out / "optimizer_lr_sweep.json").write_text(json.dumps(record, indent=2, default=str))
-    (out / "optimizer_lr_sweep.md").write_text(f"Machine: {machine}; torch {env['torch']}.\nCommand: `{command}`\n\n" + table)
-    plot(summary, out / "optimizer_lr_sweep.png")
+    (out / f"{ns.name}.json").write_text(json.dumps(record, indent=2, default=str))
+    (out / f"{ns.name}.md").write_text(f"Machine: {machine}; torch {env['torch']}.\nCommand: `{command}`\n\n" + table)
+    plot(summary, out / f"{ns.name}.png")
     return record
 
 
