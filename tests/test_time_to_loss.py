@@ -58,3 +58,23 @@ def test_quick_run_writes_json_table_and_png(tmp_path):
         losses = [p["eval_loss"] for p in r["curve"]]
         assert losses[-1] < losses[0] - 0.5  # every arm learned
         assert [p["step"] for p in r["curve"]] == [0, 6, 12, 18, 24]
+
+
+def test_optimizer_lr_sweep_grid_extends_at_the_edge(tmp_path):
+    """--grid replaces the starting grid; a best lr at its edge adds one point a factor 2 beyond."""
+    ttl = _load()  # noqa: F841  (registers the module the sweep imports)
+    spec = importlib.util.spec_from_file_location("optimizer_lr_sweep", ROOT / "benchmarks" / "optimizer_lr_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    record = sweep.main(["--quick", "--optimizers", "lion", "--grid", "lion=1e-5,2e-5", "--max-extend", "1",
+                         "--name", "sweep", "--out", str(tmp_path)])
+    by_lr = record["summary"]["lion"]["final_eval_loss_by_lr"]
+    # far too small lrs: the larger one is better, so the grid grows to 4e-5 and that wins
+    assert sorted(by_lr) == [1e-5, 2e-5, 4e-5]
+    assert by_lr[4e-5] < by_lr[2e-5] < by_lr[1e-5]
+    assert record["summary"]["lion"]["best_lr"] == 4e-5 and record["summary"]["lion"]["best_at_edge"]
+    assert record["sweep"] == {"lion": [1e-5, 2e-5]}
+    for ext in ("json", "md", "png"):
+        assert (tmp_path / f"sweep.{ext}").exists()
+    with pytest.raises(SystemExit, match="--grid"):
+        sweep.main(["--quick", "--optimizers", "lion", "--grid", "lion=fast", "--out", str(tmp_path)])
