@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Time-to-loss: wall-clock and tokens each arm needs to reach hf-tuned's final eval loss.
 
-    python benchmarks/time_to_loss.py                      # all arms, 3 seeds, tiny GPT-2 on the stdlib corpus
+    python benchmarks/time_to_loss.py                      # hf-default, hf-tuned, fasttrain; 3 seeds; tiny GPT-2
     python benchmarks/time_to_loss.py --arms hf-tuned,fasttrain --seeds 5
     python benchmarks/time_to_loss.py --quick               # a smoke run (the test suite uses it)
 
@@ -68,7 +68,7 @@ class Arm:
 
 # The settings a knowledgeable user reaches with the Trainer's own options (DESIGN.md, hf-tuned).
 # Peak lr from a sweep on this setup: `python benchmarks/time_to_loss.py --arms hf-tuned
-# --lr-sweep 5e-4,1e-3,2e-3,4e-3,8e-3 --seeds 1 --name lr_sweep_hf_tuned` (results/lr_sweep_hf_tuned.md).
+# --lr-sweep 1e-3,2e-3,4e-3,8e-3,1.6e-2 --seeds 2 --name lr_sweep_hf_tuned` (results/lr_sweep_hf_tuned.md).
 HF_TUNED = dict(
     learning_rate=2e-3,
     warmup_steps=0.02,  # a fraction < 1 is a ratio of max_steps in transformers 5
@@ -83,10 +83,17 @@ HF_TUNED = dict(
 ARMS: dict[str, Arm] = {
     "hf-default": Arm("hf-default", "transformers.Trainer defaults (lr 5e-5, linear decay, no warmup)", fast=False),
     "hf-tuned": Arm("hf-tuned", "Trainer, built-in options tuned: lr 2e-3, 2% warmup, cosine to 10%, wd 0.1, clip 1", fast=False, args=HF_TUNED),
-    # The tiny recipe's settings: the same schedule through hf_fasttrain.schedules, plus the divergence guard.
-    "fasttrain": Arm("fasttrain", "FastTrainer as the tiny recipe: hf-tuned's values, lr_decay cosine to 10%, divergence guard",
+    # The tiny recipe's settings (recipes/configs/gpt2_tiny.yaml): Muon at its swept peak lr (see
+    # OPTIMIZER_LRS), hf-tuned's warmup, cosine to 10% through hf_fasttrain.schedules, the divergence guard.
+    "fasttrain": Arm("fasttrain", "FastTrainer as the tiny recipe: Muon+AdamW at lr 1.6e-2, 2% warmup, cosine to 10%, "
+                     "wd 0.1, clip 1, divergence guard",
                      fast=True, args={**{k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_type", "lr_scheduler_kwargs")},
+                                      "optimizer": "muon", "learning_rate": 1.6e-2,
                                       "lr_decay": "cosine", "min_lr_ratio": 0.1, "divergence_guard": True}),
+    # The same recipe with the Trainer's AdamW (the tiny recipe before it switched to Muon): isolates the optimizer.
+    "fasttrain-adamw": Arm("fasttrain-adamw", "FastTrainer as the tiny recipe but with AdamW at hf-tuned's lr 2e-3",
+                           fast=True, args={**{k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_type", "lr_scheduler_kwargs")},
+                                            "lr_decay": "cosine", "min_lr_ratio": 0.1, "divergence_guard": True}),
     # Sequence-length warmup (Li et al. 2022): rows cut to 16 tokens at first, growing by 8 to the full
     # block over the first 30% of the token budget; the run stops at the same token budget (more,
     # shorter steps at first) and the LR schedule advances with tokens.
@@ -105,8 +112,9 @@ for _decay in ("cosine", "sqrt", "linear", "1-sqrt", "constant"):
                                fast=True, args={**_SCHEDULE_BASE, "lr_decay": _decay, "min_lr_ratio": 0.1})
 # --- Optimizer ablation (hf_fasttrain.optim) -------------------------------------------------------
 # hf-tuned's settings with another optimizer at its own peak lr, each picked by
-# benchmarks/optimizer_lr_sweep.py on this setup (results/optimizer_lr_sweep.md); AdamW's is hf-tuned's.
-OPTIMIZER_LRS = {"lion": 5e-4, "ademamix": 2e-3, "soap": 4e-3, "muon": 2e-3}
+# benchmarks/optimizer_lr_sweep.py on this setup (results/optimizer_lr_sweep.md, Muon's continued in
+# optimizer_lr_sweep_muon_high.md; 2 seeds); AdamW's is hf-tuned's (results/lr_sweep_hf_tuned.md).
+OPTIMIZER_LRS = {"lion": 1e-3, "ademamix": 2e-3, "soap": 4e-3, "muon": 1.6e-2}
 
 
 def optimizer_arm(name: str, lr: float) -> Arm:
@@ -317,7 +325,8 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Non
 
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms; known: {', '.join(ARMS)}")
+    p.add_argument("--arms", default="hf-default,hf-tuned,fasttrain",
+                   help=f"comma-separated arms (default: the three main ones); known: {', '.join(ARMS)}")
     p.add_argument("--seeds", type=int, default=3, help="seeds per arm (run interleaved)")
     p.add_argument("--max-steps", type=int, default=None, help="optimizer steps per run (default 300)")
     p.add_argument("--lr-sweep", default=None,
