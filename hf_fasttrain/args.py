@@ -193,6 +193,12 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "With schedule_unit='tokens': tokens at which the schedule reaches its floor. "
                   "Default: max steps * global batch size * length of the first training row."},
     )
+    stop_at_token_budget: bool = field(
+        default=True,
+        metadata={"help": "With schedule_unit='tokens': end the run (evaluating and saving as at max_steps) at "
+                  "the first step by which schedule_total_tokens have been trained on, if that comes before "
+                  "max_steps. false: train on to max_steps at the floor lr."},
+    )
     # --- Sequence length (issue 5): hf_fasttrain.data.samplers / seqlen / packing ---------------
     # At most one batching option (length_grouping, max_tokens_per_batch, packing, curriculum_*);
     # seq_len_warmup_* is for fixed-length rows and combines with none of packing. All samplers are

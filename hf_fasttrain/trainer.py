@@ -20,7 +20,7 @@ from transformers import Trainer
 from .args import FastTrainingArguments
 from .callbacks.run_record import RunRecorderCallback
 from .callbacks.stability import ClipStatsWindow, StabilityTrainerMixin, stability_callbacks
-from .callbacks.stop_at_step import StopAtStepCallback
+from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .clipping import norm_clip_stats
 from .data.from_args import SeqLenWiring
 from .optim import create_optimizer, trainer_optimizer_kwargs
@@ -80,6 +80,12 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self._last_log_seconds = 0.0
         self._dims: Optional[tuple[int, int, int]] = None
         self.token_progress: Optional[TokenProgress] = None  # set by create_scheduler (schedule_unit='tokens')
+        if (getattr(self.args, "lr_decay", None) and getattr(self.args, "schedule_unit", "steps") == "tokens"
+                and getattr(self.args, "stop_at_token_budget", False) and self.args.schedule_total_tokens):
+            # the lr is at its floor past the budget: stop there instead of training on to max_steps
+            self.add_callback(TokenBudgetStopCallback(
+                self.args.schedule_total_tokens,
+                lambda: self.token_progress.tokens_seen if self.token_progress is not None else None))
         # stability (issue 6): guard and value/AGC clipping as callbacks; the mixin hands them the loss
         # and merges their stats into the logs; norm-mode stats come from _clip_grad_norm below
         for callback in stability_callbacks(self.args):

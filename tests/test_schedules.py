@@ -551,14 +551,14 @@ def test_callback_validates_at_construction():
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _fast_trainer(lm, tok, args, seed=0):
+def _fast_trainer(lm, tok, args, seed=0, eval_dataset=None):
     from transformers import DataCollatorForLanguageModeling
 
     from conftest import make_tiny_gpt2
     from hf_fasttrain import FastTrainer
 
     return FastTrainer(
-        model=make_tiny_gpt2(len(tok), seed=seed), args=args, train_dataset=lm["train"],
+        model=make_tiny_gpt2(len(tok), seed=seed), args=args, train_dataset=lm["train"], eval_dataset=eval_dataset,
         data_collator=DataCollatorForLanguageModeling(tok, mlm=False), processing_class=tok,
     )
 
@@ -601,6 +601,50 @@ def test_fasttrainer_token_schedule_resumes_from_a_trainer_checkpoint(tiny_lm, t
     assert _logged_lrs(resumed) == _logged_lrs(straight)  # steps 4-6 computed after the resume, exact
     losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (straight, resumed)]
     assert losses[1][3:] == pytest.approx(losses[0][3:], rel=1e-6)
+
+
+def test_fasttrainer_stops_at_the_token_budget(tiny_lm, tiny_tokenizer, tmp_path):
+    from conftest import tiny_args
+
+    # 256 tokens per step, budget 2048 = 8 steps, max_steps 12: stops after step 8 with a checkpoint
+    # and a final evaluation; with stop_at_token_budget=False it runs to 12 at the floor (0 here)
+    def args(out, **kw):
+        return tiny_args(out, max_steps=12, learning_rate=1e-2, lr_decay="linear", schedule_unit="tokens",
+                         schedule_total_tokens=2048, save_strategy="steps", save_steps=100,
+                         eval_strategy="steps", eval_steps=100, **kw)
+
+    stopped = _fast_trainer(tiny_lm, tiny_tokenizer, args(tmp_path / "a"), eval_dataset=tiny_lm["validation"])
+    stopped.train()
+    assert stopped.state.global_step == 8 and stopped.token_progress.tokens_seen == 2048
+    assert [lr for _, lr in _logged_lrs(stopped)] == pytest.approx([1e-2 * (1 - k / 8) for k in range(8)], rel=1e-9)
+    assert (tmp_path / "a" / "checkpoint-8").is_dir()
+    assert [h["step"] for h in stopped.state.log_history if "eval_loss" in h] == [8]
+
+    on = _fast_trainer(tiny_lm, tiny_tokenizer, args(tmp_path / "b", stop_at_token_budget=False),
+                       eval_dataset=tiny_lm["validation"])
+    on.train()
+    assert on.state.global_step == 12
+    assert [lr for _, lr in _logged_lrs(on)][8:] == [0.0] * 4
+
+
+def test_token_budget_stop_callback_reads_the_trainers_token_count():
+    from transformers import TrainerControl, TrainerState
+
+    from hf_fasttrain.callbacks import TokenBudgetStopCallback
+
+    class Args:
+        save_strategy, eval_strategy = "no", "steps"
+
+    cb = TokenBudgetStopCallback(1000)
+    state, control = TrainerState(), TrainerControl()
+    state.global_step, state.num_input_tokens_seen = 3, 999
+    assert not cb.on_step_end(Args, state, control).should_training_stop
+    state.global_step, state.num_input_tokens_seen = 4, 1000
+    control = cb.on_step_end(Args, state, control)
+    assert control.should_training_stop and control.should_evaluate and not control.should_save
+    assert cb.stopped_at_step == 4
+    with pytest.raises(ValueError, match="total_tokens=0 is invalid"):
+        TokenBudgetStopCallback(0)
 
 
 def test_fasttrainer_default_token_budget(tiny_lm, tiny_tokenizer, tmp_path):

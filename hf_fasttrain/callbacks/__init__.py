@@ -4,7 +4,7 @@ from .run_record import RunRecorderCallback, plot_loss_curves
 from .schedule import LRScheduleCallback
 from .seqlen import CurriculumCallback, SeqLenWarmupCallback, apply_batch_sampler, apply_seq_len_warmup
 from .stability import DivergenceError, DivergenceGuardCallback, GradientClippingCallback, StabilityTrainerMixin
-from .stop_at_step import StopAtStepCallback
+from .stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 
 __all__ = [
     "RunRecorderCallback",
@@ -19,4 +19,5 @@ __all__ = [
     "apply_batch_sampler",
     "apply_seq_len_warmup",
     "StopAtStepCallback",
+    "TokenBudgetStopCallback",
 ]

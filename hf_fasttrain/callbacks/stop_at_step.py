@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-__all__ = ["StopAtStepCallback"]
+__all__ = ["StopAtStepCallback", "TokenBudgetStopCallback"]
 
 
 class StopAtStepCallback(TrainerCallback):
@@ -34,4 +34,44 @@ class StopAtStepCallback(TrainerCallback):
         if state.global_step >= self.stop_at_step:
             control.should_save = True
             control.should_training_stop = True
+        return control
+
+
+class TokenBudgetStopCallback(TrainerCallback):
+    """Stop at the end of the first optimizer step by which ``total_tokens`` have been trained on.
+
+    For schedules counted in tokens (``schedule_unit='tokens'``): the lr reaches its floor at the token
+    budget, so training on to ``max_steps`` would only add steps at the floor. At the stopping step the
+    Trainer also evaluates and saves (when its strategies are not "no"), so the run ends as a run that
+    reached ``max_steps`` does.
+
+    Args:
+        total_tokens: the budget, in tokens summed over all processes.
+        tokens_seen: a function returning the tokens trained on so far (FastTrainer passes its
+            ``TokenProgress``); None reads ``TrainerState.num_input_tokens_seen``, which a plain Trainer
+            counts with ``include_num_input_tokens_seen="all"`` or ``"non_padding"``.
+
+    Example:
+        >>> from hf_fasttrain.callbacks import TokenBudgetStopCallback
+        >>> cb = TokenBudgetStopCallback(total_tokens=2_000_000)
+        >>> # Trainer(..., args=TrainingArguments(..., include_num_input_tokens_seen="non_padding"), callbacks=[cb])
+    """
+
+    def __init__(self, total_tokens: int, tokens_seen=None):
+        if isinstance(total_tokens, bool) or not isinstance(total_tokens, int) or total_tokens < 1:
+            raise ValueError(f"total_tokens={total_tokens!r} is invalid: it must be an integer >= 1.")
+        self.total_tokens = total_tokens
+        self.tokens_seen = tokens_seen
+        self.stopped_at_step = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        seen = self.tokens_seen() if self.tokens_seen is not None else state.num_input_tokens_seen
+        if seen is not None and seen >= self.total_tokens and self.stopped_at_step is None:
+            self.stopped_at_step = state.global_step
+            control.should_training_stop = True
+            if getattr(args.save_strategy, "value", args.save_strategy) != "no":
+                control.should_save = True
+            if getattr(args.eval_strategy, "value", args.eval_strategy) != "no":
+                control.should_evaluate = True
+            control.should_log = True
         return control
