@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import sys
 from typing import Any, Optional, Sequence
 
 from transformers import DataCollatorForLanguageModeling, set_seed
@@ -26,12 +27,32 @@ __all__ = ["setup_logging", "prepare_data", "train", "find_resume_checkpoint", "
 logger = logging.getLogger(__name__)
 
 
+class _StderrHandler(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is at the time of each record (not the one at setup), so a
+    redirected or captured stderr gets the records and a closed one is never written to."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+
+
 def setup_logging(training_args: FastTrainingArguments) -> None:
-    """INFO logs from hf_fasttrain on the main process (what it resumed from, cache hits, final eval)."""
+    """INFO logs from hf_fasttrain on the main process (what it resumed from, cache hits, final eval).
+
+    When the application has configured logging (the root logger has handlers), records propagate to
+    those handlers; otherwise one ``[hf_fasttrain]`` handler on stderr shows them.
+    """
     pkg = logging.getLogger("hf_fasttrain")
     pkg.setLevel(logging.INFO if training_args.should_log else logging.WARNING)
-    if not pkg.handlers:
-        handler = logging.StreamHandler()
+    ours = [h for h in pkg.handlers if isinstance(h, _StderrHandler)]
+    if logging.getLogger().handlers:
+        for h in ours:
+            pkg.removeHandler(h)
+        pkg.propagate = True
+    elif not ours:
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("[hf_fasttrain] %(message)s"))
         pkg.addHandler(handler)
         pkg.propagate = False

@@ -153,3 +153,35 @@ def test_resume_skips_a_checkpoint_cut_short(tmp_path):
     (tmp_path / "checkpoint-20").mkdir()  # killed before its state file was written
     assert last_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-10")
     assert last_complete_checkpoint(str(tmp_path / "missing")) is None
+
+
+def test_setup_logging_writes_to_the_current_stderr_or_defers_to_the_app(monkeypatch):
+    import io
+    import logging
+    import sys
+    from types import SimpleNamespace
+
+    from hf_fasttrain.run import setup_logging
+
+    pkg, root = logging.getLogger("hf_fasttrain"), logging.getLogger()
+    monkeypatch.setattr(pkg, "handlers", [])
+    monkeypatch.setattr(pkg, "propagate", True)
+    monkeypatch.setattr(root, "handlers", [])  # an application that configured no logging
+    setup_logging(SimpleNamespace(should_log=True))
+    assert pkg.propagate is False and len(pkg.handlers) == 1
+    for _ in range(2):  # each record goes to sys.stderr as it is then, not as it was at setup
+        err = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", err)
+        logging.getLogger("hf_fasttrain.run").info("resumed from checkpoint-7")
+        assert err.getvalue() == "[hf_fasttrain] resumed from checkpoint-7\n"
+    setup_logging(SimpleNamespace(should_log=True))  # called again: still one handler
+    assert len(pkg.handlers) == 1
+    # an application with its own logging set up: records propagate to it, our handler goes
+    seen = []
+    handler = logging.Handler()
+    handler.emit = seen.append
+    root.handlers = [handler]
+    setup_logging(SimpleNamespace(should_log=True))
+    assert pkg.propagate is True and pkg.handlers == []
+    logging.getLogger("hf_fasttrain.run").info("hello")
+    assert [r.getMessage() for r in seen] == ["hello"]
