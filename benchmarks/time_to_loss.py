@@ -110,6 +110,12 @@ _SCHEDULE_BASE = {k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_t
 for _decay in ("cosine", "sqrt", "linear", "1-sqrt", "constant"):
     ARMS[f"lr-{_decay}"] = Arm(f"lr-{_decay}", f"FastTrainer, hf-tuned settings, lr_decay={_decay!r}, floor 10% of peak",
                                fast=True, args={**_SCHEDULE_BASE, "lr_decay": _decay, "min_lr_ratio": 0.1})
+# --- The recipe with another decay shape (Muon at 1.6e-2, guard on; only lr_decay differs):
+#   python benchmarks/time_to_loss.py --arms fasttrain,fasttrain-1-sqrt,fasttrain-sqrt --seeds 3 --name time_to_loss_recipe_decay
+for _decay in ("1-sqrt", "sqrt"):
+    ARMS[f"fasttrain-{_decay}"] = dataclasses.replace(
+        ARMS["fasttrain"], name=f"fasttrain-{_decay}", description=f"the fasttrain arm with lr_decay={_decay!r}",
+        args={**ARMS["fasttrain"].args, "lr_decay": _decay})
 # --- Optimizer ablation (hf_fasttrain.optim) -------------------------------------------------------
 # hf-tuned's settings with another optimizer at its own peak lr, each picked by
 # benchmarks/optimizer_lr_sweep.py on this setup (results/optimizer_lr_sweep.md, Muon's continued in
