@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import sys
 import types
 import typing
 from pathlib import Path
@@ -51,14 +52,19 @@ SECTIONS: dict[Optional[str], type] = {
     "model": ModelArguments,
     "data": DataArguments,
 }
-BUNDLED_DIR = Path(__file__).resolve().parent.parent / "recipes" / "configs"
+BUNDLED_DIR = Path(__file__).resolve().parent.parent / "recipes" / "configs"  # a checkout / editable install
+# a wheel installs recipes/configs/*.yaml here (setup.cfg [options.data_files])
+INSTALLED_DIR = Path(sys.prefix) / "share" / "hf_fasttrain" / "recipes"
 
 
 def bundled_recipes() -> dict[str, Path]:
-    """Name -> path of the recipes shipped in recipes/configs."""
-    if not BUNDLED_DIR.is_dir():
-        return {}
-    return {p.stem: p for p in sorted(BUNDLED_DIR.glob("*.yaml"))}
+    """Name -> path of the recipes shipped in recipes/configs (the checkout's first, then the installed copies)."""
+    found: dict[str, Path] = {}
+    for directory in (BUNDLED_DIR, INSTALLED_DIR):
+        if directory.is_dir():
+            for p in sorted(directory.glob("*.yaml")):
+                found.setdefault(p.stem, p)
+    return found
 
 
 def recipe_path(source: str | Path) -> Path:

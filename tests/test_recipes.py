@@ -24,6 +24,21 @@ def test_bundled_recipes_validate():
         assert sections["model"] and sections["data"] and sections[None]["output_dir"]
 
 
+def test_bundled_recipes_found_where_a_wheel_installs_them(tmp_path, monkeypatch):
+    import hf_fasttrain.recipes as recipes
+
+    installed = tmp_path / "share" / "hf_fasttrain" / "recipes"
+    installed.mkdir(parents=True)
+    (installed / "gpt2_tiny.yaml").write_text("max_steps: 1\n")
+    (installed / "only_installed.yaml").write_text("max_steps: 2\n")
+    monkeypatch.setattr(recipes, "INSTALLED_DIR", installed)
+    names = recipes.bundled_recipes()
+    assert names["gpt2_tiny"] == recipes.BUNDLED_DIR / "gpt2_tiny.yaml"  # the checkout's copy wins
+    assert names["only_installed"] == installed / "only_installed.yaml"
+    monkeypatch.setattr(recipes, "BUNDLED_DIR", tmp_path / "no_checkout")  # a wheel: no recipes/ beside the package
+    assert recipes.recipe_path("gpt2_tiny") == installed / "gpt2_tiny.yaml"
+
+
 def test_recipe_then_command_line_overrides(tmp_path):
     path = _write(tmp_path, {"model": {"n_layer": 3}, "data": {"block_size": 64}, "learning_rate": "1e-5",
                              "output_dir": str(tmp_path / "out"), "max_steps": 7})
