@@ -4,6 +4,7 @@
     python benchmarks/time_to_loss.py                      # hf-default, hf-tuned, fasttrain; 3 seeds; tiny GPT-2
     python benchmarks/time_to_loss.py --arms hf-tuned,fasttrain --seeds 5
     python benchmarks/time_to_loss.py --quick               # a smoke run (the test suite uses it)
+    python benchmarks/time_to_loss.py --corpus prose --arms hf-tuned,fasttrain   # the English-prose corpus
 
 Every arm trains the same model (GPT-2 from scratch), on the same data, for the same token budget,
 on this machine, evaluating on the same held-out rows every ``--eval-steps``. Seeds run interleaved
@@ -19,6 +20,10 @@ Arms (DESIGN.md): ``hf-default`` (transformers.Trainer with its defaults), ``hf-
 Trainer's built-in options), ``fasttrain`` (FastTrainer with this package's techniques). Other
 techniques register more arms or ablations in ``ARMS``.
 
+Each run's result is saved as it ends (``--out/<name>_runs/<arm>-seed<k>.json``, keyed by a hash of the
+arm's settings, the setup and the corpus) and a rerun of the same command skips the runs already there,
+so a long run that was stopped continues where it was; ``--fresh`` runs everything again.
+
 Writes time_to_loss.json, time_to_loss.md and time_to_loss.png into --out (benchmarks/results).
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -103,6 +109,28 @@ ARMS: dict[str, Arm] = {
 }
 
 
+# --- Ablation of issue 18's techniques: each alone on top of the Muon recipe as it stood before them
+# (``base``: Muon+AdamW at 1.6e-2, 2% warmup, cosine to 10%, wd 0.1, clip 1, guard), then combined.
+# The base is frozen here so that saved runs stay comparable when the headline ``fasttrain`` arm changes.
+#   python benchmarks/time_to_loss.py --arms hf-tuned,base,base+ema,... --seeds 3 --name ablation
+BASE = dict(ARMS["fasttrain"].args)
+ABLATION: dict[str, tuple[str, dict[str, Any]]] = {}
+
+
+def ablation_arm(name: str, description: str, **extra) -> Arm:
+    """Arm ``name``: the frozen Muon recipe (BASE) with ``extra`` settings on top."""
+    args = {**BASE, **extra}
+    if "optimizer_kwargs" in extra and BASE.get("optimizer_kwargs"):
+        args["optimizer_kwargs"] = {**BASE["optimizer_kwargs"], **extra["optimizer_kwargs"]}
+    ARMS[name] = Arm(name, description, fast=True, args=args)
+    return ARMS[name]
+
+
+ablation_arm("base", "the Muon recipe before issue 18 (= fasttrain until then)")
+ablation_arm("base+slw", "base + sequence-length warmup 16 -> block over 30% of the tokens, token-counted",
+             seq_len_warmup_min=16, seq_len_warmup_fraction=0.3, include_num_input_tokens_seen="all")
+
+
 # --- LR schedule ablation (hf_fasttrain.schedules): every decay shape at hf-tuned's peak lr, 2% warmup
 # from 0 and floor at 10% of the peak, only the shape differs (lr-cosine runs exactly hf-tuned's lrs):
 #   python benchmarks/time_to_loss.py --quick --max-steps 300 --seeds 3 --arms lr-cosine,lr-sqrt,lr-linear,lr-1-sqrt,lr-constant --name lr_schedules
@@ -150,11 +178,17 @@ class Setup:
     eval_steps: int = 25
     eval_rows: int = 128
     max_corpus_files: Optional[int] = None
+    corpus: str = "python"  # a key of CORPORA
 
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.block_size
 
+
+# The corpora the harness trains on (DataArguments.dataset): the embedded Python sources (the default)
+# and English prose from the standard library's docs (hf_fasttrain.data.corpus.build_prose_corpus), so a
+# gain can be checked on text that is not code.
+CORPORA = {"python": None, "prose": "embedded:prose"}
 
 QUICK = Setup(n_layer=2, n_head=2, n_embd=32, vocab_size=300, block_size=32, batch_size=8, max_steps=24,
               eval_steps=6, eval_rows=32, max_corpus_files=40)
@@ -168,6 +202,28 @@ def common_args(setup: Setup, seed: int, out: Path) -> dict[str, Any]:
         logging_steps=setup.eval_steps, save_strategy="no", report_to="none", disable_tqdm=True, seed=seed,
         data_seed=seed, use_cpu=not ON_GPU, dataloader_num_workers=0,
     )
+
+
+def data_arguments(setup: Setup) -> DataArguments:
+    return DataArguments(dataset=CORPORA[setup.corpus], vocab_size=setup.vocab_size, block_size=setup.block_size,
+                         max_eval_samples=setup.eval_rows, max_corpus_files=setup.max_corpus_files)
+
+
+def run_key(arm: Arm, seed: int, setup: Setup) -> str:
+    """What a saved run's result depends on: the arm's settings, the seed and the setup (corpus included)."""
+    blob = json.dumps({"arm": dataclasses.asdict(arm) | {"callbacks": getattr(arm.callbacks, "__qualname__", None),
+                                                         "run": getattr(arm.run, "__qualname__", None)},
+                       "seed": seed, "setup": dataclasses.asdict(setup)}, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+def load_saved_run(path: Path, key: str) -> Optional[dict[str, Any]]:
+    """The result saved at ``path`` if it was made with the same settings (``key``), else None."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if saved.get("key") == key else None
 
 
 def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> dict[str, Any]:
@@ -223,8 +279,7 @@ def run_best_of_n(arm: Arm, seed: int, setup: Setup, workdir: Path, num_seeds: i
     args = FastTrainingArguments(**{**common_args(setup, seed * num_seeds, out), "auto_resume": False,
                                     **arm.args, "max_steps": total})
     model_args = ModelArguments(n_layer=setup.n_layer, n_head=setup.n_head, n_embd=setup.n_embd)
-    data_args = DataArguments(vocab_size=setup.vocab_size, block_size=setup.block_size,
-                              max_eval_samples=setup.eval_rows, max_corpus_files=setup.max_corpus_files)
+    data_args = data_arguments(setup)
     wall0 = time.perf_counter()
     summary = train_with_restarts(model_args, data_args, args, num_seeds=num_seeds, explore_fraction=explore_fraction)
     wall = time.perf_counter() - wall0
@@ -275,10 +330,17 @@ def summarise(runs: list[dict[str, Any]], arms: list[str], reference: str = "hf-
             "reached": sum(math.isfinite(s) for s in secs),
             "seeds": len(rs),
             "train_seconds": statistics.median(r["train_seconds"] for r in rs),
+            # training seconds per optimizer step (median over seeds): what a technique costs per step
+            "seconds_per_step": statistics.median(r["train_seconds"] / max(r["curve"][-1].get("step", 0), 1)
+                                                  for r in rs),
+            "final_tokens": statistics.median(r["curve"][-1]["tokens"] for r in rs),
         }
     ref_time = rows[reference]["seconds_to_target"] if reference in rows else math.nan
+    ref_tokens = rows[reference]["tokens_to_target"] if reference in rows else math.nan
     for a, row in rows.items():
         row["time_ratio_vs_reference"] = row["seconds_to_target"] / ref_time if 0 < ref_time < math.inf else math.nan
+        row["tokens_ratio_vs_reference"] = (row["tokens_to_target"] / ref_tokens
+                                            if 0 < ref_tokens < math.inf else math.nan)
     return {"target_eval_loss": target, "reference": reference, "arms": rows}
 
 
@@ -294,13 +356,15 @@ def markdown_table(summary: dict[str, Any]) -> str:
     lines = [
         f"Target: eval loss {summary['target_eval_loss']:.4f} (median final eval loss of {summary['reference']}).",
         "",
-        f"| arm | final eval loss | train seconds to target | tokens to target | time vs {summary['reference']} | seeds reaching target |",
-        "|---|---|---|---|---|---|",
+        f"| arm | final eval loss | train seconds to target | tokens to target | time vs {summary['reference']} "
+        f"| tokens vs {summary['reference']} | seeds reaching target | ms per step |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for a, r in summary["arms"].items():
         lines.append(
             f"| {a} | {r['final_eval_loss']:.4f} | {_fmt(r['seconds_to_target'])} | {_fmt(r['tokens_to_target'])} "
-            f"| {_fmt(r['time_ratio_vs_reference'])} | {r['reached']}/{r['seeds']} |"
+            f"| {_fmt(r['time_ratio_vs_reference'])} | {_fmt(r.get('tokens_ratio_vs_reference', math.nan))} "
+            f"| {r['reached']}/{r['seeds']} | {_fmt(1000 * r.get('seconds_per_step', math.nan))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -338,6 +402,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr-sweep", default=None,
                    help="comma-separated peak lrs: run each chosen arm at each lr (arms named ARM@LR)")
     p.add_argument("--quick", action="store_true", help="tiny smoke setup (the test suite runs it)")
+    p.add_argument("--corpus", default="python", choices=sorted(CORPORA),
+                   help="python: the embedded stdlib sources (default); prose: English prose from the stdlib's docs")
+    p.add_argument("--reference", default=None,
+                   help="arm whose median final eval loss is the target (default: hf-tuned if run, else the first)")
+    p.add_argument("--fresh", action="store_true", help="run every (arm, seed) again, ignoring saved runs")
     p.add_argument("--out", default=str(RESULTS), help="directory for time_to_loss.{json,md,png}")
     p.add_argument("--name", default="time_to_loss", help="basename of the output files")
     return p
@@ -360,26 +429,35 @@ def main(argv=None) -> dict[str, Any]:
                 ARMS[name] = dataclasses.replace(ARMS[a], name=name, args={**ARMS[a].args, "learning_rate": lr})
                 swept.append(name)
         arms = swept
-    setup = dataclasses.replace(QUICK if ns.quick else Setup())
+    setup = dataclasses.replace(QUICK if ns.quick else Setup(), corpus=ns.corpus)
     if ns.max_steps:
         setup.max_steps = ns.max_steps
-    data_args = DataArguments(vocab_size=setup.vocab_size, block_size=setup.block_size,
-                              max_eval_samples=setup.eval_rows, max_corpus_files=setup.max_corpus_files)
-    tokenizer, lm = prepare_data(data_args)
+    if ns.reference is not None and ns.reference not in arms:
+        raise SystemExit(f"--reference {ns.reference!r} is not one of the chosen arms {arms}")
+    tokenizer, lm = prepare_data(data_arguments(setup))
+    out = Path(ns.out)
+    saved_dir = out / f"{ns.name}_runs"
+    saved_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     with tempfile.TemporaryDirectory(prefix="ttl-") as work:
         for seed in range(ns.seeds):
             for arm in arms:
-                r = run_arm(ARMS[arm], seed, setup, tokenizer, lm, Path(work))
-                print(f"[time_to_loss] {arm:>12s} seed {seed}: final eval loss {r['final_eval_loss']:.4f}, "
-                      f"{r['train_seconds']:.1f} s training", flush=True)
+                key = run_key(ARMS[arm], seed, setup)
+                path = saved_dir / f"{arm.replace('/', '_')}-seed{seed}.json"
+                r = None if ns.fresh else load_saved_run(path, key)
+                if r is not None:
+                    print(f"[time_to_loss] {arm:>12s} seed {seed}: saved run, skipped", flush=True)
+                else:
+                    r = run_arm(ARMS[arm], seed, setup, tokenizer, lm, Path(work))
+                    r["key"] = key
+                    path.write_text(json.dumps(r, indent=1, default=str))  # kept as it ends: reruns skip it
+                    print(f"[time_to_loss] {arm:>12s} seed {seed}: final eval loss {r['final_eval_loss']:.4f}, "
+                          f"{r['train_seconds']:.1f} s training", flush=True)
                 runs.append(r)
-    reference = "hf-tuned" if "hf-tuned" in arms else arms[0]
+    reference = ns.reference or ("hf-tuned" if "hf-tuned" in arms else arms[0])
     summary = summarise(runs, arms, reference)
     table = markdown_table(summary)
     print(table)
-    out = Path(ns.out)
-    out.mkdir(parents=True, exist_ok=True)
     env = environment_info()
     machine = env["cuda_devices"][0] if env["cuda_devices"] else f"{env['cpu_count']}-core CPU ({env['processor']})"
     record = {"summary": summary, "setup": dataclasses.asdict(setup), "arms": {a: dataclasses.asdict(ARMS[a]) | {"callbacks": None} for a in arms},
