@@ -264,6 +264,32 @@ class FastTrainingArguments(TrainingArguments):
                   "advance the LR schedule with tokens seen, so short steps are not charged as full ones."},
     )
 
+    # --- Weight averaging (issue 18): hf_fasttrain.averaging + callbacks.averaging ---------------
+    weight_averaging: str = field(
+        default="none",
+        metadata={"help": "Evaluate and save an average of the weights instead of the last iterate: 'ema' "
+                  "(exponential moving average, Composer's EMA), 'lawa' (mean of the last lawa_checkpoints "
+                  "copies taken every lawa_interval steps; Sanyal et al. 2023) or 'none'. Checkpoints keep the "
+                  "iterate as the model and the average in weight_average.pt; the final model is the average."},
+    )
+    ema_decay: float = field(
+        default=0.99, metadata={"help": "weight_averaging='ema': decay per optimizer step, in (0, 1)."}
+    )
+    ema_warmup: bool = field(
+        default=True,
+        metadata={"help": "weight_averaging='ema': use min(ema_decay, (1+t)/(10+t)) at step t, so the random "
+                  "init is forgotten early (tf.train.ExponentialMovingAverage's num_updates)."},
+    )
+    ema_update_every: int = field(
+        default=1, metadata={"help": "weight_averaging='ema': update after every n-th step only (decay**n then)."}
+    )
+    lawa_checkpoints: int = field(
+        default=5, metadata={"help": "weight_averaging='lawa': copies averaged (the window's length)."}
+    )
+    lawa_interval: int = field(
+        default=10, metadata={"help": "weight_averaging='lawa': optimizer steps between copies."}
+    )
+
     # --- Stability: gradient clipping and the divergence guard (issue 6) ----------------------
     clip_mode: str = field(
         default="norm",
@@ -394,6 +420,11 @@ class FastTrainingArguments(TrainingArguments):
         for name, low in (("guard_snapshot_every", 1), ("guard_spike_window", 2), ("guard_max_rollbacks", 0)):
             v = getattr(self, name)
             _check(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, v, f"must be an integer >= {low}")
+        from .averaging import ARGS_FIELDS, check_averaging_settings
+
+        check_averaging_settings(self.weight_averaging, self.ema_decay, self.ema_update_every,
+                                 self.lawa_checkpoints, self.lawa_interval, names=ARGS_FIELDS)
+        _check(isinstance(self.ema_warmup, bool), "ema_warmup", self.ema_warmup, "must be true or false")
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         check_seqlen_args(self)
         self._check_optimizer()

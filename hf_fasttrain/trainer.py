@@ -18,6 +18,7 @@ import torch
 from transformers import Trainer
 
 from .args import FastTrainingArguments
+from .callbacks.averaging import WeightAveragingCallback
 from .callbacks.run_record import RunRecorderCallback
 from .callbacks.stability import ClipStatsWindow, StabilityTrainerMixin, stability_callbacks
 from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
@@ -96,6 +97,10 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             precision_logger.info("precision: %s", choice.reason)
         # sequence-length options (samplers, packing, warmup); None when all are off
         self.seqlen = SeqLenWiring.from_trainer(self)
+        # weight averaging (EMA / LAWA): evaluated, checkpointed and finally saved as the model
+        self.weight_averaging = WeightAveragingCallback.from_args(self.args)
+        if self.weight_averaging is not None:
+            self.add_callback(self.weight_averaging)
 
     # -- hooks ---------------------------------------------------------------------------------
     def get_train_dataloader(self):
@@ -185,6 +190,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         return self.optimizer
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        if self.weight_averaging is not None:  # also for a user's call mid-training; on_evaluate swaps back
+            self.weight_averaging.swap_in(self.model)
         metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         loss = metrics.get(f"{metric_key_prefix}_loss")
         if loss is not None:
@@ -196,6 +203,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             config = {**self.run_config, **training_config(self.args)}
             write_run_record(self.args.output_dir, config)
         self._last_log_seconds = None
+        if self.weight_averaging is not None:
+            self.weight_averaging.resume_dir = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
     # -- helpers -------------------------------------------------------------------------------

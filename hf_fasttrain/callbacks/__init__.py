@@ -1,5 +1,6 @@
 """TrainerCallbacks: each a thin layer over a plain function, usable in any transformers.Trainer."""
 
+from .averaging import WeightAveragingCallback
 from .run_record import RunRecorderCallback, plot_loss_curves
 from .schedule import LRScheduleCallback
 from .seqlen import CurriculumCallback, SeqLenWarmupCallback, apply_batch_sampler, apply_seq_len_warmup
@@ -20,4 +21,5 @@ __all__ = [
     "apply_seq_len_warmup",
     "StopAtStepCallback",
     "TokenBudgetStopCallback",
+    "WeightAveragingCallback",
 ]

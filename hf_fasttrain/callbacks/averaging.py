@@ -1,0 +1,131 @@
+"""WeightAveragingCallback: an EMA or LAWA average of the weights (hf_fasttrain.averaging) in any Trainer.
+
+- after each optimizer step the average is updated (``on_step_end``);
+- every evaluation during training runs on the average (swapped in when the Trainer is about to evaluate,
+  swapped out after it, bit for bit);
+- each checkpoint holds the iterate as the model (so a resume continues the same run) and the average in
+  ``weight_average.pt``; a resume loads it, so a resumed run's average equals an uninterrupted one's;
+- at the end of training the average is written into the model: ``trainer.save_model()``, a final
+  ``trainer.evaluate()`` and a push use it.
+
+Example:
+    >>> from hf_fasttrain.callbacks import WeightAveragingCallback
+    >>> cb = WeightAveragingCallback(mode="ema", decay=0.99)
+    >>> # Trainer(model=model, args=args, ..., callbacks=[cb]).train()
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+from transformers import TrainerCallback
+
+from ..averaging import WeightAverage, check_averaging_settings, load_average_file, save_average_file
+
+__all__ = ["WeightAveragingCallback", "AVERAGE_FILE"]
+
+logger = logging.getLogger(__name__)
+
+AVERAGE_FILE = "weight_average.pt"
+
+
+class WeightAveragingCallback(TrainerCallback):
+    """Evaluate, checkpoint and finally save an average of the weights instead of the last iterate.
+
+    Args:
+        mode: ``"ema"`` or ``"lawa"``.
+        decay, warmup, update_every: EMA settings (see :class:`~hf_fasttrain.averaging.WeightAverage`).
+        lawa_k, lawa_interval: LAWA window (copies kept, steps between copies).
+        swap_for_eval: swap the average in for the Trainer's evaluations during training.
+
+    Attributes:
+        resume_dir: the checkpoint a resume starts from, when it is not ``output_dir/checkpoint-<step>``
+            (FastTrainer sets it from ``train(resume_from_checkpoint=...)``; set it by hand otherwise).
+        average: the :class:`~hf_fasttrain.averaging.WeightAverage` (built at ``on_train_begin``).
+
+    The callback must come after the Trainer's ``DefaultFlowCallback`` (any ``callbacks=[...]`` or
+    ``add_callback`` does), since it reads the flags that one sets to know an evaluation is coming.
+    """
+
+    def __init__(self, mode: str = "ema", decay: float = 0.99, warmup: bool = True, update_every: int = 1,
+                 lawa_k: int = 5, lawa_interval: int = 10, swap_for_eval: bool = True):
+        check_averaging_settings(mode, decay, update_every, lawa_k, lawa_interval)
+        if mode == "none":
+            raise ValueError("mode='none' is invalid for WeightAveragingCallback: allowed: 'ema', 'lawa'")
+        self.settings = dict(mode=mode, decay=decay, warmup=warmup, update_every=update_every, lawa_k=lawa_k,
+                             lawa_interval=lawa_interval)
+        self.swap_for_eval = swap_for_eval
+        self.resume_dir: Optional[str] = None
+        self.average: Optional[WeightAverage] = None
+        self._backup: Optional[dict[str, torch.Tensor]] = None
+        self.finalized = False
+
+    @classmethod
+    def from_args(cls, args, **kwargs) -> Optional["WeightAveragingCallback"]:
+        """The callback FastTrainingArguments ask for (None when ``weight_averaging='none'``)."""
+        mode = getattr(args, "weight_averaging", "none")
+        if mode == "none":
+            return None
+        return cls(mode=mode, decay=getattr(args, "ema_decay", 0.99), warmup=getattr(args, "ema_warmup", True),
+                   update_every=getattr(args, "ema_update_every", 1), lawa_k=getattr(args, "lawa_checkpoints", 5),
+                   lawa_interval=getattr(args, "lawa_interval", 10), **kwargs)
+
+    # -- events --------------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.finalized = False
+        self.average = WeightAverage(dict(model.named_parameters()), **self.settings)
+        if state.global_step > 0:  # a resume: the average comes from the checkpoint
+            ckpt = self.resume_dir or os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            path = os.path.join(ckpt, AVERAGE_FILE)
+            if os.path.isfile(path):
+                self.average.load_state_dict(load_average_file(path))
+            else:
+                logger.warning("resumed at step %d without %s in %s: the weight average restarts from the "
+                               "current weights", state.global_step, AVERAGE_FILE, ckpt)
+        return control
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.average.update(dict(model.named_parameters()), state.global_step)
+        if self.swap_for_eval and control.should_evaluate:  # the Trainer evaluates right after this event
+            self.swap_in(model)
+        return control
+
+    def on_evaluate(self, args, state, control, model=None, **kwargs):
+        self.swap_out(model)
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero and self.average is not None:
+            ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            if os.path.isdir(ckpt):
+                save_average_file(self.average.state_dict(), os.path.join(ckpt, AVERAGE_FILE))
+        return control
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self.swap_out(model)
+        if self.average is not None and not self.finalized:
+            self.average.copy_to(model)  # the average is the model from here on
+            self.finalized = True
+        return control
+
+    # -- swapping ------------------------------------------------------------------------------
+    def swap_in(self, model) -> None:
+        """Put the average into ``model``, keeping its own weights to put back (no-op once finalized)."""
+        if self._backup is not None or self.average is None or self.finalized:
+            return
+        params = dict(model.named_parameters())
+        self._backup = {n: params[n].detach().clone() for n in self.average.names}
+        self.average.copy_to(model)
+
+    def swap_out(self, model) -> None:
+        """Put the model's own weights back after :meth:`swap_in`."""
+        if self._backup is None:
+            return
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for n, t in self._backup.items():
+                params[n].copy_(t)
+        self._backup = None
