@@ -127,6 +127,10 @@ def ablation_arm(name: str, description: str, **extra) -> Arm:
 
 
 ablation_arm("base", "the Muon recipe before issue 18 (= fasttrain until then)")
+ablation_arm("base+ema", "base + an EMA of the weights (decay 0.98, half-life 34 steps, with the (1+t)/(10+t) "
+             "warmup) evaluated and kept as the model", weight_averaging="ema", ema_decay=0.98)
+ablation_arm("base+lawa", "base + LAWA: the mean of the last 5 copies taken every 10 steps, evaluated and kept",
+             weight_averaging="lawa", lawa_checkpoints=5, lawa_interval=10)
 ablation_arm("base+slw", "base + sequence-length warmup 16 -> block over 30% of the tokens, token-counted",
              seq_len_warmup_min=16, seq_len_warmup_fraction=0.3, include_num_input_tokens_seen="all")
 

@@ -222,6 +222,17 @@ class FastTrainingArguments(TrainingArguments):
     packing_row_length: Optional[int] = field(
         default=None, metadata={"help": "Tokens per packed row with packing='rows' (e.g. the model's context)."}
     )
+    batch_warmup_min_tokens: Optional[int] = field(
+        default=None,
+        metadata={"help": "Batch-size warmup: tokens per micro-batch at the start, growing linearly to the full "
+                  "micro-batch (max_tokens_per_batch, or per_device_train_batch_size rows) over "
+                  "batch_warmup_fraction of max_steps; fewer tokens per step early, when the gradient noise "
+                  "scale is small. Needs lr_decay, schedule_unit='tokens' and schedule_total_tokens: the run "
+                  "takes more, smaller steps and stops at the token budget. null = off."},
+    )
+    batch_warmup_fraction: float = field(
+        default=0.2, metadata={"help": "Share of max_steps over which the batch-size warmup grows (in [0, 1])."}
+    )
     curriculum_min_length: Optional[int] = field(
         default=None,
         metadata={"help": "Short-to-long curriculum: only examples up to this length at the start; the limit "

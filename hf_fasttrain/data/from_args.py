@@ -8,6 +8,10 @@ Which option does what (fields of FastTrainingArguments):
 
 - ``length_grouping``: `LengthGroupedBatchSampler` with ``per_device_train_batch_size`` examples.
 - ``max_tokens_per_batch``: `TokenBudgetBatchSampler` (padded tokens per micro-batch).
+- ``batch_warmup_min_tokens``: `BatchWarmupBatchSampler`, token budgets growing from it to
+  ``max_tokens_per_batch`` (or ``per_device_train_batch_size`` rows) over ``batch_warmup_fraction`` of
+  ``max_steps``; the run is counted in tokens (``schedule_unit='tokens'``) and may take up to that many
+  more, smaller steps to reach ``schedule_total_tokens``.
 - ``packing="flatten"``: `PackedBatchSampler` bins of ``max_tokens_per_batch`` tokens, one
   padding-free row each (`DataCollatorWithFlattening`).
 - ``packing="rows"``: ``per_device_train_batch_size`` rows of ``packing_row_length`` tokens
@@ -25,6 +29,7 @@ from typing import Any, Optional
 
 from .packing import PackedBatchSampler, PackedRowsCollator
 from .samplers import (
+    BatchWarmupBatchSampler,
     CurriculumBatchSampler,
     LengthGroupedBatchSampler,
     TokenBudgetBatchSampler,
@@ -53,6 +58,8 @@ def _batching_options(args) -> list[tuple[str, Any]]:
         on.append(("length_grouping", True))
     if args.max_tokens_per_batch is not None and args.packing == "none":
         on.append(("max_tokens_per_batch", args.max_tokens_per_batch))
+    elif getattr(args, "batch_warmup_min_tokens", None) is not None:  # batch-size warmup over fixed row counts
+        on.append(("batch_warmup_min_tokens", args.batch_warmup_min_tokens))
     if args.packing != "none":
         on.append(("packing", args.packing))
     if args.curriculum_min_length is not None:
@@ -86,6 +93,7 @@ def check_seqlen_args(args) -> None:
         _fail("train_sampling_strategy", args.train_sampling_strategy,
               f"must stay 'random' with {on[0][0]}={on[0][1]!r}: hf_fasttrain's sampler replaces the Trainer's")
 
+    _check_batch_warmup(args)
     if args.curriculum_min_length is not None:
         if not (_is_int(args.curriculum_min_length) and args.curriculum_min_length >= 1):
             _fail("curriculum_min_length", args.curriculum_min_length, "must be a positive integer or null")
@@ -106,6 +114,29 @@ def check_seqlen_args(args) -> None:
         if args.packing != "none":
             _fail("packing", args.packing, "sequence-length warmup is for fixed-length rows; use packing='none'")
         _check_schedule(args, "seq_len_warmup")
+
+
+def _check_batch_warmup(args) -> None:
+    min_tokens = getattr(args, "batch_warmup_min_tokens", None)
+    if min_tokens is None:
+        return
+    if not (_is_int(min_tokens) and min_tokens >= 1):
+        _fail("batch_warmup_min_tokens", min_tokens, "must be a positive integer (tokens per micro-batch at the start) or null")
+    if args.max_tokens_per_batch is not None and min_tokens > args.max_tokens_per_batch:
+        _fail("batch_warmup_min_tokens", min_tokens, f"must be <= max_tokens_per_batch={args.max_tokens_per_batch}")
+    if args.packing != "none":
+        _fail("packing", args.packing, "batch-size warmup works on token-budget or fixed-count batches; use packing='none'")
+    fraction = args.batch_warmup_fraction
+    if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0.0 <= fraction <= 1.0):
+        _fail("batch_warmup_fraction", fraction, "must be in [0, 1] (the share of max_steps over which the batch grows)")
+    if args.max_steps <= 0:
+        _fail("max_steps", args.max_steps, "batch-size warmup is scheduled over max_steps; set max_steps > 0")
+    if args.lr_decay is None or args.schedule_unit != "tokens" or args.schedule_total_tokens is None:
+        _fail("batch_warmup_min_tokens", min_tokens,
+              "batch-size warmup changes the tokens per step, so the run is counted in tokens: set lr_decay "
+              "(e.g. 'cosine'), schedule_unit='tokens' and schedule_total_tokens (the run's token budget, "
+              f"e.g. max_steps x global batch x row length); got lr_decay={args.lr_decay!r}, "
+              f"schedule_unit={args.schedule_unit!r}, schedule_total_tokens={args.schedule_total_tokens!r}")
 
 
 def _check_schedule(args, prefix: str) -> None:
@@ -141,6 +172,7 @@ class SeqLenWiring:
         self.input_name = names[0]
         self.sampler = None
         self.collator = None
+        self.batch_warmup_steps = 0  # optimizer steps of a batch-size warmup (smaller steps: the run needs more)
         self.cutter: Optional[SeqLenWarmupCollator] = None
         callbacks = []
         if _batching_options(args):
@@ -195,10 +227,32 @@ class SeqLenWiring:
             pad = self.pad_token_id if self.pad_token_id is not None else 0
             return sampler, PackedRowsCollator(row_len=args.packing_row_length, num_rows=self.rows, pad_token_id=pad)
         multiple = getattr(data_collator, "pad_to_multiple_of", None) or 1
+        if getattr(args, "batch_warmup_min_tokens", None) is not None:
+            return self._batch_warmup(args, lengths, multiple, shard), None
         sampler = TokenBudgetBatchSampler(
             lengths, args.max_tokens_per_batch, grad_accum=self.grad_accum, pad_to_multiple_of=multiple, **shard
         )
         return sampler, None
+
+    def _batch_warmup(self, args, lengths, multiple: int, shard: dict) -> BatchWarmupBatchSampler:
+        if args.max_tokens_per_batch is not None:  # token budgets
+            max_tokens, max_rows = args.max_tokens_per_batch, None
+        else:  # fixed row counts: the full batch is per_device_train_batch_size rows of the longest length
+            longest = -(-int(lengths.max()) // multiple) * multiple
+            max_tokens, max_rows = self.rows * longest, self.rows
+            if args.batch_warmup_min_tokens > max_tokens:
+                _fail("batch_warmup_min_tokens", args.batch_warmup_min_tokens,
+                      f"must be <= the full micro-batch's {max_tokens} tokens ({self.rows} rows x {longest})")
+        per_rank = args.schedule_total_tokens // max(args.world_size, 1)
+        if per_rank > int(lengths.sum()) // max(args.world_size, 1):
+            _fail("batch_warmup_min_tokens", args.batch_warmup_min_tokens,
+                  f"needs the run to fit in one epoch (the warmup is planned in epoch 0): schedule_total_tokens="
+                  f"{args.schedule_total_tokens} is more than the {int(lengths.sum())} tokens of the training set")
+        self.batch_warmup_steps = round(args.batch_warmup_fraction * args.max_steps)
+        return BatchWarmupBatchSampler(
+            lengths, max_tokens, min_tokens=args.batch_warmup_min_tokens, warmup_steps=self.batch_warmup_steps,
+            grad_accum=self.grad_accum, max_batch_size=max_rows, pad_to_multiple_of=multiple, **shard,
+        )
 
     def _warmup(self, args, dataset, data_collator) -> SeqLenWarmupCollator:
         full = len(dataset[0][self.input_name])
@@ -227,6 +281,8 @@ class SeqLenWiring:
 
     def max_steps(self, max_steps: int) -> int:
         """Optimizer steps of the run: with token counting, enough for ``base max_steps`` full-length steps' tokens."""
+        if self.batch_warmup_steps:  # each warmup step holds less than a full one: at most this many more steps;
+            return max_steps + self.batch_warmup_steps  # the token budget (schedule_total_tokens) stops the run
         if not self.count_tokens:
             return max_steps
         warmup = self.cutter.warmup
@@ -261,4 +317,4 @@ class SeqLenWiring:
 
     def schedule_steps(self, num_training_steps: int) -> int:
         """The steps the LR schedule is built for: the user's max_steps when counting tokens."""
-        return self.base_max_steps if self.count_tokens else num_training_steps
+        return self.base_max_steps if self.count_tokens or self.batch_warmup_steps else num_training_steps
