@@ -114,6 +114,16 @@ ARMS: dict[str, Arm] = {
 # The base is frozen here so that saved runs stay comparable when the headline ``fasttrain`` arm changes.
 #   python benchmarks/time_to_loss.py --arms hf-tuned,base,base+ema,... --seeds 3 --name ablation
 BASE = dict(ARMS["fasttrain"].args)
+
+
+def token_budget(setup: "Setup") -> int:
+    """An arm setting computed from the setup: the run's token budget (max_steps full steps)."""
+    return setup.max_steps * setup.tokens_per_step
+
+
+def quarter_batch(setup: "Setup") -> int:
+    """A quarter of the full micro-batch's tokens (4 of 16 rows in the default setup)."""
+    return setup.tokens_per_step // 4
 ABLATION: dict[str, tuple[str, dict[str, Any]]] = {}
 
 
@@ -131,6 +141,10 @@ ablation_arm("base+ema", "base + an EMA of the weights (decay 0.98, half-life 34
              "warmup) evaluated and kept as the model", weight_averaging="ema", ema_decay=0.98)
 ablation_arm("base+lawa", "base + LAWA: the mean of the last 5 copies taken every 10 steps, evaluated and kept",
              weight_averaging="lawa", lawa_checkpoints=5, lawa_interval=10)
+ablation_arm("base+bsw", "base + batch-size warmup: 4 -> 16 rows (512 -> 2048 tokens) per step over the first 60 "
+             "steps' worth, the lr schedule and the stop counted in tokens (same token budget)",
+             batch_warmup_min_tokens=quarter_batch, batch_warmup_fraction=0.2, schedule_unit="tokens",
+             schedule_total_tokens=token_budget, include_num_input_tokens_seen="all")
 ablation_arm("base+slw", "base + sequence-length warmup 16 -> block over 30% of the tokens, token-counted",
              seq_len_warmup_min=16, seq_len_warmup_fraction=0.3, include_num_input_tokens_seen="all")
 
@@ -215,7 +229,9 @@ def data_arguments(setup: Setup) -> DataArguments:
 
 def run_key(arm: Arm, seed: int, setup: Setup) -> str:
     """What a saved run's result depends on: the arm's settings, the seed and the setup (corpus included)."""
-    blob = json.dumps({"arm": dataclasses.asdict(arm) | {"callbacks": getattr(arm.callbacks, "__qualname__", None),
+    settings = {k: getattr(v, "__qualname__", v) if callable(v) else v for k, v in arm.args.items()}
+    blob = json.dumps({"arm": dataclasses.asdict(arm) | {"args": settings,
+                                                         "callbacks": getattr(arm.callbacks, "__qualname__", None),
                                                          "run": getattr(arm.run, "__qualname__", None)},
                        "seed": seed, "setup": dataclasses.asdict(setup)}, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
@@ -238,7 +254,8 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> 
     common = common_args(setup, seed, out)
     args_cls = FastTrainingArguments if arm.fast else TrainingArguments
     extra = {"auto_resume": False} if arm.fast else {}
-    args = args_cls(**{**common, **extra, **arm.args})
+    settings = {k: v(setup) if callable(v) else v for k, v in arm.args.items()}  # e.g. token_budget
+    args = args_cls(**{**common, **extra, **settings})
     set_seed(seed)
     model = build_model(
         ModelArguments(n_layer=setup.n_layer, n_head=setup.n_head, n_embd=setup.n_embd), tokenizer, setup.block_size
@@ -402,6 +419,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", default="hf-default,hf-tuned,fasttrain",
                    help=f"comma-separated arms (default: the three main ones); known: {', '.join(ARMS)}")
     p.add_argument("--seeds", type=int, default=3, help="seeds per arm (run interleaved)")
+    p.add_argument("--seed-list", default=None,
+                   help="comma-separated seeds to run instead of 0..seeds-1 (e.g. one seed per process)")
     p.add_argument("--max-steps", type=int, default=None, help="optimizer steps per run (default 300)")
     p.add_argument("--lr-sweep", default=None,
                    help="comma-separated peak lrs: run each chosen arm at each lr (arms named ARM@LR)")
@@ -444,7 +463,8 @@ def main(argv=None) -> dict[str, Any]:
     saved_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     with tempfile.TemporaryDirectory(prefix="ttl-") as work:
-        for seed in range(ns.seeds):
+        seeds = [int(x) for x in ns.seed_list.split(",")] if ns.seed_list else list(range(ns.seeds))
+        for seed in seeds:
             for arm in arms:
                 key = run_key(ARMS[arm], seed, setup)
                 path = saved_dir / f"{arm.replace('/', '_')}-seed{seed}.json"
