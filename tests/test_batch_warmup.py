@@ -124,3 +124,23 @@ def test_fast_trainer_ramps_the_batch_and_stops_at_the_token_budget(tiny_lm, tin
     assert trainer.token_progress.tokens_seen == budget
     lrs = [e["learning_rate"] for e in trainer.state.log_history if "learning_rate" in e]
     assert lrs[-1] < lrs[2]  # the cosine ran to the end of the budget
+
+
+def test_a_run_longer_than_one_epoch_reaches_its_budget(tiny_lm, tiny_tokenizer, tmp_path):
+    # 40 rows, full batch 8 rows: epoch 0 (with the warmup) has 2 + 4 + 6 + 4 + 3 * 8 = 40 rows in 8 steps,
+    # epoch 1 five full steps; a budget of 12 full steps (96 rows) needs both and 4 more steps of epoch 2
+    rows = 8
+    train = tiny_lm["train"].select(range(40))
+    budget = 12 * rows * TINY_BLOCK
+    args = tiny_args(tmp_path, max_steps=12, per_device_train_batch_size=rows, lr_decay="cosine",
+                     schedule_unit="tokens", schedule_total_tokens=budget, batch_warmup_min_tokens=2 * TINY_BLOCK,
+                     batch_warmup_fraction=0.25, logging_steps=1)
+    trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=train,
+                          data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False),
+                          processing_class=tiny_tokenizer)
+    seen = []
+    step = trainer.training_step
+    trainer.training_step = lambda model, inputs, n=None: (seen.append(inputs["input_ids"].shape[0]), step(model, inputs, n))[1]
+    trainer.train()
+    assert seen[:4] == [2, 4, 6, 4] and set(seen[4:]) == {8}
+    assert sum(seen) * TINY_BLOCK == budget and trainer.state.global_step == len(seen) == 4 + 10

@@ -7,6 +7,11 @@ never lands in both splits. A byte-level BPE tokenizer is trained on the train s
 ``tokenizers`` and cached under the user's cache directory (``$HF_FASTTRAIN_CACHE``, else
 ``$XDG_CACHE_HOME/hf_fasttrain``, else ``~/.cache/hf_fasttrain``).
 
+A second embedded corpus, ``dataset="embedded:prose"``, is English prose that ships with Python: the
+reference topics of ``pydoc_data`` (the text ``help("FOR")`` shows) and the docstrings of the stdlib
+modules, classes and functions with their doctest lines removed (one document per topic or module). It
+checks that a gain holds on natural language, not only on code.
+
 With a dataset name or local text/json(l) files, the same functions go through
 ``datasets.load_dataset``; with a tokenizer name or path, through ``AutoTokenizer``.
 
@@ -41,6 +46,9 @@ __all__ = [
     "list_stdlib_sources",
     "is_validation_path",
     "build_stdlib_corpus",
+    "PROSE_CORPUS",
+    "module_prose",
+    "build_prose_corpus",
     "load_text_datasets",
     "get_tokenizer",
     "tokenize_and_chunk",
@@ -159,6 +167,80 @@ def build_stdlib_corpus(
     return datasets.load_from_disk(str(target))
 
 
+PROSE_CORPUS = "embedded:prose"  # DataArguments.dataset value of the English-prose corpus
+_PROSE_FORMAT = 2
+_MIN_DOCSTRING = 80  # characters: shorter docstrings ("Return x.") are more label than prose
+
+
+def _without_doctest(text: str) -> str:
+    """``text`` without its interactive-session lines (``>>>`` / ``...`` prompts)."""
+    return "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith((">>>", "..."))).strip()
+
+
+def module_prose(source: str) -> str:
+    """The docstrings of a module's source (module, classes, functions), doctest lines removed, joined by
+    blank lines; '' when it has none (or does not parse)."""
+    import ast
+    import inspect
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ""
+    parts = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=True)
+            if not doc:
+                continue
+            text = _without_doctest(inspect.cleandoc(doc))
+            if len(text) >= _MIN_DOCSTRING:
+                parts.append(text)
+    return "\n\n".join(parts)
+
+
+def build_prose_corpus(
+    validation_fraction: float = 0.05,
+    max_files: Optional[int] = None,
+    root: Optional[Path] = None,
+) -> DatasetDict:
+    """English prose shipped with Python: ``pydoc_data`` topics and stdlib docstrings (columns ``path``, ``text``).
+
+    Documents are named ``pydoc/<topic>`` and ``doc/<module path>`` and split by the hash of that name,
+    as the stdlib corpus is; ``max_files`` keeps that many stdlib modules (and every topic). Cached like
+    :func:`build_stdlib_corpus`.
+    """
+    from pydoc_data.topics import topics
+
+    if not 0.0 < validation_fraction < 1.0:
+        raise ValueError(f"validation_fraction must be in (0, 1), got: {validation_fraction}")
+    root = Path(root) if root is not None else stdlib_root()
+    rels = list_stdlib_sources(root, max_files)
+    key_src = json.dumps([_PROSE_FORMAT, sys.version, str(root), validation_fraction, rels], sort_keys=True).encode()
+    key = hashlib.sha1(key_src).hexdigest()[:16]
+    ver = f"py{sys.version_info.major}.{sys.version_info.minor}"
+    target = cache_root() / "corpus" / f"prose-{ver}-{key}"
+    if (target / "dataset_dict.json").exists():
+        return datasets.load_from_disk(str(target))
+    docs = [(f"pydoc/{name}", _without_doctest(text)) for name, text in sorted(topics.items())]
+    for rel in rels:
+        text = module_prose((root / rel).read_text(encoding="utf-8", errors="replace"))
+        if text:
+            docs.append((f"doc/{rel}", text))
+    splits: dict[str, dict[str, list[str]]] = {"train": {"path": [], "text": []}, "validation": {"path": [], "text": []}}
+    for name, text in docs:
+        split = "validation" if is_validation_path(name, validation_fraction) else "train"
+        splits[split]["path"].append(name)
+        splits[split]["text"].append(text)
+    if not splits["validation"]["path"] or not splits["train"]["path"]:
+        raise ValueError(f"validation_fraction={validation_fraction} with {len(docs)} documents leaves a split empty")
+    dd = DatasetDict({k: Dataset.from_dict(v) for k, v in splits.items()})
+    tmp = _atomic_dir(target)
+    dd.save_to_disk(str(tmp))
+    _publish_dir(tmp, target)
+    return datasets.load_from_disk(str(target))
+
+
 def _looks_like_files(spec: str) -> bool:
     parts = [p.strip() for p in spec.split(",")]
     return all(p.endswith((".txt", ".text", ".json", ".jsonl")) for p in parts)
@@ -174,12 +256,15 @@ def load_text_datasets(
 ) -> DatasetDict:
     """Raw text as a ``DatasetDict`` with ``train`` and ``validation`` splits and a ``text`` column.
 
-    ``dataset`` is None for the embedded stdlib corpus, a comma-separated list of local ``.txt`` /
+    ``dataset`` is None for the embedded stdlib corpus, ``"embedded:prose"`` for the English-prose one
+    (:func:`build_prose_corpus`), a comma-separated list of local ``.txt`` /
     ``.json`` / ``.jsonl`` files, or a Hub dataset name (``datasets.load_dataset``; needs network or
     the datasets cache). A missing validation split is cut from train with a fixed seed.
     """
     if dataset is None:
         return build_stdlib_corpus(validation_fraction=validation_fraction, max_files=max_files)
+    if dataset == PROSE_CORPUS:
+        return build_prose_corpus(validation_fraction=validation_fraction, max_files=max_files)
     if _looks_like_files(dataset):
         files = [p.strip() for p in dataset.split(",")]
         for f in files:

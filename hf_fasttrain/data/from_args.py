@@ -243,12 +243,12 @@ class SeqLenWiring:
             if args.batch_warmup_min_tokens > max_tokens:
                 _fail("batch_warmup_min_tokens", args.batch_warmup_min_tokens,
                       f"must be <= the full micro-batch's {max_tokens} tokens ({self.rows} rows x {longest})")
-        per_rank = args.schedule_total_tokens // max(args.world_size, 1)
-        if per_rank > int(lengths.sum()) // max(args.world_size, 1):
-            _fail("batch_warmup_min_tokens", args.batch_warmup_min_tokens,
-                  f"needs the run to fit in one epoch (the warmup is planned in epoch 0): schedule_total_tokens="
-                  f"{args.schedule_total_tokens} is more than the {int(lengths.sum())} tokens of the training set")
         self.batch_warmup_steps = round(args.batch_warmup_fraction * args.max_steps)
+        warmup_tokens = self.batch_warmup_steps * self.grad_accum * max_tokens * max(args.world_size, 1)
+        if warmup_tokens > int(lengths.sum()):
+            _fail("batch_warmup_fraction", args.batch_warmup_fraction,
+                  f"the warmup ({self.batch_warmup_steps} steps of up to {max_tokens} tokens per micro-batch) must end "
+                  f"within the first epoch ({int(lengths.sum())} tokens); use a smaller fraction or more data")
         return BatchWarmupBatchSampler(
             lengths, max_tokens, min_tokens=args.batch_warmup_min_tokens, warmup_steps=self.batch_warmup_steps,
             grad_accum=self.grad_accum, max_batch_size=max_rows, pad_to_multiple_of=multiple, **shard,
