@@ -17,9 +17,9 @@ With FastTrainer, set `FastTrainingArguments(optimizer="lion", optimizer_kwargs=
 """
 
 from .ademamix import AdEMAMix, ademamix_alpha, ademamix_beta3
-from .adamw import build_adamw
+from .adamw import AdamW, build_adamw
 from .lion import Lion
-from .muon import MuonWithAdamW, conv1d_lr_multiplier, muon_routing
+from .muon import NS_COEFFICIENTS, MuonWithAdamW, conv1d_lr_multiplier, muon_routing, newton_schulz, ns_coefficient_schedule
 from .registry import (
     OPTIMIZERS,
     OptimizerFactory,
@@ -35,7 +35,9 @@ from .registry import (
 from .soap import SOAP, soap_preconditioned_dims
 
 __all__ = [
+    "NS_COEFFICIENTS",
     "OPTIMIZERS",
+    "AdamW",
     "AdEMAMix",
     "Lion",
     "MuonWithAdamW",
@@ -50,6 +52,8 @@ __all__ = [
     "decay_param_groups",
     "get_optimizer_factory",
     "muon_routing",
+    "newton_schulz",
+    "ns_coefficient_schedule",
     "optimizer_cls_and_kwargs_for",
     "optimizer_option_names",
     "parse_optimizer_kwargs",
