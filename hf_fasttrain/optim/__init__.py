@@ -32,6 +32,7 @@ from .registry import (
     parse_optimizer_kwargs,
     trainer_optimizer_kwargs,
 )
+from .sharding import SHARDING_MODES, check_sharding_support, detect_sharding, sharding_support
 from .soap import SOAP, soap_preconditioned_dims
 
 __all__ = [
@@ -42,14 +43,17 @@ __all__ = [
     "Lion",
     "MuonWithAdamW",
     "OptimizerFactory",
+    "SHARDING_MODES",
     "SOAP",
     "ademamix_alpha",
     "ademamix_beta3",
     "build_adamw",
     "check_optimizer_options",
+    "check_sharding_support",
     "conv1d_lr_multiplier",
     "create_optimizer",
     "decay_param_groups",
+    "detect_sharding",
     "get_optimizer_factory",
     "muon_routing",
     "newton_schulz",
@@ -57,6 +61,7 @@ __all__ = [
     "optimizer_cls_and_kwargs_for",
     "optimizer_option_names",
     "parse_optimizer_kwargs",
+    "sharding_support",
     "soap_preconditioned_dims",
     "trainer_optimizer_kwargs",
 ]

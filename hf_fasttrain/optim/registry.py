@@ -33,6 +33,7 @@ from .adamw import build_adamw
 from .ademamix import AdEMAMix
 from .lion import Lion
 from .muon import MuonWithAdamW, _conv1d_type, conv1d_lr_multiplier, muon_routing
+from .sharding import check_sharding_support, detect_sharding
 from .soap import SOAP
 
 __all__ = [
@@ -252,9 +253,19 @@ def _check_options(name: str, kwargs: Mapping[str, Any]) -> None:
 
 
 def create_optimizer(
-    name: str, model: nn.Module, lr: Optional[float] = None, weight_decay: Optional[float] = None, **kwargs
+    name: str,
+    model: nn.Module,
+    lr: Optional[float] = None,
+    weight_decay: Optional[float] = None,
+    sharding: Optional[str] = None,
+    **kwargs,
 ) -> torch.optim.Optimizer:
     """Build optimizer `name` for `model` with param groups (see the module docstring).
+
+    `sharding` is how the run spreads the model (`hf_fasttrain.optim.sharding.SHARDING_MODES`);
+    None detects it from the model's parameters and the launcher's environment. A combination that
+    would not give the single-process update (Muon or SOAP under DeepSpeed ZeRO or FSDP1, SOAP under
+    FSDP2, `cautious` on flattened partitions) raises a one-line ValueError here, before training.
 
     Example:
         >>> import torch
@@ -266,6 +277,8 @@ def create_optimizer(
     """
     factory = get_optimizer_factory(name)
     _check_options(name, kwargs)
+    mode = detect_sharding(model=model) if sharding is None else sharding
+    check_sharding_support(name, mode, cautious=bool(kwargs.get("cautious", False)))
     return factory(model, lr=lr, weight_decay=weight_decay, **kwargs)
 
 
