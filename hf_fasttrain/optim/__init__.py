@@ -17,9 +17,9 @@ With FastTrainer, set `FastTrainingArguments(optimizer="lion", optimizer_kwargs=
 """
 
 from .ademamix import AdEMAMix, ademamix_alpha, ademamix_beta3
-from .adamw import build_adamw
+from .adamw import AdamW, build_adamw
 from .lion import Lion
-from .muon import MuonWithAdamW, conv1d_lr_multiplier, muon_routing
+from .muon import NS_COEFFICIENTS, MuonWithAdamW, conv1d_lr_multiplier, muon_routing, newton_schulz, ns_coefficient_schedule
 from .registry import (
     OPTIMIZERS,
     OptimizerFactory,
@@ -32,27 +32,36 @@ from .registry import (
     parse_optimizer_kwargs,
     trainer_optimizer_kwargs,
 )
+from .sharding import SHARDING_MODES, check_sharding_support, detect_sharding, sharding_support
 from .soap import SOAP, soap_preconditioned_dims
 
 __all__ = [
+    "NS_COEFFICIENTS",
     "OPTIMIZERS",
+    "AdamW",
     "AdEMAMix",
     "Lion",
     "MuonWithAdamW",
     "OptimizerFactory",
+    "SHARDING_MODES",
     "SOAP",
     "ademamix_alpha",
     "ademamix_beta3",
     "build_adamw",
     "check_optimizer_options",
+    "check_sharding_support",
     "conv1d_lr_multiplier",
     "create_optimizer",
     "decay_param_groups",
+    "detect_sharding",
     "get_optimizer_factory",
     "muon_routing",
+    "newton_schulz",
+    "ns_coefficient_schedule",
     "optimizer_cls_and_kwargs_for",
     "optimizer_option_names",
     "parse_optimizer_kwargs",
+    "sharding_support",
     "soap_preconditioned_dims",
     "trainer_optimizer_kwargs",
 ]

@@ -33,6 +33,7 @@ from .adamw import build_adamw
 from .ademamix import AdEMAMix
 from .lion import Lion
 from .muon import MuonWithAdamW, _conv1d_type, conv1d_lr_multiplier, muon_routing
+from .sharding import check_sharding_support, detect_sharding
 from .soap import SOAP
 
 __all__ = [
@@ -90,9 +91,13 @@ def create_adamw(
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     fused: Optional[bool] = None,
+    cautious: bool = False,
 ) -> torch.optim.Optimizer:
-    """torch AdamW (fused on CUDA, foreach otherwise); defaults lr 1e-3, weight decay 0.1."""
-    return _build("AdamW", build_adamw, model, lr, weight_decay, {"betas": betas, "eps": eps, "fused": fused})
+    """torch AdamW (fused on CUDA, foreach otherwise); defaults lr 1e-3, weight decay 0.1.
+
+    `cautious=True`: cautious AdamW (Liang et al. 2024), this package's `AdamW` (no fused kernel)."""
+    kwargs = {"betas": betas, "eps": eps, "fused": fused, "cautious": cautious}
+    return _build("AdamW", build_adamw, model, lr, weight_decay, kwargs)
 
 
 def create_lion(
@@ -100,9 +105,10 @@ def create_lion(
     lr: Optional[float] = None,
     weight_decay: Optional[float] = None,
     betas: tuple[float, float] = (0.9, 0.99),
+    cautious: bool = False,
 ) -> torch.optim.Optimizer:
-    """Lion (Chen et al. 2023); defaults lr 1e-4, weight decay 1.0, betas (0.9, 0.99)."""
-    return _build("Lion", Lion, model, lr, weight_decay, {"betas": betas})
+    """Lion (Chen et al. 2023); defaults lr 1e-4, weight decay 1.0, betas (0.9, 0.99); `cautious` C-Lion."""
+    return _build("Lion", Lion, model, lr, weight_decay, {"betas": betas, "cautious": cautious})
 
 
 def create_ademamix(
@@ -113,9 +119,10 @@ def create_ademamix(
     alpha: float = 5.0,
     T_alpha_beta3: Optional[int] = None,
     eps: float = 1e-8,
+    cautious: bool = False,
 ) -> torch.optim.Optimizer:
     """AdEMAMix (Pagliardini et al. 2024); set T_alpha_beta3 to the run's length, as the paper does."""
-    kwargs = {"betas": betas, "alpha": alpha, "T_alpha_beta3": T_alpha_beta3, "eps": eps}
+    kwargs = {"betas": betas, "alpha": alpha, "T_alpha_beta3": T_alpha_beta3, "eps": eps, "cautious": cautious}
     return _build("AdEMAMix", AdEMAMix, model, lr, weight_decay, kwargs)
 
 
@@ -155,6 +162,8 @@ def create_muon(
     eps: float = 1e-8,
     adamw_patterns: tuple[str, ...] = (),
     fused: Optional[bool] = None,
+    ns_coefficients: Any = "jordan",
+    cautious: bool = False,
 ) -> MuonWithAdamW:
     """Muon on the hidden matrices, AdamW on the rest (see `muon_routing`), as one optimizer.
 
@@ -163,6 +172,8 @@ def create_muon(
     Liu et al. 2025) applies to the Muon matrices and to AdamW's decay group (embeddings included).
     Groups: Muon groups first (one per lr multiplier, see `conv1d_lr_multiplier`), then AdamW's
     decay and no-decay groups; every group carries `use_muon` and `param_names`.
+    `ns_coefficients` ("jordan", "polar_express" or (a, b, c) triples) and `ns_steps` set the
+    Newton-Schulz iteration; `cautious` makes the AdamW part cautious (Liang et al. 2024).
     """
     lr = 1e-3 if lr is None else lr
     weight_decay = 0.1 if weight_decay is None else weight_decay
@@ -203,6 +214,8 @@ def create_muon(
         betas=betas,
         eps=eps,
         fused=fused,
+        ns_coefficients=ns_coefficients,
+        cautious=cautious,
     )
 
 
@@ -240,9 +253,19 @@ def _check_options(name: str, kwargs: Mapping[str, Any]) -> None:
 
 
 def create_optimizer(
-    name: str, model: nn.Module, lr: Optional[float] = None, weight_decay: Optional[float] = None, **kwargs
+    name: str,
+    model: nn.Module,
+    lr: Optional[float] = None,
+    weight_decay: Optional[float] = None,
+    sharding: Optional[str] = None,
+    **kwargs,
 ) -> torch.optim.Optimizer:
     """Build optimizer `name` for `model` with param groups (see the module docstring).
+
+    `sharding` is how the run spreads the model (`hf_fasttrain.optim.sharding.SHARDING_MODES`);
+    None detects it from the model's parameters and the launcher's environment. A combination that
+    would not give the single-process update (Muon or SOAP under DeepSpeed ZeRO or FSDP1, SOAP under
+    FSDP2, `cautious` on flattened partitions) raises a one-line ValueError here, before training.
 
     Example:
         >>> import torch
@@ -254,6 +277,8 @@ def create_optimizer(
     """
     factory = get_optimizer_factory(name)
     _check_options(name, kwargs)
+    mode = detect_sharding(model=model) if sharding is None else sharding
+    check_sharding_support(name, mode, cautious=bool(kwargs.get("cautious", False)))
     return factory(model, lr=lr, weight_decay=weight_decay, **kwargs)
 
 
