@@ -145,6 +145,10 @@ ablation_arm("base+bsw", "base + batch-size warmup: 4 -> 16 rows (512 -> 2048 to
              "steps' worth, the lr schedule and the stop counted in tokens (same token budget)",
              batch_warmup_min_tokens=quarter_batch, batch_warmup_fraction=0.2, schedule_unit="tokens",
              schedule_total_tokens=token_budget, include_num_input_tokens_seen="all")
+ablation_arm("base+cautious", "base + cautious updates (Liang et al. 2024) in Muon's AdamW part",
+             optimizer_kwargs={"cautious": True})
+ablation_arm("base+polar", "base + Polar Express Newton-Schulz coefficients (Amsel et al. 2025) in Muon, 5 steps",
+             optimizer_kwargs={"ns_coefficients": "polar_express"})
 ablation_arm("base+slw", "base + sequence-length warmup 16 -> block over 30% of the tokens, token-counted",
              seq_len_warmup_min=16, seq_len_warmup_fraction=0.3, include_num_input_tokens_seen="all")
 
