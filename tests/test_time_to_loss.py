@@ -78,3 +78,22 @@ def test_optimizer_lr_sweep_grid_extends_at_the_edge(tmp_path):
         assert (tmp_path / f"sweep.{ext}").exists()
     with pytest.raises(SystemExit, match="--grid"):
         sweep.main(["--quick", "--optimizers", "lion", "--grid", "lion=fast", "--out", str(tmp_path)])
+
+
+def test_saved_runs_are_skipped_on_rerun_and_redone_when_settings_change(tmp_path, capsys):
+    ttl = _load()
+    argv = ["--quick", "--seeds", "1", "--arms", "base+ema", "--out", str(tmp_path), "--name", "t"]
+    first = ttl.main(argv)
+    saved = tmp_path / "t_runs" / "base+ema-seed0.json"
+    assert saved.exists()
+    capsys.readouterr()
+    again = ttl.main(argv)  # nothing trains: the saved run is read back
+    assert "saved run, skipped" in capsys.readouterr().out
+    assert again["runs"] == first["runs"]
+    # a different setting is a different key: the saved run is not reused for it
+    arm = ttl.ARMS["base+ema"]
+    changed = ttl.dataclasses.replace(arm, args={**arm.args, "ema_decay": 0.5})
+    setup = ttl.dataclasses.replace(ttl.QUICK)
+    assert ttl.load_saved_run(saved, ttl.run_key(changed, 0, setup)) is None
+    assert ttl.load_saved_run(saved, ttl.run_key(arm, 0, setup)) is not None
+    assert ttl.run_key(arm, 0, ttl.dataclasses.replace(setup, corpus="prose")) != ttl.run_key(arm, 0, setup)

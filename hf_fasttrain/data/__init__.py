@@ -1,6 +1,7 @@
 """Data: the embedded corpus and tokenizer, samplers, sequence-length scheduling, packing."""
 
 from .corpus import (
+    build_prose_corpus,
     build_stdlib_corpus,
     get_tokenizer,
     load_text_datasets,
@@ -9,6 +10,7 @@ from .corpus import (
 )
 from .packing import PackedBatchSampler, PackedRowsCollator, pack_bins
 from .samplers import (
+    BatchWarmupBatchSampler,
     CurriculumBatchSampler,
     LengthGroupedBatchSampler,
     TokenBudgetBatchSampler,
@@ -20,6 +22,7 @@ from .seqlen import SeqLenWarmup, SeqLenWarmupCollator, set_batch_sequence_lengt
 
 __all__ = [
     "build_stdlib_corpus",
+    "build_prose_corpus",
     "get_tokenizer",
     "load_text_datasets",
     "tokenize_and_chunk",
@@ -30,6 +33,7 @@ __all__ = [
     "LengthGroupedBatchSampler",
     "TokenBudgetBatchSampler",
     "CurriculumBatchSampler",
+    "BatchWarmupBatchSampler",
     "batch_sampler_dataloader",
     "PackedBatchSampler",
     "PackedRowsCollator",
