@@ -17,6 +17,7 @@ from transformers import TrainingArguments
 
 from .callbacks.stability import CLIP_MODES, ROLLBACK_MODES
 from .data.from_args import check_seqlen_args
+from .restarts.config import restart_config_from_args
 
 __all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments"]
 
@@ -375,8 +376,6 @@ class FastTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
-        from .restarts import restart_config_from_args
-
         restart_config_from_args(self)  # raises naming the restart_* field
         if self.restart_stop_at_step is not None:
             _check(isinstance(self.restart_stop_at_step, int) and self.restart_stop_at_step >= 1,

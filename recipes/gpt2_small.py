@@ -15,7 +15,7 @@ killed run resumes from its last checkpoint.
 import sys
 
 from hf_fasttrain.recipes import make_parser, parse_config
-from hf_fasttrain.restarts import train_with_restarts
+from hf_fasttrain.restarts.recipe_runner import train_with_restarts
 from hf_fasttrain.run import train
 
 
