@@ -121,7 +121,7 @@ def _push_parser() -> argparse.ArgumentParser:
 def _push_recipe(argv: Sequence[str]) -> int:
     args = _push_parser().parse_args(list(argv))
     from .args import DataArguments, ModelArguments
-    from .hub import push_recipe
+    from .push import push_recipe
     from .recipes import load_recipe, recipe_path, validate_recipe
 
     # validate before anything is written: keys, types, and the model/data sections' ranges (the
