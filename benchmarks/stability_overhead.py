@@ -1,6 +1,6 @@
 """Per-step cost of the stability callbacks, side by side in one run.
 
-    python benchmarks/stability_overhead.py --steps 60 --repeats 3
+    python -m benchmarks.stability_overhead --steps 60 --repeats 3
 
 Trains the same tiny GPT-2 (2 layers, 128 wide, vocab 1000, seq 128, batch 8) on random tokens with
 the plain Trainer and with each callback, arms interleaved within each repeat, and reports the median
@@ -18,7 +18,6 @@ import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -28,7 +27,7 @@ from transformers.utils import logging as hf_logging
 
 from hf_fasttrain.callbacks.stability import DivergenceGuardCallback, GradientClippingCallback, StabilityTrainerMixin
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._harness import RESULTS  # noqa: E402
 
 
 class GuardedTrainer(StabilityTrainerMixin, Trainer):

@@ -1,10 +1,10 @@
-"""chunked_lm_head_loss equals the standard loss (values and gradients) and keeps no logits for backward."""
+"""benchmarks/chunked_ce.py: chunked_lm_head_loss equals the standard loss (values and gradients) and keeps no logits for backward."""
 
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hf_fasttrain.losses import chunked_lm_head_loss, lm_head_loss
+from benchmarks.chunked_ce import chunked_lm_head_loss, lm_head_loss
 
 
 def _tiny_gpt2(seed=0):

@@ -7,7 +7,7 @@ counts only where names are taken from it. Layers, bottom to top (a module may i
 
 0. leaf: ``_version``, ``_files`` (standard library only)
 1. cores: pure parts with no Trainer wiring (schedules, optim, data, clipping, precision, the restart
-   search core, throughput, the guard core, validation, losses, metrics, hub URIs, run info)
+   search core, throughput, the guard core, validation, metrics, hub URIs, run info)
 2. config: ``args`` (FastTrainingArguments builds and checks the cores' configs)
 3. adapters: callbacks, the trainer wiring, model building, recipe YAML <-> args, push
 4. top: the trainer, run, cli, the restart recipe runner, the package face
@@ -44,7 +44,6 @@ LAYERS = {
     "snapshots": CORE,
     "averaging": CORE,
     "_validation": CORE,
-    "losses": CORE,
     "metrics": CORE,
     "hub": CORE,
     "runinfo": CORE,

@@ -34,25 +34,16 @@ from .registry import (
 )
 from .soap import SOAP, soap_preconditioned_dims
 
+# The public API: pick by name, or use a class directly. The other names imported above (param-group
+# routing, option parsing and checking, per-optimizer helpers) are plumbing for FastTrainer and the tests;
+# import them from their modules (hf_fasttrain.optim.registry, .muon, .soap, .ademamix).
 __all__ = [
     "OPTIMIZERS",
+    "create_optimizer",
+    "optimizer_cls_and_kwargs_for",
+    "build_adamw",
     "AdEMAMix",
     "Lion",
     "MuonWithAdamW",
-    "OptimizerFactory",
     "SOAP",
-    "ademamix_alpha",
-    "ademamix_beta3",
-    "build_adamw",
-    "check_optimizer_options",
-    "conv1d_lr_multiplier",
-    "create_optimizer",
-    "decay_param_groups",
-    "get_optimizer_factory",
-    "muon_routing",
-    "optimizer_cls_and_kwargs_for",
-    "optimizer_option_names",
-    "parse_optimizer_kwargs",
-    "soap_preconditioned_dims",
-    "trainer_optimizer_kwargs",
 ]
