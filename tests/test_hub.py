@@ -491,6 +491,31 @@ def test_prepare_recipe_folder_without_run_and_named_file(recipe_file, tmp_path)
     assert front_matter(card) == {"library_name": "hf_fasttrain", "tags": ["hf-fasttrain", "recipe", "gpt2", "cpu"]}
     assert "--config hf://owner/repo/configs/tiny.yaml@v2\n" in card
     assert "No measured run was attached to this upload." in card
+    # huggingface_hub reads the card back: its card data and its text
+    from huggingface_hub import ModelCard
+
+    loaded = ModelCard.load(out / "README.md")
+    assert loaded.data.library_name == "hf_fasttrain" and loaded.data.tags == ["hf-fasttrain", "recipe", "gpt2", "cpu"]
+    assert loaded.text.startswith("\n# repo: an hf_fasttrain training recipe\n")
+
+
+@pytest.mark.parametrize(
+    "recipe, tags, expected",
+    [  # the model family tag comes from the recipe's model section; user tags follow; no duplicates
+        ({"model": {"model_type": "gpt2"}}, (), ["hf-fasttrain", "recipe", "gpt2"]),
+        ({"model": {"model_name_or_path": "meta-llama/Llama-3.2-1B"}}, ("cpu",), ["hf-fasttrain", "recipe", "llama-3.2-1b", "cpu"]),
+        ({"model": {"config_name": "./configs/My Model/"}}, ("recipe",), ["hf-fasttrain", "recipe", "my-model"]),
+        ({"learning_rate": 1e-3}, ("gpt2", "gpt2"), ["hf-fasttrain", "recipe", "gpt2"]),
+        ({"model": None}, (), ["hf-fasttrain", "recipe"]),
+    ],
+)
+def test_model_card_tags(recipe, tags, expected):
+    from huggingface_hub import ModelCard
+
+    from hf_fasttrain.push import render_model_card
+
+    card = ModelCard(render_model_card(recipe, "x: 1\n", repo_id="o/r", tags=tags))
+    assert card.data.tags == expected and card.data.library_name == "hf_fasttrain"
 
 
 def test_prepare_recipe_folder_refuses(recipe_file, tmp_path):
