@@ -44,6 +44,7 @@ LAYERS = {
     "snapshots": CORE,
     "averaging": CORE,
     "_validation": CORE,
+    "_options": CORE,
     "metrics": CORE,
     "hub": CORE,
     "runinfo": CORE,
