@@ -35,6 +35,9 @@ is installed) in benchmarks/results/.
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.gpu_throughput [options]")
+
 import argparse
 import contextlib
 import datetime

@@ -13,6 +13,9 @@ over seeds) and the best lr. AdamW's lr is hf-tuned's (swept with `time_to_loss.
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.optimizer_lr_sweep [options]")
+
 import argparse
 import concurrent.futures
 import contextlib
