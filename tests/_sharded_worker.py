@@ -149,6 +149,21 @@ def run(rank, world, port, out_dir, keys):
             _step(ref, ref_opt, batches[0])
             _step(model, opt, batches[0])
             full = _full_params(model)
+            # communication of one Muon step (the AdamW part has none): collectives and bytes received
+            from torch.distributed.tensor.debug import CommDebugMode
+
+            model = _shard(_model())
+            opt = create_optimizer("muon", model, lr=2e-2)
+            loss = model(input_ids=batches[0], labels=batches[0]).loss
+            loss.backward()
+            with CommDebugMode() as comm:
+                opt.step()
+            muon = [p for g in opt.param_groups if g["use_muon"] for p in g["params"]]
+            report["muon_step_comm"] = {
+                "counts": {str(k): v for k, v in comm.get_comm_counts().items()},
+                "matrices": len(muon),
+                "elements": sum(p.numel() for p in muon),
+            }
             report["torch_muon_per_shard_diff"] = max(
                 float((full[n] - named_ref[n].detach()).abs().max()) for n in names
             )

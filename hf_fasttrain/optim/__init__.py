@@ -5,9 +5,9 @@ param groups (no weight decay on biases and norms; Muon only on hidden matrices)
 
     from hf_fasttrain.optim import create_optimizer, optimizer_cls_and_kwargs_for
 
-    # plain transformers.Trainer, one line:
+    # plain transformers.Trainer, one line (lr, weight decay and run length from `args`):
     trainer = Trainer(model, args, train_dataset=ds,
-                      optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("lion", lr=1e-4))
+                      optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("lion", args))
     # or built up front:
     trainer = Trainer(model, args, train_dataset=ds,
                       optimizers=(create_optimizer("muon", model, lr=1e-3), None))
@@ -32,7 +32,13 @@ from .registry import (
     parse_optimizer_kwargs,
     trainer_optimizer_kwargs,
 )
-from .sharding import SHARDING_MODES, check_sharding_support, detect_sharding, sharding_support
+from .sharding import (
+    SHARDING_MODES,
+    check_sharding_support,
+    detect_sharding,
+    muon_communication_bytes,
+    sharding_support,
+)
 from .soap import SOAP, soap_preconditioned_dims
 
 __all__ = [
@@ -55,6 +61,7 @@ __all__ = [
     "decay_param_groups",
     "detect_sharding",
     "get_optimizer_factory",
+    "muon_communication_bytes",
     "muon_routing",
     "newton_schulz",
     "ns_coefficient_schedule",
