@@ -165,6 +165,7 @@ def create_muon(
     fused: Optional[bool] = None,
     ns_coefficients: Any = "jordan",
     cautious: bool = False,
+    ns_sharding: str = "all_gather",
 ) -> MuonWithAdamW:
     """Muon on the hidden matrices, AdamW on the rest (see `muon_routing`), as one optimizer.
 
@@ -174,7 +175,8 @@ def create_muon(
     Groups: Muon groups first (one per lr multiplier, see `conv1d_lr_multiplier`), then AdamW's
     decay and no-decay groups; every group carries `use_muon` and `param_names`.
     `ns_coefficients` ("jordan", "polar_express" or (a, b, c) triples) and `ns_steps` set the
-    Newton-Schulz iteration; `cautious` makes the AdamW part cautious (Liang et al. 2024).
+    Newton-Schulz iteration; `cautious` makes the AdamW part cautious (Liang et al. 2024);
+    `ns_sharding` ("all_gather" or "round_robin") how FSDP2-sharded matrices are orthogonalised.
     """
     lr = 1e-3 if lr is None else lr
     weight_decay = 0.1 if weight_decay is None else weight_decay
@@ -217,6 +219,7 @@ def create_muon(
         fused=fused,
         ns_coefficients=ns_coefficients,
         cautious=cautious,
+        ns_sharding=ns_sharding,
     )
 
 
