@@ -39,5 +39,5 @@ def test_optim_exports_the_public_set_only():
     import hf_fasttrain.optim as optim
 
     assert set(optim.__all__) == {"OPTIMIZERS", "create_optimizer", "optimizer_cls_and_kwargs_for", "build_adamw",
-                                  "AdEMAMix", "Lion", "MuonWithAdamW", "SOAP"}
+                                  "AdamW", "AdEMAMix", "Lion", "MuonWithAdamW", "SOAP", "sharding_support"}
     assert all(hasattr(optim, n) for n in optim.__all__)
