@@ -793,8 +793,8 @@ def test_cli_push_recipe_uploads_through_hfapi(recipe_file, monkeypatch, capsys)
     "recipe, match",
     [
         ({"learnig_rate": 1e-3}, "did you mean 'learning_rate'"),
-        ({"model": {"n_embd": 100, "n_head": 3}}, "n_head=3 is invalid: must divide n_embd=100"),
-        ({"data": {"vocab_size": 10}}, "vocab_size=10 is invalid"),
+        ({"model": {"n_embd": 100, "n_head": 3}}, "n_head: got 3; must divide n_embd=100"),
+        ({"data": {"vocab_size": 10}}, "vocab_size: got 10; "),
     ],
 )
 def test_cli_push_recipe_validates_first(tmp_path, recipe, match):
