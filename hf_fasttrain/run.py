@@ -15,10 +15,10 @@ import sys
 from typing import Any, Mapping, Optional, Sequence
 
 from transformers import DataCollatorForLanguageModeling, set_seed
-from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .args import DataArguments, FastTrainingArguments, ModelArguments
-from .callbacks.progress import ReadableProgressCallback
+from .callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
 from .data.corpus import get_tokenizer, load_text_datasets, tokenize_and_chunk
 from .metrics import make_compute_metrics, preprocess_logits_for_metrics
 from .modeling import build_model
@@ -343,6 +343,8 @@ def train(
     )
     if trainer.pop_callback(ProgressCallback) is not None:  # the same bar, logs printed as numbers
         trainer.add_callback(ReadableProgressCallback())
+    if trainer.pop_callback(PrinterCallback) is not None:  # disable_tqdm: the same lines, no bar
+        trainer.add_callback(ReadablePrinterCallback())
     facts = run_facts(model, training_args, data_args.block_size)
     if is_main:
         logger.info(start_line(name, facts, out))

@@ -99,11 +99,11 @@ def test_resolved_config_reloads_to_the_same_arguments(tmp_path):
         assert getattr(t2, k) == getattr(t, k), k
 
 
-def test_help_documents_every_option():
-    out = subprocess.run([sys.executable, str(ROOT / "recipes" / "gpt2_small.py"), "--help"],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+def test_help_all_documents_every_option():
+    from hf_fasttrain.recipes import make_parser
+
+    text = make_parser().format_help()
     for flag in ("--config", "--learning_rate", "--n_layer", "--block_size", "--dataset", "--tokenizer",
-                 "--mfu_peak_tflops", "--auto_resume"):
-        assert flag in out.stdout, flag
-    assert "the embedded corpus" in out.stdout
+                 "--mfu_peak_tflops", "--auto_resume", "--adam_beta1", "--restart_num_seeds"):
+        assert flag in text, flag
+    assert "the embedded corpus" in text

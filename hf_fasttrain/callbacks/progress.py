@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional
 
-from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-__all__ = ["ReadableProgressCallback", "format_log", "format_number"]
+__all__ = ["ReadableProgressCallback", "ReadablePrinterCallback", "format_log", "format_number"]
 
 # key -> (label, format); keys not listed are printed with format_number under their own name
 _TRAIN_KEYS = {
@@ -89,3 +89,13 @@ class ReadableProgressCallback(ProgressCallback):
             if "tokens_per_second" in logs:
                 postfix["tokens/s"] = f"{logs['tokens_per_second']:,.0f}"
             self.training_bar.set_postfix(postfix, refresh=False)
+
+
+class ReadablePrinterCallback(PrinterCallback):
+    """``PrinterCallback`` (used with ``disable_tqdm``) printing :func:`format_log` lines instead of dicts."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_local_process_zero and logs:
+            line = format_log(logs, state.global_step, state.max_steps)
+            if line:
+                print(line)
