@@ -132,10 +132,7 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if training_args.restart_num_seeds > 1:  # random restart: explore N seeds, continue the best
-        from .restarts import train_with_restarts
-
-        summary = train_with_restarts(model_args, data_args, training_args)
-        return 0 if summary.get("winner") else 1
+        return _run_restarts(model_args, data_args, training_args)
     from . import run
 
     run.train(model_args, data_args, training_args)
@@ -143,17 +140,6 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
 
 
 def _train(argv: Sequence[str]) -> int:
-    from ._options import split_flags, load_schema
-
-    schema = load_schema()
-    if schema is not None and not any(a in ("-h", "--help", "--help-all") for a in argv):
-        try:
-            flags = dict(split_flags(argv, schema, extra=("config", "debug", "help-all")))
-        except ValueError:
-            flags = {}
-        nseeds = flags.get("restart_num_seeds")
-        if nseeds and nseeds[0].strip().isdigit() and int(nseeds[0]) > 1:
-            return _restarts(argv)  # the recipe flag: same as `hf-fasttrain restarts` (prints the summary)
     return run_recipe(argv, prog="hf-fasttrain train")
 
 
@@ -164,7 +150,6 @@ RESTART_FLAGS = ("num-seeds", "explore-fraction", "rungs", "keep-fraction", "met
 def _restarts(argv: Sequence[str]) -> int:
     """``hf-fasttrain restarts``: ``--num-seeds N`` is ``--restart_num_seeds N``, and so on."""
     from .recipes import parse_config
-    from .restarts import SUMMARY_MD, train_with_restarts
 
     flags = {f"--{name}": f"--restart_{name.replace('-', '_')}" for name in RESTART_FLAGS}
     args = []
@@ -240,17 +225,26 @@ def _push_parser() -> argparse.ArgumentParser:
 
 
 def _push_recipe(argv: Sequence[str]) -> int:
+    debug, argv = _debug(argv)
     args = _push_parser().parse_args(list(argv))
+    from ._validation import check_ranges
     from .args import DataArguments, ModelArguments
     from .hub import push_recipe
     from .recipes import load_recipe, recipe_path, validate_recipe
 
-    # validate before anything is written: keys, types, and the model/data sections' ranges (the
-    # training section's device checks, e.g. bf16 needs a GPU, belong to the machine that runs it)
-    path = recipe_path(args.recipe)
-    sections = validate_recipe(load_recipe(args.recipe))
-    model_args = ModelArguments(**sections["model"])
-    DataArguments(**sections["data"])
+    # validate before anything is written: keys, types, ranges, and the model/data sections (the training
+    # section's device checks, e.g. bf16 needs a GPU, belong to the machine that runs it)
+    try:
+        path = recipe_path(args.recipe)
+        sections = validate_recipe(load_recipe(args.recipe))
+        check_ranges(sections[None])
+        model_args = ModelArguments(**sections["model"])
+        DataArguments(**sections["data"])
+    except Exception as exc:
+        if debug or not _is_config_error(exc):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     model_tag = (model_args.model_name_or_path or "gpt2").rstrip("/").split("/")[-1].lower()
     plan = push_recipe(
         path,
