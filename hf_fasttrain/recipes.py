@@ -37,6 +37,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import yaml
 
+from ._options import check_duplicate_keys, find_recipes
+from ._validation import ConfigError, unknown_name
 from .args import DataArguments, FastTrainingArguments, ModelArguments
 from .hub import YAML_SUFFIXES, is_hub_uri, resolve_hub_recipe
 
@@ -47,6 +49,7 @@ __all__ = [
     "load_recipe",
     "recipe_path",
     "validate_recipe",
+    "check_duplicate_keys",
     "make_parser",
     "parse_config",
     "resolved_config",
@@ -219,12 +222,7 @@ def guard_trust_remote_code(
 
 def bundled_recipes() -> dict[str, Path]:
     """Name -> path of the recipes shipped in recipes/configs (the checkout's first, then the installed copies)."""
-    found: dict[str, Path] = {}
-    for directory in (BUNDLED_DIR, INSTALLED_DIR):
-        if directory.is_dir():
-            for p in sorted(directory.glob("*.yaml")):
-                found.setdefault(p.stem, p)
-    return found
+    return find_recipes((BUNDLED_DIR, INSTALLED_DIR))
 
 
 def recipe_path(source: str | Path) -> Path:
@@ -249,6 +247,7 @@ def load_recipe(source: str | Path, *, trust_remote_code: bool = False) -> dict[
     warning unless ``trust_remote_code=True`` (the user's own flag)."""
     path = recipe_path(source)
     data = safe_load_yaml(path, source=str(source) if is_hub_uri(source) else str(path), allow_empty=True)
+    check_duplicate_keys(path.read_text(encoding="utf-8"), str(source) if is_hub_uri(source) else str(path))
     data, _ = guard_trust_remote_code(data, source=str(source), trust_remote_code=trust_remote_code)
     return data
 
@@ -272,7 +271,7 @@ def _coerce(section: str, key: str, value: Any, tp: Any) -> Any:
     if value is None:
         if type(None) in members or tp is Any:
             return None
-        raise ValueError(f"{where}=None is invalid: a value of type {_type_name(tp)} is required")
+        raise ConfigError(where, None, f"a value of type {_type_name(tp)} is required")
     plain = [m for m in members if m is not type(None)]
     if len(plain) != 1:  # unions like `str | bool` or `dict | str`: the Trainer sorts them out
         return value
@@ -309,23 +308,21 @@ def _coerce(section: str, key: str, value: Any, tp: Any) -> Any:
             return value
     else:  # enums and other types: the dataclass validates
         return value
-    raise ValueError(f"{where}={value!r} is invalid: expected {_type_name(tp)}")
+    raise ConfigError(where, value, f"expected {_type_name(tp)}")
 
 
 def _type_name(tp) -> str:
     return " | ".join(getattr(m, "__name__", str(m)) for m in _union_members(tp))
 
 
-def _unknown_key_error(section: Optional[str], key: str, valid: Sequence[str]) -> ValueError:
+def _unknown_key_error(section: Optional[str], key: str, valid: Sequence[str]) -> ConfigError:
     where = f"in section '{section}:'" if section else "at the top level"
-    msg = f"unknown recipe key '{key}' {where}"
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-    if close:
-        msg += f"; did you mean '{close[0]}'?"
+    err = unknown_name("recipe key", key, valid, where)
     for other, cls in SECTIONS.items():
         if other != section and key in _field_types(cls):
-            msg += f" ('{key}' belongs {'at the top level' if other is None else f'in the {other}: section'})"
-    return ValueError(msg)
+            err = ConfigError(key, problem=err.problem, allowed=f"'{key}' belongs "
+                              f"{'at the top level' if other is None else f'in the {other}: section'}")
+    return err
 
 
 def validate_recipe(recipe: Mapping[str, Any]) -> dict[Optional[str], dict[str, Any]]:
@@ -350,15 +347,26 @@ def validate_recipe(recipe: Mapping[str, Any]) -> dict[Optional[str], dict[str, 
     return out
 
 
-def make_parser() -> "HfArgumentParser":
-    """The command-line parser: ``--config`` plus one flag per field of the three dataclasses."""
+def _raise_usage_error(message: str):
+    """argparse's error(), which prints the 170-line usage and exits, as a one-line ValueError instead."""
+    m = re.match(r"argument --(\w+)(?:/[^:]*)?: (.*)", message)
+    if m:
+        raise ConfigError(m.group(1), problem=m.group(2))
+    raise ValueError(message)
+
+
+def make_parser(prog: Optional[str] = None) -> "HfArgumentParser":
+    """The command-line parser: ``--config`` plus one flag per field of the three dataclasses.
+    Its errors raise ``ValueError`` (one line) instead of printing the usage and exiting."""
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(
         (ModelArguments, DataArguments, FastTrainingArguments),
+        prog=prog,
         description="Train a causal language model with hf_fasttrain. Options come from --config "
         "(a recipe YAML: path or bundled name) and are overridden by the flags below.",
     )
+    parser.error = _raise_usage_error  # type: ignore[method-assign]
     parser.add_argument(
         "--config",
         default=None,
@@ -400,9 +408,12 @@ def parse_config(
     pre.add_argument("--trust_remote_code", type=string_to_bool, nargs="?", const=True, default=False)
     ns, _ = pre.parse_known_args(argv)
     parser = make_parser()
+    _check_flags(argv if argv is not None else sys.argv[1:], parser)
     if ns.config is not None:
         sections = validate_recipe(load_recipe(ns.config, trust_remote_code=ns.trust_remote_code))
         defaults = {**sections[None], **sections["model"], **sections["data"]}
+        # a run always has its own folder: runs/<recipe name> unless the recipe or a flag says otherwise
+        defaults.setdefault("output_dir", str(Path("runs") / _recipe_stem(ns.config)))
         parser.set_defaults(**defaults)
         # a recipe may supply what a dataclass would otherwise require on the command line
         for action in parser._actions:
@@ -411,6 +422,25 @@ def parse_config(
     outputs = parser.parse_args_into_dataclasses(args=argv)
     model_args, data_args, training_args = outputs[:3]
     return model_args, data_args, training_args
+
+
+def _recipe_stem(source: str) -> str:
+    """A run name from a recipe source: ``gpt2_tiny``, ``my.yaml`` -> ``my``, ``hf://o/r@rev`` -> ``r``."""
+    text = str(source).split("@")[0].rstrip("/")
+    if is_hub_uri(text):
+        parts = text[len("hf://"):].split("/")
+        text = parts[-1] if not parts[-1].endswith((".yaml", ".yml")) or len(parts) < 3 else parts[-1]
+    return Path(text).stem or "run"
+
+
+def _check_flags(argv: Sequence[str], parser) -> None:
+    """An unknown ``--flag`` gets the same did-you-mean as an unknown recipe key (argparse's prefixes allowed)."""
+    known = {s for a in parser._actions for s in a.option_strings if s.startswith("--")} | {"--config"}
+    for tok in argv:
+        if tok.startswith("--") and tok != "--":
+            key = tok.split("=", 1)[0]
+            if key not in known and sum(k.startswith(key) for k in known) != 1:
+                raise unknown_name("option", key, sorted(known))
 
 
 def resolved_config(
