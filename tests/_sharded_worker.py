@@ -25,6 +25,7 @@ KW = {
     "ademamix": {"lr": 1e-2, "weight_decay": 0.1, "T_alpha_beta3": 4},
     "ademamix-cautious": {"lr": 1e-2, "weight_decay": 0.1, "T_alpha_beta3": 4, "cautious": True},
     "muon": {"lr": 2e-2, "weight_decay": 0.1},
+    "muon-roundrobin": {"lr": 2e-2, "weight_decay": 0.1, "ns_sharding": "round_robin"},
     "muon-polar-cautious": {"lr": 2e-2, "weight_decay": 0.1, "ns_coefficients": "polar_express", "cautious": True},
 }
 
@@ -33,8 +34,9 @@ def _model():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    # n_embd 48 over 2 ranks: c_attn (48 x 144) etc. split on dim 0; vocab 61 (odd) gives uneven shards.
-    cfg = GPT2Config(vocab_size=61, n_positions=16, n_embd=48, n_layer=2, n_head=2, resid_pdrop=0.0,
+    # Split on dim 0 over 2 ranks: n_embd 45 and vocab 61 are odd, so the Muon matrices (45 x 135,
+    # 45 x 45, 45 x 180, 180 x 45) and the embeddings get uneven shards (23 + 22 rows, ...).
+    cfg = GPT2Config(vocab_size=61, n_positions=16, n_embd=45, n_layer=2, n_head=3, resid_pdrop=0.0,
                      embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
     return GPT2LMHeadModel(cfg)
 
@@ -113,7 +115,7 @@ def run(rank, world, port, out_dir, keys):
             moved = _max_diff(ref_after[5], _full_params(_model()))
             report[key] = {"diff_1": diffs[1], "diff_5": diffs[5], "moved": moved}
 
-            if key in ("muon", "ademamix", "lion", "adamw"):
+            if key in ("muon", "ademamix", "lion", "adamw", "muon-roundrobin"):
                 # sharded checkpoint after 5 steps, 3 more straight, then resume from it in a fresh pair
                 ckpt = os.path.join(out_dir, f"ckpt-{key}")
                 dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)},
@@ -149,6 +151,21 @@ def run(rank, world, port, out_dir, keys):
             _step(ref, ref_opt, batches[0])
             _step(model, opt, batches[0])
             full = _full_params(model)
+            # communication of one Muon step (the AdamW part has none): collectives and bytes received
+            from torch.distributed.tensor.debug import CommDebugMode
+
+            model = _shard(_model())
+            opt = create_optimizer("muon", model, lr=2e-2)
+            loss = model(input_ids=batches[0], labels=batches[0]).loss
+            loss.backward()
+            with CommDebugMode() as comm:
+                opt.step()
+            muon = [p for g in opt.param_groups if g["use_muon"] for p in g["params"]]
+            report["muon_step_comm"] = {
+                "counts": {str(k): v for k, v in comm.get_comm_counts().items()},
+                "matrices": len(muon),
+                "elements": sum(p.numel() for p in muon),
+            }
             report["torch_muon_per_shard_diff"] = max(
                 float((full[n] - named_ref[n].detach()).abs().max()) for n in names
             )

@@ -11,6 +11,7 @@ from torch import nn
 
 from hf_fasttrain.optim import (
     OPTIMIZERS,
+    muon_communication_bytes,
     check_optimizer_options,
     check_sharding_support,
     create_optimizer,
@@ -158,5 +159,18 @@ def test_every_optimizer_under_fsdp2_equals_single_process(tmp_path):
         for key in ("adamw", "lion", "ademamix", "muon"):  # sharded checkpoint, resume continues exactly
             assert report[key]["resume_diff"] == 0.0 and report[key]["resume_moved"] > 1e-4, (key, report[key])
         assert "'soap' does not work under FSDP2" in report["soap_refusal"]
+        # one all-gather per Muon matrix per step, nothing else (the slicing and AdamW part are local)
+        comm = report["muon_step_comm"]
+        assert comm["counts"] == {"c10d_functional.all_gather_into_tensor": comm["matrices"]} and comm["matrices"] == 8
         # control: torch.optim.Muon per shard (what happened before) is off by far more than the tolerance
         assert report["torch_muon_per_shard_diff"] > 1e-4
+
+
+def test_muon_communication_estimate():
+    # GPT-2 small: 48 Muon matrices, 84,934,656 elements (fp32): per rank and step
+    n = 84_934_656
+    for world, gather_mb, rr_mb in ((2, 169.9, 169.9), (8, 297.3, 74.3), (64, 334.4, 10.5)):
+        est = muon_communication_bytes(n, world)
+        assert est["gather"] / 1e6 == pytest.approx(gather_mb, abs=0.05)
+        assert est["round_robin"] / 1e6 == pytest.approx(rr_mb, abs=0.05)
+    assert muon_communication_bytes(n, 1) == {"gather": 0.0, "round_robin": 0.0}

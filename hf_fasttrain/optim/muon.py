@@ -62,6 +62,7 @@ from .adamw import AdamW
 __all__ = [
     "ADJUST_LR_FNS",
     "NS_COEFFICIENTS",
+    "NS_SHARDING",
     "MuonWithAdamW",
     "conv1d_lr_multiplier",
     "muon_routing",
@@ -186,9 +187,87 @@ def _like(local_full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return distribute_tensor(local_full, param.device_mesh, param.placements, src_data_rank=None)
 
 
+NS_SHARDING = ("all_gather", "round_robin")
+
+
+def _round_robin_ok(p: torch.Tensor) -> bool:
+    """Round-robin handles a DTensor on a 1-D mesh sharded on dim 0 (FSDP2's layout)."""
+    if not is_dtensor(p) or p.device_mesh.ndim != 1:
+        return False
+    from torch.distributed.tensor import Shard
+
+    return tuple(p.placements) == (Shard(0),)
+
+
+def _shard_rows(rows: int, world: int) -> list[int]:
+    """Rows per rank of a dim-0 shard (torch.chunk's split, as DTensor's Shard(0); trailing ranks may get 0)."""
+    chunk = -(-rows // world)
+    return [max(0, min(chunk, rows - r * chunk)) for r in range(world)]
+
+
+def _round_robin_newton_schulz(items: list) -> dict:
+    """Orthogonalise each (param, group, update) on one owner rank (matrix i -> rank i mod W).
+
+    Phase 1 gathers every matrix's rows to its owner, phase 2 has each rank orthogonalise the
+    matrices it owns (in parallel across ranks), phase 3 scatters the rows back. Returns
+    {param: this rank's rows of the result, as a DTensor laid out like the param}.
+    """
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    jobs, handles = [], []
+    for i, (p, group, update) in enumerate(items):
+        mesh = p.device_mesh
+        pg, world, me = mesh.get_group(), mesh.size(), mesh.get_local_rank()
+        owner = i % world
+        rows, cols = update.shape
+        sizes = _shard_rows(rows, world)
+        chunk = max(sizes)
+        local = update.to_local()
+        send = local.new_zeros(chunk, cols)
+        send[: local.shape[0]] = local
+        recv = [torch.empty_like(send) for _ in range(world)] if me == owner else None
+        handles.append(dist.gather(send, recv, dst=dist.get_global_rank(pg, owner), group=pg, async_op=True))
+        jobs.append((p, group, pg, me, owner, sizes, chunk, cols, recv, local))
+    for h in handles:
+        h.wait()
+
+    handles, outs = [], []
+    for p, group, pg, me, owner, sizes, chunk, cols, recv, local in jobs:
+        pieces = None
+        if me == owner:
+            full = torch.cat([piece[:n] for piece, n in zip(recv, sizes)])
+            # bf16 values carried in fp32 (exact), so any backend can send them
+            ortho = newton_schulz(full, group["ns_coefficients"], group["ns_steps"], group["eps"]).float()
+            pieces, start = [], 0
+            for n in sizes:
+                piece = ortho.new_zeros(chunk, cols)
+                piece[:n] = ortho[start : start + n]
+                pieces.append(piece)
+                start += n
+        out = local.new_empty(chunk, cols, dtype=torch.float32)
+        handles.append(dist.scatter(out, pieces, src=dist.get_global_rank(pg, owner), group=pg, async_op=True))
+        outs.append(out)
+    for h in handles:
+        h.wait()
+    result = {}
+    for (p, *_rest), out in zip(jobs, outs):
+        local_rows = p.to_local().shape[0]
+        mine = out[:local_rows].to(torch.bfloat16)
+        result[p] = DTensor.from_local(mine, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                       stride=p.stride())
+    return result
+
+
 class Muon(Optimizer):
     """Muon (Jordan et al. 2024) on 2-D params: torch.optim.Muon's step with coefficient schedules
-    and FSDP2 (DTensor) support. Use it through `MuonWithAdamW` / `create_optimizer("muon", ...)`."""
+    and FSDP2 (DTensor) support. Use it through `MuonWithAdamW` / `create_optimizer("muon", ...)`.
+
+    `ns_sharding` (FSDP2 only): "all_gather" (default) gathers every matrix to every rank, which
+    orthogonalises all of them; "round_robin" gathers each matrix to one owner rank and scatters
+    the result's rows back: per rank 2/W of the bytes and 1/W of the Newton-Schulz work (see
+    `hf_fasttrain.optim.muon_communication_bytes`). Both give the single-process update.
+    """
 
     def __init__(
         self,
@@ -201,8 +280,12 @@ class Muon(Optimizer):
         eps: float = _NS_EPS,
         ns_steps: int = 5,
         adjust_lr_fn: Optional[str] = None,
+        ns_sharding: str = "all_gather",
     ):
         ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises on bad values
+        if ns_sharding not in NS_SHARDING:
+            raise ValueError(f"Muon: ns_sharding must be one of {list(NS_SHARDING)}, got {ns_sharding!r}")
+        self._ns_sharding = ns_sharding
         defaults = {
             "lr": lr,
             "weight_decay": weight_decay,
@@ -222,8 +305,9 @@ class Muon(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        work = []
         for group in self.param_groups:
-            lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+            mu = group["momentum"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -235,11 +319,21 @@ class Muon(Optimizer):
                     state["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
                 buf = state["momentum_buffer"]
                 buf.lerp_(grad, 1 - mu)
-                update = grad.lerp(buf, mu) if group["nesterov"] else buf
                 # Element-wise so far (works shard by shard); Newton-Schulz needs the whole matrix.
-                ortho = newton_schulz(_full(update), group["ns_coefficients"], group["ns_steps"], group["eps"])
-                p.mul_(1 - lr * wd)
-                p.add_(_like(ortho, p), alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+                work.append((p, group, grad.lerp(buf, mu) if group["nesterov"] else buf))
+        done = {}
+        if self._ns_sharding == "round_robin":
+            shared = [w for w in work if _round_robin_ok(w[0])]
+            if shared:
+                done = _round_robin_newton_schulz(shared)
+        for p, group, update in work:
+            ortho = done.get(p)
+            if ortho is None:
+                full = newton_schulz(_full(update), group["ns_coefficients"], group["ns_steps"], group["eps"])
+                ortho = _like(full, p)
+            lr = group["lr"]
+            p.mul_(1 - lr * group["weight_decay"])
+            p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
         return loss
 
 
@@ -323,6 +417,7 @@ class MuonWithAdamW(Optimizer):
             "polar_express", or explicit (a, b, c) triples (see `ns_coefficient_schedule`).
         betas, eps: AdamW's.
         cautious: cautious AdamW part (Liang et al. 2024, see `hf_fasttrain.optim.AdamW`).
+        ns_sharding: under FSDP2, "all_gather" (default) or "round_robin" (see `Muon`).
         fused: AdamW's fused kernel; None: fused when every AdamW param is on CUDA, else foreach.
             Not with `cautious` (that AdamW has no fused kernel).
 
@@ -354,6 +449,7 @@ class MuonWithAdamW(Optimizer):
         fused: Optional[bool] = None,
         ns_coefficients: Any = "jordan",
         cautious: bool = False,
+        ns_sharding: str = "all_gather",
     ):
         if not hasattr(torch.optim, "Muon"):
             raise ImportError(f"MuonWithAdamW needs torch.optim.Muon (torch >= 2.9), found torch {torch.__version__}")
@@ -372,6 +468,8 @@ class MuonWithAdamW(Optimizer):
         if cautious and fused:
             raise ValueError("Muon: cautious=True has no fused AdamW kernel; leave fused unset or False")
         ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises naming the field
+        if ns_sharding not in NS_SHARDING:
+            raise ValueError(f"Muon: ns_sharding must be one of {list(NS_SHARDING)}, got {ns_sharding!r}")
         self._muon_defaults = {
             "lr": lr,
             "weight_decay": weight_decay,
@@ -382,6 +480,7 @@ class MuonWithAdamW(Optimizer):
             "ns_coefficients": ns_coefficients,
         }
         self._cautious = cautious
+        self._ns_sharding = ns_sharding
         self._adamw_defaults = {"lr": lr, "weight_decay": weight_decay, "betas": betas, "eps": eps}
         self._fused = fused
         self._muon: Optional[Optimizer] = None
@@ -410,7 +509,7 @@ class MuonWithAdamW(Optimizer):
                         f"{tuple(tensor.shape)}; route it to AdamW (use_muon=False)"
                     )
             if self._muon is None:
-                self._muon = Muon([param_group], **self._muon_defaults)
+                self._muon = Muon([param_group], **self._muon_defaults, ns_sharding=self._ns_sharding)
             else:
                 self._muon.add_param_group(param_group)
         else:

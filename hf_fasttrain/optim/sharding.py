@@ -27,7 +27,13 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Optional
 
-__all__ = ["SHARDING_MODES", "check_sharding_support", "detect_sharding", "sharding_support"]
+__all__ = [
+    "SHARDING_MODES",
+    "check_sharding_support",
+    "detect_sharding",
+    "muon_communication_bytes",
+    "sharding_support",
+]
 
 SHARDING_MODES = ("single", "ddp", "fsdp2", "fsdp1", "deepspeed")
 
@@ -179,3 +185,24 @@ def check_sharding_support(name: str, mode: str, cautious: bool = False) -> None
     reason = sharding_support(name, mode, cautious)
     if reason is not None:
         raise ValueError(reason)
+
+
+def muon_communication_bytes(elements: int, world_size: int, bytes_per_element: int = 4) -> dict[str, float]:
+    """Bytes each rank receives per step for Muon's matrices (`elements` in all) under FSDP2.
+
+    - "gather" (what `Muon` does): every matrix's update input is all-gathered to every rank, which
+      orthogonalises all of them: (W - 1) / W of the elements per rank (ring all-gather).
+    - "round_robin" (modded-nanogpt's / Moonlight-style alternative): each matrix is gathered to one
+      owner rank, orthogonalised there, and the rows scattered back: per rank 2 (W - 1) / W^2 of the
+      elements (the same at W = 2, W / 2 times less above; also 1/W of the Newton-Schulz work).
+
+    Example:
+        >>> from hf_fasttrain.optim import muon_communication_bytes
+        >>> muon_communication_bytes(1000, 4)
+        {'gather': 3000.0, 'round_robin': 1500.0}
+    """
+    w = world_size
+    return {
+        "gather": elements * bytes_per_element * (w - 1) / w,
+        "round_robin": 2 * elements * bytes_per_element * (w - 1) / w**2,
+    }
