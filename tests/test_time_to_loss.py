@@ -90,3 +90,16 @@ def test_saved_runs_are_skipped_on_rerun_and_redone_when_settings_change(tmp_pat
     assert ttl.load_saved_run(saved, ttl.run_key(changed, 0, setup)) is None
     assert ttl.load_saved_run(saved, ttl.run_key(arm, 0, setup)) is not None
     assert ttl.run_key(arm, 0, ttl.dataclasses.replace(setup, corpus="prose")) != ttl.run_key(arm, 0, setup)
+
+
+@pytest.mark.slow
+def test_technique_overhead_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("technique_overhead", ROOT / "benchmarks" / "technique_overhead.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    record = mod.main(["--quick", "--rounds", "2", "--out", str(tmp_path)])
+    assert set(record["rows"]) == set(mod.VARIANTS)
+    assert record["rows"]["base"]["ratio_vs_base"] == 1.0
+    assert all(len(v) == 2 and min(v) > 0 for v in record["times"].values())
+    for ext in ("json", "md", "png"):
+        assert (tmp_path / f"technique_overhead.{ext}").exists()
