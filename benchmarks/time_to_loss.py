@@ -341,10 +341,15 @@ def crossing(curve: list[dict[str, float]], target: float, key: str) -> float:
     return math.inf
 
 
-def summarise(runs: list[dict[str, Any]], arms: list[str], reference: str = "hf-tuned") -> dict[str, Any]:
+def summarise(runs: list[dict[str, Any]], arms: list[str], reference: str = "hf-tuned",
+              target: Optional[float] = None) -> dict[str, Any]:
+    """Per arm: medians over seeds of the final loss and of the time and tokens to reach ``target``
+    (default: the median final eval loss of ``reference``)."""
     by_arm = {a: [r for r in runs if r["arm"] == a] for a in arms}
     ref_runs = by_arm.get(reference) or next(iter(by_arm.values()))
-    target = statistics.median(r["final_eval_loss"] for r in ref_runs)
+    given = target is not None
+    if target is None:
+        target = statistics.median(r["final_eval_loss"] for r in ref_runs)
     rows = {}
     for a, rs in by_arm.items():
         secs = [crossing(r["curve"], target, "seconds") for r in rs]
@@ -367,7 +372,8 @@ def summarise(runs: list[dict[str, Any]], arms: list[str], reference: str = "hf-
         row["time_ratio_vs_reference"] = row["seconds_to_target"] / ref_time if 0 < ref_time < math.inf else math.nan
         row["tokens_ratio_vs_reference"] = (row["tokens_to_target"] / ref_tokens
                                             if 0 < ref_tokens < math.inf else math.nan)
-    return {"target_eval_loss": target, "reference": reference, "arms": rows}
+    return {"target_eval_loss": target, "reference": reference, "arms": rows, "target_given": given}
+
 
 
 def _fmt(x: float, digits: int = 3) -> str:
@@ -380,7 +386,9 @@ def _fmt(x: float, digits: int = 3) -> str:
 
 def markdown_table(summary: dict[str, Any]) -> str:
     lines = [
-        f"Target: eval loss {summary['target_eval_loss']:.4f} (median final eval loss of {summary['reference']}).",
+        f"Target: eval loss {summary['target_eval_loss']:.4f} "
+        + ("(given with --target)." if summary.get("target_given") else
+           f"(median final eval loss of {summary['reference']})."),
         "",
         f"| arm | final eval loss | train seconds to target | tokens to target | time vs {summary['reference']} "
         f"| tokens vs {summary['reference']} | seeds reaching target | ms per step |",
@@ -434,7 +442,12 @@ def make_parser() -> argparse.ArgumentParser:
                    help="python: the embedded stdlib sources (default); prose: English prose from the stdlib's docs")
     p.add_argument("--reference", default=None,
                    help="arm whose median final eval loss is the target (default: hf-tuned if run, else the first)")
+    p.add_argument("--target", type=float, default=None,
+                   help="eval loss to reach (default: the reference's median final eval loss), e.g. a committed "
+                        "hf-tuned figure when hf-tuned is not rerun")
     p.add_argument("--fresh", action="store_true", help="run every (arm, seed) again, ignoring saved runs")
+    p.add_argument("--saved-only", action="store_true",
+                   help="train nothing: summarise the saved runs (arms or seeds without one are left out)")
     p.add_argument("--out", default=str(RESULTS), help="directory for time_to_loss.{json,md,png}")
     p.add_argument("--name", default="time_to_loss", help="basename of the output files")
     return p
@@ -476,6 +489,9 @@ def main(argv=None) -> dict[str, Any]:
                 r = None if ns.fresh else load_saved_run(path, key)
                 if r is not None:
                     print(f"[time_to_loss] {arm:>12s} seed {seed}: saved run, skipped", flush=True)
+                elif ns.saved_only:
+                    print(f"[time_to_loss] {arm:>12s} seed {seed}: no saved run, left out", flush=True)
+                    continue
                 else:
                     r = run_arm(ARMS[arm], seed, setup, tokenizer, lm, Path(work))
                     r["key"] = key
@@ -483,8 +499,12 @@ def main(argv=None) -> dict[str, Any]:
                     print(f"[time_to_loss] {arm:>12s} seed {seed}: final eval loss {r['final_eval_loss']:.4f}, "
                           f"{r['train_seconds']:.1f} s training", flush=True)
                 runs.append(r)
+    if ns.saved_only:
+        arms = [a for a in arms if any(r["arm"] == a for r in runs)]
+        if not arms:
+            raise SystemExit("--saved-only: no saved run for any chosen (arm, seed)")
     reference = ns.reference or ("hf-tuned" if "hf-tuned" in arms else arms[0])
-    summary = summarise(runs, arms, reference)
+    summary = summarise(runs, arms, reference, target=ns.target)
     table = markdown_table(summary)
     print(table)
     env = environment_info()
