@@ -86,16 +86,22 @@ HF_TUNED = dict(
     **({"bf16": True, "torch_compile": True, "tf32": True} if ON_GPU else {}),
 )
 
+# The Muon recipe as it stood before issue 18 (the ablation's frozen ``base``).
+MUON_RECIPE = {**{k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_type", "lr_scheduler_kwargs")},
+               "optimizer": "muon", "learning_rate": 1.6e-2, "lr_decay": "cosine", "min_lr_ratio": 0.1,
+               "divergence_guard": True}
+# What issue 18's ablation added to it (the techniques that won on tokens; see ``base+*`` arms below).
+FASTTRAIN_EXTRA: dict[str, Any] = {}
+FASTTRAIN_EXTRA_DESCRIPTION = ""
+
 ARMS: dict[str, Arm] = {
     "hf-default": Arm("hf-default", "transformers.Trainer defaults (lr 5e-5, linear decay, no warmup)", fast=False),
     "hf-tuned": Arm("hf-tuned", "Trainer, built-in options tuned: lr 2e-3, 2% warmup, cosine to 10%, wd 0.1, clip 1", fast=False, args=HF_TUNED),
     # The tiny recipe's settings (recipes/configs/gpt2_tiny.yaml): Muon at its swept peak lr (see
     # OPTIMIZER_LRS), hf-tuned's warmup, cosine to 10% through hf_fasttrain.schedules, the divergence guard.
     "fasttrain": Arm("fasttrain", "FastTrainer as the tiny recipe: Muon+AdamW at lr 1.6e-2, 2% warmup, cosine to 10%, "
-                     "wd 0.1, clip 1, divergence guard",
-                     fast=True, args={**{k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_type", "lr_scheduler_kwargs")},
-                                      "optimizer": "muon", "learning_rate": 1.6e-2,
-                                      "lr_decay": "cosine", "min_lr_ratio": 0.1, "divergence_guard": True}),
+                     "wd 0.1, clip 1, divergence guard" + FASTTRAIN_EXTRA_DESCRIPTION,
+                     fast=True, args={**MUON_RECIPE, **FASTTRAIN_EXTRA}),
     # The same recipe with the Trainer's AdamW (the tiny recipe before it switched to Muon): isolates the optimizer.
     "fasttrain-adamw": Arm("fasttrain-adamw", "FastTrainer as the tiny recipe but with AdamW at hf-tuned's lr 2e-3",
                            fast=True, args={**{k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_type", "lr_scheduler_kwargs")},
@@ -113,7 +119,7 @@ ARMS: dict[str, Arm] = {
 # (``base``: Muon+AdamW at 1.6e-2, 2% warmup, cosine to 10%, wd 0.1, clip 1, guard), then combined.
 # The base is frozen here so that saved runs stay comparable when the headline ``fasttrain`` arm changes.
 #   python benchmarks/time_to_loss.py --arms hf-tuned,base,base+ema,... --seeds 3 --name ablation
-BASE = dict(ARMS["fasttrain"].args)
+BASE = dict(MUON_RECIPE)
 
 
 def token_budget(setup: "Setup") -> int:
@@ -165,7 +171,7 @@ for _decay in ("cosine", "sqrt", "linear", "1-sqrt", "constant"):
 for _decay in ("1-sqrt", "sqrt"):
     ARMS[f"fasttrain-{_decay}"] = dataclasses.replace(
         ARMS["fasttrain"], name=f"fasttrain-{_decay}", description=f"the fasttrain arm with lr_decay={_decay!r}",
-        args={**ARMS["fasttrain"].args, "lr_decay": _decay})
+        args={**MUON_RECIPE, "lr_decay": _decay})
 # --- Optimizer ablation (hf_fasttrain.optim) -------------------------------------------------------
 # hf-tuned's settings with another optimizer at its own peak lr, each picked by
 # benchmarks/optimizer_lr_sweep.py on this setup (results/optimizer_lr_sweep.md, Muon's continued in
