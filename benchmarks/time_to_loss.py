@@ -452,6 +452,8 @@ def make_parser() -> argparse.ArgumentParser:
                    help="eval loss to reach (default: the reference's median final eval loss), e.g. a committed "
                         "hf-tuned figure when hf-tuned is not rerun")
     p.add_argument("--fresh", action="store_true", help="run every (arm, seed) again, ignoring saved runs")
+    p.add_argument("--runs-dir", default=None,
+                   help="where each run's result is saved and looked up (default: --out/<name>_runs)")
     p.add_argument("--saved-only", action="store_true",
                    help="train nothing: summarise the saved runs (arms or seeds without one are left out)")
     p.add_argument("--out", default=str(RESULTS), help="directory for time_to_loss.{json,md,png}")
@@ -483,7 +485,7 @@ def main(argv=None) -> dict[str, Any]:
         raise SystemExit(f"--reference {ns.reference!r} is not one of the chosen arms {arms}")
     tokenizer, lm = prepare_data(data_arguments(setup))
     out = Path(ns.out)
-    saved_dir = out / f"{ns.name}_runs"
+    saved_dir = Path(ns.runs_dir) if ns.runs_dir else out / f"{ns.name}_runs"
     saved_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     with tempfile.TemporaryDirectory(prefix="ttl-") as work:
