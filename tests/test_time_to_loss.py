@@ -94,9 +94,8 @@ def test_saved_runs_are_skipped_on_rerun_and_redone_when_settings_change(tmp_pat
 
 @pytest.mark.slow
 def test_technique_overhead_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("technique_overhead", ROOT / "benchmarks" / "technique_overhead.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from benchmarks import technique_overhead as mod
+
     record = mod.main(["--quick", "--rounds", "2", "--out", str(tmp_path)])
     assert set(record["rows"]) == set(mod.VARIANTS)
     assert record["rows"]["base"]["ratio_vs_base"] == 1.0
