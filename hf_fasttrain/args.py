@@ -28,7 +28,18 @@ def _check(cond: bool, name: str, value, allowed: str) -> None:
 
 @dataclass
 class ModelArguments:
-    """The ``model:`` section of a recipe: a pretrained checkpoint, or a GPT-2 built from scratch."""
+    """The ``model:`` section of a recipe: a pretrained checkpoint, or a GPT-2 built from scratch.
+
+    Every field is a key of the recipe's ``model:`` section and a ``--<field>`` flag; the docs' *All
+    options* page lists them with their defaults.
+
+    Example:
+        ```python
+        >>> from hf_fasttrain import ModelArguments
+        >>> ModelArguments(n_layer=2, n_head=4, n_embd=128).n_embd
+        128
+        ```
+    """
 
     model_name_or_path: Optional[str] = field(
         default=None,
@@ -72,7 +83,18 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
-    """The ``data:`` section of a recipe: which text, which tokenizer, how it is cut."""
+    """The ``data:`` section of a recipe: which text, which tokenizer, how it is cut.
+
+    With ``dataset`` unset the run trains on the embedded corpus (this Python's standard library sources)
+    with a byte-level BPE tokenizer trained on it and cached; both work offline.
+
+    Example:
+        ```python
+        >>> from hf_fasttrain import DataArguments
+        >>> DataArguments(vocab_size=4096, block_size=128).dataset is None  # the embedded corpus
+        True
+        ```
+    """
 
     dataset: Optional[str] = field(
         default=None,
@@ -127,11 +149,39 @@ class DataArguments:
 class FastTrainingArguments(TrainingArguments):
     """``TrainingArguments`` plus the switches of hf_fasttrain's techniques.
 
-    Everything the Trainer accepts still works; the fields below are grouped by technique.
+    Everything the Trainer accepts still works; the fields below are grouped by technique (precision,
+    run management, lr schedule, sequence length, stability, random restart, optimizer). With all of them
+    at their defaults, ``FastTrainer`` behaves as ``transformers.Trainer``. Each field is also a recipe key
+    and a ``--<field>`` flag; its help text is in the field's ``metadata``, and the docs' *All options*
+    page lists every one with its default. Bad values raise a ``ValueError`` naming the field, the value
+    and what is allowed, when the object is built (before any training).
+
+    Args:
+        precision (`str`, *optional*, defaults to `"auto"`):
+            `"auto"`, `"bf16"`, `"fp16"` or `"fp32"`, resolved for the device the run lands on.
+        lr_decay (`str`, *optional*, defaults to `None`):
+            `"cosine"`, `"sqrt"`, `"linear"`, `"1-sqrt"` or `"constant"` after the warmup, down to `min_lr` /
+            `min_lr_ratio`; `None` leaves the Trainer's `lr_scheduler_type` in charge.
+        optimizer (`str`, *optional*, defaults to `None`):
+            `"adamw"`, `"lion"`, `"ademamix"`, `"soap"` or `"muon"` instead of the Trainer's `optim`, with more
+            options in `optimizer_kwargs` (`dict` or JSON `str`, defaults to `None`).
+        clip_mode (`str`, *optional*, defaults to `"norm"`):
+            `"norm"`, `"value"`, `"agc"` or `"none"`.
+        divergence_guard (`bool`, *optional*, defaults to `False`):
+            Skip NaN/inf steps, roll back loss spikes, stop a run that keeps diverging.
+
+    The other fields: sequence length (``length_grouping``, ``max_tokens_per_batch``, ``packing``,
+    ``curriculum_*``, ``seq_len_warmup_*``), random restart (``restart_*``), ``auto_resume``,
+    ``mfu_peak_tflops``, and the lr schedule's floor and unit: see the *All options* page.
 
     Example:
+        ```python
         >>> from hf_fasttrain import FastTrainingArguments
-        >>> args = FastTrainingArguments(output_dir="runs/x", max_steps=100, learning_rate=1e-3)
+        >>> args = FastTrainingArguments(output_dir="runs/x", max_steps=100, learning_rate=1e-3,
+        ...                              optimizer="lion", lr_decay="cosine", min_lr_ratio=0.1)
+        >>> args.optimizer, args.lr_decay
+        ('lion', 'cosine')
+        ```
     """
 
     # --- Throughput logging ------------------------------------------------------------------

@@ -62,9 +62,24 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     which gets every loss from ``training_step`` (``guard_*`` counts in the logs).
 
     Args:
-        run_config: extra sections (e.g. ``{"model": {...}, "data": {...}}``) saved into
-            ``config.yaml`` beside the training arguments.
-        Everything else is passed to ``transformers.Trainer``.
+        *args:
+            Passed to ``transformers.Trainer`` (``model``, ``args``, ``data_collator``, ``train_dataset``, ...).
+            ``args`` is a ``FastTrainingArguments`` to use the techniques.
+        run_config (`dict`, *optional*, defaults to `None`):
+            Extra sections (e.g. ``{"model": {...}, "data": {...}}``) saved into ``config.yaml`` beside the
+            training arguments.
+        **kwargs:
+            Passed to ``transformers.Trainer``.
+
+    Example:
+        ```python
+        >>> from hf_fasttrain import FastTrainer, FastTrainingArguments
+        >>> args = FastTrainingArguments(output_dir="runs/x", max_steps=1000, optimizer="muon",
+        ...                              learning_rate=1.6e-2, lr_decay="cosine", min_lr_ratio=0.1,
+        ...                              divergence_guard=True)
+        >>> # trainer = FastTrainer(model=model, args=args, train_dataset=train, data_collator=collator)
+        >>> # trainer.train()
+        ```
     """
 
     def __init__(self, *args, run_config: Optional[dict[str, Any]] = None, **kwargs):

@@ -213,6 +213,10 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "soap": create_soap,
     "muon": create_muon,
 }
+"""Optimizer name -> factory `(model, lr=None, weight_decay=None, **options) -> torch.optim.Optimizer`.
+
+Plain dict; `create_optimizer(name, model, ...)` looks names up here and raises on unknown ones.
+"""
 
 
 def get_optimizer_factory(name: str) -> Callable[..., torch.optim.Optimizer]:
@@ -242,15 +246,39 @@ def _check_options(name: str, kwargs: Mapping[str, Any]) -> None:
 def create_optimizer(
     name: str, model: nn.Module, lr: Optional[float] = None, weight_decay: Optional[float] = None, **kwargs
 ) -> torch.optim.Optimizer:
-    """Build optimizer `name` for `model` with param groups (see the module docstring).
+    """Build optimizer `name` for `model`, with its param groups made from the model.
+
+    Weight decay goes to matrices only (the Trainer's rule: not to biases and norms); `muon` puts the
+    hidden matrices on Muon and the rest (embeddings, LM head, biases, norms) on AdamW, in one optimizer.
+
+    Args:
+        name (`str`):
+            One of `OPTIMIZERS`: `"adamw"`, `"lion"`, `"ademamix"`, `"soap"` or `"muon"`. An unknown name
+            raises a `ValueError` listing the known ones.
+        model (`torch.nn.Module`):
+            The model whose parameters are optimized.
+        lr (`float`, *optional*, defaults to `None`):
+            Peak learning rate; `None` takes the optimizer's own default (1e-3 for adamw, ademamix and muon,
+            1e-4 for lion, 3e-3 for soap).
+        weight_decay (`float`, *optional*, defaults to `None`):
+            Decoupled weight decay of the decay group; `None` takes the optimizer's default (0.1, lion 1.0,
+            soap 0.01).
+        **kwargs:
+            The optimizer's other options (e.g. `betas`, `muon_lr`, `precondition_frequency`); unknown
+            names and bad values raise a `ValueError` naming them.
+
+    Returns:
+        `torch.optim.Optimizer`: the optimizer; every param group carries `param_names`.
 
     Example:
+        ```python
         >>> import torch
         >>> from hf_fasttrain.optim import create_optimizer
         >>> net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.LayerNorm(4))
         >>> opt = create_optimizer("lion", net, lr=1e-4)
         >>> [(g["param_names"], g["weight_decay"]) for g in opt.param_groups]
         [(['0.weight'], 1.0), (['0.bias', '1.weight', '1.bias'], 0.0)]
+        ```
     """
     factory = get_optimizer_factory(name)
     _check_options(name, kwargs)
@@ -281,12 +309,28 @@ class OptimizerFactory:
 
 
 def optimizer_cls_and_kwargs_for(name: str, **kwargs) -> tuple[OptimizerFactory, dict[str, Any]]:
-    """`(factory, kwargs)` for `transformers.Trainer(optimizer_cls_and_kwargs=...)`; checks names now.
+    """`(factory, kwargs)` for `transformers.Trainer(optimizer_cls_and_kwargs=...)`, TRL's trainers included.
+
+    The Trainer calls the factory with the model when it builds the optimizer, so the param groups are
+    made from the model as in `create_optimizer`. The name and the options are checked now, before
+    training.
+
+    Args:
+        name (`str`):
+            One of `OPTIMIZERS` (`"adamw"`, `"lion"`, `"ademamix"`, `"soap"`, `"muon"`).
+        **kwargs:
+            Options of `create_optimizer`: `lr`, `weight_decay` and the optimizer's own (e.g. `betas`).
+
+    Returns:
+        `tuple[OptimizerFactory, dict]`: the pair the Trainer's `optimizer_cls_and_kwargs` takes.
 
     Example:
+        ```python
         >>> from hf_fasttrain.optim import optimizer_cls_and_kwargs_for
         >>> optimizer_cls_and_kwargs_for("lion", lr=1e-4)
         (OptimizerFactory('lion'), {'lr': 0.0001})
+        >>> # Trainer(model, args, train_dataset=ds, optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("muon", lr=1.6e-2))
+        ```
     """
     get_optimizer_factory(name)
     _check_options(name, kwargs)

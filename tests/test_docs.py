@@ -1,0 +1,479 @@
+"""Docs that cannot rot: README.md and docs/ are checked against the code.
+
+- Code blocks marked to run are run. The marker is an HTML comment on the line before the fence
+  (only blank lines may sit between), invisible on GitHub and on the site:
+
+      <!-- test: run -->                   a self-contained Python block
+      <!-- test: run setup=tiny -->        given `model`, `tokenizer`, `train`, `val`, `collator` (tiny GPT-2)
+      <!-- test: run setup=tiny_trainer --> the same plus `args` and `trainer` (a plain transformers.Trainer
+                                            with lr_scheduler_type="constant")
+      <!-- test: run continue -->          runs in the namespace of the file's previous run block
+      <!-- test: run slow -->              marked slow;  requires=trl: skipped without that package
+      <!-- test: recipe -->                a YAML recipe, validated as `--config` would validate it
+
+  Each block runs in a fresh temporary working directory, offline; training blocks use a few steps.
+- docs/options.md lists every option with its default; they must match the dataclasses both ways.
+- Inline names that look like options or package objects must exist; relative links and their anchors
+  must resolve; the README stays short, its Layout names what is there, and its headline table and the
+  benchmarks page quote benchmarks/results/time_to_loss.md exactly.
+- The `>>>` examples in the docstrings of the public API run (doctest).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+import importlib
+import os
+import re
+import unicodedata
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+MARKER = re.compile(r"^\s*<!--\s*test:\s*(.*?)\s*-->\s*$")
+FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)(.*)$")
+SETUPS = ("none", "tiny", "tiny_trainer")
+
+
+def markdown_files() -> list[Path]:
+    files = [ROOT / "README.md"]
+    for path in sorted(DOCS.rglob("*.md")):
+        rel = path.relative_to(DOCS).parts
+        if rel[0] in ("_incoming", "results"):  # drafts of other branches; results/ is benchmark output
+            continue
+        files.append(path)
+    return files
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+# ------------------------------------------------------------------------------------------------
+# Code blocks
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Block:
+    path: Path
+    line: int  # 1-based line of the opening fence
+    lang: str
+    code: str
+    directive: str | None  # the marker's text, None when unmarked
+
+    @property
+    def where(self) -> str:
+        return f"{rel(self.path)}:{self.line}"
+
+
+def extract_blocks(path: Path) -> list[Block]:
+    """Every fenced block of a Markdown file, with the marker that precedes it (if any)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    blocks, pending, i = [], None, 0
+    while i < len(lines):
+        line = lines[i]
+        m = MARKER.match(line)
+        if m:
+            if pending is not None:
+                raise AssertionError(f"{rel(path)}:{pending[1]}: marker not followed by a code block")
+            pending = (m.group(1), i + 1)
+            i += 1
+            continue
+        f = FENCE.match(line)
+        if f:
+            indent, ticks, lang = f.group(1), f.group(2), f.group(3)
+            body, j = [], i + 1
+            while j < len(lines) and not re.match(rf"^\s*{re.escape(ticks)}\s*$", lines[j]):
+                text = lines[j]
+                body.append(text[len(indent):] if text.startswith(indent) else text.lstrip())
+                j += 1
+            blocks.append(Block(path, i + 1, lang, "\n".join(body) + "\n", pending[0] if pending else None))
+            pending, i = None, j + 1
+            continue
+        if pending is not None and line.strip():
+            raise AssertionError(f"{rel(path)}:{pending[1]}: marker not followed by a code block")
+        i += 1
+    if pending is not None:
+        raise AssertionError(f"{rel(path)}:{pending[1]}: marker at the end of the file")
+    return blocks
+
+
+def parse_directive(text: str) -> dict:
+    words = text.split()
+    if not words or words[0] not in ("run", "recipe"):
+        raise AssertionError(f"unknown test marker {text!r}: use 'run ...' or 'recipe'")
+    out = {"kind": words[0], "setup": "none", "continue": False, "slow": False, "requires": None}
+    for word in words[1:]:
+        if word in ("continue", "slow"):
+            out[word] = True
+        elif word.startswith("setup=") and word[6:] in SETUPS:
+            out["setup"] = word[6:]
+        elif word.startswith("requires="):
+            out["requires"] = word[9:]
+        else:
+            raise AssertionError(f"unknown word {word!r} in test marker {text!r}; setups: {SETUPS}")
+    return out
+
+
+def all_blocks() -> list[Block]:
+    return [b for path in markdown_files() for b in extract_blocks(path)]
+
+
+def run_chains() -> list[list[tuple[Block, dict]]]:
+    """Marked Python blocks, grouped: a `continue` block joins the chain before it in the same file."""
+    chains: list[list[tuple[Block, dict]]] = []
+    for block in all_blocks():
+        if block.directive is None:
+            continue
+        d = parse_directive(block.directive)
+        if d["kind"] != "run":
+            continue
+        assert block.lang == "python", f"{block.where}: only python blocks can run, not {block.lang!r}"
+        if d["continue"]:
+            assert chains and chains[-1][0][0].path == block.path, f"{block.where}: 'continue' with no run block before"
+            chains[-1].append((block, d))
+        else:
+            chains.append([(block, d)])
+    return chains
+
+
+def _chain_param(chain):
+    marks = []
+    if any(d["slow"] for _, d in chain):
+        marks.append(pytest.mark.slow)
+    return pytest.param(chain, id=chain[0][0].where, marks=marks)
+
+
+def _namespace(setup: str, request) -> dict:
+    if setup == "none":
+        return {"__name__": "__docs__"}
+    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+
+    from conftest import make_tiny_gpt2
+
+    tokenizer = request.getfixturevalue("tiny_tokenizer")
+    lm = request.getfixturevalue("tiny_lm")
+    ns = {
+        "__name__": "__docs__",
+        "model": make_tiny_gpt2(len(tokenizer)),
+        "tokenizer": tokenizer,
+        "train": lm["train"],
+        "val": lm["validation"],
+        "collator": DataCollatorForLanguageModeling(tokenizer, mlm=False),
+    }
+    if setup == "tiny_trainer":
+        ns["args"] = TrainingArguments(
+            output_dir="runs/plain", max_steps=5, per_device_train_batch_size=8, learning_rate=2e-3,
+            lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to="none",
+            use_cpu=True, disable_tqdm=True, seed=0,
+        )
+        ns["trainer"] = Trainer(model=ns["model"], args=ns["args"], train_dataset=ns["train"],
+                                data_collator=ns["collator"], processing_class=tokenizer)
+    return ns
+
+
+@pytest.mark.parametrize("chain", [_chain_param(c) for c in run_chains()])
+def test_doc_snippet_runs(chain, request, tmp_path, monkeypatch):
+    first, d0 = chain[0]
+    for _, d in chain:
+        if d["requires"]:
+            pytest.importorskip(d["requires"])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("WANDB_DISABLED", "true")
+    ns = _namespace(d0["setup"], request)
+    for block, _ in chain:
+        exec(compile(block.code, block.where, "exec"), ns)  # noqa: S102 - the docs' own code
+
+
+def test_markers_are_found():
+    """The runner sees the blocks it should: a marker typo would silently drop a block."""
+    where = {c[0][0].path.name for c in run_chains()}
+    assert {"README.md", "getting-started.md", "any-trainer.md", "optimizers.md", "schedules.md"} <= where
+    assert len(run_chains()) >= 15
+
+
+def test_recipe_blocks_validate():
+    from hf_fasttrain.recipes import validate_recipe
+
+    blocks = [b for b in all_blocks() if b.directive and parse_directive(b.directive)["kind"] == "recipe"]
+    assert blocks, "no recipe block marked in the docs"
+    for block in blocks:
+        validate_recipe(yaml.safe_load(block.code))  # raises naming an unknown key or a bad value
+
+
+# ------------------------------------------------------------------------------------------------
+# Options
+# ------------------------------------------------------------------------------------------------
+
+
+def own_fields() -> dict[str, dict[str, dataclasses.Field]]:
+    from transformers import TrainingArguments
+
+    from hf_fasttrain.args import DataArguments, FastTrainingArguments, ModelArguments
+
+    base = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {
+        "FastTrainingArguments option": {f.name: f for f in dataclasses.fields(FastTrainingArguments) if f.name not in base},
+        "model: key": {f.name: f for f in dataclasses.fields(ModelArguments)},
+        "data: key": {f.name: f for f in dataclasses.fields(DataArguments)},
+    }
+
+
+def option_tables(text: str) -> dict[str, dict[str, str]]:
+    """{table kind: {option: default cell}} from the tables of docs/options.md."""
+    tables: dict[str, dict[str, str]] = {}
+    kind = None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            kind = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if kind is None:
+            kind = cells[0]
+            tables.setdefault(kind, {})
+            continue
+        if set(cells[0]) <= set("-: "):
+            continue
+        m = re.fullmatch(r"`([a-z_0-9]+)`", cells[0])
+        assert m, f"docs/options.md: option cell {cells[0]!r} is not a `name`"
+        assert m.group(1) not in tables[kind], f"docs/options.md: {m.group(1)} listed twice"
+        tables[kind][m.group(1)] = cells[1]
+    return tables
+
+
+def _default(field: dataclasses.Field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
+
+
+def test_options_page_matches_the_dataclasses():
+    tables = option_tables((DOCS / "options.md").read_text(encoding="utf-8"))
+    fields = own_fields()
+    assert set(tables) == set(fields), f"option tables found: {sorted(tables)}"
+    for kind, documented in tables.items():
+        missing = sorted(set(fields[kind]) - set(documented))
+        unknown = sorted(set(documented) - set(fields[kind]))
+        assert not missing, f"docs/options.md: options of {kind!r} not documented: {missing}"
+        assert not unknown, f"docs/options.md: documented under {kind!r} but not fields: {unknown}"
+        for name, cell in documented.items():
+            m = re.fullmatch(r"`(.*)`", cell)
+            assert m, f"docs/options.md: default of {name} must be `value`, got {cell!r}"
+            assert yaml.safe_load(m.group(1)) == _default(fields[kind][name]), (
+                f"docs/options.md: {name} documented default {cell} != {_default(fields[kind][name])!r}")
+
+
+def _recipe_keys() -> set[str]:
+    from hf_fasttrain.args import DataArguments, FastTrainingArguments, ModelArguments
+
+    return {f.name for cls in (FastTrainingArguments, ModelArguments, DataArguments) for f in dataclasses.fields(cls)}
+
+
+INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+
+
+def _prose(path: Path) -> str:
+    """The text of a Markdown file without its fenced blocks."""
+    out, fence = [], None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        f = FENCE.match(line)
+        if f and fence is None:
+            fence = f.group(2)
+        elif fence is not None and line.strip() == fence:
+            fence = None
+        elif fence is None:
+            out.append(line)
+    return "\n".join(out)
+
+
+def test_names_in_the_docs_exist():
+    """`key: value` must be a recipe key; `hf_fasttrain.x.y` must import; `...Callback` must exist;
+    `--flag` of a recipe command must be an option."""
+    import transformers
+
+    import hf_fasttrain.callbacks
+
+    keys = _recipe_keys()
+    problems = []
+    for path in markdown_files():
+        for code in INLINE_CODE.findall(_prose(path)):
+            m = re.match(r"^([a-z][a-z0-9_]*): \S", code)
+            if m and m.group(1) not in keys:
+                problems.append(f"{rel(path)}: `{code}` names no option")
+            m = re.match(r"^(hf_fasttrain(?:\.\w+)+)", code)
+            if m:
+                parts = m.group(1).split(".")
+                for cut in range(len(parts), 0, -1):  # longest importable module, then attributes
+                    try:
+                        obj = importlib.import_module(".".join(parts[:cut]))
+                        break
+                    except ImportError:
+                        continue
+                for attr in parts[cut:]:
+                    if not hasattr(obj, attr):
+                        problems.append(f"{rel(path)}: `{code}`: {'.'.join(parts)} does not exist")
+                        break
+                    obj = getattr(obj, attr)
+            for name in re.findall(r"\b([A-Z]\w*Callback)\b", code):
+                if not (hasattr(hf_fasttrain.callbacks, name) or hasattr(transformers, name)):
+                    problems.append(f"{rel(path)}: `{code}`: no callback {name}")
+        for block in extract_blocks(path):
+            if block.lang != "bash":
+                continue
+            for line in block.code.splitlines():
+                m = re.search(r"(gpt2_small\.py|hf-fasttrain train)(.*)", line.split("#")[0])
+                if m:  # the flags after the script (those before it are accelerate's)
+                    for flag in re.findall(r"\s--([A-Za-z_][\w-]*)", m.group(2)):
+                        if flag not in keys | {"config", "help"}:
+                            problems.append(f"{block.where}: --{flag} is no option of the recipe")
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------------------------------------
+# Links
+# ------------------------------------------------------------------------------------------------
+
+LINK = re.compile(r"!?\[[^\]\n]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def _slug_mkdocs(text: str) -> str:  # Python-Markdown's toc slugify (MkDocs)
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def _slug_github(text: str) -> str:
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> tuple[set[str], set[str]]:
+    heads = [re.sub(r"\s+#+\s*$", "", m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.+)$", _prose(path), re.M)]
+    plain = [re.sub(r"[`*_]", "", re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", h)) for h in heads]
+    return {_slug_mkdocs(h) for h in plain}, {_slug_github(h) for h in plain}
+
+
+def test_relative_links_resolve():
+    problems = []
+    for path in markdown_files():
+        for target in LINK.findall(_prose(path)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                continue
+            file_part, _, anchor = target.partition("#")
+            dest = (path.parent / file_part) if file_part else path
+            if not dest.exists():
+                problems.append(f"{rel(path)}: link {target!r}: {file_part} does not exist")
+                continue
+            if path.is_relative_to(DOCS) and not Path(os.path.normpath(dest)).is_relative_to(DOCS):
+                problems.append(f"{rel(path)}: link {target!r} leaves docs/ (the site cannot serve it)")
+            if anchor and dest.suffix == ".md":
+                mk, gh = _anchors(dest)
+                if anchor not in mk or anchor not in gh:
+                    problems.append(f"{rel(path)}: link {target!r}: no heading #{anchor} in {dest.name}")
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------------------------------------
+# README
+# ------------------------------------------------------------------------------------------------
+
+
+def test_readme_is_short_and_keeps_the_two_commands():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    assert "python recipes/gpt2_small.py --config recipes/configs/gpt2_tiny.yaml" in text
+    assert 'python -m pytest -q -m "not slow" tests' in text
+
+
+def _layout_block() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Layout", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def test_readme_layout_names_what_is_there():
+    """Every path the Layout names exists, and every public module of the package is named."""
+    block = _layout_block()
+    package = ROOT / "hf_fasttrain"
+    named_in_package = set(re.findall(r"^  ([\w.]+/?)\s", block, re.M))
+    named_top = set(re.findall(r"^([\w.]+/?)\s", block, re.M))
+    for name in named_top:
+        assert (ROOT / name.rstrip("/")).exists(), f"README Layout names {name}, which does not exist"
+    for name in named_in_package:
+        assert (package / name.rstrip("/")).exists(), f"README Layout names hf_fasttrain/{name}, which does not exist"
+    stems = {n.rstrip("/").removesuffix(".py") for n in named_in_package}
+    for entry in package.iterdir():
+        public = not entry.name.startswith("_") and (entry.suffix == ".py" or (entry / "__init__.py").exists())
+        if public:
+            assert entry.name.removesuffix(".py") in stems, f"README Layout does not name hf_fasttrain/{entry.name}"
+
+
+def _table_rows(text: str, header_start: str) -> dict[str, list[str]]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def _same_cell(doc: str, result: str) -> bool:
+    if doc == result or {doc, result} <= {"n/a", "not reached"}:
+        return True
+    try:
+        return round(float(doc), 2) == round(float(result), 2)
+    except ValueError:
+        return False
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/benchmarks.md"])
+def test_time_to_loss_tables_quote_the_results(page):
+    """The headline table (README) and the full one (benchmarks page) say what the benchmark wrote."""
+    results = _table_rows((ROOT / "benchmarks/results/time_to_loss.md").read_text(encoding="utf-8"), "| arm |")
+    quoted = _table_rows((ROOT / page).read_text(encoding="utf-8"), "| arm | final eval loss (median) | train seconds to 4.716")
+    assert {"hf-default", "hf-tuned", "fasttrain"} <= set(quoted)
+    for arm, cells in quoted.items():
+        assert arm in results, f"{page}: arm {arm} is not in benchmarks/results/time_to_loss.md"
+        for doc, res in zip(cells, results[arm]):
+            assert _same_cell(doc, res), f"{page}: {arm}: {cells} != results {results[arm]}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Docstring examples of the public API
+# ------------------------------------------------------------------------------------------------
+
+
+def _public_objects():
+    import hf_fasttrain
+
+    return [(name, getattr(hf_fasttrain, name)) for name in hf_fasttrain.__all__ if not name.startswith("__")]
+
+
+@pytest.mark.parametrize("name,obj", _public_objects(), ids=lambda x: x if isinstance(x, str) else "")
+def test_public_docstring_examples_run(name, obj, tmp_path, monkeypatch):
+    doc = getattr(obj, "__doc__", None) or ""
+    if isinstance(obj, dict):  # OPTIMIZERS: a plain dict has dict's docstring
+        return
+    doc = re.sub(r"^\s*```\w*\s*$", "", doc, flags=re.M)  # HF style fences the examples
+    module = importlib.import_module(getattr(obj, "__module__", "hf_fasttrain"))
+    test = doctest.DocTestParser().get_doctest(doc, dict(vars(module)), name, None, 0)  # as doctest does
+    if not test.examples:
+        return
+    monkeypatch.chdir(tmp_path)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    runner.run(test, out=lambda s: None)
+    failed = runner.summarize(verbose=False).failed
+    if failed:
+        report = []
+        runner.run(test, out=report.append)
+        pytest.fail("".join(report))
