@@ -465,7 +465,7 @@ def test_names_in_the_docs_exist():
     problems = []
     for path in markdown_files():
         for code in INLINE_CODE.findall(_prose(path)):
-            m = re.match(r"^([a-z][a-z0-9_]*): \S", code)
+            m = re.match(r"^([a-z][a-z0-9_]*): [^<>]+$", code)  # `key: value`, not a `form: <placeholder>`
             if m and m.group(1) not in keys:
                 problems.append(f"{rel(path)}: `{code}` names no option")
             m = re.match(r"^(hf_fasttrain(?:\.\w+)+)", code)
