@@ -455,7 +455,7 @@ def make_scheduler(
     Example:
         ```python
         >>> import torch
-        >>> from hf_fasttrain import make_scheduler
+        >>> from hf_fasttrain.schedules import make_scheduler
         >>> opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
         >>> sched = make_scheduler(opt, num_training_steps=100, lr_decay="cosine", warmup_steps=10, min_lr_ratio=0.1)
         >>> for _ in range(10):

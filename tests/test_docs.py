@@ -614,9 +614,24 @@ def test_time_to_loss_tables_quote_the_results(page):
 
 
 def _public_objects():
+    """What `hf_fasttrain` exports, plus every object the API reference page renders (`::: path`)."""
     import hf_fasttrain
 
-    return [(name, getattr(hf_fasttrain, name)) for name in hf_fasttrain.__all__ if not name.startswith("__")]
+    found = {name: getattr(hf_fasttrain, name) for name in hf_fasttrain.__all__ if not name.startswith("__")}
+    for path in re.findall(r"^::: ([\w.]+)", (DOCS / "api.md").read_text(encoding="utf-8"), re.M):
+        module, _, attr = path.rpartition(".")
+        found.setdefault(path, getattr(importlib.import_module(module), attr))
+    return sorted(found.items())
+
+
+def test_api_reference_renders_the_exports():
+    """Every name `hf_fasttrain` exports has a section on the API page (by any of its paths)."""
+    import hf_fasttrain
+
+    text = (DOCS / "api.md").read_text(encoding="utf-8")
+    rendered = {path.rpartition(".")[2] for path in re.findall(r"^::: ([\w.]+)", text, re.M)}
+    missing = [n for n in hf_fasttrain.__all__ if not n.startswith("__") and n not in rendered]
+    assert not missing, f"docs/api.md renders no section for {missing}"
 
 
 @pytest.mark.parametrize("name,obj", _public_objects(), ids=lambda x: x if isinstance(x, str) else "")
