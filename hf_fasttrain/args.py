@@ -26,18 +26,7 @@ __all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigEr
 
 @dataclass
 class ModelArguments:
-    """The ``model:`` section of a recipe: a pretrained checkpoint, or a GPT-2 built from scratch.
-
-    Every field is a key of the recipe's ``model:`` section and a ``--<field>`` flag; the docs' *All
-    options* page lists them with their defaults.
-
-    Example:
-        ```python
-        >>> from hf_fasttrain import ModelArguments
-        >>> ModelArguments(n_layer=2, n_head=4, n_embd=128).n_embd
-        128
-        ```
-    """
+    """The ``model:`` section of a recipe: a pretrained checkpoint, or a GPT-2 built from scratch."""
 
     model_name_or_path: Optional[str] = field(
         default=None,
