@@ -15,7 +15,8 @@ from typing import Optional
 
 from transformers import TrainingArguments
 
-from .callbacks.stability import CLIP_MODES, ROLLBACK_MODES
+from .clipping import CLIP_MODES
+from .guard import GuardConfig
 from .data.from_args import check_seqlen_args
 
 __all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments"]
@@ -281,9 +282,11 @@ class FastTrainingArguments(TrainingArguments):
     )
     divergence_guard: bool = field(
         default=False,
-        metadata={"help": "Skip optimizer steps with a NaN/inf loss or gradient, roll back loss spikes to the "
-                  "last good state (skipping the batches in between), and stop with a saved checkpoint after "
-                  "more than guard_max_rollbacks rollbacks in 1000 steps (DivergenceGuardCallback)."},
+        metadata={"help": "Skip optimizer steps with a NaN/inf loss or gradient, a loss spike or a pre-clip gradient-norm "
+                  "spike before they are applied; roll back to the last good state when a bad update reached the "
+                  "weights (non-finite weights, or a loss that stays a spike for 8 steps); stop with a saved "
+                  "checkpoint after more than guard_max_rollbacks rollbacks in 1000 steps (DivergenceGuardCallback). "
+                  "Its statistics and counters survive a resume."},
     )
     guard_rollback: str = field(
         default="auto",
@@ -304,6 +307,11 @@ class FastTrainingArguments(TrainingArguments):
     )
     guard_max_rollbacks: int = field(
         default=3, metadata={"help": "Rollbacks allowed within 1000 steps; one more stops training."}
+    )
+    guard_grad_norm_ceiling: Optional[float] = field(
+        default=1e4,
+        metadata={"help": "The guard skips any step whose pre-clip gradient norm is above this, from the first step "
+                  "on (the spike statistics need guard_spike_window // 2 steps first); null: no ceiling."},
     )
 
     # --- Random restart (issue 7: hf_fasttrain/restarts.py) ---------------------------------
@@ -387,13 +395,7 @@ class FastTrainingArguments(TrainingArguments):
         _check(self.clip_mode in CLIP_MODES, "clip_mode", self.clip_mode, f"allowed: {', '.join(CLIP_MODES)}")
         _check(_positive(self.clip_value), "clip_value", self.clip_value, "must be a finite number > 0")
         _check(_positive(self.agc_lambda), "agc_lambda", self.agc_lambda, "must be a finite number > 0")
-        _check(self.guard_rollback in ROLLBACK_MODES, "guard_rollback", self.guard_rollback,
-               f"allowed: {', '.join(ROLLBACK_MODES)}")
-        _check(_positive(self.guard_spike_sigma), "guard_spike_sigma", self.guard_spike_sigma,
-               "must be a finite number > 0")
-        for name, low in (("guard_snapshot_every", 1), ("guard_spike_window", 2), ("guard_max_rollbacks", 0)):
-            v = getattr(self, name)
-            _check(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, v, f"must be an integer >= {low}")
+        GuardConfig.from_training_args(self)  # raises naming the guard_* field
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         check_seqlen_args(self)
         self._check_optimizer()
