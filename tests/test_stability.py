@@ -29,6 +29,7 @@ from hf_fasttrain.callbacks.stability import (
     GradientClippingCallback,
     StabilityTrainerMixin,
     ensure_unscaled,
+    load_checkpoint_state,
     restore_snapshot,
     stability_callbacks,
     take_snapshot,
@@ -260,6 +261,36 @@ def test_snapshot_restore_is_exact_and_the_snapshot_is_not_aliased():
     step()  # training after a restore must not write into the snapshot
     assert torch.equal(snap.optimizer["state"][0]["exp_avg"], expected[1]["state"][0]["exp_avg"])
     assert torch.equal(snap.model["0.weight"], expected[0]["0.weight"])
+
+
+@pytest.mark.parametrize("shard", [False, True])
+def test_load_checkpoint_state_reads_single_and_sharded_checkpoints(tmp_path, shard):
+    """The rollback target in 'checkpoint' mode: model (tied lm_head), optimizer, scheduler and lrs in place."""
+    source = tiny_gpt2()
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(0.5)
+    opt = torch.optim.AdamW(source.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5**s)
+    source(torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, 4, dtype=torch.long)).loss.backward()
+    opt.step()
+    sched.step()
+    source.save_pretrained(str(tmp_path), max_shard_size="20KB" if shard else "1GB")
+    torch.save(opt.state_dict(), tmp_path / "optimizer.pt")
+    torch.save(sched.state_dict(), tmp_path / "scheduler.pt")
+    assert (tmp_path / "model.safetensors.index.json").exists() is shard
+
+    model = tiny_gpt2()
+    opt2 = torch.optim.AdamW(model.parameters(), lr=0.1)
+    sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: 0.5**s)
+    load_checkpoint_state(str(tmp_path), model, opt2, sched2)
+    assert_same_tensors(model.state_dict(), source.state_dict())
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+    assert_same_tensors(opt2.state_dict()["state"], opt.state_dict()["state"])
+    assert [g["lr"] for g in opt2.param_groups] == [0.05]
+    other = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=T, n_embd=32, n_layer=1, n_head=2))
+    with pytest.raises(ValueError, match="does not match the model"):
+        load_checkpoint_state(str(tmp_path), other, torch.optim.AdamW(other.parameters()), None)
 
 
 # ------------------------------------------------------------------------------------- clipping in a Trainer

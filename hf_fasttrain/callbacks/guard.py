@@ -35,7 +35,6 @@ from ..guard import (
     RollBack,
     Skip,
     StepObservation,
-    Stop,
     guard_decision,
     remember,
 )
