@@ -16,8 +16,8 @@ from typing import Optional
 from transformers import TrainingArguments
 
 from .clipping import CLIP_MODES
-from .guard import GuardConfig
 from .data.from_args import check_seqlen_args
+from .guard import GuardConfig
 
 __all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments"]
 

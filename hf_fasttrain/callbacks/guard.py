@@ -222,8 +222,8 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
         judge_norm = grad_norm is not None or not self._trainer_clipped(args)
         if grad_norm is None:
             grad_norm = global_grad_norm([p.grad for p in optimizer_params(optimizer) if p.grad is not None])
-        device = grad_norm.device
         has_loss = loss is not None
+        device = loss.device if has_loss else grad_norm.device
         # one small reduction so every rank takes the same decision, then one host sync
         values = torch.stack([loss.to(device) if has_loss else torch.zeros((), device=device), grad_norm.to(device)])
         bad = (~torch.isfinite(values)).any().float().reshape(1)
