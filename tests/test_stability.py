@@ -846,3 +846,15 @@ def test_a_full_disk_while_saving_says_where_and_what_to_do(tmp_path, monkeypatc
     straight = make_trainer(tmp_path / "straight", 6, cls=FaultyFastTrainer)
     straight.train()
     assert_same_tensors(straight.model.state_dict(), resumed.model.state_dict())
+
+
+def test_without_the_mixin_clipped_gradients_turn_the_norm_rules_off_with_a_warning(tmp_path, caplog):
+    """14.2, plain Trainer without the mixin: the Trainer clips before any callback; the guard says so once."""
+    g = guard(spike_window=8, spike_warmup=2)
+    trainer = make_trainer(tmp_path, 4, {3: NAN}, callbacks=[g], cls=FaultyTrainer, max_grad_norm=0.5)
+    with caplog.at_level("WARNING", logger="hf_fasttrain.callbacks.guard"):
+        trainer.train()
+    warnings = [r.getMessage() for r in caplog.records if "clipped them to max_grad_norm=0.5" in r.getMessage()]
+    assert len(warnings) == 1 and "StabilityTrainerMixin" in warnings[0]
+    assert g.grad_norm_history == []  # clipped norms are not learnt from
+    assert [(e["step"], e["kind"]) for e in g.events] == [(3, "skip")]  # NaN is still caught before its step
