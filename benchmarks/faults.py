@@ -1,16 +1,18 @@
 """Fault injection: does training survive NaN/inf, gradient blow-ups, loss spikes and corrupt weights?
 
-    PYTHONPATH=. python benchmarks/faults.py                 # ~10 minutes on a 2-core CPU
+    PYTHONPATH=. python benchmarks/faults.py                 # ~12 minutes on a shared 2-core CPU
     PYTHONPATH=. python benchmarks/faults.py --steps 60      # a quick look
 
 Trains a tiny GPT-2 (2 layers, 32 wide, vocab 64, 32 tokens) on learnable sequences
 ``(a + b*i) mod 64`` for ``--steps`` optimizer steps (AdamW 3e-3, 10 warmup steps then cosine,
-batch 16, checkpoint every 25 steps) in three setups:
+batch 16, checkpoint every 25 steps) in four setups:
 
 - ``fasttrainer``: ``FastTrainer`` as the recipes set it (``clip_mode: norm``, ``max_grad_norm: 1``,
   ``divergence_guard: true``, snapshot every 20 steps);
-- ``trainer+callbacks``: a plain ``transformers.Trainer`` with ``DivergenceGuardCallback(snapshot_every=20)``
-  added (no mixin: the guard reads the loss from the logs, ``logging_steps=1``), ``max_grad_norm=1``;
+- ``trainer+mixin``: a plain ``transformers.Trainer`` with ``StabilityTrainerMixin`` mixed in and
+  ``DivergenceGuardCallback(snapshot_every=20)`` added, ``max_grad_norm=1``;
+- ``trainer+callbacks``: the same without the mixin (the guard reads the loss from the logs,
+  ``logging_steps=1``, and sees gradients after the Trainer clipped them);
 - ``bare``: the plain Trainer alone, ``max_grad_norm=1``.
 
 and injects one fault per run at step ``--at`` (after the guard's 64-step warm-up unless said):
@@ -48,7 +50,13 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hf_fasttrain import DivergenceError, DivergenceGuardCallback, FastTrainer, FastTrainingArguments  # noqa: E402
+from hf_fasttrain import (  # noqa: E402
+    DivergenceError,
+    DivergenceGuardCallback,
+    FastTrainer,
+    FastTrainingArguments,
+    StabilityTrainerMixin,
+)
 from hf_fasttrain.callbacks.clipping import GradientClippingCallback  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -56,7 +64,7 @@ V, T, BS = 64, 32, 16
 SAVE_EVERY, SNAPSHOT_EVERY, RESUME_AT = 25, 20, 75
 ONE_MATRIX = "transformer.h.0.mlp.c_fc.weight"
 
-SETUPS = ("fasttrainer", "trainer+callbacks", "bare")
+SETUPS = ("fasttrainer", "trainer+mixin", "trainer+callbacks", "bare")
 INJECTIONS = {
     "none": "clean run",
     "nan_loss": "NaN loss at step {at}",
@@ -137,6 +145,10 @@ class InjectedFastTrainer(Injector, FastTrainer):
     pass
 
 
+class InjectedMixinTrainer(Injector, StabilityTrainerMixin, Trainer):
+    pass
+
+
 class CorruptWeights(TrainerCallback):
     """A NaN in one weight right after the update of ``step`` (a bad update that reached the weights)."""
 
@@ -177,8 +189,8 @@ def make_trainer(setup: str, out: Path, steps: int, faults: dict[int, str], extr
         cls = InjectedFastTrainer
     else:
         args = TrainingArguments(**common)
-        cls = InjectedTrainer
-        if setup == "trainer+callbacks":
+        cls = InjectedMixinTrainer if setup == "trainer+mixin" else InjectedTrainer
+        if setup in ("trainer+mixin", "trainer+callbacks"):
             callbacks.insert(0, DivergenceGuardCallback(snapshot_every=SNAPSHOT_EVERY))
         if clip_value:
             callbacks.append(GradientClippingCallback(mode="value", clip_value=1.0))
@@ -325,7 +337,7 @@ def plot(result: dict, path: Path) -> None:
     setups = [s for s in SETUPS if any(r["setup"] == s for r in result["runs"])]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.6))
     width = 0.8 / max(len(setups), 1)
-    colors = {"fasttrainer": "tab:blue", "trainer+callbacks": "tab:orange", "bare": "tab:green"}
+    colors = {"fasttrainer": "tab:blue", "trainer+mixin": "tab:purple", "trainer+callbacks": "tab:orange", "bare": "tab:green"}
     for k, setup in enumerate(setups):
         clean = next((r["eval_loss"] for r in result["runs"] if r["setup"] == setup and r["injection"] == "none"), None)
         xs, deltas, bad = [], [], []
