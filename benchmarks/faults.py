@@ -1,7 +1,7 @@
 """Fault injection: does training survive NaN/inf, gradient blow-ups, loss spikes and corrupt weights?
 
-    PYTHONPATH=. python benchmarks/faults.py                 # ~12 minutes on a shared 2-core CPU
-    PYTHONPATH=. python benchmarks/faults.py --steps 60      # a quick look
+    python -m benchmarks.faults                  # ~12 minutes on a shared 2-core CPU
+    python -m benchmarks.faults --steps 100      # a quick look
 
 Trains a tiny GPT-2 (2 layers, 32 wide, vocab 64, 32 tokens) on learnable sequences
 ``(a + b*i) mod 64`` for ``--steps`` optimizer steps (AdamW 3e-3, 10 warmup steps then cosine,
@@ -31,13 +31,15 @@ Each run's result is saved under ``--work/runs/<name>.json`` as it ends and reus
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.faults [options]")
+
 import argparse
 import json
 import math
 import os
 import platform
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -49,17 +51,12 @@ import transformers  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hf_fasttrain import (  # noqa: E402
-    DivergenceError,
-    DivergenceGuardCallback,
-    FastTrainer,
-    FastTrainingArguments,
-    StabilityTrainerMixin,
-)
+from hf_fasttrain import DivergenceError, DivergenceGuardCallback, FastTrainer, FastTrainingArguments  # noqa: E402
+from hf_fasttrain.callbacks import StabilityTrainerMixin  # noqa: E402
 from hf_fasttrain.callbacks.clipping import GradientClippingCallback  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._harness import RESULTS, write_json  # noqa: E402
+
 V, T, BS = 64, 32, 16
 SAVE_EVERY, SNAPSHOT_EVERY, RESUME_AT = 25, 20, 75
 ONE_MATRIX = "transformer.h.0.mlp.c_fc.weight"
@@ -399,7 +396,7 @@ def main(argv=None) -> dict[str, Any]:
             if saved.get("key") == key:
                 return saved["result"]
         result = fn()
-        path.write_text(json.dumps({"key": key, "result": result}, indent=1))
+        write_json(path, {"key": key, "result": result})  # atomic: a killed run leaves no half file
         acts = fmt_actions(result)
         print(f"{name:45s} survived={result['survived']!s:5s} guard={acts:30s} eval={result['eval_loss']:.3f} "
               f"nonfinite on disk={result['disk']['nonfinite_tensors']}", flush=True)
@@ -418,7 +415,7 @@ def main(argv=None) -> dict[str, Any]:
             advice.append({**r, "setup": name})
     result = {
         "benchmark": "faults",
-        "config": {"steps": args.steps, "at": args.at, "command": "PYTHONPATH=. python benchmarks/faults.py"
+        "config": {"steps": args.steps, "at": args.at, "command": "python -m benchmarks.faults"
                    + ("" if args.steps == 200 else f" --steps {args.steps}")},
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
                    f"transformers {transformers.__version__}",
@@ -427,7 +424,7 @@ def main(argv=None) -> dict[str, Any]:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "faults.json").write_text(json.dumps(result, indent=1))
+    write_json(out / "faults.json", result)
     md = markdown(result)
     (out / "faults.md").write_text(md)
     plot(result, out / "faults.png")

@@ -38,6 +38,8 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Union
 
+from ._validation import ConfigError
+
 __all__ = [
     "ROLLBACK_MODES",
     "GuardConfig",
@@ -56,8 +58,8 @@ __all__ = [
 ROLLBACK_MODES = ("auto", "memory", "checkpoint", "none")
 
 
-def _invalid(name: str, value: Any, allowed: str) -> ValueError:
-    return ValueError(f"{name}={value!r} is invalid: {allowed}")
+def _invalid(name: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(name, value, allowed)
 
 
 def _is_int(v: Any) -> bool:
@@ -122,7 +124,7 @@ class GuardConfig:
                 return
             if not _is_number(v) or (v <= low if strict else v < low):
                 rel = ">" if strict else ">="
-                raise _invalid(name, v, f"must be a finite number {rel} {low}" + (" or None" if optional else ""))
+                raise _invalid(name, v, f"must be a finite number {rel} {low}" + (" or null" if optional else ""))
 
         integer("spike_window", 2)
         number("spike_sigma", 0, strict=True)
@@ -161,10 +163,10 @@ class GuardConfig:
         settings = {name: getattr(args, f"guard_{name}") for name in _ARGS_FIELDS if hasattr(args, f"guard_{name}")}
         try:
             return cls(**settings)
-        except ValueError as err:
-            text = str(err)
-            name = text.split("=", 1)[0]
-            raise ValueError(f"guard_{text}" if name in _ARGS_FIELDS else text) from None
+        except ConfigError as err:
+            if err.field not in _ARGS_FIELDS:
+                raise
+            raise ConfigError(f"guard_{err.field}", err.value, err.allowed, err.problem) from None
 
 
 # GuardConfig fields that FastTrainingArguments offers as guard_<name>

@@ -1,20 +1,15 @@
 """Smoke test of benchmarks/faults.py on a short run: the table's claims hold on two injections."""
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _load():
-    spec = importlib.util.spec_from_file_location("faults", ROOT / "benchmarks" / "faults.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from benchmarks import faults
+
+    return faults
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from .._validation import ConfigError
 from ..clipping import (
     CLIP_MODES,
     ClipStats,
@@ -80,7 +81,7 @@ class ClipStatsWindow:
 
 def _check_number(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not value > 0:
-        raise ValueError(f"{name}={value!r} is invalid: must be a finite number > 0")
+        raise ConfigError(name, value, "must be a finite number > 0")
 
 
 class GradientClippingCallback(TrainerCallback, ExportableState):
@@ -130,7 +131,7 @@ class GradientClippingCallback(TrainerCallback, ExportableState):
         agc_clip_output_layer: bool = False,
     ):
         if mode not in CLIP_MODES:
-            raise ValueError(f"mode={mode!r} is invalid: allowed: {', '.join(CLIP_MODES)}")
+            raise ConfigError("mode", mode, f"allowed: {', '.join(CLIP_MODES)}")
         _check_number("clip_value", clip_value)
         _check_number("max_norm", max_norm)
         _check_number("agc_lambda", agc_lambda)

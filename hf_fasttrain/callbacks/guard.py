@@ -109,7 +109,8 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
     Example:
         ```python
         from transformers import Trainer
-        from hf_fasttrain import DivergenceGuardCallback, StabilityTrainerMixin
+        from hf_fasttrain import DivergenceGuardCallback
+        from hf_fasttrain.callbacks import StabilityTrainerMixin
 
         class MyTrainer(StabilityTrainerMixin, Trainer):   # optional: per-step loss and pre-clip norm
             pass

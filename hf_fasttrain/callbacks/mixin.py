@@ -153,7 +153,8 @@ class StabilityTrainerMixin:
     Example:
         ```python
         from transformers import Trainer
-        from hf_fasttrain import DivergenceGuardCallback, StabilityTrainerMixin
+        from hf_fasttrain import DivergenceGuardCallback
+        from hf_fasttrain.callbacks import StabilityTrainerMixin
 
         class MyTrainer(StabilityTrainerMixin, Trainer):
             pass
