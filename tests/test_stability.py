@@ -858,3 +858,23 @@ def test_without_the_mixin_clipped_gradients_turn_the_norm_rules_off_with_a_warn
     assert len(warnings) == 1 and "StabilityTrainerMixin" in warnings[0]
     assert g.grad_norm_history == []  # clipped norms are not learnt from
     assert [(e["step"], e["kind"]) for e in g.events] == [(3, "skip")]  # NaN is still caught before its step
+
+
+def test_the_recipe_command_reports_a_full_disk_in_one_line(tmp_path, monkeypatch, capsys):
+    """14.8 at the command line: no traceback, the message and exit status 1."""
+    import errno
+
+    from hf_fasttrain import cli, run
+    from hf_fasttrain.snapshots import NoSpaceError, no_space_message
+
+    msg = no_space_message(str(tmp_path / "checkpoint-4"), "checkpoint-4")
+
+    def full(*args, **kwargs):
+        raise NoSpaceError(errno.ENOSPC, msg)
+
+    monkeypatch.setattr(run, "train", full)
+    argv = ["--config", "gpt2_tiny", "--output_dir", str(tmp_path), "--use_cpu", "true", "--report_to", "none"]
+    assert cli.run_recipe(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {msg}"]
+    with pytest.raises(NoSpaceError):
+        cli.run_recipe([*argv, "--debug"])
