@@ -6,7 +6,6 @@ import socket
 from types import SimpleNamespace
 
 import pytest
-import torch
 from torch import nn
 
 from hf_fasttrain.optim import (

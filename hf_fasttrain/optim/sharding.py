@@ -123,7 +123,8 @@ def detect_sharding(
         if kind == "DEEPSPEED":
             return "deepspeed"
         if kind == "FSDP":
-            return "fsdp2" if int(getattr(getattr(state, "fsdp_plugin", None), "fsdp_version", 1) or 1) >= 2 else "fsdp1"
+            version = int(getattr(getattr(state, "fsdp_plugin", None), "fsdp_version", 1) or 1)
+            return "fsdp2" if version >= 2 else "fsdp1"
         from_model = _model_mode(model)
         if from_model is not None:
             return from_model
