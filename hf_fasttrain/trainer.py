@@ -25,7 +25,7 @@ from .clipping import norm_clip_stats
 from .data.from_args import SeqLenWiring
 from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .precision import logger as precision_logger
-from .runinfo import training_config, write_run_record
+from .runinfo import run_facts, training_config, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import ThroughputMeter, count_tokens, device_peak_flops, flops_per_token, mfu
 
@@ -198,7 +198,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         if self.is_world_process_zero():
             config = {**self.run_config, **training_config(self.args)}
-            write_run_record(self.args.output_dir, config)
+            block = (self.run_config.get("data") or {}).get("block_size")
+            write_run_record(self.args.output_dir, config, run=run_facts(self.model, self.args, block))
         self._last_log_seconds = None
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 

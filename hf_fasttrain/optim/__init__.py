@@ -48,34 +48,18 @@ from .sharding import (
 )
 from .soap import SOAP, soap_preconditioned_dims
 
+# The public API: pick by name, or use a class directly. The other names imported above (param-group
+# routing, option parsing and checking, per-optimizer helpers) are plumbing for FastTrainer and the tests;
+# import them from their modules (hf_fasttrain.optim.registry, .muon, .soap, .ademamix).
 __all__ = [
-    "NS_COEFFICIENTS",
     "OPTIMIZERS",
+    "create_optimizer",
+    "optimizer_cls_and_kwargs_for",
+    "build_adamw",
     "AdamW",
     "AdEMAMix",
     "Lion",
     "MuonWithAdamW",
-    "OptimizerFactory",
-    "SHARDING_MODES",
     "SOAP",
-    "ademamix_alpha",
-    "ademamix_beta3",
-    "build_adamw",
-    "check_optimizer_options",
-    "check_sharding_support",
-    "conv1d_lr_multiplier",
-    "create_optimizer",
-    "decay_param_groups",
-    "detect_sharding",
-    "get_optimizer_factory",
-    "muon_communication_bytes",
-    "muon_routing",
-    "newton_schulz",
-    "ns_coefficient_schedule",
-    "optimizer_cls_and_kwargs_for",
-    "optimizer_option_names",
-    "parse_optimizer_kwargs",
     "sharding_support",
-    "soap_preconditioned_dims",
-    "trainer_optimizer_kwargs",
 ]
