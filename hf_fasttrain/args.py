@@ -390,8 +390,25 @@ class FastTrainingArguments(TrainingArguments):
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         check_seqlen_args(self)
         self._check_optimizer()
+        self._check_stability_sharding()
         super().__post_init__()
         self._check_lr_schedule()
+
+    def _check_stability_sharding(self) -> None:
+        """The guard and value/AGC clipping need whole gradients: refuse FSDP and DeepSpeed now, before any data work
+        (the callbacks would otherwise raise at on_train_begin, after the data is prepared)."""
+        from .optim.sharding import detect_sharding
+
+        mode = detect_sharding(args=self)
+        if mode not in ("fsdp1", "fsdp2", "deepspeed"):
+            return
+        shown = {"fsdp1": "FSDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed ZeRO"}[mode]
+        _check(not self.divergence_guard, "divergence_guard", self.divergence_guard,
+               f"set it to false under {shown}, or train with DDP; the guard needs whole (unsharded) gradients",
+               problem=f"not supported under {shown}")
+        _check(self.clip_mode in ("norm", "none"), "clip_mode", self.clip_mode,
+               f"use 'norm' (max_grad_norm) under {shown}; value and AGC clipping need whole gradients",
+               problem=f"not supported under {shown}")
 
     def _check_lr_schedule(self) -> None:
         from transformers.trainer_utils import SchedulerType

@@ -225,3 +225,19 @@ def test_check_free_space(tmp_path, monkeypatch):
 )
 def test_is_no_space_error(exc, expected):
     assert is_no_space_error(exc) is expected
+
+
+@pytest.mark.parametrize("env, shown", [({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}, "FSDP2"),
+                                        ({"ACCELERATE_USE_DEEPSPEED": "true"}, "DeepSpeed ZeRO")])
+def test_guard_and_value_clipping_refused_under_sharding_before_any_work(monkeypatch, tmp_path, env, shown):
+    from hf_fasttrain import FastTrainingArguments
+    from hf_fasttrain._validation import ConfigError
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    with pytest.raises(ConfigError, match=f"divergence_guard: not supported under {shown}"):
+        FastTrainingArguments(output_dir=str(tmp_path / "o"), divergence_guard=True, use_cpu=True)
+    with pytest.raises(ConfigError, match=f"clip_mode: not supported under {shown}"):
+        FastTrainingArguments(output_dir=str(tmp_path / "o"), clip_mode="value", use_cpu=True)
+    assert not (tmp_path / "o").exists()
