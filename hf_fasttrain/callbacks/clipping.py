@@ -94,18 +94,24 @@ class GradientClippingCallback(TrainerCallback, ExportableState):
     of steps clipped; AGC: mean fraction of units clipped).
 
     Args:
-        mode: ``"value"`` (clamp each element to ``[-clip_value, clip_value]``), ``"norm"`` (scale all
+        mode (`str`, *optional*, defaults to `"value"`):
+            ``"value"`` (clamp each element to ``[-clip_value, clip_value]``), ``"norm"`` (scale all
             gradients to global norm ``max_norm`` when above it), ``"agc"`` (adaptive, unit-wise, see
             :func:`hf_fasttrain.clipping.clip_agc_`) or ``"none"`` (measure and log only).
-        clip_value: the bound for ``"value"``.
-        max_norm: the threshold for ``"norm"``. The Trainer already clips by norm with
+        clip_value (`float`, *optional*, defaults to `1.0`):
+            The bound for ``"value"``.
+        max_norm (`float`, *optional*, defaults to `1.0`):
+            The threshold for ``"norm"``. The Trainer already clips by norm with
             ``TrainingArguments.max_grad_norm`` (default 1.0), which is what most users want; this mode
             exists for symmetry and requires ``max_grad_norm=0`` so the two do not stack.
-        agc_lambda: AGC's threshold lambda on ``||G_i|| / max(||W_i||, eps)``. Default 0.01
-            (Brock et al. 2021 use 0.01 at batch 4096 and larger values for smaller batches).
-        agc_eps: AGC's floor on unit weight norms (paper: 1e-3).
-        agc_clip_output_layer: also clip the output layer (the paper does not; with tied embeddings
-            this concerns the input embedding too).
+        agc_lambda (`float`, *optional*, defaults to `0.01`):
+            AGC's threshold lambda on ``||G_i|| / max(||W_i||, eps)`` (Brock et al. 2021 use 0.01 at batch
+            4096 and larger values for smaller batches).
+        agc_eps (`float`, *optional*, defaults to `1e-3`):
+            AGC's floor on unit weight norms (the paper's).
+        agc_clip_output_layer (`bool`, *optional*, defaults to `False`):
+            Also clip the output layer (the paper does not; with tied embeddings this concerns the input
+            embedding too).
 
     With ``mode="value"`` or ``"agc"`` and the Trainer's ``max_grad_norm > 0`` (its default, 1.0) both
     clips apply, norm first. Keep it so: value and AGC clipping bound each element or unit, not the

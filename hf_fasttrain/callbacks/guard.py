@@ -103,8 +103,13 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
     log and an entry in ``events``.
 
     Args:
-        config: a :class:`~hf_fasttrain.guard.GuardConfig`; or give its fields as keyword arguments
-            (``spike_window=128, spike_sigma=6.0, grad_norm_ceiling=1e4, rollback="auto", ...``).
+        config (`GuardConfig`, *optional*, defaults to `None`):
+            The guard's settings (:class:`~hf_fasttrain.guard.GuardConfig`); `None` builds one from
+            ``**settings``, or the defaults.
+        **settings:
+            ``GuardConfig`` fields as keyword arguments instead of ``config`` (``spike_window=128,
+            spike_sigma=6.0, grad_norm_ceiling=1e4, rollback="auto", snapshot_every=50, ...``); a bad value
+            is refused on creation, naming the field.
 
     Example:
         ```python
