@@ -156,7 +156,8 @@ class FastTrainingArguments(TrainingArguments):
         clip_mode (`str`, *optional*, defaults to `"norm"`):
             `"norm"`, `"value"`, `"agc"` or `"none"`.
         divergence_guard (`bool`, *optional*, defaults to `False`):
-            Skip NaN/inf steps, roll back loss spikes, stop a run that keeps diverging.
+            Skip NaN/inf steps and loss or gradient spikes, roll back when the weights went bad, stop a run
+            that keeps diverging.
 
     The other fields: sequence length (``length_grouping``, ``max_tokens_per_batch``, ``packing``,
     ``curriculum_*``, ``seq_len_warmup_*``), random restart (``restart_*``), ``auto_resume``,
