@@ -279,6 +279,7 @@ PENDING = {
     "hf_fasttrain.push": "reshape",
     "hf_fasttrain.optim.muon.ns_coefficient_schedule": "sharded",
     "hf_fasttrain.averaging": "faster",
+    "hf_fasttrain.modeling.check_model_type": "scaling",
 }
 
 
