@@ -427,6 +427,23 @@ def render_options_page() -> str:
     return "\n".join(parts)
 
 
+def test_options_page_matches_the_dataclasses():
+    """Read back from the page: every option is there once with its default, and nothing else is."""
+    tables = option_tables((DOCS / "options.md").read_text(encoding="utf-8"))
+    fields = own_fields()
+    assert set(tables) == set(fields), f"option tables found: {sorted(tables)}"
+    for kind, documented in tables.items():
+        missing = sorted(set(fields[kind]) - set(documented))
+        unknown = sorted(set(documented) - set(fields[kind]))
+        assert not missing, f"docs/options.md: options of {kind!r} not documented: {missing}"
+        assert not unknown, f"docs/options.md: documented under {kind!r} but not fields: {unknown}"
+        for name, cell in documented.items():
+            m = re.fullmatch(r"`(.*)`", cell)
+            assert m, f"docs/options.md: default of {name} must be `value`, got {cell!r}"
+            assert yaml.safe_load(m.group(1)) == _default(fields[kind][name]), (
+                f"docs/options.md: {name} documented default {cell} != {_default(fields[kind][name])!r}")
+
+
 def test_options_page_is_generated_from_the_dataclasses():
     assert (DOCS / "options.md").read_text(encoding="utf-8") == render_options_page(), (
         "docs/options.md is out of date: run `PYTHONPATH=$PWD python tests/test_docs.py --write-options`")
