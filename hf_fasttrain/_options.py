@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-import os
 import re
 import textwrap
 from pathlib import Path

@@ -164,9 +164,17 @@ def _restarts(argv: Sequence[str]) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return _run_restarts(model_args, data_args, training_args)
+
+
+def _run_restarts(model_args, data_args, training_args) -> int:
+    """Run the search and print its summary table; 1 when no seed survived."""
+    from .restarts import SUMMARY_MD, train_with_restarts
+
     summary = train_with_restarts(model_args, data_args, training_args)
-    with open(os.path.join(training_args.output_dir, SUMMARY_MD), encoding="utf-8") as f:
-        print(f.read(), end="")
+    if _is_main_process():
+        with open(os.path.join(training_args.output_dir, SUMMARY_MD), encoding="utf-8") as f:
+            print(f.read(), end="")
     return 0 if summary["winner"] else 1
 
 

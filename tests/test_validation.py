@@ -1,7 +1,6 @@
 """Bad configuration is refused in one place, before any data or model work, naming the field."""
 
 import pytest
-import yaml
 
 from hf_fasttrain._validation import TRAINING_RANGES, ConfigError, check, check_ranges, unknown_name
 
