@@ -115,9 +115,14 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
         return _print_help(argv, prog)
     try:
         if "--help-all" in argv:
-            from .recipes import make_parser
+            from .recipes import load_recipe, make_parser, validate_recipe
 
-            make_parser(prog=prog).print_help()
+            parser = make_parser(prog=prog)
+            source = _config_source(argv)
+            if source:  # the recipe's values as the defaults shown
+                sections = validate_recipe(load_recipe(source))
+                parser.set_defaults(**sections[None], **sections["model"], **sections["data"])
+            parser.print_help()
             return 0
         from ._options import preflight
 
