@@ -1,7 +1,11 @@
 """hf_fasttrain: drop-in speed-ups for language-model training with the Hugging Face Trainer.
 
-The public names below load on first use (PEP 562), so ``import hf_fasttrain`` and the command line's
-``--help`` and refusals do not pay for importing torch and transformers.
+The public API, by hand: the trainer and its config, then one entry point per technique for a plain
+``transformers.Trainer``. Everything else lives in the subpackages (``hf_fasttrain.optim``,
+``hf_fasttrain.callbacks``, ``hf_fasttrain.data``, ``hf_fasttrain.schedules``, ``hf_fasttrain.restarts``, ...).
+
+The public names load on first use (PEP 562), so ``import hf_fasttrain`` and the command line's ``--help``
+and refusals do not pay for importing torch and transformers.
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 # public name -> submodule that defines it
 _LAZY = {
@@ -18,24 +22,19 @@ _LAZY = {
     "FastTrainingArguments": ".args",
     "ModelArguments": ".args",
     "DataArguments": ".args",
-    # parts for any transformers.Trainer
-    "RunRecorderCallback": ".callbacks",
-    "LRScheduleCallback": ".callbacks",
-    "make_scheduler": ".schedules",
-    "TokenProgress": ".schedules",
-    "OPTIMIZERS": ".optim",
-    "create_optimizer": ".optim",
-    "optimizer_cls_and_kwargs_for": ".optim",
-    "GradientClippingCallback": ".callbacks",
-    "DivergenceGuardCallback": ".callbacks",
+    # one entry point per technique, for any transformers.Trainer
+    "optimizer_cls_and_kwargs_for": ".optim",  # optimizers: Trainer(..., optimizer_cls_and_kwargs=...)
+    "LRScheduleCallback": ".callbacks",  # lr schedules
+    "apply_batch_sampler": ".callbacks",  # length-grouped / token-budget / curriculum / packed batches
+    "apply_seq_len_warmup": ".callbacks",  # sequence-length warmup
+    "GradientClippingCallback": ".callbacks",  # clipping by norm, value or AGC
+    "DivergenceGuardCallback": ".callbacks",  # skip / roll back / stop on NaN and loss spikes
     "DivergenceError": ".callbacks",
-    "StabilityTrainerMixin": ".callbacks",
-    "SeqLenWarmupCallback": ".callbacks",
-    "CurriculumCallback": ".callbacks",
-    # random restart
+    "RunRecorderCallback": ".callbacks",  # config, versions, loss curve and metrics in output_dir
+    # random restart: a recipe (train_with_restarts) or any trainer behind a TrialRunner (RestartOrchestrator)
+    "train_with_restarts": ".restarts.recipe_runner",
     "RestartConfig": ".restarts",
     "RestartOrchestrator": ".restarts",
-    "train_with_restarts": ".restarts",
 }
 
 __all__ = ["__version__", *_LAZY]
@@ -57,16 +56,15 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
     from .args import DataArguments, FastTrainingArguments, ModelArguments  # noqa: F401
     from .callbacks import (  # noqa: F401
-        CurriculumCallback,
         DivergenceError,
         DivergenceGuardCallback,
         GradientClippingCallback,
         LRScheduleCallback,
         RunRecorderCallback,
-        SeqLenWarmupCallback,
-        StabilityTrainerMixin,
+        apply_batch_sampler,
+        apply_seq_len_warmup,
     )
-    from .optim import OPTIMIZERS, create_optimizer, optimizer_cls_and_kwargs_for  # noqa: F401
-    from .restarts import RestartConfig, RestartOrchestrator, train_with_restarts  # noqa: F401
-    from .schedules import TokenProgress, make_scheduler  # noqa: F401
+    from .optim import optimizer_cls_and_kwargs_for  # noqa: F401
+    from .restarts import RestartConfig, RestartOrchestrator  # noqa: F401
+    from .restarts.recipe_runner import train_with_restarts  # noqa: F401
     from .trainer import FastTrainer  # noqa: F401

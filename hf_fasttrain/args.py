@@ -19,6 +19,7 @@ from ._validation import ConfigError, check_ranges
 from ._validation import check as _check
 from .callbacks.stability import CLIP_MODES, ROLLBACK_MODES
 from .data.from_args import check_seqlen_args
+from .restarts.config import restart_config_from_args
 
 __all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigError"]
 
@@ -374,8 +375,6 @@ class FastTrainingArguments(TrainingArguments):
     def __post_init__(self):
         # every numeric option's range, in one place (hf_fasttrain._validation), before anything else
         check_ranges({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init})
-        from .restarts import restart_config_from_args
-
         restart_config_from_args(self)  # raises naming the restart_* field
         # stability (issue 6): the names are the guard's; the numbers are in the range table
         _check(self.clip_mode in CLIP_MODES, "clip_mode", self.clip_mode, f"allowed: {', '.join(CLIP_MODES)}")

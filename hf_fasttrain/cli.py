@@ -155,6 +155,8 @@ RESTART_FLAGS = ("num-seeds", "explore-fraction", "rungs", "keep-fraction", "met
 def _restarts(argv: Sequence[str]) -> int:
     """``hf-fasttrain restarts``: ``--num-seeds N`` is ``--restart_num_seeds N``, and so on."""
     from .recipes import parse_config
+    from .restarts import SUMMARY_MD
+    from .restarts.recipe_runner import train_with_restarts
 
     flags = {f"--{name}": f"--restart_{name.replace('-', '_')}" for name in RESTART_FLAGS}
     args = []
@@ -242,7 +244,7 @@ def _push_recipe(argv: Sequence[str]) -> int:
     args = _push_parser().parse_args(list(argv))
     from ._validation import check_ranges
     from .args import DataArguments, ModelArguments
-    from .hub import push_recipe
+    from .push import push_recipe
     from .recipes import load_recipe, recipe_path, validate_recipe
 
     # validate before anything is written: keys, types, ranges, and the model/data sections (the training

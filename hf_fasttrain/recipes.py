@@ -24,17 +24,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import logging
+import os
 import re
 import sys
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
+
+import yaml
 
 from ._options import check_duplicate_keys, find_recipes
 from ._validation import ConfigError, unknown_name
 from .args import DataArguments, FastTrainingArguments, ModelArguments
-from .hub import guard_trust_remote_code, is_hub_uri, resolve_hub_recipe, safe_load_yaml
+from .hub import YAML_SUFFIXES, is_hub_uri, resolve_hub_recipe
 
 __all__ = [
     "SECTIONS",
@@ -47,7 +53,13 @@ __all__ = [
     "make_parser",
     "parse_config",
     "resolved_config",
+    "RECIPE_MAX_BYTES",
+    "RecipeYAMLError",
+    "safe_load_yaml",
+    "guard_trust_remote_code",
 ]
+
+logger = logging.getLogger(__name__)
 
 # recipe section -> dataclass; None is the top level
 SECTIONS: dict[Optional[str], type] = {
@@ -58,6 +70,154 @@ SECTIONS: dict[Optional[str], type] = {
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "recipes" / "configs"  # a checkout / editable install
 # a wheel installs recipes/configs/*.yaml here (setup.cfg [options.data_files])
 INSTALLED_DIR = Path(sys.prefix) / "share" / "hf_fasttrain" / "recipes"
+
+
+# ---------------------------------------------------------------------------------------------
+# Safe YAML and the trust_remote_code guard: every recipe source goes through both
+# ---------------------------------------------------------------------------------------------
+
+# A recipe is a few dozen lines; anything much larger is not a recipe (and is not parsed).
+RECIPE_MAX_BYTES = 1 << 20
+
+
+class RecipeYAMLError(ValueError):
+    """A recipe's YAML text is not plain data (bad syntax, a Python tag, not a mapping, too large)."""
+
+
+def _yaml_error(source: str, err: yaml.YAMLError) -> RecipeYAMLError:
+    mark = getattr(err, "problem_mark", None)
+    where = f"{source}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else source
+    problem = getattr(err, "problem", None) or str(err)
+    tag = re.search(r"tag '([^']*)'", problem) if isinstance(err, yaml.constructor.ConstructorError) else None
+    if tag is not None:
+        shown = tag.group(1).replace("tag:yaml.org,2002:", "!!")
+        return RecipeYAMLError(
+            f"{where}: not a plain YAML mapping: YAML tag {shown!r} is not allowed in a recipe. Recipes are data, read with "
+            "yaml.safe_load: only mappings, lists, strings, numbers, booleans and null are accepted, "
+            "and no Python object is ever constructed. Nothing was executed; remove the tag."
+        )
+    return RecipeYAMLError(f"{where}: not valid YAML: {problem}")
+
+
+def safe_load_yaml(path_or_text: str | os.PathLike, *, source: str | None = None, allow_empty: bool = False) -> dict:
+    """Read a recipe with ``yaml.safe_load`` and return its top-level mapping.
+
+    ``path_or_text`` is a file when it is a ``Path``/``PathLike``, or a string with no newline that
+    names an existing file or ends in ``.yaml``/``.yml``; any other string is YAML text.
+    Python tags (``!!python/object/apply:...``) are refused by ``safe_load`` before any object is
+    built, so nothing executes; the error names the tag, line and column.
+
+    An empty document (or only comments) is an error, or ``{}`` with ``allow_empty=True``.
+
+    Raises:
+        RecipeYAMLError: bad YAML, a non-data tag, more than ``RECIPE_MAX_BYTES``, an empty document,
+            a top level that is not a mapping, or a top-level key that is not a string.
+        FileNotFoundError: a path that does not exist.
+
+    Example:
+        ```python
+        >>> safe_load_yaml("learning_rate: 0.0006\\nmodel:\\n  n_layer: 2\\n")
+        {'learning_rate': 0.0006, 'model': {'n_layer': 2}}
+        ```
+    """
+    is_path = isinstance(path_or_text, os.PathLike) or (
+        isinstance(path_or_text, str)
+        and "\n" not in path_or_text
+        and (os.path.isfile(path_or_text) or path_or_text.endswith(YAML_SUFFIXES))
+    )
+    if is_path:
+        path = Path(path_or_text)
+        source = source or str(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"Recipe file {str(path)!r} does not exist.")
+        size = path.stat().st_size
+        if size > RECIPE_MAX_BYTES:
+            raise RecipeYAMLError(f"{source}: {size} bytes is more than a recipe's limit of {RECIPE_MAX_BYTES} bytes.")
+        text = path.read_text(encoding="utf-8")
+    elif isinstance(path_or_text, str):
+        text = path_or_text
+        source = source or "<recipe text>"
+        if len(text.encode("utf-8")) > RECIPE_MAX_BYTES:
+            raise RecipeYAMLError(f"{source}: more than a recipe's limit of {RECIPE_MAX_BYTES} bytes.")
+    else:
+        raise TypeError(f"safe_load_yaml expects a path or YAML text, got {type(path_or_text).__name__}")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise _yaml_error(source, err) from None
+    if data is None and allow_empty:
+        return {}
+    if data is None:
+        raise RecipeYAMLError(f"{source}: the recipe is empty; expected a mapping of field names to values.")
+    if not isinstance(data, dict):
+        raise RecipeYAMLError(
+            f"{source}: the top level of a recipe must be a mapping of field names to values, "
+            f"got a {type(data).__name__}."
+        )
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise RecipeYAMLError(f"{source}: top-level keys must be field names (strings), got {bad!r}.")
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# trust_remote_code
+# ---------------------------------------------------------------------------------------------
+
+
+def guard_trust_remote_code(
+    recipe: Mapping[str, Any], *, source: str, trust_remote_code: bool = False
+) -> tuple[dict, list[str]]:
+    """Drop every ``trust_remote_code`` a recipe sets, unless the user allowed it.
+
+    :func:`load_recipe` applies this to every recipe source (path, bundled name,
+    ``hf://``): ``trust_remote_code`` comes from the user's command line only.
+
+    Looks at any depth (top level, ``model:``, ``data:``, nested kwargs). A key set to ``false``
+    is harmless and kept. With ``trust_remote_code=True`` (the user's own command-line flag) the
+    recipe is returned unchanged.
+
+    Returns:
+        ``(recipe_copy, dropped)`` where ``dropped`` lists the dotted keys removed, e.g.
+        ``["model.trust_remote_code"]``; a ``UserWarning`` names them.
+
+    Example:
+        ```python
+        >>> r, dropped = guard_trust_remote_code({"model": {"trust_remote_code": True}}, source="hf://a/b")
+        >>> r, dropped
+        ({'model': {}}, ['model.trust_remote_code'])
+        ```
+    """
+    dropped: list[str] = []
+
+    def walk(node: Any, prefix: str) -> Any:
+        if isinstance(node, Mapping):
+            out = {}
+            for key, value in node.items():
+                dotted = f"{prefix}{key}"
+                if key == "trust_remote_code" and value is not False and not trust_remote_code:
+                    dropped.append(dotted)
+                    continue
+                out[key] = walk(value, dotted + ".")
+            return out
+        if isinstance(node, list):
+            return [walk(v, f"{prefix[:-1]}[{i}].") for i, v in enumerate(node)]
+        return node
+
+    cleaned = walk(recipe, "")
+    if dropped:
+        msg = (
+            f"{source} sets {', '.join(dropped)}; a recipe never enables trust_remote_code by itself, "
+            "so it was ignored. If you trust that code, pass --trust_remote_code true yourself."
+        )
+        warnings.warn(msg, UserWarning, stacklevel=2)
+        logger.warning(msg)
+    return cleaned, dropped
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources: path, bundled name, hf://
+# ---------------------------------------------------------------------------------------------
 
 
 def bundled_recipes() -> dict[str, Path]:

@@ -6,7 +6,6 @@ arm that uses FastTrainer; the recipe script only parses arguments and calls :fu
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -17,6 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 from transformers import DataCollatorForLanguageModeling, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from ._files import last_complete_checkpoint
 from .args import DataArguments, FastTrainingArguments, ModelArguments
 from .callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
 from .data.corpus import get_tokenizer, load_text_datasets, tokenize_and_chunk
@@ -84,29 +84,6 @@ def prepare_data(data_args: DataArguments, model_args: Optional[ModelArguments] 
             f"block_size={data_args.block_size} leaves no training rows: the corpus is shorter than one block"
         )
     return tokenizer, lm
-
-
-def last_complete_checkpoint(output_dir: str) -> Optional[str]:
-    """The newest ``checkpoint-N`` in ``output_dir`` that was written to the end.
-
-    The Trainer writes ``trainer_state.json`` last, so a checkpoint whose state file is missing or does
-    not parse was cut short by a kill; it is skipped (and reported) in favour of the one before.
-    """
-    if not os.path.isdir(output_dir):
-        return None
-    found = []
-    for name in os.listdir(output_dir):
-        m = re.fullmatch(r"checkpoint-(\d+)", name)
-        if m and os.path.isdir(os.path.join(output_dir, name)):
-            found.append((int(m.group(1)), os.path.join(output_dir, name)))
-    for _, path in sorted(found, reverse=True):
-        try:
-            with open(os.path.join(path, "trainer_state.json")) as f:
-                json.load(f)
-            return path
-        except (OSError, ValueError):
-            logger.warning("Skipping %s: it was not written to the end (killed while saving?)", path)
-    return None
 
 
 def find_resume_checkpoint(training_args: FastTrainingArguments) -> Optional[str]:

@@ -13,24 +13,17 @@ from typing import Any, Mapping, Optional
 
 import yaml
 
+from ._files import atomic_write_text  # noqa: F401  (also imported from here by callbacks.run_record)
+from ._version import __version__
+
 __all__ = [
     "git_revision",
     "environment_info",
     "write_run_record",
-    "atomic_write_text",
     "training_config",
     "overridden_fields",
     "run_facts",
 ]
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace``: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def git_revision(path: Optional[Path] = None) -> Optional[str]:
@@ -57,7 +50,6 @@ def environment_info() -> dict[str, Any]:
     import torch
     import transformers
 
-    from . import __version__
 
     info: dict[str, Any] = {
         "hf_fasttrain": __version__,

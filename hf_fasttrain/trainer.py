@@ -23,7 +23,7 @@ from .callbacks.stability import ClipStatsWindow, StabilityTrainerMixin, stabili
 from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .clipping import norm_clip_stats
 from .data.from_args import SeqLenWiring
-from .optim import create_optimizer, trainer_optimizer_kwargs
+from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .precision import logger as precision_logger
 from .runinfo import run_facts, training_config, write_run_record
 from .schedules import TokenProgress, make_scheduler
@@ -181,7 +181,11 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if getattr(self.args, "optimizer", None) is None or self.optimizer is not None:
             return super().create_optimizer(model)
         kwargs = trainer_optimizer_kwargs(self.args, num_training_steps=self.state.max_steps)
-        self.optimizer = create_optimizer(self.args.optimizer, self.model if model is None else model, **kwargs)
+        opt_model = self.model if model is None else model
+        # Refuses (one line, before training) an optimizer that would not give its update under this
+        # run's sharding (e.g. Muon under DeepSpeed ZeRO); under FSDP2 the model is not sharded yet here.
+        sharding = detect_sharding(args=self.args, accelerator=self.accelerator, model=opt_model)
+        self.optimizer = create_optimizer(self.args.optimizer, opt_model, sharding=sharding, **kwargs)
         return self.optimizer
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):

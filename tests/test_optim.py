@@ -756,7 +756,7 @@ def test_plain_trainer_with_optimizer_cls_and_kwargs(tmp_path):
     before = model.transformer.h[0].mlp.c_fc.weight.detach().clone()
     trainer = Trainer(
         model, args, train_dataset=data, callbacks=[RecordLr()],
-        optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("muon", lr=1e-3, muon_lr=2e-2),
+        optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("muon", lr=1e-3, weight_decay=0.1, muon_lr=2e-2),
     )
     trainer.train()
     assert isinstance(trainer.optimizer.optimizer, MuonWithAdamW)

@@ -438,10 +438,10 @@ class _RandomTokens(torch.utils.data.Dataset):
 
 
 def _trainer(tmp_path, callback, **overrides):
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from conftest import make_tiny_gpt2
+    from transformers import Trainer, TrainingArguments
 
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
+    model = make_tiny_gpt2(64, 16)
     args = dict(
         output_dir=str(tmp_path),
         max_steps=6,
