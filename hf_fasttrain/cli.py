@@ -155,8 +155,6 @@ RESTART_FLAGS = ("num-seeds", "explore-fraction", "rungs", "keep-fraction", "met
 def _restarts(argv: Sequence[str]) -> int:
     """``hf-fasttrain restarts``: ``--num-seeds N`` is ``--restart_num_seeds N``, and so on."""
     from .recipes import parse_config
-    from .restarts import SUMMARY_MD
-    from .restarts.recipe_runner import train_with_restarts
 
     flags = {f"--{name}": f"--restart_{name.replace('-', '_')}" for name in RESTART_FLAGS}
     args = []
@@ -176,7 +174,8 @@ def _restarts(argv: Sequence[str]) -> int:
 
 def _run_restarts(model_args, data_args, training_args) -> int:
     """Run the search and print its summary table; 1 when no seed survived."""
-    from .restarts import SUMMARY_MD, train_with_restarts
+    from .restarts import SUMMARY_MD
+    from .restarts.recipe_runner import train_with_restarts
 
     summary = train_with_restarts(model_args, data_args, training_args)
     if _is_main_process():

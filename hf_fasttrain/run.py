@@ -6,10 +6,10 @@ arm that uses FastTrainer; the recipe script only parses arguments and calls :fu
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
-import re
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
