@@ -9,6 +9,7 @@ two dataclasses), and every one can be overridden on the command line as ``--<fi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -18,7 +19,7 @@ from transformers import TrainingArguments
 from .callbacks.stability import CLIP_MODES, ROLLBACK_MODES
 from .data.from_args import check_seqlen_args
 
-__all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments"]
+__all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "fast_option"]
 
 
 def _check(cond: bool, name: str, value, allowed: str) -> None:
@@ -153,6 +154,15 @@ class FastTrainingArguments(TrainingArguments):
         default=True,
         metadata={"help": "Resume from the last checkpoint in output_dir when one exists (a killed run "
                   "continues when restarted with the same command)."},
+    )
+    run_record: bool = field(
+        default=True,
+        metadata={"help": "Record the run. On: config.yaml and run_info.json in output_dir at the start, metrics.json "
+                  "and loss_curve.png at the end (RunRecorderCallback, whose clock is saved with checkpoints); "
+                  "training logs gain tokens_per_second (samples_per_second for batches without tokens), "
+                  "padding_fraction, train_seconds, clip statistics and, on a GPU with a known peak, mfu; "
+                  "evaluation gains eval_perplexity. Off: FastTrainer's logs, checkpoints, output_dir and callback "
+                  "list are exactly the Trainer's. A plain TrainingArguments (no such field) reads as off."},
     )
     # --- LR schedule (hf_fasttrain.schedules) -------------------------------------------------
     # Rule: lr_decay=None leaves the Trainer's lr_scheduler_type in charge; setting lr_decay replaces
@@ -477,6 +487,51 @@ class FastTrainingArguments(TrainingArguments):
                f"applies to `optim` only; give options of optimizer={self.optimizer!r} in `optimizer_kwargs`")
         self.optimizer_kwargs = parse_optimizer_kwargs(self.optimizer, self.optimizer_kwargs)  # JSON, "1e-5"
         check_optimizer_options(self.optimizer, **trainer_optimizer_kwargs(self))
+
+
+# What an option reads as on arguments that lack it (a plain TrainingArguments, TRL's configs): its default,
+# except here. run_record is off there, so FastTrainer given the Trainer's own arguments is the Trainer exactly.
+_ABSENT_VALUES = {"run_record": False}
+
+
+@functools.lru_cache(maxsize=None)
+def _field_defaults() -> dict:
+    out = {}
+    for f in dataclasses.fields(FastTrainingArguments):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = (f.default, None)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = (None, f.default_factory)
+    return out
+
+
+def fast_option(args, name: str):
+    """The value of option ``name`` on ``args``, whatever their class.
+
+    ``FastTrainingArguments`` (and subclasses) give their field's value; arguments without the field (a plain
+    ``TrainingArguments``, TRL's ``SFTConfig``, a user's subclass) give the option's default, which leaves the
+    technique off, except ``run_record``, which reads as False there (see ``_ABSENT_VALUES``). The one way
+    FastTrainer, its wiring and the callbacks read package options, so none of them needs the package's class.
+
+    Example:
+        >>> from transformers import TrainingArguments
+        >>> args = TrainingArguments(output_dir="out", report_to="none")
+        >>> fast_option(args, "lr_decay"), fast_option(args, "clip_mode"), fast_option(args, "run_record")
+        (None, 'norm', False)
+        >>> fast_option(args, "max_steps")  # a Trainer field is read as is
+        -1
+    """
+    missing = object()
+    value = getattr(args, name, missing)
+    if value is not missing:
+        return value
+    if name in _ABSENT_VALUES:
+        return _ABSENT_VALUES[name]
+    defaults = _field_defaults()
+    if name not in defaults:
+        raise ValueError(f"name={name!r} is not an option of FastTrainingArguments (nor a field of {type(args).__name__})")
+    default, factory = defaults[name]
+    return factory() if factory is not None else default
 
 
 def _positive(v) -> bool:

@@ -147,6 +147,7 @@ def train(
     trainer.save_model()
     metrics = trainer.evaluate()
     if trainer.is_world_process_zero():
-        trainer.recorder.save(training_args.output_dir, final_metrics=metrics)
+        if trainer.recorder is not None:  # run_record: false leaves the Trainer's outputs alone
+            trainer.recorder.save(training_args.output_dir, final_metrics=metrics)
         logger.info("Final eval: %s", {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
     return metrics

@@ -2,7 +2,13 @@
 
 from .run_record import RunRecorderCallback, plot_loss_curves
 from .schedule import LRScheduleCallback
-from .seqlen import CurriculumCallback, SeqLenWarmupCallback, apply_batch_sampler, apply_seq_len_warmup
+from .seqlen import (
+    CurriculumCallback,
+    SeqLenWarmupCallback,
+    apply_batch_sampler,
+    apply_seq_len_warmup,
+    batch_sampler_dataloader,
+)
 from .stability import DivergenceError, DivergenceGuardCallback, GradientClippingCallback, StabilityTrainerMixin
 from .stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 
@@ -18,6 +24,7 @@ __all__ = [
     "CurriculumCallback",
     "apply_batch_sampler",
     "apply_seq_len_warmup",
+    "batch_sampler_dataloader",
     "StopAtStepCallback",
     "TokenBudgetStopCallback",
 ]
