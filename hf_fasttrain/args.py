@@ -489,28 +489,32 @@ class FastTrainingArguments(TrainingArguments):
         check_optimizer_options(self.optimizer, **trainer_optimizer_kwargs(self))
 
 
-# What an option reads as on arguments that lack it (a plain TrainingArguments, TRL's configs): its default,
+# What an option reads as on arguments of another class (a plain TrainingArguments, TRL's configs): its default,
 # except here. run_record is off there, so FastTrainer given the Trainer's own arguments is the Trainer exactly.
 _ABSENT_VALUES = {"run_record": False}
 
 
 @functools.lru_cache(maxsize=None)
-def _field_defaults() -> dict:
+def _package_defaults() -> dict:
+    """{option: (default, default_factory)} for the fields FastTrainingArguments adds to TrainingArguments."""
+    trainer_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     out = {}
     for f in dataclasses.fields(FastTrainingArguments):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = (f.default, None)
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f.name] = (None, f.default_factory)
+        if f.name in trainer_fields:
+            continue
+        factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        out[f.name] = (None if factory is not None else f.default, factory)
     return out
 
 
 def fast_option(args, name: str):
-    """The value of option ``name`` on ``args``, whatever their class.
+    """The value of option ``name`` for ``args``, whatever their class.
 
-    ``FastTrainingArguments`` (and subclasses) give their field's value; arguments without the field (a plain
-    ``TrainingArguments``, TRL's ``SFTConfig``, a user's subclass) give the option's default, which leaves the
-    technique off, except ``run_record``, which reads as False there (see ``_ABSENT_VALUES``). The one way
+    ``FastTrainingArguments`` (and its subclasses) give their field's value. Arguments of any other class
+    (a plain ``TrainingArguments``, TRL's ``SFTConfig``, a user's subclass) give the option's default, which
+    leaves the technique off, except ``run_record``, which reads as False there: FastTrainer is then the
+    Trainer exactly. A field of the same name on another class is not read: it is not this option (TRL's
+    ``SFTConfig.packing`` is a bool, ours a mode). A ``TrainingArguments`` field is read as is. The one way
     FastTrainer, its wiring and the callbacks read package options, so none of them needs the package's class.
 
     Example:
@@ -521,15 +525,16 @@ def fast_option(args, name: str):
         >>> fast_option(args, "max_steps")  # a Trainer field is read as is
         -1
     """
-    missing = object()
-    value = getattr(args, name, missing)
-    if value is not missing:
-        return value
+    defaults = _package_defaults()
+    if name not in defaults:
+        if not hasattr(args, name):
+            raise ValueError(f"name={name!r} is not an option of FastTrainingArguments nor a field of "
+                             f"{type(args).__name__}")
+        return getattr(args, name)
+    if isinstance(args, FastTrainingArguments):
+        return getattr(args, name)
     if name in _ABSENT_VALUES:
         return _ABSENT_VALUES[name]
-    defaults = _field_defaults()
-    if name not in defaults:
-        raise ValueError(f"name={name!r} is not an option of FastTrainingArguments (nor a field of {type(args).__name__})")
     default, factory = defaults[name]
     return factory() if factory is not None else default
 

@@ -32,9 +32,13 @@ from .schedules import TokenProgress, make_scheduler
 from .throughput import ThroughputMeter, count_batch, device_peak_flops, flops_per_token, mfu
 from .wiring import SeqLenWiring
 
-__all__ = ["FastTrainer"]
+__all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
 
 logger = logging.getLogger(__name__)
+
+# Log keys FastTrainer adds with run_record on that measure wall-clock: the only ones (with the Trainer's own
+# *_runtime and *_per_second) in which a resumed run's logs differ from a straight run's.
+WALL_CLOCK_LOG_KEYS = ("train_seconds", "tokens_per_second", "samples_per_second", "mfu")
 
 
 def _model_dims(model) -> tuple[int, int, int]:
