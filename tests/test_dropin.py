@@ -299,6 +299,19 @@ def test_recorder_clock_continues_across_resume_in_a_plain_trainer(tiny_lm, tiny
     assert [r["step"] for r in recorder.records] == [1, 2, 3, 4, 5, 6]
 
 
+def test_recorder_added_on_resume_of_a_checkpoint_without_it(tiny_lm, tiny_tokenizer, tmp_path):
+    def trainer(callbacks):
+        args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
+                                 logging_steps=1, save_strategy="steps", save_steps=1, **QUIET)
+        return _gpt2_trainer(Trainer, args, tiny_tokenizer, tiny_lm, callbacks=callbacks)
+
+    trainer([_StopAfterSave(1)]).train()
+    assert "RunRecorderCallback" not in _state(tmp_path / "checkpoint-1")["stateful_callbacks"]
+    trainer([RunRecorderCallback(write_files=False)]).train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    saved = _state(tmp_path / "checkpoint-2")["stateful_callbacks"]["RunRecorderCallback"]
+    assert saved["attributes"]["saved_seconds"] > 0
+
+
 def test_stability_mixin_with_plain_arguments(tiny_lm, tiny_tokenizer, tmp_path):
     from hf_fasttrain.callbacks import GradientClippingCallback, StabilityTrainerMixin
 

@@ -4,19 +4,6 @@ Pure: no Trainer here. `hf_fasttrain.wiring.SeqLenWiring` builds the parts from 
 FastTrainer (see hf_fasttrain.callbacks.seqlen for the plain-Trainer one-liners). The functions take
 any object with the option fields; FastTrainer hands them a view that reads absent options as their
 defaults (`hf_fasttrain.args.fast_option`).
-
-Which option does what (fields of FastTrainingArguments):
-
-- ``length_grouping``: `LengthGroupedBatchSampler` with ``per_device_train_batch_size`` examples.
-- ``max_tokens_per_batch``: `TokenBudgetBatchSampler` (padded tokens per micro-batch).
-- ``packing="flatten"``: `PackedBatchSampler` bins of ``max_tokens_per_batch`` tokens, one
-  padding-free row each (`DataCollatorWithFlattening`).
-- ``packing="rows"``: ``per_device_train_batch_size`` rows of ``packing_row_length`` tokens
-  (`PackedBatchSampler` + `PackedRowsCollator`).
-- ``curriculum_min_length``: `CurriculumBatchSampler`, growing over ``curriculum_fraction`` of training.
-- ``seq_len_warmup_min``: `SeqLenWarmup` over ``seq_len_warmup_fraction`` of training, applied to
-  each batch as the training loop takes it; with ``seq_len_warmup_count_tokens`` the run stops after
-  the tokens of ``max_steps`` full-length steps and the LR schedule advances with tokens.
 """
 
 from __future__ import annotations
