@@ -37,17 +37,3 @@ __all__ = [
     "set_batch_sequence_length",
     "seq_len_at",
 ]
-
-
-def __getattr__(name):
-    # Moved: the Trainer glue left data/ (which holds no Trainer wiring). Kept importable from here for code
-    # written against 0.1; the new home is hf_fasttrain.callbacks.batch_sampler_dataloader.
-    if name == "batch_sampler_dataloader":
-        import warnings
-
-        warnings.warn("hf_fasttrain.data.batch_sampler_dataloader moved to hf_fasttrain.callbacks.batch_sampler_dataloader",
-                      DeprecationWarning, stacklevel=2)
-        from ..callbacks.seqlen import batch_sampler_dataloader
-
-        return batch_sampler_dataloader
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
