@@ -161,6 +161,33 @@ def test_tiny_vit_trains(tmp_path):
     assert all(e["samples_per_second"] > 0 and "mfu" not in e and "tokens_per_second" not in e for e in logs)
 
 
+class BagOfTokens(nn.Module):
+    """A token model without a config: its FLOPs per token are not known, so no MFU."""
+
+    def __init__(self, vocab=50):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.EmbeddingBag(vocab, 1)
+
+    def forward(self, input_ids, labels=None):
+        pred = self.emb(input_ids).squeeze(-1)
+        return {"loss": nn.functional.mse_loss(pred, labels.float()), "logits": pred}
+
+
+def test_token_model_without_flop_count_logs_tokens_but_no_mfu(tmp_path):
+    ds = Dataset.from_dict({"input_ids": [[i % 50] * 6 for i in range(32)], "labels": [i % 3 for i in range(32)]})
+    args = FastTrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=8,
+                                 logging_steps=2, save_strategy="no", mfu_peak_tflops=1.0, **QUIET)
+    recorder = RunRecorderCallback(write_files=False)
+    trainer = FastTrainer(model=BagOfTokens(), args=args, train_dataset=ds.with_format("torch"), callbacks=[recorder])
+    assert [c for c in trainer.callback_handler.callbacks if isinstance(c, RunRecorderCallback)] == [recorder]
+    assert trainer.recorder is recorder  # the user's recorder is the run's, not doubled
+    trainer.train()
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert len(logs) == 2
+    assert all(e["tokens_per_second"] > 0 and e["padding_fraction"] == 0.0 and "mfu" not in e for e in logs)
+
+
 def test_token_schedule_on_a_batch_without_tokens_says_so(tmp_path):
     args = FastTrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=8,
                                  lr_decay="cosine", schedule_unit="tokens", schedule_total_tokens=100,
