@@ -43,6 +43,7 @@ L = torch.long
     ({"inputs_embeds": torch.zeros(2, 7, 16), "labels": torch.tensor([0, 1])}, BatchCount(14, 14, 7, 0)),
     ({"pixel_values": torch.zeros(5, 3, 8, 8), "labels": torch.tensor([0, 1, 0, 1, 1])}, BatchCount(samples=5)),
     ({"features": torch.zeros(4, 3), "labels": torch.zeros(4)}, BatchCount(samples=4)),  # regression
+    ({"x": torch.zeros(8), "labels": torch.zeros(8)}, BatchCount(samples=8)),  # one scalar feature per sample
     ({"features": torch.zeros(4, 3), "labels": torch.zeros(4, 2)}, BatchCount(samples=4)),  # multi-label floats
     ((torch.zeros(6, 2), torch.zeros(6)), BatchCount(samples=6)),  # a tuple batch
     ({"features": [1.0, 2.0]}, BatchCount()),  # no tensors: nothing counted, nothing raised

@@ -5,6 +5,10 @@ samplers); the only state is that position, and it follows from ``global_step`` 
 checkpoint) through `batches_consumed`. So these callbacks need no state of their own: at
 ``on_train_begin`` (after a resume has restored ``global_step``, before any batch is drawn) they set
 the position, and at ``on_log`` they add the current value to the logs.
+
+Also the Trainer glue for the batch samplers of hf_fasttrain.data: `batch_sampler_dataloader` (the
+Trainer's train DataLoader driven by one of them) and the one-liners `apply_batch_sampler` /
+`apply_seq_len_warmup`.
 """
 
 from __future__ import annotations
