@@ -16,15 +16,13 @@ from typing import Optional
 
 from transformers import TrainingArguments
 
+from ._validation import ConfigError, check_ranges
+from ._validation import check as _check
 from .callbacks.stability import CLIP_MODES, ROLLBACK_MODES
 from .data.from_args import check_seqlen_args
+from .restarts.config import restart_config_from_args
 
-__all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "fast_option"]
-
-
-def _check(cond: bool, name: str, value, allowed: str) -> None:
-    if not cond:
-        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+__all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigError", "fast_option", "FastOptions"]
 
 
 @dataclass
@@ -385,25 +383,13 @@ class FastTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
-        from .restarts import restart_config_from_args
-
+        # every numeric option's range, in one place (hf_fasttrain._validation), before anything else
+        check_ranges({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init})
         restart_config_from_args(self)  # raises naming the restart_* field
-        if self.restart_stop_at_step is not None:
-            _check(isinstance(self.restart_stop_at_step, int) and self.restart_stop_at_step >= 1,
-                   "restart_stop_at_step", self.restart_stop_at_step, "must be an integer >= 1 or null")
-        if self.mfu_peak_tflops is not None:
-            _check(self.mfu_peak_tflops > 0, "mfu_peak_tflops", self.mfu_peak_tflops, "must be > 0 or null")
-        # stability (issue 6)
+        # stability (issue 6): the names are the guard's; the numbers are in the range table
         _check(self.clip_mode in CLIP_MODES, "clip_mode", self.clip_mode, f"allowed: {', '.join(CLIP_MODES)}")
-        _check(_positive(self.clip_value), "clip_value", self.clip_value, "must be a finite number > 0")
-        _check(_positive(self.agc_lambda), "agc_lambda", self.agc_lambda, "must be a finite number > 0")
         _check(self.guard_rollback in ROLLBACK_MODES, "guard_rollback", self.guard_rollback,
                f"allowed: {', '.join(ROLLBACK_MODES)}")
-        _check(_positive(self.guard_spike_sigma), "guard_spike_sigma", self.guard_spike_sigma,
-               "must be a finite number > 0")
-        for name, low in (("guard_snapshot_every", 1), ("guard_spike_window", 2), ("guard_max_rollbacks", 0)):
-            v = getattr(self, name)
-            _check(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, v, f"must be an integer >= {low}")
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         check_seqlen_args(self)
         self._check_optimizer()
@@ -539,5 +525,16 @@ def fast_option(args, name: str):
     return factory() if factory is not None else default
 
 
-def _positive(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+class FastOptions:
+    """``args`` seen through :func:`fast_option`: ``FastOptions(args).lr_decay == fast_option(args, "lr_decay")``.
+
+    For code written against ``FastTrainingArguments`` attributes (the sequence-length wiring, the stability
+    callbacks' factory) that must also take a plain ``TrainingArguments``.
+    """
+
+    def __init__(self, args):
+        self._args = args
+
+    def __getattr__(self, name):
+        return fast_option(self._args, name)
+

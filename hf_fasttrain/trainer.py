@@ -19,14 +19,14 @@ from typing import Any, Optional
 import torch
 from transformers import Trainer
 
-from .args import fast_option
+from .args import FastOptions, fast_option
 from .callbacks.run_record import RunRecorderCallback
 from .callbacks.stability import ClipStatsWindow, StabilityTrainerMixin, stability_callbacks
 from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .clipping import norm_clip_stats
-from .optim import create_optimizer, trainer_optimizer_kwargs
+from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .precision import logger as precision_logger
-from .runinfo import training_config, write_run_record
+from .runinfo import run_facts, training_config, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import ThroughputMeter, count_batch, device_peak_flops, flops_per_token, mfu
 from .wiring import SeqLenWiring
@@ -105,7 +105,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                 lambda: self.token_progress.tokens_seen if self.token_progress is not None else None))
         # stability (issue 6): guard and value/AGC clipping as callbacks; the mixin hands them the loss
         # and merges their stats into the logs; norm-mode stats come from _clip_grad_norm below
-        for callback in stability_callbacks(self.args):
+        for callback in stability_callbacks(FastOptions(self.args)):  # plain args: none
             self.add_callback(callback)
         self._norm_clip_window = ClipStatsWindow()
         choice = getattr(self.args, "precision_choice", None)  # set by FastTrainingArguments
@@ -215,7 +215,11 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if name is None or self.optimizer is not None:
             return super().create_optimizer(model)
         kwargs = trainer_optimizer_kwargs(self.args, num_training_steps=self.state.max_steps)
-        self.optimizer = create_optimizer(name, self.model if model is None else model, **kwargs)
+        opt_model = self.model if model is None else model
+        # Refuses (one line, before training) an optimizer that would not give its update under this
+        # run's sharding (e.g. Muon under DeepSpeed ZeRO); under FSDP2 the model is not sharded yet here.
+        sharding = detect_sharding(args=self.args, accelerator=self.accelerator, model=opt_model)
+        self.optimizer = create_optimizer(name, opt_model, sharding=sharding, **kwargs)
         return self.optimizer
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
@@ -228,7 +232,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         if self.run_record and self.is_world_process_zero():
             config = {**self.run_config, **training_config(self.args)}
-            write_run_record(self.args.output_dir, config)
+            block = (self.run_config.get("data") or {}).get("block_size")
+            write_run_record(self.args.output_dir, config, run=run_facts(self.model, self.args, block))
         self._last_log_seconds = None
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from .args import fast_option
+from .args import FastOptions
 from .callbacks.seqlen import CurriculumCallback, SeqLenWarmupCallback, batch_sampler_dataloader
 from .data.from_args import batching_options, seqlen_enabled
 from .data.packing import PackedBatchSampler, PackedRowsCollator
@@ -39,16 +39,6 @@ def _fail(name, value, allowed: str) -> None:
     raise ValueError(f"{name}={value!r} is invalid: {allowed}")
 
 
-class _Options:
-    """``args`` seen through `fast_option`: an option the arguments lack reads as its default."""
-
-    def __init__(self, args):
-        self._args = args
-
-    def __getattr__(self, name):
-        return fast_option(self._args, name)
-
-
 class SeqLenWiring:
     """The sequence-length parts of one FastTrainer, built from its args and training set.
 
@@ -59,7 +49,7 @@ class SeqLenWiring:
 
     def __init__(self, trainer):
         self.trainer = trainer
-        args = _Options(trainer.args)
+        args = FastOptions(trainer.args)
         self.grad_accum = args.gradient_accumulation_steps
         self.rows = args.per_device_train_batch_size
         self.base_max_steps = args.max_steps
@@ -89,7 +79,7 @@ class SeqLenWiring:
     @classmethod
     def from_trainer(cls, trainer) -> Optional["SeqLenWiring"]:
         """None when every sequence-length option is off (or there is no training set: evaluation only)."""
-        if not seqlen_enabled(_Options(trainer.args)) or trainer.train_dataset is None:
+        if not seqlen_enabled(FastOptions(trainer.args)) or trainer.train_dataset is None:
             return None
         return cls(trainer)
 

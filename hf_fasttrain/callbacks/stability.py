@@ -333,10 +333,8 @@ class GradientClippingCallback(TrainerCallback, ExportableState):
                 f"GradientClippingCallback supports one process and DDP, not {unsupported} (sharded gradients); "
                 "use TrainingArguments.max_grad_norm for norm clipping there"
             )
-        from ..args import fast_option  # here: args.py imports this module
-
         trainer_clip = args.max_grad_norm or 0.0
-        if fast_option(args, "clip_mode") != "norm":
+        if getattr(args, "clip_mode", "norm") != "norm":
             trainer_clip = 0.0  # FastTrainingArguments: FastTrainer applies max_grad_norm in 'norm' mode only
         if self.mode == "norm" and trainer_clip > 0:
             raise ValueError(
@@ -947,23 +945,18 @@ def stability_callbacks(args: Any) -> list[TrainerCallback]:
     off for both). ``divergence_guard`` gives a :class:`DivergenceGuardCallback`. Plain
     ``TrainingArguments`` (without these fields) give no callbacks.
     """
-    from ..args import fast_option  # here: args.py imports this module
-
-    def opt(name):
-        return fast_option(args, name)
-
     callbacks: list[TrainerCallback] = []
-    if opt("divergence_guard"):
+    if getattr(args, "divergence_guard", False):
         callbacks.append(
             DivergenceGuardCallback(
-                spike_window=opt("guard_spike_window"),
-                spike_sigma=opt("guard_spike_sigma"),
-                rollback=opt("guard_rollback"),
-                snapshot_every=opt("guard_snapshot_every"),
-                max_rollbacks=opt("guard_max_rollbacks"),
+                spike_window=args.guard_spike_window,
+                spike_sigma=args.guard_spike_sigma,
+                rollback=args.guard_rollback,
+                snapshot_every=args.guard_snapshot_every,
+                max_rollbacks=args.guard_max_rollbacks,
             )
         )
-    mode = opt("clip_mode")
+    mode = getattr(args, "clip_mode", "norm")
     if mode in ("value", "agc"):
-        callbacks.append(GradientClippingCallback(mode=mode, clip_value=opt("clip_value"), agc_lambda=opt("agc_lambda")))
+        callbacks.append(GradientClippingCallback(mode=mode, clip_value=args.clip_value, agc_lambda=args.agc_lambda))
     return callbacks
