@@ -18,8 +18,9 @@ from transformers import TrainingArguments
 
 from ._validation import ConfigError, check_ranges
 from ._validation import check as _check
-from .callbacks.stability import CLIP_MODES, ROLLBACK_MODES
+from .clipping import CLIP_MODES
 from .data.from_args import check_seqlen_args
+from .guard import GuardConfig
 from .restarts.config import restart_config_from_args
 
 __all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigError", "fast_option", "FastOptions"]
@@ -289,9 +290,11 @@ class FastTrainingArguments(TrainingArguments):
     )
     divergence_guard: bool = field(
         default=False,
-        metadata={"help": "Skip optimizer steps with a NaN/inf loss or gradient, roll back loss spikes to the "
-                  "last good state (skipping the batches in between), and stop with a saved checkpoint after "
-                  "more than guard_max_rollbacks rollbacks in 1000 steps (DivergenceGuardCallback)."},
+        metadata={"help": "Skip optimizer steps with a NaN/inf loss or gradient, a loss spike or a pre-clip gradient-norm "
+                  "spike before they are applied; roll back to the last good state when a bad update reached the "
+                  "weights (non-finite weights, or a loss that stays a spike for 8 steps); stop with a saved "
+                  "checkpoint after more than guard_max_rollbacks rollbacks in 1000 steps (DivergenceGuardCallback). "
+                  "Its statistics and counters survive a resume."},
     )
     guard_rollback: str = field(
         default="auto",
@@ -312,6 +315,11 @@ class FastTrainingArguments(TrainingArguments):
     )
     guard_max_rollbacks: int = field(
         default=3, metadata={"help": "Rollbacks allowed within 1000 steps; one more stops training."}
+    )
+    guard_grad_norm_ceiling: Optional[float] = field(
+        default=1e4,
+        metadata={"help": "The guard skips any step whose pre-clip gradient norm is above this, from the first step "
+                  "on (the spike statistics need guard_spike_window // 2 steps first); null: no ceiling."},
     )
 
     # --- Random restart (issue 7: hf_fasttrain/restarts.py) ---------------------------------
@@ -388,13 +396,29 @@ class FastTrainingArguments(TrainingArguments):
         restart_config_from_args(self)  # raises naming the restart_* field
         # stability (issue 6): the names are the guard's; the numbers are in the range table
         _check(self.clip_mode in CLIP_MODES, "clip_mode", self.clip_mode, f"allowed: {', '.join(CLIP_MODES)}")
-        _check(self.guard_rollback in ROLLBACK_MODES, "guard_rollback", self.guard_rollback,
-               f"allowed: {', '.join(ROLLBACK_MODES)}")
+        GuardConfig.from_training_args(self)  # the guard's own checks (choices, relations), naming the guard_* field
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         check_seqlen_args(self)
         self._check_optimizer()
+        self._check_stability_sharding()
         super().__post_init__()
         self._check_lr_schedule()
+
+    def _check_stability_sharding(self) -> None:
+        """The guard and value/AGC clipping need whole gradients: refuse FSDP and DeepSpeed now, before any data work
+        (the callbacks would otherwise raise at on_train_begin, after the data is prepared)."""
+        from .optim.sharding import detect_sharding
+
+        mode = detect_sharding(args=self)
+        if mode not in ("fsdp1", "fsdp2", "deepspeed"):
+            return
+        shown = {"fsdp1": "FSDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed ZeRO"}[mode]
+        _check(not self.divergence_guard, "divergence_guard", self.divergence_guard,
+               f"set it to false under {shown}, or train with DDP; the guard needs whole (unsharded) gradients",
+               problem=f"not supported under {shown}")
+        _check(self.clip_mode in ("norm", "none"), "clip_mode", self.clip_mode,
+               f"use 'norm' (max_grad_norm) under {shown}; value and AGC clipping need whole gradients",
+               problem=f"not supported under {shown}")
 
     def _check_lr_schedule(self) -> None:
         from transformers.trainer_utils import SchedulerType
@@ -536,5 +560,10 @@ class FastOptions:
         self._args = args
 
     def __getattr__(self, name):
-        return fast_option(self._args, name)
+        if name.startswith("_"):  # copy/pickle probes and private names: not options
+            raise AttributeError(name)
+        try:
+            return fast_option(self._args, name)
+        except ValueError:  # neither an option nor a field: hasattr() says False
+            raise AttributeError(f"{type(self._args).__name__} has no option or field {name!r}") from None
 

@@ -134,8 +134,15 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
     if training_args.restart_num_seeds > 1:  # random restart: explore N seeds, continue the best
         return _run_restarts(model_args, data_args, training_args)
     from . import run
+    from .snapshots import NoSpaceError
 
-    run.train(model_args, data_args, training_args)
+    try:
+        run.train(model_args, data_args, training_args)
+    except NoSpaceError as exc:  # a full disk while saving a checkpoint: say where and what to do, in one line
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

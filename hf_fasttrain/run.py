@@ -6,6 +6,7 @@ arm that uses FastTrainer; the recipe script only parses arguments and calls :fu
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os

@@ -21,7 +21,9 @@ from transformers import Trainer
 
 from .args import FastOptions, fast_option
 from .callbacks.run_record import RunRecorderCallback
-from .callbacks.stability import ClipStatsWindow, StabilityTrainerMixin, stability_callbacks
+from .callbacks.clipping import ClipStatsWindow
+from .callbacks.guard import stability_callbacks
+from .callbacks.mixin import StabilityTrainerMixin
 from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .clipping import norm_clip_stats
 from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
@@ -73,7 +75,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
 
     Stability: ``clip_mode`` picks norm (``max_grad_norm``), value, AGC or no clipping, and training
     logs gain ``clip_pre_norm``, ``clip_post_norm``, ``clip_pre_norm_max`` and ``clip_fraction``;
-    ``divergence_guard`` adds a :class:`~hf_fasttrain.callbacks.stability.DivergenceGuardCallback`,
+    ``divergence_guard`` adds a :class:`~hf_fasttrain.callbacks.guard.DivergenceGuardCallback`,
     which gets every loss from ``training_step`` (``guard_*`` counts in the logs).
 
     Args:

@@ -69,12 +69,9 @@ LAYERS = {
 SELF_CONTAINED = ["restarts.config", "restarts.ranking", "restarts.state", "restarts.orchestrator",
                   "restarts.report", "restarts", "hub"]
 
-# Upward imports that other branches of issue 16 remove (the guard split moves CLIP_MODES/ROLLBACK_MODES out of
-# callbacks.stability; SeqLenWiring leaves data/ for the trainer wiring). An entry that no longer matches an
-# import fails the test: delete it then.
+# Upward imports that other branches of issue 16 remove. An entry that no longer matches an import fails the
+# test: delete it then.
 PENDING = {
-    ("args", "callbacks.stability"): "issue 16 guard split",
-    ("args", "callbacks"): "issue 16 guard split",
 }
 
 

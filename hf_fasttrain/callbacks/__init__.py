@@ -9,7 +9,9 @@ from .seqlen import (
     apply_seq_len_warmup,
     batch_sampler_dataloader,
 )
-from .stability import DivergenceError, DivergenceGuardCallback, GradientClippingCallback, StabilityTrainerMixin
+from .clipping import GradientClippingCallback
+from .guard import DivergenceError, DivergenceGuardCallback
+from .mixin import StabilityTrainerMixin
 from .stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 
 __all__ = [
