@@ -535,6 +535,8 @@ def fast_option(args, name: str):
         >>> fast_option(args, "max_steps")  # a Trainer field is read as is
         -1
     """
+    if isinstance(args, FastOptions):  # a view of arguments: read the arguments
+        args = args._args
     defaults = _package_defaults()
     if name not in defaults:
         if not hasattr(args, name):

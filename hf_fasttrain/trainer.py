@@ -19,7 +19,7 @@ from typing import Any, Optional
 import torch
 from transformers import Trainer
 
-from .args import FastOptions, fast_option
+from .args import fast_option
 from .callbacks.run_record import RunRecorderCallback
 from .callbacks.clipping import ClipStatsWindow
 from .callbacks.guard import stability_callbacks
@@ -107,7 +107,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                 lambda: self.token_progress.tokens_seen if self.token_progress is not None else None))
         # stability (issue 6): guard and value/AGC clipping as callbacks; the mixin hands them the loss
         # and merges their stats into the logs; norm-mode stats come from _clip_grad_norm below
-        for callback in stability_callbacks(FastOptions(self.args)):  # plain args: none
+        for callback in stability_callbacks(self.args):  # plain args: none
             self.add_callback(callback)
         self._norm_clip_window = ClipStatsWindow()
         choice = getattr(self.args, "precision_choice", None)  # set by FastTrainingArguments

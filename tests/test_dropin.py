@@ -18,7 +18,7 @@ from torch import nn
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 
 from hf_fasttrain import FastTrainer, FastTrainingArguments
-from hf_fasttrain.args import fast_option
+from hf_fasttrain.args import FastOptions, fast_option
 from hf_fasttrain.callbacks import RunRecorderCallback
 from hf_fasttrain.throughput import BatchCount, ThroughputMeter, count_batch, count_tokens
 from hf_fasttrain.trainer import WALL_CLOCK_LOG_KEYS
@@ -84,6 +84,10 @@ def test_fast_option_reads_defaults_from_other_classes(tmp_path):
                [None, None, "norm", "none", False, False, None]
     assert fast_option(sft, "max_steps") == -1  # a Trainer field: read as is
     assert (fast_option(ours, "packing"), fast_option(ours, "run_record")) == ("rows", True)
+    # the attribute view reads the same, and reading through a view of a view does not lose the class
+    assert (FastOptions(ours).packing, fast_option(FastOptions(ours), "packing"), FastOptions(sft).packing) == \
+           ("rows", "rows", "none")
+    assert hasattr(FastOptions(plain), "guard_spike_window") and not hasattr(FastOptions(plain), "no_such_option")
     with pytest.raises(ValueError, match="'no_such_option'"):
         fast_option(plain, "no_such_option")
 
