@@ -10,7 +10,6 @@ import json
 import logging
 import math
 import os
-import re
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
