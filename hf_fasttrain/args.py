@@ -9,6 +9,7 @@ two dataclasses), and every one can be overridden on the command line as ``--<fi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -22,7 +23,7 @@ from .data.from_args import check_seqlen_args
 from .guard import GuardConfig
 from .restarts.config import restart_config_from_args
 
-__all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigError"]
+__all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigError", "fast_option", "FastOptions"]
 
 
 @dataclass
@@ -192,6 +193,15 @@ class FastTrainingArguments(TrainingArguments):
         default=True,
         metadata={"help": "Resume from the last checkpoint in output_dir when one exists (a killed run "
                   "continues when restarted with the same command)."},
+    )
+    run_record: bool = field(
+        default=True,
+        metadata={"help": "Record the run. On: config.yaml and run_info.json in output_dir at the start, metrics.json "
+                  "and loss_curve.png at the end (RunRecorderCallback, whose clock is saved with checkpoints); "
+                  "training logs gain tokens_per_second (samples_per_second for batches without tokens), "
+                  "padding_fraction, train_seconds, clip statistics and, on a GPU with a known peak, mfu; "
+                  "evaluation gains eval_perplexity. Off: FastTrainer's logs, checkpoints, output_dir and callback "
+                  "list are exactly the Trainer's. A plain TrainingArguments (no such field) reads as off."},
     )
     # --- LR schedule (hf_fasttrain.schedules) -------------------------------------------------
     # Rule: lr_decay=None leaves the Trainer's lr_scheduler_type in charge; setting lr_decay replaces
@@ -527,4 +537,75 @@ class FastTrainingArguments(TrainingArguments):
                f"applies to `optim` only; give options of optimizer={self.optimizer!r} in `optimizer_kwargs`")
         self.optimizer_kwargs = parse_optimizer_kwargs(self.optimizer, self.optimizer_kwargs)  # JSON, "1e-5"
         check_optimizer_options(self.optimizer, **trainer_optimizer_kwargs(self))
+
+
+# What an option reads as on arguments of another class (a plain TrainingArguments, TRL's configs): its default,
+# except here. run_record is off there, so FastTrainer given the Trainer's own arguments is the Trainer exactly.
+_ABSENT_VALUES = {"run_record": False}
+
+
+@functools.lru_cache(maxsize=None)
+def _package_defaults() -> dict:
+    """{option: (default, default_factory)} for the fields FastTrainingArguments adds to TrainingArguments."""
+    trainer_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    out = {}
+    for f in dataclasses.fields(FastTrainingArguments):
+        if f.name in trainer_fields:
+            continue
+        factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        out[f.name] = (None if factory is not None else f.default, factory)
+    return out
+
+
+def fast_option(args, name: str):
+    """The value of option ``name`` for ``args``, whatever their class.
+
+    ``FastTrainingArguments`` (and its subclasses) give their field's value. Arguments of any other class
+    (a plain ``TrainingArguments``, TRL's ``SFTConfig``, a user's subclass) give the option's default, which
+    leaves the technique off, except ``run_record``, which reads as False there: FastTrainer is then the
+    Trainer exactly. A field of the same name on another class is not read: it is not this option (TRL's
+    ``SFTConfig.packing`` is a bool, ours a mode). A ``TrainingArguments`` field is read as is. The one way
+    FastTrainer, its wiring and the callbacks read package options, so none of them needs the package's class.
+
+    Example:
+        >>> from transformers import TrainingArguments
+        >>> args = TrainingArguments(output_dir="out", report_to="none")
+        >>> fast_option(args, "lr_decay"), fast_option(args, "clip_mode"), fast_option(args, "run_record")
+        (None, 'norm', False)
+        >>> fast_option(args, "max_steps")  # a Trainer field is read as is
+        -1
+    """
+    if isinstance(args, FastOptions):  # a view of arguments: read the arguments
+        args = args._args
+    defaults = _package_defaults()
+    if name not in defaults:
+        if not hasattr(args, name):
+            raise ValueError(f"name={name!r} is not an option of FastTrainingArguments nor a field of "
+                             f"{type(args).__name__}")
+        return getattr(args, name)
+    if isinstance(args, FastTrainingArguments):
+        return getattr(args, name)
+    if name in _ABSENT_VALUES:
+        return _ABSENT_VALUES[name]
+    default, factory = defaults[name]
+    return factory() if factory is not None else default
+
+
+class FastOptions:
+    """``args`` seen through :func:`fast_option`: ``FastOptions(args).lr_decay == fast_option(args, "lr_decay")``.
+
+    For code written against ``FastTrainingArguments`` attributes (the sequence-length wiring, the stability
+    callbacks' factory) that must also take a plain ``TrainingArguments``.
+    """
+
+    def __init__(self, args):
+        self._args = args
+
+    def __getattr__(self, name):
+        if name.startswith("_"):  # copy/pickle probes and private names: not options
+            raise AttributeError(name)
+        try:
+            return fast_option(self._args, name)
+        except ValueError:  # neither an option nor a field: hasattr() says False
+            raise AttributeError(f"{type(self._args).__name__} has no option or field {name!r}") from None
 

@@ -69,11 +69,9 @@ LAYERS = {
 SELF_CONTAINED = ["restarts.config", "restarts.ranking", "restarts.state", "restarts.orchestrator",
                   "restarts.report", "restarts", "hub"]
 
-# Upward imports that other branches of issue 16 remove (SeqLenWiring leaves data/ for the trainer wiring). An
-# entry that no longer matches an import fails the test: delete it then.
+# Upward imports that other branches of issue 16 remove. An entry that no longer matches an import fails the
+# test: delete it then.
 PENDING = {
-    ("data.from_args", "callbacks"): "issue 16: SeqLenWiring moves beside the trainer",
-    ("data.from_args", "callbacks.seqlen"): "issue 16: SeqLenWiring moves beside the trainer",
 }
 
 

@@ -2,7 +2,13 @@
 
 from .run_record import RunRecorderCallback, plot_loss_curves
 from .schedule import LRScheduleCallback
-from .seqlen import CurriculumCallback, SeqLenWarmupCallback, apply_batch_sampler, apply_seq_len_warmup
+from .seqlen import (
+    CurriculumCallback,
+    SeqLenWarmupCallback,
+    apply_batch_sampler,
+    apply_seq_len_warmup,
+    batch_sampler_dataloader,
+)
 from .clipping import GradientClippingCallback
 from .guard import DivergenceError, DivergenceGuardCallback
 from .mixin import StabilityTrainerMixin
@@ -20,6 +26,7 @@ __all__ = [
     "CurriculumCallback",
     "apply_batch_sampler",
     "apply_seq_len_warmup",
+    "batch_sampler_dataloader",
     "StopAtStepCallback",
     "TokenBudgetStopCallback",
 ]

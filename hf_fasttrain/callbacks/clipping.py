@@ -16,6 +16,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from .._validation import ConfigError
+from ..args import fast_option
 from ..clipping import (
     CLIP_MODES,
     ClipStats,
@@ -175,7 +176,7 @@ class GradientClippingCallback(TrainerCallback, ExportableState):
                 "use TrainingArguments.max_grad_norm for norm clipping there"
             )
         trainer_clip = args.max_grad_norm or 0.0
-        if getattr(args, "clip_mode", "norm") != "norm":
+        if fast_option(args, "clip_mode") != "norm":
             trainer_clip = 0.0  # FastTrainingArguments: FastTrainer applies max_grad_norm in 'norm' mode only
         if self.mode == "norm" and trainer_clip > 0:
             raise ValueError(

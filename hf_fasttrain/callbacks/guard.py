@@ -26,6 +26,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from ..args import FastOptions, fast_option
 from ..clipping import global_grad_norm
 from ..guard import (
     Decision,
@@ -357,7 +358,7 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
     # ---- internals ----
     def _trainer_clipped(self, args) -> bool:
         """Whether the Trainer clipped the gradients by norm before this callback (without the mixin)."""
-        clipped = (getattr(args, "max_grad_norm", 0.0) or 0.0) > 0 and getattr(args, "clip_mode", "norm") == "norm"
+        clipped = (getattr(args, "max_grad_norm", 0.0) or 0.0) > 0 and fast_option(args, "clip_mode") == "norm"
         if clipped and not self._clipped_warned:
             self._clipped_warned = True
             logger.warning(
@@ -431,11 +432,10 @@ def stability_callbacks(args: Any) -> list[TrainerCallback]:
     ``TrainingArguments`` (without these fields) give no callbacks.
     """
     callbacks: list[TrainerCallback] = []
-    if getattr(args, "divergence_guard", False):
-        callbacks.append(DivergenceGuardCallback(GuardConfig.from_training_args(args)))
-    mode = getattr(args, "clip_mode", "norm")
+    if fast_option(args, "divergence_guard"):
+        callbacks.append(DivergenceGuardCallback(GuardConfig.from_training_args(FastOptions(args))))
+    mode = fast_option(args, "clip_mode")
     if mode in ("value", "agc"):
-        callbacks.append(
-            GradientClippingCallback(mode=mode, clip_value=getattr(args, "clip_value", 1.0), agc_lambda=getattr(args, "agc_lambda", 0.01))
-        )
+        callbacks.append(GradientClippingCallback(
+            mode=mode, clip_value=fast_option(args, "clip_value"), agc_lambda=fast_option(args, "agc_lambda")))
     return callbacks

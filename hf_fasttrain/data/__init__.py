@@ -13,7 +13,6 @@ from .samplers import (
     LengthGroupedBatchSampler,
     TokenBudgetBatchSampler,
     add_length_column,
-    batch_sampler_dataloader,
     get_lengths,
 )
 from .seqlen import SeqLenWarmup, SeqLenWarmupCollator, set_batch_sequence_length, seq_len_at
@@ -30,7 +29,6 @@ __all__ = [
     "LengthGroupedBatchSampler",
     "TokenBudgetBatchSampler",
     "CurriculumBatchSampler",
-    "batch_sampler_dataloader",
     "PackedBatchSampler",
     "PackedRowsCollator",
     "pack_bins",
