@@ -5,6 +5,7 @@
     python benchmarks/scaling.py --sizes gpt2-2x64 --seeds 1    # one rung
     python benchmarks/scaling.py --report                       # tables + plot from the JSON, no training
     python benchmarks/scaling.py --quick --out /tmp/x           # a smoke run (the test suite uses it)
+    bash benchmarks/gpu_scaling_check.sh                        # on a GPU: GPT-2 small, recipe vs tuned AdamW
 
 Each rung is one model (GPT-2 at three or four sizes, Llama at the middle one) trained on the
 time-to-loss setup (benchmarks/time_to_loss.py: the stdlib corpus, vocab 4096, 16 x 128-token rows
@@ -20,7 +21,8 @@ Chinchilla's 20 tokens per parameter, which a 2-core CPU cannot afford.
 Per rung and optimizer: 3 peak lrs a factor 2 apart around the expected best, 2 seeds each; when
 the best lr (lowest median final eval loss) is at an edge, that edge is extended by a factor 2 (at
 most ``--max-extend`` times). Reported: best lr of each optimizer, final eval loss at the budget,
-and Muon's tokens to AdamW's best final loss (median over seeds) divided by AdamW's own tokens to it.
+and Muon's tokens to AdamW's best final loss (median over seeds) divided by the budget (the tokens
+AdamW takes to reach it).
 Then the trend: a least-squares line of log(token ratio) against log(parameters), and of log(best lr)
 against log(width) per optimizer. The Muon/AdamW step-time ratio is measured apart, side by side in
 one process (alternating steps), so machine load hits both alike.
@@ -70,17 +72,29 @@ class Rung:
 # Head width 32 everywhere. AdamW's grid moves down with width (its best lr usually falls as models
 # widen); Muon's stays (its update is scaled to AdamW's RMS per matrix, so its lr should move less).
 RUNGS: dict[str, Rung] = {r.name: r for r in [
+    Rung("gpt2-2x32", dict(n_layer=2, n_head=2, n_embd=32),
+         {"adamw": [4e-3, 8e-3, 1.6e-2], "muon": [8e-3, 1.6e-2, 3.2e-2]}),
     Rung("gpt2-2x64", dict(n_layer=2, n_head=2, n_embd=64),
          {"adamw": [2e-3, 4e-3, 8e-3], "muon": [8e-3, 1.6e-2, 3.2e-2]}),
+    # the time-to-loss setup itself: its sweeps (results/lr_sweep_hf_tuned.json, optimizer_lr_sweep*.json)
+    # are these runs and are imported with --import (then re-checked: see `checks` in the JSON)
     Rung("gpt2-2x128", dict(n_layer=2, n_head=4, n_embd=128),
          {"adamw": [1e-3, 2e-3, 4e-3], "muon": [8e-3, 1.6e-2, 3.2e-2]}),
-    Rung("llama-2x128", dict(model_type="llama", n_layer=2, n_head=4, n_embd=128, n_kv_head=2,
-                             model_config={"tie_word_embeddings": True}),
-         {"adamw": [1e-3, 2e-3, 4e-3], "muon": [8e-3, 1.6e-2, 3.2e-2]}),
+    Rung("llama-2x64", dict(model_type="llama", n_layer=2, n_head=2, n_embd=64, n_kv_head=1,
+                            model_config={"tie_word_embeddings": True}),
+         {"adamw": [2e-3, 4e-3, 8e-3], "muon": [8e-3, 1.6e-2, 3.2e-2]}),
     Rung("gpt2-3x192", dict(n_layer=3, n_head=6, n_embd=192),
          {"adamw": [1e-3, 2e-3, 4e-3], "muon": [8e-3, 1.6e-2, 3.2e-2]}),
     Rung("gpt2-4x256", dict(n_layer=4, n_head=8, n_embd=256),
          {"adamw": [5e-4, 1e-3, 2e-3], "muon": [4e-3, 8e-3, 1.6e-2]}),
+]}
+# GPU only (benchmarks/gpu_scaling_check.sh): GPT-2 small on the gpt2_small recipe's data shape (vocab 8192,
+# 32 x 1024 tokens per step), one seed, one lr per optimizer: the lrs the ladder's trend gives at width 768
+# (the recipes'), for a short time-to-loss check of the recipe against tuned AdamW at equal tokens.
+GPU_RUNGS: dict[str, Rung] = {r.name: r for r in [
+    Rung("gpu-gpt2-12x768", dict(n_layer=12, n_head=12, n_embd=768, vocab_size=8192, block_size=1024, batch_size=32,
+                                 max_steps=600, eval_steps=50, eval_rows=256),
+         {"adamw": [1e-3], "muon": [4e-3]}),  # GPU_LR_PLACEHOLDER
 ]}
 QUICK_RUNGS = {
     "quick-a": Rung("quick-a", dict(n_layer=1, n_head=2, n_embd=32), {"adamw": [2e-3, 4e-3], "muon": [1e-2, 2e-2]}),
@@ -114,7 +128,7 @@ def rung_setup(rung: Rung, quick: bool = False) -> Setup:
     base = QUICK if quick else Setup()
     shape = {k: v for k, v in rung.shape.items()}
     setup = dataclasses.replace(base, **shape)
-    if not quick:
+    if not quick and rung.name not in GPU_RUNGS:
         n = non_embedding_params(setup.n_layer, setup.n_embd, setup.model_type, setup.n_head, setup.n_kv_head)
         ref = non_embedding_params(2, 128, "gpt2", 4)
         setup.max_steps = budget_steps(n, ref)
@@ -148,19 +162,27 @@ def step_time_ratio(setup: Setup, steps: int = 20, warmup: int = 3, seed: int = 
                          max_position_embeddings=setup.block_size, num_key_value_heads=setup.n_kv_head,
                          extra=setup.model_config)
     torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    base = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(device)
     models = {"adamw": base, "muon": copy.deepcopy(base)}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     opts = {name: create_optimizer(name, m, lr=1e-3, weight_decay=0.1) for name, m in models.items()}
     gen = torch.Generator().manual_seed(seed)
     times: dict[str, dict[str, list[float]]] = {n: {"step": [], "optimizer": []} for n in models}
     for i in range(warmup + steps):
-        x = torch.randint(0, setup.vocab_size, (setup.batch_size, setup.block_size), generator=gen)
+        x = torch.randint(0, setup.vocab_size, (setup.batch_size, setup.block_size), generator=gen).to(device)
         for name in (("adamw", "muon") if i % 2 == 0 else ("muon", "adamw")):
+            sync()
             t0 = time.perf_counter()
-            models[name](input_ids=x, labels=x).loss.backward()
+            with autocast:
+                loss = models[name](input_ids=x, labels=x).loss
+            loss.backward()
+            sync()
             t1 = time.perf_counter()
             opts[name].step()
             opts[name].zero_grad(set_to_none=True)
+            sync()
             t2 = time.perf_counter()
             if i >= warmup:
                 times[name]["step"].append(t2 - t0)
@@ -186,7 +208,8 @@ def _run_one(job: tuple[str, str, float, int]) -> dict[str, Any]:
     s = _SHARED
     setup = s["setups"][rung_name]
     cpu0 = time.process_time()
-    r = run_arm(arm_for(optimizer, lr), seed, setup, s["tokenizer"], s["lm"], Path(s["work"]))
+    tokenizer, lm = s["data"][rung_name]
+    r = run_arm(arm_for(optimizer, lr), seed, setup, tokenizer, lm, Path(s["work"]))
     r.update(rung=rung_name, optimizer=optimizer, lr=lr, cpu_seconds=time.process_time() - cpu0,
              max_steps=setup.max_steps, tokens_per_step=setup.tokens_per_step)
     return r
@@ -254,9 +277,10 @@ def summarise_rung(runs: list[dict[str, Any]], rung: str) -> Optional[dict[str, 
             toks = [crossing(r["curve"], target, "tokens") for r in at_best]
             row["tokens_to_target"] = statistics.median(toks)
             row["seeds_reaching_target"] = sum(math.isfinite(t) for t in toks)
-        ref = out["optimizers"]["adamw"]["tokens_to_target"]
+        # AdamW gets to its own final loss at the budget (by definition, up to seed noise: with 2 seeds one of
+        # them ends above the median), so the reference is the budget itself
         for row in out["optimizers"].values():
-            row["token_ratio_vs_adamw"] = row["tokens_to_target"] / ref if 0 < ref < math.inf else math.nan
+            row["token_ratio_vs_adamw"] = row["tokens_to_target"] / out["tokens"]
     return out
 
 
@@ -299,6 +323,35 @@ def trend(summary: dict[str, Any], rungs: dict[str, Rung], setups: dict[str, Set
             out[f"{opt}_log2_lr_vs_log2_width"] = line
             out[f"{opt}_lr_at_width_768"] = 2 ** (line["intercept"] + line["slope"] * math.log2(768))
     return out
+
+
+# --- Earlier runs of the same setup ------------------------------------------------------------------
+def import_runs(ledger: "Ledger", path: Path, setups: dict[str, Setup]) -> int:
+    """Add the runs of an earlier time_to_loss.py / optimizer_lr_sweep.py JSON whose setup is a rung's,
+    as that rung's runs (hf-tuned@LR -> adamw, opt-muon / muon -> muon); returns how many were added."""
+    record = json.loads(Path(path).read_text())
+    rung = next((n for n, st in setups.items() if dataclasses.asdict(st) | record["setup"] == dataclasses.asdict(st)), None)
+    if rung is None:
+        raise SystemExit(f"--import {path}: its setup {record['setup']} is no rung's")
+    added = 0
+    for r in record["runs"]:
+        arm = r.get("arm", "")
+        if arm.startswith("hf-tuned@"):
+            opt, lr = "adamw", float(arm.split("@", 1)[1])
+        elif r.get("optimizer") == "muon" or arm == "opt-muon":
+            opt, lr = "muon", float(r["lr"])
+        else:
+            continue
+        key = run_key(rung, opt, lr, r["seed"])
+        if key in ledger.data["runs"]:
+            continue
+        st = setups[rung]
+        ledger.data["runs"][key] = {**r, "rung": rung, "optimizer": opt, "lr": lr, "max_steps": st.max_steps,
+                                    "tokens_per_step": st.tokens_per_step,
+                                    "imported_from": f"{Path(path).name}: {record.get('command', '')}"}
+        added += 1
+    ledger.save()
+    return added
 
 
 # --- Output -----------------------------------------------------------------------------------------------
@@ -410,8 +463,9 @@ def report(ledger: Ledger, rungs: dict[str, Rung], setups: dict[str, Setup], out
               f"measured side by side in one process). torch {env['torch']}, transformers {env['transformers']}.\n"
               f"Command: `{ledger.data.get('command', 'python benchmarks/scaling.py')}`\n\n"
               f"Budget: tokens = {BASE_STEPS} steps x 2048 x sqrt(N / N(gpt2-2x128)), N = non-embedding parameters. "
-              f"Loss = median over seeds of the final eval loss; ratio = Muon's tokens to AdamW's best final loss / "
-              f"AdamW's own (median over seeds, each at its best lr); * marks the best lr.\n\n")
+              f"Loss = median over seeds of the final eval loss; ratio = Muon's tokens to AdamW's best final loss "
+              f"(median over seeds, at Muon's best lr) / the budget (AdamW reaches that loss at the budget); "
+              f"* marks the best lr.\n\n")
     ledger.save()
     (out / f"{name}.md").write_text(header + table)
     try:
@@ -431,6 +485,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
     p.add_argument("--step-time-steps", type=int, default=20, help="alternating steps per optimizer for the step-time ratio (0: skip)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the JSON")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="JSON",
+                   help="add the hf-tuned@LR and Muon runs of an earlier time_to_loss / optimizer_lr_sweep JSON "
+                        "whose setup is a rung's (repeatable); they are marked imported_from")
     p.add_argument("--quick", action="store_true", help="tiny smoke ladder (two 1-layer rungs, 1 seed)")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--name", default="scaling", help="basename of the output files")
@@ -439,8 +496,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> dict[str, Any]:
     ns = make_parser().parse_args(argv)
-    known = QUICK_RUNGS if ns.quick else RUNGS
-    names = [n.strip() for n in (ns.sizes or ",".join(known)).split(",") if n.strip()]
+    known = QUICK_RUNGS if ns.quick else {**RUNGS, **GPU_RUNGS}
+    names = [n.strip() for n in (ns.sizes or ",".join(QUICK_RUNGS if ns.quick else RUNGS)).split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
     if unknown:
         raise SystemExit(f"--sizes: unknown {unknown}; known: {list(known)}")
@@ -454,6 +511,8 @@ def main(argv=None) -> dict[str, Any]:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(out / f"{ns.name}.json")
+    for path in ns.imports:
+        print(f"[scaling] imported {import_runs(ledger, Path(path), setups)} runs from {path}", flush=True)
     if ns.report:
         result = report(ledger, rungs, setups, out, ns.name)
         print(result["table"])
@@ -463,12 +522,15 @@ def main(argv=None) -> dict[str, Any]:
     ledger.data["environment"] = environment_info()
     ledger.data["setups"] = {n: dataclasses.asdict(s) for n, s in setups.items()}
     ledger.save()
-    first = next(iter(setups.values()))
-    data_args = DataArguments(vocab_size=first.vocab_size, block_size=first.block_size,
-                              max_eval_samples=first.eval_rows, max_corpus_files=first.max_corpus_files)
-    tokenizer, lm = prepare_data(data_args)  # every rung shares vocabulary, block and data
-    with tempfile.TemporaryDirectory(prefix="scaling-") as work:
-        _SHARED.update(setups=setups, tokenizer=tokenizer, lm=lm, work=work)
+    data: dict[tuple, tuple] = {}  # rungs with the same vocabulary, block and eval rows share their data
+    for n, st in setups.items():
+        key = (st.vocab_size, st.block_size, st.eval_rows, st.max_corpus_files)
+        if key not in data:
+            data[key] = prepare_data(DataArguments(vocab_size=st.vocab_size, block_size=st.block_size,
+                                                   max_eval_samples=st.eval_rows, max_corpus_files=st.max_corpus_files))
+        _SHARED.setdefault("data", {})[n] = data[key]
+    with tempfile.TemporaryDirectory(prefix="scaling-") as work:  # before the pool forks: workers inherit it
+        _SHARED.update(setups=setups, work=work)
         ctx = multiprocessing.get_context("fork")
         pool = (concurrent.futures.ProcessPoolExecutor(ns.jobs, mp_context=ctx, initializer=_init_worker,
                                                        initargs=(ns.threads,)) if ns.jobs > 1 else None)
@@ -505,6 +567,24 @@ def main(argv=None) -> dict[str, Any]:
                             extra.add((o, new))
                     if not extra:
                         break
+                # imported runs: rerun seed 0 at each optimizer's best lr and keep both losses (same code?)
+                mine = [r for r in ledger.data["runs"].values() if r["rung"] == name]
+                if any("imported_from" in r for r in mine):
+                    checks = ledger.data.setdefault("checks", {})
+                    for o in optimizers:
+                        losses = sweep_losses(mine, name, o)
+                        if not losses:
+                            continue
+                        best = min(losses, key=losses.get)
+                        key = run_key(name, o, best, 0)
+                        if key in checks or "imported_from" not in ledger.data["runs"].get(key, {}):
+                            continue
+                        r = pool.submit(_run_one, (name, o, best, 0)).result() if pool else _run_one((name, o, best, 0))
+                        checks[key] = {"imported": ledger.data["runs"][key]["final_eval_loss"],
+                                       "rerun": r["final_eval_loss"], "rerun_cpu_seconds": r["cpu_seconds"]}
+                        ledger.save()
+                        print(f"[scaling] check {key}: imported {checks[key]['imported']:.4f}, rerun "
+                              f"{checks[key]['rerun']:.4f}", flush=True)
                 report(ledger, rungs, setups, out, ns.name)
         finally:
             if pool:

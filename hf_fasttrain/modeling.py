@@ -66,8 +66,14 @@ def check_model_type(model_type: str) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _config_attributes(model_type: str) -> frozenset[str]:
+    import inspect
+
     cls = _config_class(model_type)
-    return frozenset(cls().to_dict()) | frozenset(getattr(cls, "attribute_map", {}))
+    names = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {}))
+    names |= {p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "kwargs")}
+    if "rope_parameters" in names:  # transformers 5 still takes the older spellings and converts them
+        names |= {"rope_theta", "rope_scaling"}
+    return frozenset(names)
 
 
 def check_model_config(model_type: str, model_config: Mapping[str, Any]) -> None:

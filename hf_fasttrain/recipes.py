@@ -165,6 +165,8 @@ def _unknown_key_error(section: Optional[str], key: str, valid: Sequence[str]) -
     for other, cls in SECTIONS.items():
         if other != section and key in _field_types(cls):
             msg += f" ('{key}' belongs {'at the top level' if other is None else f'in the {other}: section'})"
+    if section == "model":  # a short section: list it (other attributes of a family go in model_config)
+        msg += f"; known: {', '.join(valid)}"
     return ValueError(msg)
 
 
