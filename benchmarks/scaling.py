@@ -76,13 +76,13 @@ RUNGS: dict[str, Rung] = {r.name: r for r in [
          {"adamw": [4e-3, 8e-3, 1.6e-2], "muon": [8e-3, 1.6e-2, 3.2e-2]}),
     Rung("gpt2-2x64", dict(n_layer=2, n_head=2, n_embd=64),
          {"adamw": [2e-3, 4e-3, 8e-3], "muon": [8e-3, 1.6e-2, 3.2e-2]}),
+    Rung("llama-2x64", dict(model_type="llama", n_layer=2, n_head=2, n_embd=64, n_kv_head=1,
+                            model_config={"tie_word_embeddings": True}),
+         {"adamw": [2e-3, 4e-3, 8e-3], "muon": [8e-3, 1.6e-2, 3.2e-2]}),
     # the time-to-loss setup itself: its sweeps (results/lr_sweep_hf_tuned.json, optimizer_lr_sweep*.json)
     # are these runs and are imported with --import (then re-checked: see `checks` in the JSON)
     Rung("gpt2-2x128", dict(n_layer=2, n_head=4, n_embd=128),
          {"adamw": [1e-3, 2e-3, 4e-3], "muon": [8e-3, 1.6e-2, 3.2e-2]}),
-    Rung("llama-2x64", dict(model_type="llama", n_layer=2, n_head=2, n_embd=64, n_kv_head=1,
-                            model_config={"tie_word_embeddings": True}),
-         {"adamw": [2e-3, 4e-3, 8e-3], "muon": [8e-3, 1.6e-2, 3.2e-2]}),
     Rung("gpt2-3x192", dict(n_layer=3, n_head=6, n_embd=192),
          {"adamw": [1e-3, 2e-3, 4e-3], "muon": [8e-3, 1.6e-2, 3.2e-2]}),
     Rung("gpt2-4x256", dict(n_layer=4, n_head=8, n_embd=256),
@@ -456,7 +456,9 @@ def report(ledger: Ledger, rungs: dict[str, Rung], setups: dict[str, Setup], out
         summary[n] = s
     tr = trend(summary, rungs, setups)
     ledger.data["summary"], ledger.data["trend"] = summary, tr
-    table = markdown(summary, ledger.data["step_time"], tr)
+    side = out / f"{name}_step_time.json"  # written by --step-time-only (another process: its own file)
+    step_times = {**(json.loads(side.read_text()) if side.exists() else {}), **ledger.data["step_time"]}
+    table = markdown(summary, step_times, tr)
     env = ledger.data.get("environment") or environment_info()
     machine = env["cuda_devices"][0] if env.get("cuda_devices") else f"{env['cpu_count']}-core CPU ({env['processor']})"
     header = (f"Machine: {machine}, shared with other jobs (token counts do not depend on load; step-time ratios were "
@@ -485,6 +487,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
     p.add_argument("--step-time-steps", type=int, default=20, help="alternating steps per optimizer for the step-time ratio (0: skip)")
     p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the JSON")
+    p.add_argument("--step-time-only", action="store_true",
+                   help="only measure the Muon/AdamW step-time ratio of each rung, into <name>_step_time.json "
+                        "(safe beside a running ladder)")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="JSON",
                    help="add the hf-tuned@LR and Muon runs of an earlier time_to_loss / optimizer_lr_sweep JSON "
                         "whose setup is a rung's (repeatable); they are marked imported_from")
@@ -513,6 +518,18 @@ def main(argv=None) -> dict[str, Any]:
     ledger = Ledger(out / f"{ns.name}.json")
     for path in ns.imports:
         print(f"[scaling] imported {import_runs(ledger, Path(path), setups)} runs from {path}", flush=True)
+    if ns.step_time_only:
+        side = out / f"{ns.name}_step_time.json"
+        _init_worker(ns.threads)
+        for n, st in setups.items():
+            done = json.loads(side.read_text()) if side.exists() else {}
+            if n in done:
+                continue
+            done[n] = step_time_ratio(st, steps=ns.step_time_steps or 20)
+            side.write_text(json.dumps(done, indent=1))
+            print(f"[scaling] {n}: Muon/AdamW step time {done[n]['step_ratio']:.3f} "
+                  f"(optimizer step alone {done[n]['optimizer_ratio']:.2f})", flush=True)
+        return done
     if ns.report:
         result = report(ledger, rungs, setups, out, ns.name)
         print(result["table"])

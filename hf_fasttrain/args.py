@@ -80,10 +80,11 @@ class ModelArguments:
         default=0.0,
         metadata={"help": "Dropout on residual, embedding and attention (0 is usual for pretraining)."},
     )
-    model_config: dict = field(
-        default_factory=dict,
-        metadata={"help": "Other attributes of the family's config, e.g. {rope_theta: 10000, "
-                  "tie_word_embeddings: true}; a name the family's config does not have is refused."},
+    model_config: dict | str | None = field(
+        default=None,
+        metadata={"help": "Other attributes of the family's config, a mapping (YAML) or a JSON string (CLI), e.g. "
+                  "'{\"rope_theta\": 10000, \"tie_word_embeddings\": true}'; a name the family's config does "
+                  "not have is refused."},
     )
     attn_implementation: str = field(
         default="sdpa",
@@ -122,6 +123,8 @@ class ModelArguments:
         _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
         _check(self.attn_implementation in ("sdpa", "eager", "flash_attention_2"), "attn_implementation",
                self.attn_implementation, "allowed: 'sdpa', 'eager', 'flash_attention_2'")
+        if self.model_config is None:
+            self.model_config = {}
         if isinstance(self.model_config, str):  # from the command line: --model_config '{"rope_theta": 1e4}'
             import json
 
@@ -130,7 +133,7 @@ class ModelArguments:
             except ValueError:
                 pass
         _check(isinstance(self.model_config, dict), "model_config", self.model_config,
-               "must be a mapping of config attribute names to values")
+               "must be a mapping of config attribute names to values (a JSON object on the command line)")
         if not self.model_name_or_path:
             check_model_type(self.model_type)
             check_model_config(self.model_type, self.model_config)

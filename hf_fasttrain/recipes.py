@@ -31,7 +31,7 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from .args import DataArguments, FastTrainingArguments, ModelArguments
+from .args import SIZE_ALIASES, DataArguments, FastTrainingArguments, ModelArguments
 from .hub import guard_trust_remote_code, is_hub_uri, resolve_hub_recipe, safe_load_yaml
 
 __all__ = [
@@ -245,6 +245,13 @@ def parse_config(
     if ns.config is not None:
         sections = validate_recipe(load_recipe(ns.config, trust_remote_code=ns.trust_remote_code))
         defaults = {**sections[None], **sections["model"], **sections["data"]}
+        # a size given on the command line under its other spelling (--hidden_size over a recipe's n_embd) wins
+        given = {a.split("=", 1)[0][2:].replace("-", "_") for a in (argv if argv is not None else sys.argv[1:])
+                 if isinstance(a, str) and a.startswith("--")}
+        for short, long in SIZE_ALIASES.items():
+            for flag, other in ((short, long), (long, short)):
+                if flag in given and other not in given:
+                    defaults.pop(other, None)
         parser.set_defaults(**defaults)
         # a recipe may supply what a dataclass would otherwise require on the command line
         for action in parser._actions:

@@ -116,6 +116,17 @@ def test_unknown_model_key_in_a_recipe_is_refused_with_the_known_ones():
     assert "'num_layers'" in msg and "num_hidden_layers" in msg and "num_key_value_heads" in msg
 
 
+def test_command_line_size_under_the_other_spelling_overrides_the_recipe(tmp_path):
+    m, _, _ = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path), "--hidden_size", "64"])
+    assert (m.n_embd, m.hidden_size, m.n_layer) == (64, 64, 2)
+    m, _, _ = parse_config(["--config", "llama_tiny", "--output_dir", str(tmp_path), "--n_layer", "3",
+                            "--model_config", '{"rope_theta": 5000, "tie_word_embeddings": false}'])
+    assert (m.num_hidden_layers, m.model_config) == (3, {"rope_theta": 5000, "tie_word_embeddings": False})
+    with pytest.raises(ValueError, match="n_layer=3 and num_hidden_layers=4 disagree"):
+        parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path), "--n_layer", "3",
+                      "--num_hidden_layers", "4"])
+
+
 def test_bundled_llama_recipes_parse(tmp_path):
     assert {"llama_tiny", "llama_small"} <= set(bundled_recipes())
     m, d, t = parse_config(["--config", "llama_tiny", "--output_dir", str(tmp_path)])
@@ -199,6 +210,7 @@ def _trainer(tiny_tokenizer, tiny_lm, args, cls=FastTrainer):
                data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False), processing_class=tiny_tokenizer)
 
 
+@pytest.mark.slow
 def test_seq_len_warmup_and_muon_train_a_llama(tiny_lm, tiny_tokenizer, tmp_path):
     # as tests/test_seqlen_trainer.py: 32-token rows, 4 per step, warmup 8 -> 32 over 3 batches
     args = tiny_args(tmp_path, max_steps=6, per_device_train_batch_size=4, seq_len_warmup_min=8,
@@ -226,6 +238,7 @@ class _NaNAt(FastTrainer):
         return out
 
 
+@pytest.mark.slow
 def test_divergence_guard_skips_a_nan_step_on_llama(tiny_lm, tiny_tokenizer, tmp_path):
     kw = dict(max_steps=8, learning_rate=3e-3, divergence_guard=True, guard_snapshot_every=2)
 
