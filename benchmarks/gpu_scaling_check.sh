@@ -4,8 +4,8 @@
 # 1. benchmarks/gpu_throughput.py: GPT-2 small, tuned Trainer vs FastTrainer with recipes/configs/gpt2_small.yaml
 #    (tokens/s, MFU, peak memory) -> benchmarks/results/gpu_throughput_cuda.{json,md,png}
 # 2. a short time-to-loss run of GPT-2 small (12 x 768, vocab 8192, 32 x 1024 tokens per step, 600 steps =
-#    19.7M tokens, 1 seed): hf-tuned AdamW against Muon, each at the lr the CPU ladder's trend gives at
-#    width 768 (the GPU recipes' lrs), plus the Muon/AdamW step-time ratio -> benchmarks/results/scaling_gpu.*
+#    19.7M tokens, 1 seed): hf-tuned AdamW at GPT-3's 6e-4 against Muon at the gpt2_small recipe's 3e-3 (the
+#    CPU ladder's trend at width 768), plus the Muon/AdamW step-time ratio -> benchmarks/results/scaling_gpu.*
 # Each step has its own time limit, so one that hangs cannot eat the other's time.
 set -uo pipefail
 cd "$(dirname "$0")/.."

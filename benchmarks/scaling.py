@@ -89,12 +89,12 @@ RUNGS: dict[str, Rung] = {r.name: r for r in [
          {"adamw": [5e-4, 1e-3, 2e-3], "muon": [4e-3, 8e-3, 1.6e-2]}),
 ]}
 # GPU only (benchmarks/gpu_scaling_check.sh): GPT-2 small on the gpt2_small recipe's data shape (vocab 8192,
-# 32 x 1024 tokens per step), one seed, one lr per optimizer: the lrs the ladder's trend gives at width 768
-# (the recipes'), for a short time-to-loss check of the recipe against tuned AdamW at equal tokens.
+# 32 x 1024 tokens per step), one seed, one lr per optimizer: the recipes' (gpt2_small.yaml: Muon at the lr
+# the ladder's trend gives at width 768; AdamW at GPT-3's 6e-4), a short time-to-loss check at equal tokens.
 GPU_RUNGS: dict[str, Rung] = {r.name: r for r in [
     Rung("gpu-gpt2-12x768", dict(n_layer=12, n_head=12, n_embd=768, vocab_size=8192, block_size=1024, batch_size=32,
                                  max_steps=600, eval_steps=50, eval_rows=256),
-         {"adamw": [1e-3], "muon": [4e-3]}),  # GPU_LR_PLACEHOLDER
+         {"adamw": [6e-4], "muon": [3e-3]}),  # the recipes': GPT-3's AdamW lr; Muon's from the ladder's trend
 ]}
 QUICK_RUNGS = {
     "quick-a": Rung("quick-a", dict(n_layer=1, n_head=2, n_embd=32), {"adamw": [2e-3, 4e-3], "muon": [1e-2, 2e-2]}),
@@ -254,6 +254,24 @@ def edge_extension(losses: dict[float, float]) -> Optional[float]:
     return None
 
 
+def interpolated_best_lr(losses: dict[float, float]) -> Optional[float]:
+    """The vertex of the parabola through the best lr and its two neighbours in log2(lr) (clipped to them);
+    None when the best is at an edge of the grid."""
+    lrs = sorted(losses)
+    best = min(lrs, key=losses.get)
+    i = lrs.index(best)
+    if i == 0 or i == len(lrs) - 1:
+        return None
+    (x0, x1, x2) = (math.log2(lrs[i - 1]), math.log2(best), math.log2(lrs[i + 1]))
+    (y0, y1, y2) = (losses[lrs[i - 1]], losses[best], losses[lrs[i + 1]])
+    denom = (x0 - x1) * (x0 - x2) * (x1 - x2)
+    a = (x2 * (y1 - y0) + x1 * (y0 - y2) + x0 * (y2 - y1)) / denom
+    b = (x2 * x2 * (y0 - y1) + x1 * x1 * (y2 - y0) + x0 * x0 * (y1 - y2)) / denom
+    if a <= 0:
+        return best
+    return 2 ** min(max(-b / (2 * a), x0), x2)
+
+
 def summarise_rung(runs: list[dict[str, Any]], rung: str) -> Optional[dict[str, Any]]:
     """Best lr per optimizer, loss at budget, and Muon's tokens to AdamW's best final loss as a ratio."""
     mine = [r for r in runs if r["rung"] == rung]
@@ -264,7 +282,8 @@ def summarise_rung(runs: list[dict[str, Any]], rung: str) -> Optional[dict[str, 
         losses = sweep_losses(mine, rung, opt)
         best = min(losses, key=losses.get)
         out["optimizers"][opt] = {"final_eval_loss_by_lr": {f"{lr:g}": v for lr, v in losses.items()},
-                                  "best_lr": best, "final_eval_loss": losses[best],
+                                  "best_lr": best, "best_lr_interpolated": interpolated_best_lr(losses),
+                                  "final_eval_loss": losses[best],
                                   "best_at_edge": best in (min(losses), max(losses)) and len(losses) > 1,
                                   "seeds_at_best": sum(1 for r in mine if r["optimizer"] == opt and r["lr"] == best)}
     first = mine[0]
@@ -308,8 +327,9 @@ def trend(summary: dict[str, Any], rungs: dict[str, Rung], setups: dict[str, Set
         xs.append(math.log10(s["non_embedding_params"]))
         ratios.append(math.log10(s["optimizers"]["muon"]["token_ratio_vs_adamw"]))
         widths.append(math.log2(setups[name].n_embd))
-        for opt in best:
-            best[opt].append(math.log2(s["optimizers"][opt]["best_lr"]))
+        for opt in best:  # the parabola's vertex where the grid brackets the best, else the grid's best
+            row = s["optimizers"][opt]
+            best[opt].append(math.log2(row.get("best_lr_interpolated") or row["best_lr"]))
     out: dict[str, Any] = {"rungs": len(xs)}
     line = fit_line(xs, ratios)
     if line:
@@ -379,11 +399,15 @@ def markdown(summary: dict[str, Any], step_times: dict[str, Any], tr: dict[str, 
                                    for lr, v in row["final_eval_loss_by_lr"].items())
             for opt, row in s["optimizers"].items())
         ratio = m.get("token_ratio_vs_adamw", math.nan) if m and a else math.nan
-        edge = lambda row: " (edge)" if row and row["best_at_edge"] else ""  # noqa: E731
+        def lr_cell(row):
+            if not row:
+                return "n/a"
+            interp = row.get("best_lr_interpolated")
+            return _fmt(row["best_lr"]) + (" (edge)" if row["best_at_edge"] else f" (~{interp:.2g})" if interp else "")
         lines.append(
             f"| {name} | {s['non_embedding_params'] / 1e6:.2f}M | {s['tokens'] / 1e6:.2f}M "
-            f"| {_fmt(a['best_lr']) if a else 'n/a'}{edge(a)} | {_fmt(a['final_eval_loss'], 4) if a else 'n/a'} "
-            f"| {_fmt(m['best_lr']) if m else 'n/a'}{edge(m)} | {_fmt(m['final_eval_loss'], 4) if m else 'n/a'} "
+            f"| {lr_cell(a)} | {_fmt(a['final_eval_loss'], 4) if a else 'n/a'} "
+            f"| {lr_cell(m)} | {_fmt(m['final_eval_loss'], 4) if m else 'n/a'} "
             f"| {_fmt(ratio)} | {_fmt(1 / ratio if ratio and math.isfinite(ratio) else math.nan)}x "
             f"| {_fmt(st.get('step_ratio', math.nan))} | {sweeps} |")
     text = "\n".join(lines) + "\n"
@@ -467,7 +491,8 @@ def report(ledger: Ledger, rungs: dict[str, Rung], setups: dict[str, Setup], out
               f"Budget: tokens = {BASE_STEPS} steps x 2048 x sqrt(N / N(gpt2-2x128)), N = non-embedding parameters. "
               f"Loss = median over seeds of the final eval loss; ratio = Muon's tokens to AdamW's best final loss "
               f"(median over seeds, at Muon's best lr) / the budget (AdamW reaches that loss at the budget); "
-              f"* marks the best lr.\n\n")
+              f"* marks the best lr; (~x): the vertex of a parabola through the best lr and its neighbours in "
+              f"log(lr), used for the lr trend.\n\n")
     ledger.save()
     (out / f"{name}.md").write_text(header + table)
     try:

@@ -93,3 +93,14 @@ def test_quick_ladder_writes_results_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(sc, "_run_one", lambda job: pytest.fail(f"reran {job}"))
     sc.main(argv)
     assert set(json.loads((tmp_path / "scaling.json").read_text())["runs"]) == keys
+
+
+def test_interpolated_best_lr():
+    sc = _load()
+    # symmetric neighbours: the vertex is the grid's best; a better right neighbour pulls it right
+    assert sc.interpolated_best_lr({1e-3: 5.0, 2e-3: 4.0, 4e-3: 5.0}) == pytest.approx(2e-3)
+    # y = (x - x*)^2 in log2 lr with x* = log2(2e-3) + 0.25
+    x = {lr: math.log2(lr) for lr in (1e-3, 2e-3, 4e-3)}
+    star = math.log2(2e-3) + 0.25
+    assert sc.interpolated_best_lr({lr: (v - star) ** 2 for lr, v in x.items()}) == pytest.approx(2 ** star)
+    assert sc.interpolated_best_lr({1e-3: 4.0, 2e-3: 4.5, 4e-3: 5.0}) is None  # at an edge
