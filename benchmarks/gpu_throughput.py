@@ -1,9 +1,9 @@
 """Training throughput of GPT-2: Trainer defaults, tuned Trainer, FastTrainer and a plain compiled loop.
 
 GPU measurement (GPT-2 small 124M, batch 32 x 1024, bf16, SDPA, synthetic tokens):
-    python benchmarks/gpu_throughput.py
+    python -m benchmarks.gpu_throughput
 CPU smoke run (tiny GPT-2, a few steps; the test suite runs this):
-    python benchmarks/gpu_throughput.py --device cpu --tiny
+    python -m benchmarks.gpu_throughput --device cpu --tiny
 
 Arms (same model, same data, same batch; each in its own process, one after the other):
     hf-default             transformers.Trainer with its defaults (fp32, eager, fused AdamW)
@@ -14,7 +14,7 @@ Arms (same model, same data, same batch; each in its own process, one after the 
     torch-loop             plain PyTorch loop over the same HF model: torch.compile, bf16 autocast,
                            fused AdamW, clip 1.0, tf32 (the reference the Trainer arms are held to)
     torch-loop-chunked-ce  torch-loop with the LM head + cross-entropy computed in token chunks
-                           (hf_fasttrain.losses.chunked_lm_head_loss): no full fp32 logits
+                           (benchmarks.chunked_ce.chunked_lm_head_loss): no full fp32 logits
 
 What is measured, per arm: every optimizer step is timed between two `synchronize()` calls (so the
 time includes data loading and the host work of the Trainer); the first `--warmup` steps (compile,
@@ -35,6 +35,9 @@ is installed) in benchmarks/results/.
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.gpu_throughput [options]")
+
 import argparse
 import contextlib
 import datetime
@@ -49,9 +52,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # import this checkout's hf_fasttrain, not an installed one
-    sys.path.insert(0, ROOT)
+from benchmarks._harness import ROOT as _ROOT
+from benchmarks._harness import module_command, subprocess_env
+
+ROOT = str(_ROOT)
 
 __all__ = ["ARMS", "MODEL_SPECS", "peak_bf16_flops", "summarize_steps", "main"]
 
@@ -321,7 +325,7 @@ def _loop_arm(arm, opts, spec, device, info, memory):
     """torch-loop and torch-loop-chunked-ce: the same HF model in a hand-written training loop."""
     import torch
 
-    from hf_fasttrain.losses import chunked_lm_head_loss
+    from benchmarks.chunked_ce import chunked_lm_head_loss
     from hf_fasttrain.precision import resolve_precision
 
     torch.manual_seed(0)
@@ -426,8 +430,8 @@ def _git_revision():
 def _run_arm_process(arm, opts, argv_common):
     with tempfile.TemporaryDirectory(prefix="gpu_throughput_") as tmp:
         result_file = os.path.join(tmp, "result.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", arm, "--result-file", result_file, *argv_common]
-        env = dict(os.environ)
+        cmd = module_command("gpu_throughput", "--worker", arm, "--result-file", result_file, *argv_common)
+        env = subprocess_env()
         env.setdefault("CUDA_VISIBLE_DEVICES", "0")  # one device: no DataParallel in the Trainer arms
         env.setdefault("HF_HUB_OFFLINE", "1")
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -640,7 +644,7 @@ def _write_outputs(opts, argv, runs, earlier, json_path, stem, final):
         "benchmark": "gpu_throughput",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "complete": final,
-        "command": "python " + " ".join([os.path.relpath(os.path.abspath(__file__), ROOT)] + list(argv if argv is not None else sys.argv[1:])),
+        "command": " ".join(["python -m benchmarks.gpu_throughput"] + list(argv if argv is not None else sys.argv[1:])),
         "git_revision": _git_revision(),
         "machine": {
             "device": opts.device, "device_name": device_name, "peak_bf16_flops": peak,

@@ -1,7 +1,7 @@
 """Memory and time of the LM head + cross-entropy: standard (full logits) vs chunked, on CPU.
 
-    python benchmarks/lm_head_loss_memory.py                 # GPT-2 head: d 768, vocab 50,257, 2 x 1024 tokens
-    python benchmarks/lm_head_loss_memory.py --tokens 512    # quicker
+    python -m benchmarks.lm_head_loss_memory                 # GPT-2 head: d 768, vocab 50,257, 2 x 1024 tokens
+    python -m benchmarks.lm_head_loss_memory --tokens 512    # quicker
 
 Only the head and the loss are run (hidden states in, loss out, backward to hidden states and
 weight), the part whose memory grows with tokens x vocabulary. Each variant runs in its own
@@ -12,6 +12,9 @@ under bf16 autocast. Writes JSON + PNG + a markdown table into benchmarks/result
 """
 
 from __future__ import annotations
+
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.lm_head_loss_memory [options]")
 
 import argparse
 import datetime
@@ -24,9 +27,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from benchmarks._harness import RESULTS, module_command, subprocess_env
 
 __all__ = ["VARIANTS", "main"]
 
@@ -40,7 +41,7 @@ def _peak_rss_bytes() -> int:
 def run_variant(name: str, opts) -> dict:
     import torch
 
-    from hf_fasttrain.losses import chunked_lm_head_loss, lm_head_loss
+    from benchmarks.chunked_ce import chunked_lm_head_loss, lm_head_loss
 
     torch.manual_seed(0)
     torch.set_num_threads(opts.threads)
@@ -106,7 +107,7 @@ def make_parser():
     p.add_argument("--chunk-size", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
+    p.add_argument("--out-dir", default=str(RESULTS))
     p.add_argument("--name", default="lm_head_loss_memory_cpu")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return p
@@ -122,15 +123,15 @@ def main(argv=None):
     rows = {}
     for name in VARIANTS:
         print(f"{name} ...", file=sys.stderr, flush=True)
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", name, *common],
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(module_command("lm_head_loss_memory", "--worker", name, *common),
+                              capture_output=True, text=True, check=True, env=subprocess_env())
         rows[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     import torch
 
     results = {
         "benchmark": "lm_head_loss_memory",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python benchmarks/lm_head_loss_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.lm_head_loss_memory " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "processor": platform.processor(),
                     "torch": torch.__version__, "threads": opts.threads},
         "config": {"tokens": opts.tokens, "d_model": opts.d_model, "vocab": opts.vocab, "chunk_size": opts.chunk_size,

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Peak-lr sweep of each optimizer on the time-to-loss setup; picks the lr of its ``opt-*`` arm.
 
-    python benchmarks/optimizer_lr_sweep.py                   # writes results/optimizer_lr_sweep.{json,md,png}
-    python benchmarks/optimizer_lr_sweep.py --optimizers lion,muon --seeds 2
+    python -m benchmarks.optimizer_lr_sweep                   # writes results/optimizer_lr_sweep.{json,md,png}
+    python -m benchmarks.optimizer_lr_sweep --optimizers lion,muon --seeds 2
 
 Three lrs per optimizer; when the best is at an edge of the grid, the grid is extended by a factor
 of 2 that way (at most ``--max-extend`` times). Every run is ``benchmarks/time_to_loss.py``'s arm ``opt-<name>`` (hf-tuned's settings: 2% warmup,
@@ -12,6 +12,9 @@ over seeds) and the best lr. AdamW's lr is hf-tuned's (swept with `time_to_loss.
 """
 
 from __future__ import annotations
+
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.optimizer_lr_sweep [options]")
 
 import argparse
 import concurrent.futures
@@ -24,9 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # this checkout
 import torch  # noqa: E402
-from time_to_loss import QUICK, RESULTS, Setup, optimizer_arm, run_arm  # noqa: E402
+
+from benchmarks.time_to_loss import QUICK, RESULTS, Setup, optimizer_arm, run_arm  # noqa: E402
 
 from hf_fasttrain import DataArguments  # noqa: E402
 from hf_fasttrain.run import prepare_data  # noqa: E402
@@ -149,7 +152,7 @@ def main(argv=None) -> dict:
         lines.append(f"| {name} | " + ", ".join(cells) + f" | {s['best_lr']:g}{' (edge of the grid)' if s['best_at_edge'] else ''} |")
     env = environment_info()
     machine = env["cuda_devices"][0] if env["cuda_devices"] else f"{env['cpu_count']}-core CPU ({env['processor']})"
-    command = "python benchmarks/optimizer_lr_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.optimizer_lr_sweep " + " ".join(argv if argv is not None else sys.argv[1:])
     table = (f"Final eval loss after {setup.max_steps} steps x {setup.tokens_per_step} tokens (median of {ns.seeds} "
              f"seed(s)); ** marks the best lr.\n\n" + "\n".join(lines) + "\n")
     print(table)

@@ -1,7 +1,7 @@
 """Optimizer step time and state memory on GPT-2 small's parameters (124M), side by side.
 
-    python benchmarks/optimizers.py --soap-init        # CPU; writes benchmarks/results/optimizers.{json,md,png}
-    python benchmarks/optimizers.py --device cuda      # on a GPU (writes optimizers_cuda.*)
+    python -m benchmarks.optimizers --soap-init        # CPU; writes benchmarks/results/optimizers.{json,md,png}
+    python -m benchmarks.optimizers --device cuda      # on a GPU (writes optimizers_cuda.*)
 
 What is measured, with fixed random gradients on `GPT2LMHeadModel(GPT2Config())`:
 - torch AdamW (foreach; the baseline) and AdamW / Lion / AdEMAMix of `hf_fasttrain.optim`:
@@ -33,6 +33,9 @@ threads competing with other tenants made a torch AdamW step 4-8x slower (6-12 s
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.optimizers [options]")
+
 import argparse
 import datetime
 import json
@@ -47,7 +50,6 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hf_fasttrain  # noqa: E402
 from hf_fasttrain.optim import create_optimizer, soap_preconditioned_dims  # noqa: E402
 
@@ -234,7 +236,7 @@ def main(args) -> dict:
     }
     record = {
         "benchmark": "optimizers",
-        "command": "python benchmarks/optimizers.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.optimizers " + " ".join(sys.argv[1:]),
         "model": f"GPT2LMHeadModel({'tiny' if args.tiny else 'GPT2Config()'}), {n_params} parameters, random gradients",
         "device": device,
         "n_layer": n_layer,

@@ -1,7 +1,7 @@
 """Padding and real tokens/s of batching strategies on variable-length code examples.
 
-    python benchmarks/padding.py                      # full run (a few minutes on a 2-core CPU)
-    python benchmarks/padding.py --steps 4 --repeats 1 --max-examples 800   # smoke run
+    python -m benchmarks.padding                      # full run (a few minutes on a 2-core CPU)
+    python -m benchmarks.padding --steps 4 --repeats 1 --max-examples 800   # smoke run
 
 Data: top-level functions and classes (`ast`) of the embedded corpus's files (the running Python's
 standard library), tokenized with the embedded corpus's cached byte-level BPE (hf_fasttrain.data.corpus,
@@ -28,6 +28,9 @@ over `--repeats`, arms interleaved step by step. Writes benchmarks/results/paddi
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.padding [options]")
+
 import argparse
 import ast
 import json
@@ -48,12 +51,11 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from hf_fasttrain.data.corpus import build_stdlib_corpus, get_tokenizer, list_stdlib_sources, stdlib_root  # noqa: E402
 from hf_fasttrain.data.packing import PackedBatchSampler, PackedRowsCollator  # noqa: E402
 from hf_fasttrain.data.samplers import LengthGroupedBatchSampler, TokenBudgetBatchSampler, get_lengths  # noqa: E402
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+from benchmarks._harness import RESULTS  # noqa: E402
 PAD_ID = 0  # set from the tokenizer in main()
 
 

@@ -1,6 +1,6 @@
 """Per-step cost of the stability callbacks, side by side in one run.
 
-    python benchmarks/stability_overhead.py --steps 60 --repeats 3
+    python -m benchmarks.stability_overhead --steps 60 --repeats 3
 
 Trains the same tiny GPT-2 (2 layers, 128 wide, vocab 1000, seq 128, batch 8) on random tokens with
 the plain Trainer and with each callback, arms interleaved within each repeat, and reports the median
@@ -12,13 +12,15 @@ Writes benchmarks/results/stability_overhead.{json,png}.
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.stability_overhead [options]")
+
 import argparse
 import json
 import os
 import platform
 import statistics
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -28,7 +30,7 @@ from transformers.utils import logging as hf_logging
 
 from hf_fasttrain.callbacks.stability import DivergenceGuardCallback, GradientClippingCallback, StabilityTrainerMixin
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks._harness import RESULTS  # noqa: E402
 
 
 class GuardedTrainer(StabilityTrainerMixin, Trainer):

@@ -1,46 +1,72 @@
-"""hf_fasttrain: drop-in speed-ups for language-model training with the Hugging Face Trainer."""
+"""hf_fasttrain: drop-in speed-ups for language-model training with the Hugging Face Trainer.
 
-__version__ = "0.1.0"
+The public API, by hand: the trainer and its config, then one entry point per technique for a plain
+``transformers.Trainer``. Everything else lives in the subpackages (``hf_fasttrain.optim``,
+``hf_fasttrain.callbacks``, ``hf_fasttrain.data``, ``hf_fasttrain.schedules``, ``hf_fasttrain.restarts``, ...).
 
-from .args import DataArguments, FastTrainingArguments, ModelArguments  # noqa: E402
-from .callbacks import (  # noqa: E402
-    CurriculumCallback,
-    DivergenceError,
-    DivergenceGuardCallback,
-    GradientClippingCallback,
-    LRScheduleCallback,
-    RunRecorderCallback,
-    SeqLenWarmupCallback,
-    StabilityTrainerMixin,
-)
-from .optim import OPTIMIZERS, create_optimizer, optimizer_cls_and_kwargs_for  # noqa: E402
-from .restarts import RestartConfig, RestartOrchestrator, train_with_restarts  # noqa: E402
-from .schedules import TokenProgress, make_scheduler  # noqa: E402
-from .trainer import FastTrainer  # noqa: E402
+The public names load on first use (PEP 562), so ``import hf_fasttrain`` and the command line's ``--help``
+and refusals do not pay for importing torch and transformers.
+"""
 
-__all__ = [
-    "__version__",
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._version import __version__
+
+# public name -> submodule that defines it
+_LAZY = {
     # the trainer and its config
-    "FastTrainer",
-    "FastTrainingArguments",
-    "ModelArguments",
-    "DataArguments",
-    # parts for any transformers.Trainer
-    "RunRecorderCallback",
-    "LRScheduleCallback",
-    "make_scheduler",
-    "TokenProgress",
-    "OPTIMIZERS",
-    "create_optimizer",
-    "optimizer_cls_and_kwargs_for",
-    "GradientClippingCallback",
-    "DivergenceGuardCallback",
-    "DivergenceError",
-    "StabilityTrainerMixin",
-    "SeqLenWarmupCallback",
-    "CurriculumCallback",
-    # random restart
-    "RestartConfig",
-    "RestartOrchestrator",
-    "train_with_restarts",
-]
+    "FastTrainer": ".trainer",
+    "FastTrainingArguments": ".args",
+    "ModelArguments": ".args",
+    "DataArguments": ".args",
+    # one entry point per technique, for any transformers.Trainer
+    "optimizer_cls_and_kwargs_for": ".optim",  # optimizers: Trainer(..., optimizer_cls_and_kwargs=...)
+    "LRScheduleCallback": ".callbacks",  # lr schedules
+    "apply_batch_sampler": ".callbacks",  # length-grouped / token-budget / curriculum / packed batches
+    "apply_seq_len_warmup": ".callbacks",  # sequence-length warmup
+    "GradientClippingCallback": ".callbacks",  # clipping by norm, value or AGC
+    "DivergenceGuardCallback": ".callbacks",  # skip / roll back / stop on NaN and loss spikes
+    "DivergenceError": ".callbacks",
+    "StabilityTrainerMixin": ".callbacks",  # judges the pre-clip gradient norm in any Trainer subclass
+    "RunRecorderCallback": ".callbacks",  # config, versions, loss curve and metrics in output_dir
+    # random restart: a recipe (train_with_restarts) or any trainer behind a TrialRunner (RestartOrchestrator)
+    "train_with_restarts": ".restarts.recipe_runner",
+    "RestartConfig": ".restarts",
+    "RestartOrchestrator": ".restarts",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hf_fasttrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
+    from .args import DataArguments, FastTrainingArguments, ModelArguments  # noqa: F401
+    from .callbacks import (  # noqa: F401
+        DivergenceError,
+        DivergenceGuardCallback,
+        GradientClippingCallback,
+        LRScheduleCallback,
+        RunRecorderCallback,
+        StabilityTrainerMixin,
+        apply_batch_sampler,
+        apply_seq_len_warmup,
+    )
+    from .optim import optimizer_cls_and_kwargs_for  # noqa: F401
+    from .restarts import RestartConfig, RestartOrchestrator  # noqa: F401
+    from .restarts.recipe_runner import train_with_restarts  # noqa: F401
+    from .trainer import FastTrainer  # noqa: F401

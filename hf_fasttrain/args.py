@@ -15,16 +15,15 @@ from typing import Optional
 
 from transformers import TrainingArguments
 
-from .callbacks.stability import CLIP_MODES, ROLLBACK_MODES
+from ._validation import ConfigError, check_ranges
+from ._validation import check as _check
+from .clipping import CLIP_MODES
 from .data.from_args import check_seqlen_args
-from .modeling import check_model_config, check_model_type
+from .guard import GuardConfig
+from .decoders import check_model_config, check_model_type
+from .restarts.config import restart_config_from_args
 
-__all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments"]
-
-
-def _check(cond: bool, name: str, value, allowed: str) -> None:
-    if not cond:
-        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+__all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigError"]
 
 
 # Size keys of the model: section under both spellings: GPT-2's (n_layer) = the common HF name (num_hidden_layers).
@@ -102,7 +101,8 @@ class ModelArguments:
         for short, long in SIZE_ALIASES.items():
             a, b = getattr(self, short), getattr(self, long)
             if a is not None and b is not None and a != b:
-                raise ValueError(f"{short}={a!r} and {long}={b!r} disagree: they are the same setting, give one")
+                raise ConfigError(short, a, problem=f"{short}={a!r} and {long}={b!r} disagree",
+                                  allowed="they are the same setting: give one")
             value = a if a is not None else b if b is not None else SIZE_DEFAULTS[short]
             _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                    short if a is not None else long, value, "must be a positive integer")
@@ -350,9 +350,11 @@ class FastTrainingArguments(TrainingArguments):
     )
     divergence_guard: bool = field(
         default=False,
-        metadata={"help": "Skip optimizer steps with a NaN/inf loss or gradient, roll back loss spikes to the "
-                  "last good state (skipping the batches in between), and stop with a saved checkpoint after "
-                  "more than guard_max_rollbacks rollbacks in 1000 steps (DivergenceGuardCallback)."},
+        metadata={"help": "Skip optimizer steps with a NaN/inf loss or gradient, a loss spike or a pre-clip gradient-norm "
+                  "spike before they are applied; roll back to the last good state when a bad update reached the "
+                  "weights (non-finite weights, or a loss that stays a spike for 8 steps); stop with a saved "
+                  "checkpoint after more than guard_max_rollbacks rollbacks in 1000 steps (DivergenceGuardCallback). "
+                  "Its statistics and counters survive a resume."},
     )
     guard_rollback: str = field(
         default="auto",
@@ -373,6 +375,11 @@ class FastTrainingArguments(TrainingArguments):
     )
     guard_max_rollbacks: int = field(
         default=3, metadata={"help": "Rollbacks allowed within 1000 steps; one more stops training."}
+    )
+    guard_grad_norm_ceiling: Optional[float] = field(
+        default=1e4,
+        metadata={"help": "The guard skips any step whose pre-clip gradient norm is above this, from the first step "
+                  "on (the spike statistics need guard_spike_window // 2 steps first); null: no ceiling."},
     )
 
     # --- Random restart (issue 7: hf_fasttrain/restarts.py) ---------------------------------
@@ -444,30 +451,34 @@ class FastTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
-        from .restarts import restart_config_from_args
-
+        # every numeric option's range, in one place (hf_fasttrain._validation), before anything else
+        check_ranges({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init})
         restart_config_from_args(self)  # raises naming the restart_* field
-        if self.restart_stop_at_step is not None:
-            _check(isinstance(self.restart_stop_at_step, int) and self.restart_stop_at_step >= 1,
-                   "restart_stop_at_step", self.restart_stop_at_step, "must be an integer >= 1 or null")
-        if self.mfu_peak_tflops is not None:
-            _check(self.mfu_peak_tflops > 0, "mfu_peak_tflops", self.mfu_peak_tflops, "must be > 0 or null")
-        # stability (issue 6)
+        # stability (issue 6): the names are the guard's; the numbers are in the range table
         _check(self.clip_mode in CLIP_MODES, "clip_mode", self.clip_mode, f"allowed: {', '.join(CLIP_MODES)}")
-        _check(_positive(self.clip_value), "clip_value", self.clip_value, "must be a finite number > 0")
-        _check(_positive(self.agc_lambda), "agc_lambda", self.agc_lambda, "must be a finite number > 0")
-        _check(self.guard_rollback in ROLLBACK_MODES, "guard_rollback", self.guard_rollback,
-               f"allowed: {', '.join(ROLLBACK_MODES)}")
-        _check(_positive(self.guard_spike_sigma), "guard_spike_sigma", self.guard_spike_sigma,
-               "must be a finite number > 0")
-        for name, low in (("guard_snapshot_every", 1), ("guard_spike_window", 2), ("guard_max_rollbacks", 0)):
-            v = getattr(self, name)
-            _check(isinstance(v, int) and not isinstance(v, bool) and v >= low, name, v, f"must be an integer >= {low}")
+        GuardConfig.from_training_args(self)  # the guard's own checks (choices, relations), naming the guard_* field
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         check_seqlen_args(self)
         self._check_optimizer()
+        self._check_stability_sharding()
         super().__post_init__()
         self._check_lr_schedule()
+
+    def _check_stability_sharding(self) -> None:
+        """The guard and value/AGC clipping need whole gradients: refuse FSDP and DeepSpeed now, before any data work
+        (the callbacks would otherwise raise at on_train_begin, after the data is prepared)."""
+        from .optim.sharding import detect_sharding
+
+        mode = detect_sharding(args=self)
+        if mode not in ("fsdp1", "fsdp2", "deepspeed"):
+            return
+        shown = {"fsdp1": "FSDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed ZeRO"}[mode]
+        _check(not self.divergence_guard, "divergence_guard", self.divergence_guard,
+               f"set it to false under {shown}, or train with DDP; the guard needs whole (unsharded) gradients",
+               problem=f"not supported under {shown}")
+        _check(self.clip_mode in ("norm", "none"), "clip_mode", self.clip_mode,
+               f"use 'norm' (max_grad_norm) under {shown}; value and AGC clipping need whole gradients",
+               problem=f"not supported under {shown}")
 
     def _check_lr_schedule(self) -> None:
         from transformers.trainer_utils import SchedulerType
@@ -547,6 +558,3 @@ class FastTrainingArguments(TrainingArguments):
         self.optimizer_kwargs = parse_optimizer_kwargs(self.optimizer, self.optimizer_kwargs)  # JSON, "1e-5"
         check_optimizer_options(self.optimizer, **trainer_optimizer_kwargs(self))
 
-
-def _positive(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")

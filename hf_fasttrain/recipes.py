@@ -24,15 +24,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
+import logging
+import os
+import re
 import sys
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
+import yaml
+
+from ._options import check_duplicate_keys, find_recipes
+from ._validation import ConfigError, unknown_name
 from .args import SIZE_ALIASES, DataArguments, FastTrainingArguments, ModelArguments
-from .hub import guard_trust_remote_code, is_hub_uri, resolve_hub_recipe, safe_load_yaml
+from .hub import YAML_SUFFIXES, is_hub_uri, resolve_hub_recipe
 
 __all__ = [
     "SECTIONS",
@@ -41,10 +48,17 @@ __all__ = [
     "load_recipe",
     "recipe_path",
     "validate_recipe",
+    "check_duplicate_keys",
     "make_parser",
     "parse_config",
     "resolved_config",
+    "RECIPE_MAX_BYTES",
+    "RecipeYAMLError",
+    "safe_load_yaml",
+    "guard_trust_remote_code",
 ]
+
+logger = logging.getLogger(__name__)
 
 # recipe section -> dataclass; None is the top level
 SECTIONS: dict[Optional[str], type] = {
@@ -57,14 +71,157 @@ BUNDLED_DIR = Path(__file__).resolve().parent.parent / "recipes" / "configs"  # 
 INSTALLED_DIR = Path(sys.prefix) / "share" / "hf_fasttrain" / "recipes"
 
 
+# ---------------------------------------------------------------------------------------------
+# Safe YAML and the trust_remote_code guard: every recipe source goes through both
+# ---------------------------------------------------------------------------------------------
+
+# A recipe is a few dozen lines; anything much larger is not a recipe (and is not parsed).
+RECIPE_MAX_BYTES = 1 << 20
+
+
+class RecipeYAMLError(ValueError):
+    """A recipe's YAML text is not plain data (bad syntax, a Python tag, not a mapping, too large)."""
+
+
+def _yaml_error(source: str, err: yaml.YAMLError) -> RecipeYAMLError:
+    mark = getattr(err, "problem_mark", None)
+    where = f"{source}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else source
+    problem = getattr(err, "problem", None) or str(err)
+    tag = re.search(r"tag '([^']*)'", problem) if isinstance(err, yaml.constructor.ConstructorError) else None
+    if tag is not None:
+        shown = tag.group(1).replace("tag:yaml.org,2002:", "!!")
+        return RecipeYAMLError(
+            f"{where}: not a plain YAML mapping: YAML tag {shown!r} is not allowed in a recipe. Recipes are data, read with "
+            "yaml.safe_load: only mappings, lists, strings, numbers, booleans and null are accepted, "
+            "and no Python object is ever constructed. Nothing was executed; remove the tag."
+        )
+    return RecipeYAMLError(f"{where}: not valid YAML: {problem}")
+
+
+def safe_load_yaml(path_or_text: str | os.PathLike, *, source: str | None = None, allow_empty: bool = False) -> dict:
+    """Read a recipe with ``yaml.safe_load`` and return its top-level mapping.
+
+    ``path_or_text`` is a file when it is a ``Path``/``PathLike``, or a string with no newline that
+    names an existing file or ends in ``.yaml``/``.yml``; any other string is YAML text.
+    Python tags (``!!python/object/apply:...``) are refused by ``safe_load`` before any object is
+    built, so nothing executes; the error names the tag, line and column.
+
+    An empty document (or only comments) is an error, or ``{}`` with ``allow_empty=True``.
+
+    Raises:
+        RecipeYAMLError: bad YAML, a non-data tag, more than ``RECIPE_MAX_BYTES``, an empty document,
+            a top level that is not a mapping, or a top-level key that is not a string.
+        FileNotFoundError: a path that does not exist.
+
+    Example:
+        ```python
+        >>> safe_load_yaml("learning_rate: 0.0006\\nmodel:\\n  n_layer: 2\\n")
+        {'learning_rate': 0.0006, 'model': {'n_layer': 2}}
+        ```
+    """
+    is_path = isinstance(path_or_text, os.PathLike) or (
+        isinstance(path_or_text, str)
+        and "\n" not in path_or_text
+        and (os.path.isfile(path_or_text) or path_or_text.endswith(YAML_SUFFIXES))
+    )
+    if is_path:
+        path = Path(path_or_text)
+        source = source or str(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"Recipe file {str(path)!r} does not exist.")
+        size = path.stat().st_size
+        if size > RECIPE_MAX_BYTES:
+            raise RecipeYAMLError(f"{source}: {size} bytes is more than a recipe's limit of {RECIPE_MAX_BYTES} bytes.")
+        text = path.read_text(encoding="utf-8")
+    elif isinstance(path_or_text, str):
+        text = path_or_text
+        source = source or "<recipe text>"
+        if len(text.encode("utf-8")) > RECIPE_MAX_BYTES:
+            raise RecipeYAMLError(f"{source}: more than a recipe's limit of {RECIPE_MAX_BYTES} bytes.")
+    else:
+        raise TypeError(f"safe_load_yaml expects a path or YAML text, got {type(path_or_text).__name__}")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise _yaml_error(source, err) from None
+    if data is None and allow_empty:
+        return {}
+    if data is None:
+        raise RecipeYAMLError(f"{source}: the recipe is empty; expected a mapping of field names to values.")
+    if not isinstance(data, dict):
+        raise RecipeYAMLError(
+            f"{source}: the top level of a recipe must be a mapping of field names to values, "
+            f"got a {type(data).__name__}."
+        )
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:
+        raise RecipeYAMLError(f"{source}: top-level keys must be field names (strings), got {bad!r}.")
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# trust_remote_code
+# ---------------------------------------------------------------------------------------------
+
+
+def guard_trust_remote_code(
+    recipe: Mapping[str, Any], *, source: str, trust_remote_code: bool = False
+) -> tuple[dict, list[str]]:
+    """Drop every ``trust_remote_code`` a recipe sets, unless the user allowed it.
+
+    :func:`load_recipe` applies this to every recipe source (path, bundled name,
+    ``hf://``): ``trust_remote_code`` comes from the user's command line only.
+
+    Looks at any depth (top level, ``model:``, ``data:``, nested kwargs). A key set to ``false``
+    is harmless and kept. With ``trust_remote_code=True`` (the user's own command-line flag) the
+    recipe is returned unchanged.
+
+    Returns:
+        ``(recipe_copy, dropped)`` where ``dropped`` lists the dotted keys removed, e.g.
+        ``["model.trust_remote_code"]``; a ``UserWarning`` names them.
+
+    Example:
+        ```python
+        >>> r, dropped = guard_trust_remote_code({"model": {"trust_remote_code": True}}, source="hf://a/b")
+        >>> r, dropped
+        ({'model': {}}, ['model.trust_remote_code'])
+        ```
+    """
+    dropped: list[str] = []
+
+    def walk(node: Any, prefix: str) -> Any:
+        if isinstance(node, Mapping):
+            out = {}
+            for key, value in node.items():
+                dotted = f"{prefix}{key}"
+                if key == "trust_remote_code" and value is not False and not trust_remote_code:
+                    dropped.append(dotted)
+                    continue
+                out[key] = walk(value, dotted + ".")
+            return out
+        if isinstance(node, list):
+            return [walk(v, f"{prefix[:-1]}[{i}].") for i, v in enumerate(node)]
+        return node
+
+    cleaned = walk(recipe, "")
+    if dropped:
+        msg = (
+            f"{source} sets {', '.join(dropped)}; a recipe never enables trust_remote_code by itself, "
+            "so it was ignored. If you trust that code, pass --trust_remote_code true yourself."
+        )
+        warnings.warn(msg, UserWarning, stacklevel=2)
+        logger.warning(msg)
+    return cleaned, dropped
+
+
+# ---------------------------------------------------------------------------------------------
+# Sources: path, bundled name, hf://
+# ---------------------------------------------------------------------------------------------
+
+
 def bundled_recipes() -> dict[str, Path]:
     """Name -> path of the recipes shipped in recipes/configs (the checkout's first, then the installed copies)."""
-    found: dict[str, Path] = {}
-    for directory in (BUNDLED_DIR, INSTALLED_DIR):
-        if directory.is_dir():
-            for p in sorted(directory.glob("*.yaml")):
-                found.setdefault(p.stem, p)
-    return found
+    return find_recipes((BUNDLED_DIR, INSTALLED_DIR))
 
 
 def recipe_path(source: str | Path) -> Path:
@@ -89,6 +246,7 @@ def load_recipe(source: str | Path, *, trust_remote_code: bool = False) -> dict[
     warning unless ``trust_remote_code=True`` (the user's own flag)."""
     path = recipe_path(source)
     data = safe_load_yaml(path, source=str(source) if is_hub_uri(source) else str(path), allow_empty=True)
+    check_duplicate_keys(path.read_text(encoding="utf-8"), str(source) if is_hub_uri(source) else str(path))
     data, _ = guard_trust_remote_code(data, source=str(source), trust_remote_code=trust_remote_code)
     return data
 
@@ -112,7 +270,7 @@ def _coerce(section: str, key: str, value: Any, tp: Any) -> Any:
     if value is None:
         if type(None) in members or tp is Any:
             return None
-        raise ValueError(f"{where}=None is invalid: a value of type {_type_name(tp)} is required")
+        raise ConfigError(where, None, f"a value of type {_type_name(tp)} is required")
     plain = [m for m in members if m is not type(None)]
     if len(plain) != 1:  # unions like `str | bool` or `dict | str`: the Trainer sorts them out
         return value
@@ -149,25 +307,24 @@ def _coerce(section: str, key: str, value: Any, tp: Any) -> Any:
             return value
     else:  # enums and other types: the dataclass validates
         return value
-    raise ValueError(f"{where}={value!r} is invalid: expected {_type_name(tp)}")
+    raise ConfigError(where, value, f"expected {_type_name(tp)}")
 
 
 def _type_name(tp) -> str:
     return " | ".join(getattr(m, "__name__", str(m)) for m in _union_members(tp))
 
 
-def _unknown_key_error(section: Optional[str], key: str, valid: Sequence[str]) -> ValueError:
+def _unknown_key_error(section: Optional[str], key: str, valid: Sequence[str]) -> ConfigError:
     where = f"in section '{section}:'" if section else "at the top level"
-    msg = f"unknown recipe key '{key}' {where}"
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-    if close:
-        msg += f"; did you mean '{close[0]}'?"
+    err = unknown_name("recipe key", key, valid, where)
     for other, cls in SECTIONS.items():
         if other != section and key in _field_types(cls):
-            msg += f" ('{key}' belongs {'at the top level' if other is None else f'in the {other}: section'})"
-    if section == "model":  # a short section: list it (other attributes of a family go in model_config)
-        msg += f"; known: {', '.join(valid)}"
-    return ValueError(msg)
+            err = ConfigError(key, problem=err.problem, allowed=f"'{key}' belongs "
+                              f"{'at the top level' if other is None else f'in the {other}: section'}")
+    if section == "model" and not err.allowed.startswith("known:"):
+        # a short section: list it (other attributes of a family go in model_config)
+        err = ConfigError(key, problem=err.problem, allowed=f"{err.allowed}; known: {', '.join(valid)}")
+    return err
 
 
 def validate_recipe(recipe: Mapping[str, Any]) -> dict[Optional[str], dict[str, Any]]:
@@ -192,15 +349,26 @@ def validate_recipe(recipe: Mapping[str, Any]) -> dict[Optional[str], dict[str, 
     return out
 
 
-def make_parser() -> "HfArgumentParser":
-    """The command-line parser: ``--config`` plus one flag per field of the three dataclasses."""
+def _raise_usage_error(message: str):
+    """argparse's error(), which prints the 170-line usage and exits, as a one-line ValueError instead."""
+    m = re.match(r"argument --(\w+)(?:/[^:]*)?: (.*)", message)
+    if m:
+        raise ConfigError(m.group(1), problem=m.group(2))
+    raise ValueError(message)
+
+
+def make_parser(prog: Optional[str] = None) -> "HfArgumentParser":
+    """The command-line parser: ``--config`` plus one flag per field of the three dataclasses.
+    Its errors raise ``ValueError`` (one line) instead of printing the usage and exiting."""
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(
         (ModelArguments, DataArguments, FastTrainingArguments),
+        prog=prog,
         description="Train a causal language model with hf_fasttrain. Options come from --config "
         "(a recipe YAML: path or bundled name) and are overridden by the flags below.",
     )
+    parser.error = _raise_usage_error  # type: ignore[method-assign]
     parser.add_argument(
         "--config",
         default=None,
@@ -242,9 +410,12 @@ def parse_config(
     pre.add_argument("--trust_remote_code", type=string_to_bool, nargs="?", const=True, default=False)
     ns, _ = pre.parse_known_args(argv)
     parser = make_parser()
+    _check_flags(argv if argv is not None else sys.argv[1:], parser)
     if ns.config is not None:
         sections = validate_recipe(load_recipe(ns.config, trust_remote_code=ns.trust_remote_code))
         defaults = {**sections[None], **sections["model"], **sections["data"]}
+        # a run always has its own folder: runs/<recipe name> unless the recipe or a flag says otherwise
+        defaults.setdefault("output_dir", str(Path("runs") / _recipe_stem(ns.config)))
         # a size given on the command line under its other spelling (--hidden_size over a recipe's n_embd) wins
         given = {a.split("=", 1)[0][2:].replace("-", "_") for a in (argv if argv is not None else sys.argv[1:])
                  if isinstance(a, str) and a.startswith("--")}
@@ -260,6 +431,25 @@ def parse_config(
     outputs = parser.parse_args_into_dataclasses(args=argv)
     model_args, data_args, training_args = outputs[:3]
     return model_args, data_args, training_args
+
+
+def _recipe_stem(source: str) -> str:
+    """A run name from a recipe source: ``gpt2_tiny``, ``my.yaml`` -> ``my``, ``hf://o/r@rev`` -> ``r``."""
+    text = str(source).split("@")[0].rstrip("/")
+    if is_hub_uri(text):
+        parts = text[len("hf://"):].split("/")
+        text = parts[-1] if not parts[-1].endswith((".yaml", ".yml")) or len(parts) < 3 else parts[-1]
+    return Path(text).stem or "run"
+
+
+def _check_flags(argv: Sequence[str], parser) -> None:
+    """An unknown ``--flag`` gets the same did-you-mean as an unknown recipe key (argparse's prefixes allowed)."""
+    known = {s for a in parser._actions for s in a.option_strings if s.startswith("--")} | {"--config"}
+    for tok in argv:
+        if tok.startswith("--") and tok != "--":
+            key = tok.split("=", 1)[0]
+            if key not in known and sum(k.startswith(key) for k in known) != 1:
+                raise unknown_name("option", key, sorted(known))
 
 
 def resolved_config(

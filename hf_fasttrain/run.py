@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
-import re
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from transformers import DataCollatorForLanguageModeling, set_seed
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from ._files import last_complete_checkpoint
 from .args import DataArguments, FastTrainingArguments, ModelArguments
+from .callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
 from .data.corpus import get_tokenizer, load_text_datasets, tokenize_and_chunk
 from .metrics import make_compute_metrics, preprocess_logits_for_metrics
 from .modeling import build_model
 from .recipes import resolved_config
+from .runinfo import run_facts
 from .trainer import FastTrainer
 
-__all__ = ["setup_logging", "prepare_data", "train", "find_resume_checkpoint", "last_complete_checkpoint"]
+__all__ = ["setup_logging", "prepare_data", "train", "find_resume_checkpoint", "last_complete_checkpoint",
+           "finished_checkpoint", "run_facts", "start_line", "end_summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,29 +86,6 @@ def prepare_data(data_args: DataArguments, model_args: Optional[ModelArguments] 
     return tokenizer, lm
 
 
-def last_complete_checkpoint(output_dir: str) -> Optional[str]:
-    """The newest ``checkpoint-N`` in ``output_dir`` that was written to the end.
-
-    The Trainer writes ``trainer_state.json`` last, so a checkpoint whose state file is missing or does
-    not parse was cut short by a kill; it is skipped (and reported) in favour of the one before.
-    """
-    if not os.path.isdir(output_dir):
-        return None
-    found = []
-    for name in os.listdir(output_dir):
-        m = re.fullmatch(r"checkpoint-(\d+)", name)
-        if m and os.path.isdir(os.path.join(output_dir, name)):
-            found.append((int(m.group(1)), os.path.join(output_dir, name)))
-    for _, path in sorted(found, reverse=True):
-        try:
-            with open(os.path.join(path, "trainer_state.json")) as f:
-                json.load(f)
-            return path
-        except (OSError, ValueError):
-            logger.warning("Skipping %s: it was not written to the end (killed while saving?)", path)
-    return None
-
-
 def find_resume_checkpoint(training_args: FastTrainingArguments) -> Optional[str]:
     """The checkpoint to resume from: the one asked for, else (auto_resume) the last complete one."""
     if training_args.resume_from_checkpoint:
@@ -113,6 +95,183 @@ def find_resume_checkpoint(training_args: FastTrainingArguments) -> Optional[str
     return None
 
 
+def _read_json(path: str) -> Optional[dict]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def finished_checkpoint(training_args: FastTrainingArguments, checkpoint: Optional[str]) -> Optional[int]:
+    """The step at which this run already ended, or None when there is training left to do.
+
+    The run is over when ``checkpoint`` (the one it would resume from) is at ``max_steps`` (or at the
+    Trainer's own total for an epoch-based run), or when the run ended earlier by its own rule (a token
+    budget) and wrote its final ``metrics.json`` after that checkpoint, with the same ``max_steps`` in its
+    ``config.yaml``. Resuming such a checkpoint would make the Trainer take one more step.
+    """
+    if not checkpoint:
+        return None
+    state = _read_json(os.path.join(checkpoint, "trainer_state.json"))
+    if not state or not isinstance(state.get("global_step"), int):
+        return None
+    step = state["global_step"]
+    target = training_args.max_steps if training_args.max_steps > 0 else state.get("max_steps")
+    if getattr(training_args, "restart_stop_at_step", None):  # a random-restart trial: the search decides
+        return None
+    if isinstance(target, int) and target > 0 and step >= target:
+        return step
+    out = training_args.output_dir
+    metrics_path = os.path.join(out, "metrics.json")
+    metrics = _read_json(metrics_path)
+    if metrics and metrics.get("final_metrics"):
+        try:
+            import yaml
+
+            with open(os.path.join(out, "config.yaml"), encoding="utf-8") as f:
+                recorded = yaml.safe_load(f) or {}
+            newer = os.path.getmtime(metrics_path) >= os.path.getmtime(os.path.join(checkpoint, "trainer_state.json"))
+        except (OSError, ValueError):
+            return None
+        if newer and recorded.get("max_steps") == training_args.max_steps:
+            return step
+    return None
+
+
+def _final_outputs_present(output_dir: str) -> Optional[dict]:
+    """metrics.json's final metrics when the run's final model and metrics are both in ``output_dir``."""
+    metrics = _read_json(os.path.join(output_dir, "metrics.json"))
+    has_model = any(os.path.exists(os.path.join(output_dir, f))
+                    for f in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
+    if metrics and metrics.get("final_metrics") and has_model:
+        return dict(metrics["final_metrics"])
+    return None
+
+
+def _fmt_count(n: float) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def start_line(name: str, facts: Mapping[str, Any], output_dir: str) -> str:
+    """``gpt2_tiny: 0.82M parameters; 2,048 tokens/step (16 rows x 128 tokens); 300 steps (614k tokens); ...``"""
+    tps, steps = facts["tokens_per_step"] or 0, facts["max_steps"]
+    rows = facts["global_batch"]
+    per_row = tps // rows if rows else 0
+    procs = f" over {facts['world_size']} processes" if facts["world_size"] > 1 else ""
+    length = (f"{steps:,} steps ({_fmt_count(steps * tps)} tokens)" if steps and steps > 0
+              else "by epochs (max_steps not set)")
+    return (f"{name}: {_fmt_count(facts['parameters'])} parameters; {tps:,} tokens/step ({rows} rows x "
+            f"{per_row} tokens{procs}); {length}; {facts['device']}, {facts['precision']}; output {output_dir}")
+
+
+def end_summary(summary: Mapping[str, Any], output_dir: str, facts: Optional[Mapping[str, Any]] = None,
+                steps: Optional[int] = None) -> str:
+    """The lines printed when a run ends: eval loss from -> to, perplexity, time, tokens/s, and the paths."""
+    first, last = summary.get("initial_eval_loss"), summary.get("final_eval_loss")
+    lines = []
+    head = "done"
+    if isinstance(last, (int, float)):
+        loss = f"eval loss {first:.4g} -> {last:.4g}" if isinstance(first, (int, float)) and summary.get(
+            "history") and len([h for h in summary["history"] if "eval_loss" in h]) > 1 else f"eval loss {last:.4g}"
+        head += f": {loss} (perplexity {math.exp(min(last, 50.0)):.4g})"
+    secs = summary.get("train_seconds")
+    if isinstance(secs, (int, float)) and secs > 0:
+        head += f"; {steps:,} steps in {secs:.1f} s of training" if steps else f"; {secs:.1f} s of training"
+        rates = [h["tokens_per_second"] for h in summary.get("history", []) if "tokens_per_second" in h]
+        if rates:
+            head += f", {sum(rates) / len(rates):,.0f} tokens/s"
+    lines.append(head)
+    for label, f in (("metrics", "metrics.json"), ("loss curve", "loss_curve.png")):
+        lines.append(f"  {label:<11}{os.path.join(output_dir, f)}")
+    lines.append(f"  {'model':<11}{output_dir}  (from_pretrained-ready: model, config, tokenizer)")
+    return "\n".join(lines)
+
+
+class _TiedKeysFilter(logging.Filter):
+    """Drops the Trainer's "missing keys" warning on resume when the only keys missing are weights tied to
+    another parameter (GPT-2's lm_head is the embedding: the checkpoint stores it once, by design)."""
+
+    PREFIX = "There were missing keys in the checkpoint model loaded: "
+
+    def __init__(self, tied: set[str]):
+        super().__init__()
+        self.tied = tied
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if not msg.startswith(self.PREFIX):
+            return True
+        import ast
+
+        try:
+            missing = ast.literal_eval(msg[len(self.PREFIX):].rstrip("."))
+        except (ValueError, SyntaxError):
+            return True
+        return not (missing and set(missing) <= self.tied)
+
+
+def _tied_parameter_names(model) -> set[str]:
+    """Names of parameters that are the same tensor as an earlier one (tied weights)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            tied.add(name)
+        else:
+            seen[id(p)] = name
+    return tied
+
+
+def _quiet_known_warnings(model) -> None:
+    """Silence two warnings where they are known to be harmless, and only there."""
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    # `loss_type=None ... unrecognized. Using the default loss: ForCausalLMLoss`: a from-scratch GPT-2's class
+    # name matches no loss, so transformers falls back to ForCausalLM, which is right: say so up front
+    if getattr(model, "loss_type", "") is None and "ForCausalLM" in LOSS_MAPPING:
+        model.loss_type = "ForCausalLM"
+    tied = _tied_parameter_names(model)
+    if tied:
+        trainer_logger = logging.getLogger("transformers.trainer")
+        for f in [f for f in trainer_logger.filters if isinstance(f, _TiedKeysFilter)]:
+            trainer_logger.removeFilter(f)
+        trainer_logger.addFilter(_TiedKeysFilter(tied))
+
+
+def _finish_from_checkpoint(trainer, checkpoint: str) -> None:
+    """A run killed after its last checkpoint but before its final save: the final weights are that
+    checkpoint's; load them and the log history without training."""
+    from transformers.trainer_callback import TrainerState
+
+    trainer._load_from_checkpoint(checkpoint)
+    trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+    trainer.recorder.on_train_begin(trainer.args, trainer.state, trainer.control)
+    trainer.recorder.on_train_end(trainer.args, trainer.state, trainer.control)
+
+
+def _tidy_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each eval once (the final evaluate repeats the one at the last step: the last copy is kept), with
+    its perplexity."""
+    last_eval_at: dict[int, int] = {}
+    for i, r in enumerate(records):
+        if "eval_loss" in r:
+            last_eval_at[r.get("step", -1)] = i
+    out = []
+    for i, r in enumerate(records):
+        if "eval_loss" in r:
+            if last_eval_at[r.get("step", -1)] != i:
+                continue
+            if "eval_perplexity" not in r and isinstance(r["eval_loss"], (int, float)):
+                r = {**r, "eval_perplexity": math.exp(min(r["eval_loss"], 50.0))}
+        out.append(r)
+    return out
+
+
 def train(
     model_args: ModelArguments,
     data_args: DataArguments,
@@ -120,13 +279,32 @@ def train(
     callbacks: Optional[Sequence[Any]] = None,
     trainer_cls: type = FastTrainer,
 ) -> dict[str, Any]:
-    """Train and evaluate; returns the final eval metrics (also written to output_dir/metrics.json)."""
+    """Train and evaluate; returns the final eval metrics (also written to output_dir/metrics.json).
+
+    Rerun on a finished run, it trains nothing: it says the run is complete and returns the recorded final
+    metrics, leaving every output as it was (a run killed between its last checkpoint and its final save
+    gets its final save and evaluation from that checkpoint).
+    """
     setup_logging(training_args)
+    out = training_args.output_dir
+    name = os.path.basename(os.path.normpath(out)) or out
+    is_main = training_args.process_index == 0
+    checkpoint = find_resume_checkpoint(training_args)
+    done_at = finished_checkpoint(training_args, checkpoint)
+    if done_at is not None:
+        final = _final_outputs_present(out)
+        if final is not None:
+            if is_main:
+                logger.info("%s is complete: %s reached step %d of max_steps %d; nothing to train (outputs left "
+                            "as they are). To train longer, raise --max_steps; to start over, use a new "
+                            "--output_dir.", name, checkpoint, done_at, training_args.max_steps)
+            return final
     with training_args.main_process_first(desc="dataset and tokenizer"):
         # the held-out split must not move with the training seed (random restart compares seeds on it)
         tokenizer, lm = prepare_data(data_args, model_args, seed=0)
     set_seed(training_args.seed)  # the model's initialisation depends on the seed alone
     model = build_model(model_args, tokenizer, data_args.block_size)
+    _quiet_known_warnings(model)
     trainer = trainer_cls(
         model=model,
         args=training_args,
@@ -140,13 +318,34 @@ def train(
         run_config={k: v for k, v in resolved_config(model_args, data_args, training_args).items()
                     if k in ("model", "data")},
     )
-    checkpoint = find_resume_checkpoint(training_args)
-    if checkpoint:
-        logger.info("Resuming from %s", checkpoint)
-    trainer.train(resume_from_checkpoint=checkpoint)
+    if trainer.pop_callback(ProgressCallback) is not None:  # the same bar, logs printed as numbers
+        trainer.add_callback(ReadableProgressCallback())
+    if trainer.pop_callback(PrinterCallback) is not None:  # disable_tqdm: the same lines, no bar
+        trainer.add_callback(ReadablePrinterCallback())
+    facts = run_facts(model, training_args, data_args.block_size)
+    if is_main:
+        logger.info(start_line(name, facts, out))
+    if done_at is not None:  # complete, but killed before its final save: finish from the checkpoint
+        if is_main:
+            logger.info("%s reached max_steps at %s; writing the final model and evaluation without training",
+                        name, os.path.basename(checkpoint))
+        _finish_from_checkpoint(trainer, checkpoint)
+    else:
+        if is_main:
+            if checkpoint:
+                logger.info("Resuming from %s (%s)", os.path.basename(os.path.normpath(checkpoint)), checkpoint)
+            elif training_args.auto_resume:
+                logger.info("no complete checkpoint in %s: starting from scratch", out)
+            else:
+                logger.info("auto_resume is off: starting from scratch in %s", out)
+        trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model()
     metrics = trainer.evaluate()
     if trainer.is_world_process_zero():
-        trainer.recorder.save(training_args.output_dir, final_metrics=metrics)
-        logger.info("Final eval: %s", {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
+        recorder = trainer.recorder
+        recorder.records = _tidy_records(recorder.records)
+        final_loss = metrics.get("eval_loss")
+        title = f"{name}: final eval loss {final_loss:.4f}" if isinstance(final_loss, float) else name
+        summary = recorder.save(out, final_metrics=metrics, title=title)
+        logger.info(end_summary(summary, out, facts, steps=trainer.state.global_step))
     return metrics

@@ -19,13 +19,15 @@ from transformers import Trainer
 
 from .args import FastTrainingArguments
 from .callbacks.run_record import RunRecorderCallback
-from .callbacks.stability import ClipStatsWindow, StabilityTrainerMixin, stability_callbacks
+from .callbacks.clipping import ClipStatsWindow
+from .callbacks.guard import stability_callbacks
+from .callbacks.mixin import StabilityTrainerMixin
 from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .clipping import norm_clip_stats
 from .data.from_args import SeqLenWiring
-from .optim import create_optimizer, trainer_optimizer_kwargs
+from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .precision import logger as precision_logger
-from .runinfo import training_config, write_run_record
+from .runinfo import run_facts, training_config, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import ThroughputMeter, count_tokens, device_peak_flops, flops_per_token, mfu
 
@@ -73,7 +75,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
 
     Stability: ``clip_mode`` picks norm (``max_grad_norm``), value, AGC or no clipping, and training
     logs gain ``clip_pre_norm``, ``clip_post_norm``, ``clip_pre_norm_max`` and ``clip_fraction``;
-    ``divergence_guard`` adds a :class:`~hf_fasttrain.callbacks.stability.DivergenceGuardCallback`,
+    ``divergence_guard`` adds a :class:`~hf_fasttrain.callbacks.guard.DivergenceGuardCallback`,
     which gets every loss from ``training_step`` (``guard_*`` counts in the logs).
 
     Args:
@@ -196,7 +198,11 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if getattr(self.args, "optimizer", None) is None or self.optimizer is not None:
             return super().create_optimizer(model)
         kwargs = trainer_optimizer_kwargs(self.args, num_training_steps=self.state.max_steps)
-        self.optimizer = create_optimizer(self.args.optimizer, self.model if model is None else model, **kwargs)
+        opt_model = self.model if model is None else model
+        # Refuses (one line, before training) an optimizer that would not give its update under this
+        # run's sharding (e.g. Muon under DeepSpeed ZeRO); under FSDP2 the model is not sharded yet here.
+        sharding = detect_sharding(args=self.args, accelerator=self.accelerator, model=opt_model)
+        self.optimizer = create_optimizer(self.args.optimizer, opt_model, sharding=sharding, **kwargs)
         return self.optimizer
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
@@ -209,7 +215,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         if self.is_world_process_zero():
             config = {**self.run_config, **training_config(self.args)}
-            write_run_record(self.args.output_dir, config)
+            block = (self.run_config.get("data") or {}).get("block_size")
+            write_run_record(self.args.output_dir, config, run=run_facts(self.model, self.args, block))
         self._last_log_seconds = None
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 

@@ -45,15 +45,20 @@ def tiny_lm(tiny_raw, tiny_tokenizer):
     return lm
 
 
-def make_tiny_gpt2(vocab_size: int, n_positions: int = TINY_BLOCK, seed: int = 0):
+def make_tiny_gpt2(vocab_size: int = 64, n_positions: int = TINY_BLOCK, seed: int = 0, **config):
+    """The one tiny GPT-2 of the suite: 2 layers, 32 wide, 2 heads, no dropout, initialised from ``seed``.
+
+    ``config`` overrides GPT2Config fields (e.g. ``n_layer=1``, ``loss_type="ForCausalLM"``).
+    """
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    cfg = GPT2Config(
+    kw = dict(
         vocab_size=vocab_size, n_positions=n_positions, n_embd=32, n_layer=2, n_head=2,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
     )
-    return GPT2LMHeadModel(cfg)
+    kw.update(config)
+    return GPT2LMHeadModel(GPT2Config(**kw))
 
 
 @pytest.fixture

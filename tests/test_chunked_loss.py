@@ -1,17 +1,14 @@
-"""chunked_lm_head_loss equals the standard loss (values and gradients) and keeps no logits for backward."""
+"""benchmarks/chunked_ce.py: chunked_lm_head_loss equals the standard loss (values and gradients) and keeps no logits for backward."""
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from conftest import make_tiny_gpt2
 
-from hf_fasttrain.losses import chunked_lm_head_loss, lm_head_loss
+from benchmarks.chunked_ce import chunked_lm_head_loss, lm_head_loss
 
 
 def _tiny_gpt2(seed=0):
-    torch.manual_seed(seed)
-    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=97, n_positions=16, bos_token_id=0, eos_token_id=0,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, loss_type="ForCausalLM")
-    return GPT2LMHeadModel(cfg)
+    return make_tiny_gpt2(97, 16, seed=seed, loss_type="ForCausalLM")
 
 
 def _grads(model):

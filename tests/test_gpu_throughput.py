@@ -1,6 +1,5 @@
 """benchmarks/gpu_throughput.py: its pure parts, and its CPU tiny mode end to end."""
 
-import importlib.util
 import json
 import math
 import os
@@ -10,14 +9,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("gpu_throughput", os.path.join(ROOT, "benchmarks", "gpu_throughput.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-gt = _load()
+from benchmarks import gpu_throughput as gt  # noqa: E402
 
 
 def test_flops_per_token_gpt2_small():

@@ -15,22 +15,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hf_fasttrain import hub
+from hf_fasttrain import hub, recipes
 from hf_fasttrain.hub import (
     DEFAULT_RECIPE_FILENAME,
     HubRecipeRef,
     HubRecipeUnavailableError,
-    RecipeYAMLError,
+    check_repo_id,
     format_hub_uri,
-    guard_trust_remote_code,
-    load_hub_recipe,
     parse_hub_uri,
-    prepare_recipe_folder,
-    push_recipe,
-    read_run_results,
     resolve_hub_recipe,
-    safe_load_yaml,
 )
+from hf_fasttrain.push import prepare_recipe_folder, push_recipe, read_run_results
+from hf_fasttrain.recipes import RecipeYAMLError, guard_trust_remote_code, load_recipe, safe_load_yaml
 
 COMMIT_OLD = "a" * 8 + "0123456789abcdef0123456789abcdef"
 COMMIT_NEW = "b" * 8 + "fedcba9876543210fedcba9876543210"
@@ -130,10 +126,8 @@ def test_cache_layout_is_what_huggingface_hub_scans(cached_repo):
         ("hf://owner/repo/sub/file.yml@v1.2", ("owner/repo", "sub/file.yml", "v1.2")),
         (f"hf://owner/repo/sub/file.yaml@{COMMIT_OLD}", ("owner/repo", "sub/file.yaml", COMMIT_OLD)),
         ("hf://owner/repo/a.yaml@refs/pr/3", ("owner/repo", "a.yaml", "refs/pr/3")),
-        # huggingface_hub's own order: revision right after the repo
-        ("hf://owner/repo@v1/sub/file.yaml", ("owner/repo", "sub/file.yaml", "v1")),
-        ("hf://owner/repo@refs/pr/3/a.yaml", ("owner/repo", "a.yaml", "refs/pr/3")),
-        ("hf://models/my-org/gpt2.recipe_v2", ("my-org/gpt2.recipe_v2", "recipe.yaml", None)),
+        ("hf://my-org/gpt2.recipe_v2", ("my-org/gpt2.recipe_v2", "recipe.yaml", None)),
+        ("hf://o/r@feature/x", ("o/r", "recipe.yaml", "feature/x")),  # a branch with '/': after '@', all of it
     ],
 )
 def test_parse_hub_uri(uri, expected):
@@ -151,15 +145,22 @@ def test_parse_hub_uri(uri, expected):
         ("hf://", "nothing follows"),
         ("hf://repo", "owner and a name"),
         ("hf://owner/", "owner and a name"),
-        ("hf://datasets/owner/repo", "dataset repo; recipes are read from model repos only"),
+        ("hf://datasets/owner/repo", "prefix 'datasets/'; recipes are read from model repos only"),
+        ("hf://models/owner/repo", "prefix 'models/'; leave out the 'models/' prefix"),
+        # one spelling: the file goes before the revision (huggingface_hub's 'repo@rev/path' order is refused)
+        ("hf://owner/repo@v1/sub/file.yaml", "the file path goes before '@<revision>'"),
+        ("hf://owner/repo@refs/pr/3/a.yaml", "the file path goes before '@<revision>'"),
         ("hf://owner/repo/config", "must name a .yaml or .yml file .*'config/recipe.yaml'"),
         ("hf://owner/repo/a.yaml@", "revision after '@' is empty"),
         ("hf://owner/repo@v1/a.yaml@v2", "two revisions"),
         ("hf://owner/repo/a.yaml@v1@v2", "two revisions"),
         ("hf://owner/repo/../x.yaml", "'..' segment"),
         ("hf://owner/repo//x.yaml", "empty"),
-        ("hf://own er/repo", "owner 'own er' is not a valid Hub name"),
-        ("hf://owner/re--po", "repo name 're--po' is not a valid Hub name"),
+        ("hf://own er/repo", "repo id 'own er/repo' is not a valid Hub name"),
+        ("hf://owner/re--po", "repo id 'owner/re--po' is not a valid Hub name .Cannot have -- or .."),
+        ("hf://owner/repo.git", "repo id 'owner/repo.git' is not a valid Hub name"),
+        ("hf://-owner/repo", "is not a valid Hub name"),
+        ("hf://" + "o" * 97 + "/repo", "is not a valid Hub name"),
         ("hf://owner/repo@bad rev", "not a valid branch, tag or commit"),
     ],
 )
@@ -167,6 +168,19 @@ def test_parse_hub_uri_rejects_malformed(uri, match):
     with pytest.raises(ValueError, match=match) as info:
         parse_hub_uri(uri)
     assert "hf://<owner>/<repo>[/<path>.yaml][@<revision>]" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "repo_id, ok",
+    [("me/r", True), ("my-org/gpt2.recipe_v2", True), ("r", False), ("a/b/c", False), ("/r", False),
+     ("me/", False), ("me/re--po", False), ("me/r.git", False), ("me/-r", False), (None, False)],
+)
+def test_check_repo_id(repo_id, ok):
+    if ok:
+        assert check_repo_id(repo_id) == repo_id
+    else:
+        with pytest.raises(ValueError, match=r"repo_id=.* is invalid: (the repo id must have an owner and a name|repo id .* is not a valid Hub name)"):
+            check_repo_id(repo_id)
 
 
 def test_format_hub_uri_leaves_defaults_out():
@@ -203,7 +217,7 @@ def test_resolve_honours_env_set_after_import(cached_repo, monkeypatch, tmp_path
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "elsewhere"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # only the env var says offline now
     assert resolve_hub_recipe("hf://owner/repo").read_text() == RECIPE_NEW
-    assert hub._hub_offline() is True
+    assert hub.hub_offline() is True
 
 
 @pytest.mark.parametrize(
@@ -340,7 +354,7 @@ def test_safe_load_yaml_paths_text_and_limits(tmp_path, monkeypatch):
     assert safe_load_yaml(RECIPE_NEW) == expected
     with pytest.raises(FileNotFoundError, match="missing.yaml"):
         safe_load_yaml(str(tmp_path / "missing.yaml"))
-    monkeypatch.setattr(hub, "RECIPE_MAX_BYTES", 10)
+    monkeypatch.setattr(recipes, "RECIPE_MAX_BYTES", 10)
     with pytest.raises(RecipeYAMLError, match="more than a recipe's limit of 10 bytes"):
         safe_load_yaml(path)
 
@@ -370,16 +384,16 @@ def test_load_hub_recipe_never_enables_remote_code(offline_cache):
     text = "learning_rate: 0.001\nmodel:\n  model_type: gpt2\n  trust_remote_code: true\n"
     cache_repo(offline_cache, "owner/remote", {COMMIT_NEW: {"recipe.yaml": text}}, {"main": COMMIT_NEW})
     with pytest.warns(UserWarning, match="hf://owner/remote sets model.trust_remote_code"):
-        recipe = load_hub_recipe("hf://owner/remote")
+        recipe = load_recipe("hf://owner/remote")
     assert recipe == {"learning_rate": 0.001, "model": {"model_type": "gpt2"}}
-    assert load_hub_recipe("hf://owner/remote", trust_remote_code=True)["model"]["trust_remote_code"] is True
+    assert load_recipe("hf://owner/remote", trust_remote_code=True)["model"]["trust_remote_code"] is True
 
 
 def test_load_hub_recipe_rejects_python_tag(offline_cache, tmp_path):
     target = tmp_path / "hacked"
     cache_repo(offline_cache, "owner/evil", {COMMIT_NEW: {"recipe.yaml": _payload(target)}}, {"main": COMMIT_NEW})
     with pytest.raises(RecipeYAMLError, match=r"hf://owner/evil, line 2, column 7: not a plain YAML mapping: YAML tag '!!python"):
-        load_hub_recipe("hf://owner/evil")
+        load_recipe("hf://owner/evil")
     assert not target.exists()
 
 
@@ -445,7 +459,7 @@ def test_prepare_recipe_folder_with_run(recipe_file, run_dir, tmp_path):
     assert json.loads((out / "results" / "metrics.json").read_text()) == METRICS
     assert (out / "results" / "loss_curve.png").read_bytes() == PNG
     card = (out / "README.md").read_text()
-    assert front_matter(card) == {"tags": ["hf-fasttrain", "recipe", "gpt2"]}
+    assert front_matter(card) == {"library_name": "hf_fasttrain", "tags": ["hf-fasttrain", "recipe", "gpt2"]}
     assert "# repo: an hf_fasttrain training recipe" in card
     assert "accelerate launch recipes/gpt2_small.py --config hf://owner/repo\n" in card
     assert "```yaml\n" + RECIPE_NEW + "```" in card
@@ -474,9 +488,34 @@ def test_prepare_recipe_folder_without_run_and_named_file(recipe_file, tmp_path)
     )
     assert files == ["README.md", "configs/tiny.yaml"]
     card = (out / "README.md").read_text()
-    assert front_matter(card) == {"tags": ["hf-fasttrain", "recipe", "gpt2", "cpu"]}
+    assert front_matter(card) == {"library_name": "hf_fasttrain", "tags": ["hf-fasttrain", "recipe", "gpt2", "cpu"]}
     assert "--config hf://owner/repo/configs/tiny.yaml@v2\n" in card
     assert "No measured run was attached to this upload." in card
+    # huggingface_hub reads the card back: its card data and its text
+    from huggingface_hub import ModelCard
+
+    loaded = ModelCard.load(out / "README.md")
+    assert loaded.data.library_name == "hf_fasttrain" and loaded.data.tags == ["hf-fasttrain", "recipe", "gpt2", "cpu"]
+    assert loaded.text.startswith("\n# repo: an hf_fasttrain training recipe\n")
+
+
+@pytest.mark.parametrize(
+    "recipe, tags, expected",
+    [  # the model family tag comes from the recipe's model section; user tags follow; no duplicates
+        ({"model": {"model_type": "gpt2"}}, (), ["hf-fasttrain", "recipe", "gpt2"]),
+        ({"model": {"model_name_or_path": "meta-llama/Llama-3.2-1B"}}, ("cpu",), ["hf-fasttrain", "recipe", "llama-3.2-1b", "cpu"]),
+        ({"model": {"config_name": "./configs/My Model/"}}, ("recipe",), ["hf-fasttrain", "recipe", "my-model"]),
+        ({"learning_rate": 1e-3}, ("gpt2", "gpt2"), ["hf-fasttrain", "recipe", "gpt2"]),
+        ({"model": None}, (), ["hf-fasttrain", "recipe"]),
+    ],
+)
+def test_model_card_tags(recipe, tags, expected):
+    from huggingface_hub import ModelCard
+
+    from hf_fasttrain.push import render_model_card
+
+    card = ModelCard(render_model_card(recipe, "x: 1\n", repo_id="o/r", tags=tags))
+    assert card.data.tags == expected and card.data.library_name == "hf_fasttrain"
 
 
 def test_prepare_recipe_folder_refuses(recipe_file, tmp_path):
@@ -494,7 +533,7 @@ def test_prepare_recipe_folder_refuses(recipe_file, tmp_path):
     with pytest.raises(RecipeYAMLError):
         prepare_recipe_folder(evil, tmp_path / "b", repo_id="owner/repo")
     assert not (tmp_path / "b").exists() and not (tmp_path / "hacked").exists()
-    with pytest.raises(ValueError, match="repo_id must be '<owner>/<repo>', got 'repo'"):
+    with pytest.raises(ValueError, match="repo_id='repo' is invalid: the repo id must have an owner and a name, '<owner>/<repo>'"):
         prepare_recipe_folder(recipe_file, tmp_path / "c", repo_id="repo")
 
 
@@ -584,7 +623,7 @@ def test_push_refuses_bad_input(recipe_file, offline_cache):
     api = RecordingApi()
     with pytest.raises(ValueError, match="is a commit hash; push to a branch name"):
         push_recipe(recipe_file, "owner/repo", revision=COMMIT_OLD, api=api)
-    with pytest.raises(ValueError, match="repo_id must be '<owner>/<repo>'"):
+    with pytest.raises(ValueError, match="repo_id='a/b/c' is invalid: the repo id must have an owner and a name"):
         push_recipe(recipe_file, "a/b/c", api=api)
     with pytest.raises(ValueError, match="HF_HUB_OFFLINE=1 is set: pushing needs the network"):
         push_recipe(recipe_file, "owner/repo")  # real HfApi, offline
@@ -597,8 +636,8 @@ def test_pushed_folder_loads_back_through_hf_uri(recipe_file, run_dir, offline_c
     push_recipe(recipe_file, "owner/roundtrip", run_dir=run_dir, api=api)
     _, _, held = api.calls[-1]
     cache_repo(offline_cache, "owner/roundtrip", {COMMIT_NEW: held}, {"main": COMMIT_NEW})
-    assert load_hub_recipe("hf://owner/roundtrip") == safe_load_yaml(recipe_file)
-    assert load_hub_recipe(f"hf://owner/roundtrip/results/config.yaml@{COMMIT_NEW}")["learning_rate"] == 0.0003
+    assert load_recipe("hf://owner/roundtrip") == safe_load_yaml(recipe_file)
+    assert load_recipe(f"hf://owner/roundtrip/results/config.yaml@{COMMIT_NEW}")["learning_rate"] == 0.0003
 
 
 # ---------------------------------------------------------------------------------------------
@@ -757,7 +796,7 @@ def test_cli_push_recipe_dry_run(run_dir, tmp_path, capsys):
 
     assert (out / "recipe.yaml").read_text() == bundled_recipes()["gpt2_tiny"].read_text()
     card = (out / "README.md").read_text()
-    assert front_matter(card) == {"tags": ["hf-fasttrain", "recipe", "gpt2", "cpu"]}
+    assert front_matter(card) == {"library_name": "hf_fasttrain", "tags": ["hf-fasttrain", "recipe", "gpt2", "cpu"]}
     assert "accelerate launch recipes/gpt2_small.py --config hf://owner/tiny\n" in card
 
 
@@ -793,17 +832,19 @@ def test_cli_push_recipe_uploads_through_hfapi(recipe_file, monkeypatch, capsys)
     "recipe, match",
     [
         ({"learnig_rate": 1e-3}, "did you mean 'learning_rate'"),
-        ({"model": {"n_embd": 100, "n_head": 3}}, "n_head=3 is invalid: must divide n_embd=100"),
-        ({"data": {"vocab_size": 10}}, "vocab_size=10 is invalid"),
+        ({"model": {"n_embd": 100, "n_head": 3}}, "n_head: got 3; must divide n_embd=100"),
+        ({"data": {"vocab_size": 10}}, "vocab_size: got 10; "),
     ],
 )
-def test_cli_push_recipe_validates_first(tmp_path, recipe, match):
+def test_cli_push_recipe_validates_first(tmp_path, recipe, match, capsys):
     from hf_fasttrain.cli import main
 
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    with pytest.raises(ValueError, match=match):
-        main(["push-recipe", str(path), "--repo", "owner/bad", "--dry-run", "--out-dir", str(tmp_path / "f")])
+    # a refusal is one line on stderr and exit status 2
+    assert main(["push-recipe", str(path), "--repo", "owner/bad", "--dry-run", "--out-dir", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and match in err
     assert not (tmp_path / "f").exists()
 
 

@@ -91,11 +91,11 @@ def test_model_config_reaches_the_family_config():
 
 
 @pytest.mark.parametrize("kwargs, names", [
-    (dict(model_type="lama"), ["model_type='lama'", "'llama'"]),
+    (dict(model_type="lama"), ["model_type: got 'lama'", "'llama'"]),
     (dict(model_type="llama", model_config={"rms_norm_ep": 1.0}), ["model_config.rms_norm_ep", "'rms_norm_eps'", "known:"]),
     (dict(model_type="llama", model_config={"hidden_size": 8}), ["model_config.hidden_size", "n_embd/hidden_size"]),
     (dict(n_layer=2, num_hidden_layers=3), ["n_layer=2", "num_hidden_layers=3"]),
-    (dict(model_type="llama", n_head=4, n_embd=32, num_key_value_heads=3), ["num_key_value_heads=3", "n_head=4"]),
+    (dict(model_type="llama", n_head=4, n_embd=32, num_key_value_heads=3), ["num_key_value_heads: got 3", "n_head=4"]),
 ])
 def test_bad_model_settings_name_the_field(kwargs, names):
     with pytest.raises(ValueError) as e:
@@ -105,7 +105,7 @@ def test_bad_model_settings_name_the_field(kwargs, names):
 
 
 def test_gqa_on_a_family_without_it_is_refused():
-    with pytest.raises(ValueError, match="num_key_value_heads=2 is invalid: model_type='gpt2'"):
+    with pytest.raises(ValueError, match="num_key_value_heads: got 2, but model_type='gpt2' has no grouped-query attention"):
         build_model(ModelArguments(n_layer=1, n_head=4, n_embd=32, num_key_value_heads=2), _Tok(), TINY_BLOCK)
 
 
@@ -113,7 +113,8 @@ def test_unknown_model_key_in_a_recipe_is_refused_with_the_known_ones():
     with pytest.raises(ValueError) as e:
         validate_recipe({"model": {"model_type": "llama", "num_layers": 2}})
     msg = str(e.value)
-    assert "'num_layers'" in msg and "num_hidden_layers" in msg and "num_key_value_heads" in msg
+    assert msg.startswith("num_layers: unknown recipe key") and "known:" in msg
+    assert "num_hidden_layers" in msg and "num_key_value_heads" in msg and "model_config" in msg
 
 
 def test_command_line_size_under_the_other_spelling_overrides_the_recipe(tmp_path):

@@ -756,7 +756,7 @@ def test_plain_trainer_with_optimizer_cls_and_kwargs(tmp_path):
     before = model.transformer.h[0].mlp.c_fc.weight.detach().clone()
     trainer = Trainer(
         model, args, train_dataset=data, callbacks=[RecordLr()],
-        optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("muon", lr=1e-3, muon_lr=2e-2),
+        optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("muon", lr=1e-3, weight_decay=0.1, muon_lr=2e-2),
     )
     trainer.train()
     assert isinstance(trainer.optimizer.optimizer, MuonWithAdamW)
@@ -790,12 +790,12 @@ def test_trainer_optimizer_kwargs_from_args():
     "kwargs, message",
     [
         ({"optimizer": "lino"}, r"optimizer must be one of .* got 'lino'. Did you mean 'lion'\?"),
-        ({"optimizer_kwargs": {"lr": 1e-3}}, r"optimizer_kwargs=\{'lr': 0.001\} is invalid: only allowed together with `optimizer`"),
-        ({"optimizer": "lion", "optim": "adafactor"}, r"optim='adafactor' is invalid: set either `optim` or `optimizer`"),
-        ({"optimizer": "lion", "optim_args": "foo=1"}, r"optim_args='foo=1' is invalid: applies to `optim` only"),
+        ({"optimizer_kwargs": {"lr": 1e-3}}, r"optimizer_kwargs: got \{'lr': 0.001\}; only allowed together with `optimizer`"),
+        ({"optimizer": "lion", "optim": "adafactor"}, r"optim: got 'adafactor'; set either `optim` or `optimizer`"),
+        ({"optimizer": "lion", "optim_args": "foo=1"}, r"optim_args: got 'foo=1'; applies to `optim` only"),
         ({"optimizer": "lion", "optimizer_kwargs": {"betas": [0.9, "1.2"]}}, r"Lion: betas\[1\] must be a number in \[0, 1\), got 1.2"),
         ({"optimizer": "soap", "optimizer_kwargs": '{"precondition_frequency": "0"}'}, r"SOAP: precondition_frequency must be an integer >= 1, got 0"),
-        ({"optimizer": "lion", "learning_rate": -1.0}, r"Lion: lr must be a finite number >= 0, got -1.0"),
+        ({"optimizer": "lion", "learning_rate": -1.0}, r"learning_rate: got -1.0; must be a finite number > 0"),
         ({"optimizer": "muon", "optimizer_kwargs": {"adjust": "original"}}, r"muon has no option 'adjust'.*Did you mean 'adjust_lr_fn'"),
         ({"optimizer": "lion", "optimizer_kwargs": "{betas: 1}"}, r"optimizer_kwargs must be a JSON object"),
     ],

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel
+from conftest import make_tiny_gpt2
+from transformers import DataCollatorWithFlattening
 
 from hf_fasttrain.data.packing import PackedBatchSampler, PackedRowsCollator, pack_bins, packed_steps
 
@@ -75,9 +76,7 @@ def test_packed_rows_collator_exact_tensors():
 
 
 def _tiny_gpt2():
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
-    return GPT2LMHeadModel(config).eval()
+    return make_tiny_gpt2(64, 32).eval()
 
 
 def _separate(model, docs):

@@ -12,6 +12,7 @@ import os
 import statistics
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,11 +32,15 @@ from hf_fasttrain.restarts import (
     num_to_keep,
     planned_steps,
     rank_trials,
-    run_restarts,
     seed_statistics,
 )
+from hf_fasttrain.restarts.state import SearchState, StageResult
 
 NAN = float("nan")
+
+
+def _search(config, runner, output_dir, max_steps):
+    return RestartOrchestrator(config, runner, output_dir, max_steps).run()
 
 
 class SimulatedKill(Exception):
@@ -174,8 +179,14 @@ def test_seed_statistics_and_planned_steps():
 
 
 def test_doctests_pass():
-    result = doctest.testmod(restarts)
-    assert result.attempted >= 20 and result.failed == 0
+    import importlib
+
+    attempted = 0
+    for name in ("config", "ranking", "state", "orchestrator", "report"):
+        result = doctest.testmod(importlib.import_module(f"hf_fasttrain.restarts.{name}"))
+        assert result.failed == 0, name
+        attempted += result.attempted
+    assert attempted >= 20
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -220,12 +231,12 @@ def test_selection_direction_max(tmp_path):
     runner = StubRunner(table, max_steps=10, metrics=["eval_loss", "eval_accuracy"])
     cfg = RestartConfig(num_seeds=4, explore_fraction=0.5, metric="accuracy", direction="max")
     assert cfg.metric == "eval_accuracy"
-    summary = run_restarts(cfg, runner, tmp_path, 10)
+    summary = _search(cfg, runner, tmp_path, 10)
     assert summary["winner"] == "seed-2"
     assert summary["winner_final_metric"] == pytest.approx(0.70)
     assert summary["rung_stats"][0]["max"] == pytest.approx(0.35)
     # and with direction="min" on the same table the lowest accuracy wins
-    summary = run_restarts(
+    summary = _search(
         RestartConfig(num_seeds=4, explore_fraction=0.5, metric="eval_accuracy", direction="min"),
         StubRunner(table, max_steps=10, metrics=["eval_loss", "eval_accuracy"]),
         tmp_path / "min",
@@ -236,7 +247,7 @@ def test_selection_direction_max(tmp_path):
 
 def test_explore_fraction_one_needs_no_continuation(tmp_path):
     runner = StubRunner(hyperbolic([(1.0, 4.0), (0.5, 8.0), (1.0, 1.0)]), max_steps=8)
-    summary = run_restarts(RestartConfig(num_seeds=3, explore_fraction=1.0), runner, tmp_path, 8)
+    summary = _search(RestartConfig(num_seeds=3, explore_fraction=1.0), runner, tmp_path, 8)
     # at step 8: 1.5, 1.5, 1.125
     assert summary["winner"] == "seed-2"
     assert [c[:2] for c in runner.calls] == [("seed-0", 8), ("seed-1", 8), ("seed-2", 8)]
@@ -253,7 +264,7 @@ def test_seeds_recorded_per_trial_and_handed_to_runner(tmp_path, vary, expected)
         return {"eval_loss": 1.0 + trial.index}
 
     cfg = RestartConfig(num_seeds=3, explore_fraction=0.5, seed=5, data_seed=9, vary=vary)
-    summary = run_restarts(cfg, StubRunner(table, max_steps=4), tmp_path, 4)
+    summary = _search(cfg, StubRunner(table, max_steps=4), tmp_path, 4)
     assert [(r["model_seed"], r["data_seed"]) for r in summary["trials"]] == expected
     assert sorted(set(seen)) == expected
 
@@ -270,14 +281,14 @@ def test_successive_halving_keeps_the_best_half_per_rung(tmp_path):
     summary = orch.run()
 
     assert summary["rung_steps"] == [4, 8, 16]
-    rungs = orch.state["rungs"]
+    rungs = orch.state.rungs
     # step 4: 2:3.5 3:3.6 0:4.0 1:4.25 | 5:4.4 7:4.7 6:5.0 4:5.5
-    assert rungs[0]["kept"] == ["seed-2", "seed-3", "seed-0", "seed-1"]
+    assert rungs[0].kept == ["seed-2", "seed-3", "seed-0", "seed-1"]
     # step 8: 1:2.625 0:3.0 | 3:3.1 2:3.25   (the rung-0 leader is cut here)
-    assert rungs[1]["entrants"] == ["seed-2", "seed-3", "seed-0", "seed-1"]
-    assert rungs[1]["kept"] == ["seed-1", "seed-0"]
+    assert rungs[1].entrants == ["seed-2", "seed-3", "seed-0", "seed-1"]
+    assert rungs[1].kept == ["seed-1", "seed-0"]
     # step 16: 1:1.8125 0:2.5
-    assert rungs[2]["ranking"] == ["seed-1", "seed-0"]
+    assert rungs[2].ranking == ["seed-1", "seed-0"]
     assert summary["winner"] == "seed-1"
     assert summary["winner_final_metric"] == pytest.approx(1.0 + 13 / 40)
 
@@ -311,7 +322,7 @@ def test_search_time_curve_charges_every_trial_before_the_winner_counts(tmp_path
         return {"eval_loss": a + b / step, "train_seconds": 0.5 * step}
 
     runner = StubRunner(table, max_steps=40)
-    summary = run_restarts(RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3), runner, tmp_path, 40)
+    summary = _search(RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3), runner, tmp_path, 40)
     w = next(r for r in summary["trials"] if r["chosen"])
     winner_evals = [{"step": s, **table(type("T", (), {"index": 1}), s)} for s in range(18, 41, 2)]
     curve = restarts.search_time_curve(summary, winner_evals, tokens_per_step=10)
@@ -342,7 +353,7 @@ def _divergent_table(trial, step):
 def test_diverged_seeds_are_reported_and_never_chosen(tmp_path):
     runner = StubRunner(_divergent_table, max_steps=10, flag_diverged={43})
     cfg = RestartConfig(num_seeds=4, explore_fraction=0.4, divergence_threshold=8.0, seed=42)
-    summary = run_restarts(cfg, runner, tmp_path, 10)
+    summary = _search(cfg, runner, tmp_path, 10)
     assert summary["winner"] == "seed-3"
     rows = {r["trial_id"]: r for r in summary["trials"]}
     assert [rows[t]["diverged"] for t in ("seed-0", "seed-1", "seed-2", "seed-3")] == [True, True, True, False]
@@ -363,7 +374,7 @@ def test_diverged_seeds_are_replaced_when_asked(tmp_path):
     runner = StubRunner(_divergent_table, max_steps=10, flag_diverged={43})
     cfg = RestartConfig(num_seeds=4, explore_fraction=0.4, divergence_threshold=8.0, seed=42, replace_diverged=True,
                         max_replacements=2)
-    summary = run_restarts(cfg, runner, tmp_path, 10)
+    summary = _search(cfg, runner, tmp_path, 10)
     rows = {r["trial_id"]: r for r in summary["trials"]}
     # seed-0 and seed-1 get fresh seeds 46 and 47 (trained from scratch to the rung); the cap stops at 2,
     # so seed-2 is not replaced
@@ -383,7 +394,7 @@ def test_replacement_of_a_replacement_and_unlimited_budget(tmp_path):
 
     runner = StubRunner(table, max_steps=6)
     cfg = RestartConfig(num_seeds=3, explore_fraction=0.5, replace_diverged=True)
-    summary = run_restarts(cfg, runner, tmp_path, 6)
+    summary = _search(cfg, runner, tmp_path, 6)
     rows = {r["trial_id"]: r for r in summary["trials"]}
     assert rows["seed-3"]["replaces"] == "seed-0" and rows["seed-3"]["diverged"]
     assert rows["seed-4"]["replaces"] == "seed-3" and not rows["seed-4"]["diverged"]
@@ -396,7 +407,7 @@ def test_winner_that_diverges_while_continuing_falls_back_to_the_next_best(tmp_p
         return {"eval_loss": NAN if (trial.index == 1 and step > 6) else v}
 
     runner = StubRunner(table, max_steps=12)
-    summary = run_restarts(RestartConfig(num_seeds=3, explore_fraction=0.5), runner, tmp_path, 12)
+    summary = _search(RestartConfig(num_seeds=3, explore_fraction=0.5), runner, tmp_path, 12)
     assert [c[:2] for c in runner.calls][3:] == [("seed-1", 12), ("seed-2", 12)]
     rows = {r["trial_id"]: r for r in summary["trials"]}
     assert rows["seed-1"]["diverged"] and rows["seed-1"]["diverged_reason"] == "eval_loss is nan at step 8"
@@ -406,7 +417,7 @@ def test_winner_that_diverges_while_continuing_falls_back_to_the_next_best(tmp_p
 def test_all_seeds_diverged_raises_after_writing_the_summary(tmp_path):
     runner = StubRunner(lambda t, s: {"eval_loss": NAN}, max_steps=4)
     with pytest.raises(RuntimeError, match="all 2 trials diverged"):
-        run_restarts(RestartConfig(num_seeds=2, explore_fraction=0.5), runner, tmp_path, 4)
+        _search(RestartConfig(num_seeds=2, explore_fraction=0.5), runner, tmp_path, 4)
     data = json.loads((tmp_path / SUMMARY_JSON).read_text())
     assert data["winner"] is None and data["num_diverged"] == 2
     assert data["trials"][0]["rung_metrics"] == ["nan"]  # non-finite values stay valid JSON
@@ -437,7 +448,7 @@ def _comparable(summary, out):
 
 def test_kill_mid_trial_then_resume_finishes_with_same_choice_and_no_rerun(tmp_path):
     straight_runner = StubRunner(_kill_table, max_steps=12)
-    straight = run_restarts(_kill_config(), straight_runner, tmp_path / "straight", 12)
+    straight = _search(_kill_config(), straight_runner, tmp_path / "straight", 12)
     # rungs at 3, 6. Step 3: seed-1 9.0 > 8 diverges, seed-4 replaces it; 3:2.17 4:2.8 | 0:3.67 2:4.5.
     # Step 6: 4:1.8 3:1.83 -> the replacement wins.
     assert straight["rung_steps"] == [3, 6] and straight["winner"] == "seed-4"
@@ -448,7 +459,7 @@ def test_kill_mid_trial_then_resume_finishes_with_same_choice_and_no_rerun(tmp_p
         out = tmp_path / f"kill{k}"
         first = StubRunner(_kill_table, max_steps=12, kill_at_call=k)
         with pytest.raises(SimulatedKill):
-            run_restarts(_kill_config(), first, out, 12)
+            _search(_kill_config(), first, out, 12)
         recorded = {
             (tid, int(s))
             for tid, t in json.loads((out / STATE_FILE).read_text())["trials"].items()
@@ -473,11 +484,11 @@ def test_kill_mid_trial_then_resume_finishes_with_same_choice_and_no_rerun(tmp_p
 def test_kill_at_every_state_transition_then_resume(tmp_path, monkeypatch):
     """A kill before any state write (the disk keeps the previous state) resumes to the same result."""
     monkeypatch.setattr(RestartOrchestrator, "plot", lambda self, summary, path: None)  # ~40 runs: skip the PNGs
-    straight = run_restarts(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path / "straight", 12)
+    straight = _search(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path / "straight", 12)
     saves = []
     real_save = RestartOrchestrator._save
     monkeypatch.setattr(RestartOrchestrator, "_save", lambda self: (saves.append(1), real_save(self)))
-    run_restarts(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path / "count", 12)
+    _search(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path / "count", 12)
     n_saves = len(saves)
     assert n_saves > 20
 
@@ -494,34 +505,34 @@ def test_kill_at_every_state_transition_then_resume(tmp_path, monkeypatch):
         monkeypatch.setattr(RestartOrchestrator, "_save", dying_save)
         first = StubRunner(_kill_table, max_steps=12)
         with pytest.raises(SimulatedKill):
-            run_restarts(_kill_config(), first, out, 12)
+            _search(_kill_config(), first, out, 12)
         monkeypatch.setattr(RestartOrchestrator, "_save", real_save)
         recorded = set()
         if (out / STATE_FILE).exists():
             state = json.loads((out / STATE_FILE).read_text())
             recorded = {(tid, int(s)) for tid, t in state["trials"].items() for s in t["results"]}
         second = StubRunner(_kill_table, max_steps=12)
-        resumed = run_restarts(_kill_config(), second, out, 12)
+        resumed = _search(_kill_config(), second, out, 12)
         assert not recorded & {c[:2] for c in second.calls}, k
         assert _comparable(resumed, out) == _comparable(straight, tmp_path / "straight"), k
 
 
 def test_resume_of_a_finished_search_runs_nothing(tmp_path):
-    run_restarts(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path, 12)
+    _search(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path, 12)
     again = StubRunner(_kill_table, max_steps=12)
-    summary = run_restarts(_kill_config(), again, tmp_path, 12)
+    summary = _search(_kill_config(), again, tmp_path, 12)
     assert again.calls == [] and summary["winner"] == "seed-4"
 
 
 def test_resume_with_other_settings_fails_naming_the_field(tmp_path):
-    run_restarts(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path, 12)
+    _search(_kill_config(), StubRunner(_kill_table, max_steps=12), tmp_path, 12)
     runner = StubRunner(_kill_table, max_steps=12)
     cfg = _kill_config()
     cfg.num_seeds = 5
     with pytest.raises(ValueError, match=r"num_seeds: 4 in the state, 5 now"):
-        run_restarts(cfg, runner, tmp_path, 12)
+        _search(cfg, runner, tmp_path, 12)
     with pytest.raises(ValueError, match=r"max_steps: 12 in the state, 14 now"):
-        run_restarts(_kill_config(), StubRunner(_kill_table, max_steps=14), tmp_path, 14)
+        _search(_kill_config(), StubRunner(_kill_table, max_steps=14), tmp_path, 14)
     assert runner.calls == []
 
 
@@ -532,10 +543,10 @@ def test_resume_with_other_settings_fails_naming_the_field(tmp_path):
 
 def test_parallel_per_gpu_gives_each_concurrent_trial_its_own_device(tmp_path):
     seq_runner = StubRunner(hyperbolic(SH_COEFFS), 40)
-    seq = run_restarts(RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3), seq_runner, tmp_path / "seq", 40)
+    seq = _search(RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3), seq_runner, tmp_path / "seq", 40)
     runner = StubRunner(hyperbolic(SH_COEFFS), 40, delay=0.05)
     cfg = RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3, parallel="per_gpu", devices=["0", "1", "2"])
-    par = run_restarts(cfg, runner, tmp_path / "par", 40)
+    par = _search(cfg, runner, tmp_path / "par", 40)
     assert par["winner"] == seq["winner"] == "seed-1"
     assert [(r["rung_metrics"], r["status"]) for r in par["trials"]] == [
         (r["rung_metrics"], r["status"]) for r in seq["trials"]
@@ -552,7 +563,7 @@ def test_parallel_per_gpu_gives_each_concurrent_trial_its_own_device(tmp_path):
 
 
 def test_summary_files_json_markdown_and_png(tmp_path):
-    run_restarts(RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3), StubRunner(hyperbolic(SH_COEFFS), 40),
+    _search(RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3), StubRunner(hyperbolic(SH_COEFFS), 40),
                  tmp_path, 40)
     data = json.loads((tmp_path / SUMMARY_JSON).read_text())
     assert data["winner"] == "seed-1" and data["metric"] == "eval_loss" and data["rung_steps"] == [4, 8, 16]
@@ -608,14 +619,14 @@ def test_invalid_settings_fail_before_any_trial_starts(tmp_path, monkeypatch):
     runner = StubRunner(hyperbolic(SH_COEFFS), 40)
     msg = r"RestartConfig.metric='eval_accuracy' is invalid: this runner reports \['eval_loss'\]"
     with pytest.raises(ValueError, match=msg):
-        run_restarts(RestartConfig(metric="accuracy"), runner, tmp_path / "a", 40)
+        _search(RestartConfig(metric="accuracy"), runner, tmp_path / "a", 40)
     with pytest.raises(ValueError, match=r"rung steps \[1, 1, 2, 4\]"):
-        run_restarts(RestartConfig(explore_fraction=0.4, rungs=4), runner, tmp_path / "b", 10)
+        _search(RestartConfig(explore_fraction=0.4, rungs=4), runner, tmp_path / "b", 10)
     with pytest.raises(ValueError, match=r"max_steps=0"):
-        run_restarts(RestartConfig(), runner, tmp_path / "c", 0)
+        _search(RestartConfig(), runner, tmp_path / "c", 0)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(ValueError, match=r"parallel='per_gpu' is invalid here: no GPU is visible"):
-        run_restarts(RestartConfig(parallel="per_gpu"), runner, tmp_path / "d", 40)
+        _search(RestartConfig(parallel="per_gpu"), runner, tmp_path / "d", 40)
     assert runner.calls == []
     assert not any((tmp_path / d).exists() for d in "abcd")
 
@@ -624,3 +635,88 @@ def test_runner_protocol():
     assert isinstance(StubRunner(hyperbolic(SH_COEFFS), 40), TrialRunner)
     with pytest.raises(ValueError, match="runner=.* must have a run"):
         RestartOrchestrator(RestartConfig(), object(), "unused", 10)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the state file: typed in memory, version-1 layout on disk
+# ----------------------------------------------------------------------------------------------------------
+
+V1 = Path(__file__).parent / "data" / "restarts_v1"
+V1_CONFIG = dict(num_seeds=8, explore_fraction=0.4, rungs=3, replace_diverged=True, seed=42)
+
+
+def _v1_runner():
+    """The runner the fixture was made with (by the single-module orchestrator, killed in its 11th call)."""
+    return StubRunner(hyperbolic(SH_COEFFS + [(2.5, 3)] * 4), 40, flag_diverged={44})
+
+
+def test_state_file_of_version_1_reads_typed_and_writes_back_unchanged():
+    raw = json.loads((V1 / "restarts_state_killed.json").read_text())
+    state = SearchState.from_json(raw)
+    assert state.to_json() == raw
+    assert state.order == [f"seed-{i}" for i in range(9)] and state.rung_steps == [4, 8, 16]
+    t2, t3, t8 = state.trials["seed-2"], state.trials["seed-3"], state.trials["seed-8"]
+    assert (t2.status, t2.diverged_reason, t2.replaced_by) == ("diverged", "the runner reported divergence", "seed-8")
+    assert (t8.replaces, t8.model_seed, t8.data_seed) == ("seed-2", 50, 50)
+    assert t3.status == "running" and t3.starts == 2 and sorted(t3.results) == [4]  # killed in its rung-1 stage
+    assert t3.results[4] == StageResult(3.6, {"eval_loss": 3.6}, "search/trials/seed-3/checkpoint-4", False)
+    assert t3.history == {2: pytest.approx(4.6), 4: 3.6} and t3.last_checkpoint(8) == "search/trials/seed-3/checkpoint-4"
+    assert t3.last_checkpoint(4) is None
+    assert state.rungs[0].kept == ["seed-8", "seed-3", "seed-0", "seed-1"] and state.rungs[1].done is False
+    assert (state.replacements_used, state.continuation, state.winner, state.done) == (1, None, None, False)
+
+
+def test_resume_of_a_state_file_written_by_the_first_orchestrator(tmp_path, monkeypatch):
+    """The fixture is the state a killed search left (written by the 1,175-line module this package replaced);
+    resumed here it runs the same remaining calls and writes the same summary as that module did."""
+    raw = json.loads((V1 / "restarts_state_killed.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "search").mkdir()
+    (tmp_path / "search" / STATE_FILE).write_text(json.dumps(raw))
+    for tid, t in raw["trials"].items():  # the checkpoints the killed run left behind
+        for step, r in t["results"].items():
+            os.makedirs(r["checkpoint_dir"])
+            with open(os.path.join(r["checkpoint_dir"], "marker.json"), "w") as f:
+                json.dump({"trial_id": tid, "model_seed": t["model_seed"], "step": int(step)}, f)
+    runner = _v1_runner()
+    summary = RestartOrchestrator(RestartConfig(**V1_CONFIG), runner, "search", 40).run()
+
+    expected_calls = json.loads((V1 / "calls_after_resume.json").read_text())["calls_after_resume"]
+    assert [list(c) for c in runner.calls] == expected_calls
+    assert summary["winner"] == "seed-1" and summary["total_steps"] == 92
+    assert (tmp_path / "search" / SUMMARY_MD).read_text() == (V1 / "restarts_summary.md").read_text()
+    assert json.loads((tmp_path / "search" / SUMMARY_JSON).read_text()) == json.loads(
+        (V1 / "restarts_summary.json").read_text()
+    )
+
+
+def test_state_file_of_another_version_is_refused(tmp_path):
+    raw = json.loads((V1 / "restarts_state_killed.json").read_text())
+    (tmp_path / STATE_FILE).write_text(json.dumps(dict(raw, version=2)))
+    with pytest.raises(ValueError, match=r"has state version 2; expected 1"):
+        _search(RestartConfig(**V1_CONFIG), _v1_runner(), tmp_path, 40)
+
+
+@pytest.mark.parametrize(
+    "history, value, threshold, direction, expected",
+    [  # (step, value) seen before the rung; the rung's value; what the trial's status becomes
+        ([(2, 3.0)], 2.0, None, "min", "alive"),
+        ([(2, NAN)], 2.0, None, "min", "diverged"),  # a NaN anywhere before the rung
+        ([(2, 3.0)], float("inf"), None, "min", "diverged"),
+        ([(2, 3.0)], 9.5, 9.0, "min", "diverged"),  # did not get below the threshold
+        ([(2, 3.0)], 0.2, 0.5, "max", "diverged"),  # did not get above it
+        ([(2, 3.0)], 0.7, 0.5, "max", "alive"),
+    ],
+)
+def test_divergence_check_sets_the_typed_status(tmp_path, history, value, threshold, direction, expected):
+    cfg = RestartConfig(num_seeds=1, explore_fraction=0.5, divergence_threshold=threshold, direction=direction)
+    orch = RestartOrchestrator(cfg, StubRunner(lambda t, s: {}, 4), tmp_path, 4)
+    orch._load_or_init()
+    t = orch.state.trials["seed-0"]
+    t.history = dict(history)
+    t.results[2] = StageResult(value, {"eval_loss": value}, None)
+    t.status = "alive"
+    assert orch._check_divergence("seed-0", 2) is (expected == "diverged")
+    assert t.status == expected
+    on_disk = json.loads((tmp_path / STATE_FILE).read_text())["trials"]["seed-0"]["status"]
+    assert on_disk == ("diverged" if expected == "diverged" else "pending")  # saved at once, only on a change

@@ -18,11 +18,10 @@ from hf_fasttrain.restarts import (
     SUMMARY_JSON,
     SUMMARY_MD,
     CURVES_PNG,
-    RecipeTrialRunner,
     RestartOrchestrator,
     restart_config_from_args,
-    train_with_restarts,
 )
+from hf_fasttrain.restarts.recipe_runner import RecipeTrialRunner, train_with_restarts
 from hf_fasttrain.run import train
 
 pytestmark = pytest.mark.slow  # real (tiny) training runs: about a minute on an idle 2-core CPU

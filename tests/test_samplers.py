@@ -366,8 +366,8 @@ def _pad_collate(features):
 
 
 def _train_with_sampler(tmp_path, make_sampler, max_steps, resume=None, save_steps=None):
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from conftest import make_tiny_gpt2
+    from transformers import Trainer, TrainingArguments
 
     from hf_fasttrain.callbacks.seqlen import apply_batch_sampler
 
@@ -380,8 +380,7 @@ def _train_with_sampler(tmp_path, make_sampler, max_steps, resume=None, save_ste
         logging_steps=1, save_strategy="steps" if save_steps else "no", save_steps=save_steps or 500,
         seed=0, disable_tqdm=True, gradient_accumulation_steps=2, include_num_input_tokens_seen="non_padding",
     )
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    model = make_tiny_gpt2(64, 32)
     trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=_pad_collate)
     sampler = make_sampler(get_lengths(ds), args)
     apply_batch_sampler(trainer, sampler)

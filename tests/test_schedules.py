@@ -438,10 +438,10 @@ class _RandomTokens(torch.utils.data.Dataset):
 
 
 def _trainer(tmp_path, callback, **overrides):
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from conftest import make_tiny_gpt2
+    from transformers import Trainer, TrainingArguments
 
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
+    model = make_tiny_gpt2(64, 16)
     args = dict(
         output_dir=str(tmp_path),
         max_steps=6,
@@ -687,18 +687,18 @@ def test_fasttrainer_refuses_lr_decay_with_a_scheduler_passed_in(tiny_lm, tiny_t
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(lr_decay="sqrt", lr_scheduler_type="cosine"), r"lr_scheduler_type='cosine' is invalid: lr_decay='sqrt' replaces"),
-        (dict(lr_decay="sqrt", lr_scheduler_kwargs={"min_lr_rate": 0.1}), r"lr_scheduler_kwargs=\{'min_lr_rate': 0\.1\} is invalid"),
-        (dict(min_lr_ratio=0.1), r"min_lr_ratio=0\.1 is invalid: only used with lr_decay"),
-        (dict(schedule_unit="tokens"), r"schedule_unit='tokens' is invalid: only used with lr_decay"),
+        (dict(lr_decay="sqrt", lr_scheduler_type="cosine"), r"lr_scheduler_type: got 'cosine'; lr_decay='sqrt' replaces"),
+        (dict(lr_decay="sqrt", lr_scheduler_kwargs={"min_lr_rate": 0.1}), r"lr_scheduler_kwargs: got \{'min_lr_rate': 0\.1\}; not used with"),
+        (dict(min_lr_ratio=0.1), r"min_lr_ratio: got 0\.1; only used with lr_decay"),
+        (dict(schedule_unit="tokens"), r"schedule_unit: got 'tokens'; only used with lr_decay"),
         (dict(lr_decay="exp"), r"lr_decay='exp' is not a known decay shape; known: cosine, sqrt"),
         (dict(lr_decay="cosine", min_lr=0.1, min_lr_ratio=0.1), r"both given"),
-        (dict(lr_decay="cosine", min_lr=0.1, learning_rate=0.01), r"min_lr=0\.1 is invalid: must be <= learning_rate=0\.01"),
+        (dict(lr_decay="cosine", min_lr=0.1, learning_rate=0.01), r"min_lr: got 0\.1; must be <= learning_rate=0\.01"),
         (dict(lr_decay="cosine", warmup_steps=20, max_steps=10), r"warmup_steps=20 \(20 steps\) is longer than training"),
         (dict(lr_decay="1-sqrt", warmup_steps=9, max_steps=10), r"decay_fraction=0\.2 starts the decay inside the warmup"),
-        (dict(lr_decay="cosine", schedule_unit="epochs"), r"schedule_unit='epochs' is invalid: allowed: 'steps', 'tokens'"),
-        (dict(lr_decay="cosine", schedule_total_tokens=100), r"schedule_total_tokens=100 is invalid: only used with schedule_unit='tokens'"),
-        (dict(lr_decay="cosine", schedule_unit="tokens", schedule_total_tokens=0), r"schedule_total_tokens=0 is invalid"),
+        (dict(lr_decay="cosine", schedule_unit="epochs"), r"schedule_unit: got 'epochs'; allowed: 'steps', 'tokens'"),
+        (dict(lr_decay="cosine", schedule_total_tokens=100), r"schedule_total_tokens: got 100; only used with schedule_unit='tokens'"),
+        (dict(lr_decay="cosine", schedule_unit="tokens", schedule_total_tokens=0), r"schedule_total_tokens: got 0; must be a positive integer"),
     ],
 )
 def test_fast_training_arguments_reject_conflicts(tmp_path, kwargs, match):

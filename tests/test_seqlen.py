@@ -160,10 +160,9 @@ def test_collator_refuses_worker_processes():
 
 
 def test_truncated_batch_trains_tiny_gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from conftest import make_tiny_gpt2
 
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    model = make_tiny_gpt2(64, 32)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     w = SeqLenWarmup(min_seq_len=8, max_seq_len=32, warmup_batches=6)
     collator = SeqLenWarmupCollator(default_data_collator, w)
@@ -183,7 +182,8 @@ def test_truncated_batch_trains_tiny_gpt2():
 
 def _train_with_warmup(tmp_path, max_steps, resume=None, save_steps=None):
     import datasets
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    from conftest import make_tiny_gpt2
+    from transformers import Trainer, TrainingArguments
 
     from hf_fasttrain.callbacks.seqlen import apply_seq_len_warmup
 
@@ -194,8 +194,7 @@ def _train_with_warmup(tmp_path, max_steps, resume=None, save_steps=None):
         report_to=[], use_cpu=True, logging_steps=1, save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500, seed=0, disable_tqdm=True, include_num_input_tokens_seen="all",
     )
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
+    model = make_tiny_gpt2(64, 16)
     trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=default_data_collator)
     collator = apply_seq_len_warmup(trainer, SeqLenWarmup(min_seq_len=8, max_seq_len=16, warmup_batches=4, multiple=4))
     trainer.train(resume_from_checkpoint=resume)

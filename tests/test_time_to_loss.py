@@ -1,20 +1,13 @@
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def _load():
-    spec = importlib.util.spec_from_file_location("time_to_loss", ROOT / "benchmarks" / "time_to_loss.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["time_to_loss"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    from benchmarks import time_to_loss
+
+    return time_to_loss
 
 
 def test_crossing_interpolates_and_reports_never():
@@ -45,6 +38,7 @@ def test_summary_ratios_against_the_reference():
     assert math.isinf(s["arms"]["slow"]["seconds_to_target"]) and s["arms"]["slow"]["reached"] == 0
 
 
+@pytest.mark.slow  # runs the benchmark (tiny GPT-2 training runs)
 def test_quick_run_writes_json_table_and_png(tmp_path):
     ttl = _load()
     record = ttl.main(["--quick", "--seeds", "1", "--arms", "hf-tuned,fasttrain", "--out", str(tmp_path)])
@@ -60,12 +54,11 @@ def test_quick_run_writes_json_table_and_png(tmp_path):
         assert [p["step"] for p in r["curve"]] == [0, 6, 12, 18, 24]
 
 
+@pytest.mark.slow  # runs the sweep benchmark
 def test_optimizer_lr_sweep_grid_extends_at_the_edge(tmp_path):
     """--grid replaces the starting grid; a best lr at its edge adds one point a factor 2 beyond."""
-    ttl = _load()  # noqa: F841  (registers the module the sweep imports)
-    spec = importlib.util.spec_from_file_location("optimizer_lr_sweep", ROOT / "benchmarks" / "optimizer_lr_sweep.py")
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
+    from benchmarks import optimizer_lr_sweep as sweep
+
     record = sweep.main(["--quick", "--optimizers", "lion", "--grid", "lion=1e-5,2e-5", "--max-extend", "1",
                          "--name", "sweep", "--out", str(tmp_path)])
     by_lr = record["summary"]["lion"]["final_eval_loss_by_lr"]

@@ -3,7 +3,9 @@
 from .run_record import RunRecorderCallback, plot_loss_curves
 from .schedule import LRScheduleCallback
 from .seqlen import CurriculumCallback, SeqLenWarmupCallback, apply_batch_sampler, apply_seq_len_warmup
-from .stability import DivergenceError, DivergenceGuardCallback, GradientClippingCallback, StabilityTrainerMixin
+from .clipping import GradientClippingCallback
+from .guard import DivergenceError, DivergenceGuardCallback
+from .mixin import StabilityTrainerMixin
 from .stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 
 __all__ = [

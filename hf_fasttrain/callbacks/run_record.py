@@ -117,11 +117,12 @@ class RunRecorderCallback(TrainerCallback):
                 out["final_eval_loss"] = final_metrics["eval_loss"]
         return out
 
-    def save(self, output_dir: str, final_metrics: Optional[dict] = None) -> dict[str, Any]:
+    def save(self, output_dir: str, final_metrics: Optional[dict] = None, title: Optional[str] = None
+             ) -> dict[str, Any]:
         summary = self.summary(final_metrics)
         out = Path(output_dir)
         atomic_write_text(out / "metrics.json", json.dumps(summary, indent=2, default=_json_default))
-        plot_loss_curves(self.records, out / "loss_curve.png")
+        plot_loss_curves(self.records, out / "loss_curve.png", title=title)
         return summary
 
 

@@ -5,9 +5,9 @@ param groups (no weight decay on biases and norms; Muon only on hidden matrices)
 
     from hf_fasttrain.optim import create_optimizer, optimizer_cls_and_kwargs_for
 
-    # plain transformers.Trainer, one line:
+    # plain transformers.Trainer, one line (lr, weight decay and run length from `args`):
     trainer = Trainer(model, args, train_dataset=ds,
-                      optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("lion", lr=1e-4))
+                      optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("lion", args))
     # or built up front:
     trainer = Trainer(model, args, train_dataset=ds,
                       optimizers=(create_optimizer("muon", model, lr=1e-3), None))
@@ -17,9 +17,16 @@ With FastTrainer, set `FastTrainingArguments(optimizer="lion", optimizer_kwargs=
 """
 
 from .ademamix import AdEMAMix, ademamix_alpha, ademamix_beta3
-from .adamw import build_adamw
+from .adamw import AdamW, build_adamw
 from .lion import Lion
-from .muon import MuonWithAdamW, conv1d_lr_multiplier, muon_routing
+from .muon import (
+    NS_COEFFICIENTS,
+    MuonWithAdamW,
+    conv1d_lr_multiplier,
+    muon_routing,
+    newton_schulz,
+    ns_coefficient_schedule,
+)
 from .registry import (
     OPTIMIZERS,
     OptimizerFactory,
@@ -32,27 +39,27 @@ from .registry import (
     parse_optimizer_kwargs,
     trainer_optimizer_kwargs,
 )
+from .sharding import (
+    SHARDING_MODES,
+    check_sharding_support,
+    detect_sharding,
+    muon_communication_bytes,
+    sharding_support,
+)
 from .soap import SOAP, soap_preconditioned_dims
 
+# The public API: pick by name, or use a class directly. The other names imported above (param-group
+# routing, option parsing and checking, per-optimizer helpers) are plumbing for FastTrainer and the tests;
+# import them from their modules (hf_fasttrain.optim.registry, .muon, .soap, .ademamix).
 __all__ = [
     "OPTIMIZERS",
+    "create_optimizer",
+    "optimizer_cls_and_kwargs_for",
+    "build_adamw",
+    "AdamW",
     "AdEMAMix",
     "Lion",
     "MuonWithAdamW",
-    "OptimizerFactory",
     "SOAP",
-    "ademamix_alpha",
-    "ademamix_beta3",
-    "build_adamw",
-    "check_optimizer_options",
-    "conv1d_lr_multiplier",
-    "create_optimizer",
-    "decay_param_groups",
-    "get_optimizer_factory",
-    "muon_routing",
-    "optimizer_cls_and_kwargs_for",
-    "optimizer_option_names",
-    "parse_optimizer_kwargs",
-    "soap_preconditioned_dims",
-    "trainer_optimizer_kwargs",
+    "sharding_support",
 ]

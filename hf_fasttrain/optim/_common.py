@@ -20,6 +20,8 @@ __all__ = [
     "check_nonnegative",
     "check_positive_int",
     "check_unit_interval",
+    "cautious_",
+    "is_dtensor",
     "state_dtype",
 ]
 
@@ -58,6 +60,45 @@ def check_positive_int(owner: str, field: str, value: Any, maximum: int | None =
         allowed = f"an integer in [1, {maximum}]" if maximum is not None else "an integer >= 1"
         raise ValueError(f"{owner}: {field} must be {allowed}, got {value!r}")
     return value
+
+
+def is_dtensor(x: Any) -> bool:
+    """True for a `torch.distributed.tensor.DTensor` (an FSDP2 / tensor-parallel shard)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed
+        return False
+    return isinstance(x, DTensor)
+
+
+def cautious_(update: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Cautious update (Liang et al. 2024, "Cautious Optimizers", arXiv:2411.16085), in place.
+
+    The components whose sign disagrees with the gradient's are zeroed, and the rest rescaled so
+    the update keeps its size: with the mask m = 1[update * grad > 0],
+
+        update <- update * m * numel / (sum(m) + 1)
+
+    which is the rescale of the authors' reference code (github.com/kyleliang919/C-Optim; the +1
+    keeps an all-zero mask finite). Per tensor. For a DTensor shard the count sum(m) and numel are
+    the whole tensor's, so a sharded step equals the single-process one.
+
+    Example:
+        >>> import torch
+        >>> u, g = torch.tensor([1.0, -2.0, 3.0, 4.0]), torch.tensor([1.0, 1.0, -1.0, 2.0])
+        >>> cautious_(u, g)  # mask [1, 0, 0, 1]: scale 4 / (2 + 1)
+        tensor([1.3333, -0.0000, 0.0000, 5.3333])
+    """
+    mask = (update * grad > 0).to(update.dtype)
+    kept = mask.sum()
+    update.mul_(mask)
+    if is_dtensor(kept):
+        # The shard-local sums add up to the whole tensor's count; scale each shard by it.
+        scale = update.numel() / (kept.full_tensor() + 1)
+        update.to_local().mul_(scale)
+    else:
+        update.mul_(mask.numel() / (kept + 1))
+    return update
 
 
 def state_dtype(param: torch.Tensor) -> torch.dtype:

@@ -17,6 +17,9 @@ Warmup schedules over T = T_alpha_beta3 steps (the paper sets T to the whole run
 beta3(t) interpolates the EMA's half-life linearly from beta1's to beta3's. Without warmup
 (T_alpha_beta3=None) alpha and beta3 are constant. With alpha = 0 the update is AdamW's.
 
+`cautious=True` (Liang et al. 2024, "Cautious Optimizers") zeroes the update where its sign
+disagrees with g_t's and rescales the rest by numel / (kept + 1); weight decay is not masked.
+
 Defaults: betas (0.9, 0.999, 0.9999) and alpha 5.0 from the paper (its LM runs use alpha 5 to 8 with
 beta3 0.9999); lr 1e-3 and weight decay 0.1 as AdamW. Three state tensors per parameter (AdamW: two).
 """
@@ -31,6 +34,7 @@ import torch
 from ._common import (
     FP32StateOptimizer,
     bucket,
+    cautious_,
     check_betas,
     check_nonnegative,
     check_positive_int,
@@ -72,6 +76,7 @@ class AdEMAMix(FP32StateOptimizer):
             it to the total number of training steps; without it a large alpha early on can diverge.
         eps: added to the denominator.
         weight_decay: decoupled weight decay lambda (as AdamW).
+        cautious: zero the update where its sign disagrees with the gradient's (Liang et al. 2024).
 
     State: `step`, `exp_avg_fast` (m1), `exp_avg_slow` (m2), `exp_avg_sq` (nu); fp32 when the
     param is fp16/bf16.
@@ -96,8 +101,11 @@ class AdEMAMix(FP32StateOptimizer):
         T_alpha_beta3: Optional[int] = None,
         eps: float = 1e-8,
         weight_decay: float = 0.1,
+        cautious: bool = False,
     ):
         check_nonnegative("AdEMAMix", "lr", lr)
+        if not isinstance(cautious, bool):
+            raise ValueError(f"AdEMAMix: cautious must be a bool, got {cautious!r}")
         betas = check_betas("AdEMAMix", betas, 3)
         check_nonnegative("AdEMAMix", "alpha", alpha)
         if T_alpha_beta3 is not None:
@@ -116,6 +124,7 @@ class AdEMAMix(FP32StateOptimizer):
             "T_alpha_beta3": T_alpha_beta3,
             "eps": eps,
             "weight_decay": weight_decay,
+            "cautious": cautious,
         }
         super().__init__(params, defaults)
 
@@ -165,11 +174,14 @@ class AdEMAMix(FP32StateOptimizer):
                     warmup=group["T_alpha_beta3"],
                     eps=group["eps"],
                     weight_decay=group["weight_decay"],
+                    cautious=group.get("cautious", False),
                 )
         return loss
 
 
-def _ademamix_update(params, grads, fast, slow, sq, *, step, lr, betas, alpha, warmup, eps, weight_decay):
+def _ademamix_update(
+    params, grads, fast, slow, sq, *, step, lr, betas, alpha, warmup, eps, weight_decay, cautious=False
+):
     """One AdEMAMix step on same-device, same-dtype, same-step lists."""
     beta1, beta2, beta3_final = betas
     alpha_t = ademamix_alpha(step, alpha, warmup)
@@ -191,6 +203,16 @@ def _ademamix_update(params, grads, fast, slow, sq, *, step, lr, betas, alpha, w
     torch._foreach_add_(denom, eps * math.sqrt(bias_correction2))
     if weight_decay != 0.0:
         torch._foreach_mul_(work, 1.0 - lr * weight_decay)
+    if cautious:
+        # The numerator's sign is the update's (denom > 0): mask and rescale it, then one addcdiv_.
+        numer = torch._foreach_mul(fast, math.sqrt(bias_correction2) / bias_correction1)
+        if alpha_t != 0.0:
+            torch._foreach_add_(numer, slow, alpha=math.sqrt(bias_correction2) * alpha_t)
+        for n, g in zip(numer, grads):
+            cautious_(n, g)
+        torch._foreach_addcdiv_(work, numer, denom, -lr)
+        FP32StateOptimizer._write_back(params, work)
+        return
     torch._foreach_addcdiv_(work, fast, denom, -lr * math.sqrt(bias_correction2) / bias_correction1)
     if alpha_t != 0.0:
         torch._foreach_addcdiv_(work, slow, denom, -lr * math.sqrt(bias_correction2) * alpha_t)

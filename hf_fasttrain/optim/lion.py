@@ -11,6 +11,9 @@ Every element moves by exactly lr (before decay), so the update has a larger nor
 paper therefore recommends an lr 3-10x smaller than AdamW's and a weight decay 3-10x larger, so that
 the effective decay lr * lambda stays the same. Defaults here: lr 1e-4, betas (0.9, 0.99),
 weight_decay 1.0 (10x AdamW's 1e-3 / 0.1). One state tensor per parameter (half of AdamW's).
+
+`cautious=True` (Liang et al. 2024, "Cautious Optimizers", C-Lion) zeroes sign(c_t) where it
+disagrees with g_t's sign and rescales the rest by numel / (kept + 1); weight decay is not masked.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Iterable
 
 import torch
 
-from ._common import FP32StateOptimizer, bucket, check_betas, check_nonnegative, state_dtype
+from ._common import FP32StateOptimizer, bucket, cautious_, check_betas, check_nonnegative, state_dtype
 
 __all__ = ["Lion"]
 
@@ -32,6 +35,7 @@ class Lion(FP32StateOptimizer):
         lr: step size; every element moves by exactly `lr` per step before weight decay.
         betas: (beta1, beta2): beta1 interpolates the update direction, beta2 tracks the momentum.
         weight_decay: decoupled decay lambda; the parameter is multiplied by (1 - lr * lambda).
+        cautious: zero the update where its sign disagrees with the gradient's (Liang et al. 2024).
 
     State: `exp_avg` (the momentum m), fp32 when the param is fp16/bf16.
 
@@ -52,11 +56,14 @@ class Lion(FP32StateOptimizer):
         lr: float = 1e-4,
         betas: tuple[float, float] = (0.9, 0.99),
         weight_decay: float = 1.0,
+        cautious: bool = False,
     ):
         check_nonnegative("Lion", "lr", lr)
         betas = check_betas("Lion", betas, 2)
         check_nonnegative("Lion", "weight_decay", weight_decay)
-        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+        if not isinstance(cautious, bool):
+            raise ValueError(f"Lion: cautious must be a bool, got {cautious!r}")
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay, "cautious": cautious})
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -90,16 +97,20 @@ class Lion(FP32StateOptimizer):
                     beta1=group["betas"][0],
                     beta2=group["betas"][1],
                     weight_decay=group["weight_decay"],
+                    cautious=group.get("cautious", False),
                 )
         return loss
 
 
-def _lion_update(params, grads, exp_avgs, *, lr, beta1, beta2, weight_decay):
+def _lion_update(params, grads, exp_avgs, *, lr, beta1, beta2, weight_decay, cautious=False):
     """One Lion step on same-device, same-dtype lists; fp32 arithmetic for fp16/bf16 params."""
     work, grads = FP32StateOptimizer._fp32_views(params, grads)
     # c = beta1 * m + (1 - beta1) * g, then its sign: the whole update direction.
     direction = torch._foreach_lerp(exp_avgs, grads, 1.0 - beta1)
     torch._foreach_sign_(direction)
+    if cautious:
+        for d, g in zip(direction, grads):
+            cautious_(d, g)
     if weight_decay != 0.0:
         torch._foreach_mul_(work, 1.0 - lr * weight_decay)
     torch._foreach_add_(work, direction, alpha=-lr)

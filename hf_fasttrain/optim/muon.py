@@ -24,10 +24,26 @@ Scale s(A, B) of the update (torch's `adjust_lr_fn`):
   those weights and `create_muon` puts them in groups whose lr (and, inversely, weight decay) is
   multiplied to restore the intended scale. "match_rms_adamw" is symmetric and needs no correction.
 
-Differences from Jordan et al.'s reference: torch's Muon keeps the momentum as an EMA
-(lerp with 1 - mu); the Newton-Schulz normalisation makes the update identical up to eps.
-torch keeps Muon's and AdamW's state in the parameter dtype (fp32 under the Trainer's mixed
-precision, where the master weights are fp32).
+Newton-Schulz coefficients (`ns_coefficients`, `ns_steps`): each iteration maps
+X -> a X + b (X X^T) X + c (X X^T)^2 X, i.e. every singular value s -> a s + b s^3 + c s^5.
+- "jordan" (default): the fixed quintic (3.4445, -4.7750, 2.0315) of Jordan et al. 2024 and of
+  `torch.optim.Muon`, 5 steps. It drives singular values into roughly [0.7, 1.2], not to 1.
+- "polar_express" (Amsel, Persson, Musco and Gower 2025, "The Polar Express", arXiv:2505.16932):
+  one minimax-optimal quintic per iteration (5 of them, computed for a safety factor 1.02 and
+  cushion 2, the set modded-nanogpt uses); the input is divided by 1.02 ||X||_F. Iterations beyond
+  the fifth repeat the last triple. On a 64 x 128 Gaussian matrix the singular values end in
+  [0.86, 1.15] (jordan: [0.68, 1.14]); the last quintic peaks at 1.14 by design.
+- an explicit list of (a, b, c) triples, one per iteration (the last repeated for `ns_steps` beyond
+  the list), or one triple used for every iteration.
+
+The Muon part is computed here, op for op as `torch.optim.Muon` (bf16 Newton-Schulz, the momentum
+kept as an EMA, lerp with 1 - mu; Jordan et al.'s reference differs only up to eps since the
+iteration normalises its input), so the default settings give bit-identical results to torch's.
+Doing it here adds the coefficient schedules and FSDP2: for a DTensor parameter (FSDP2's
+`fully_shard`, sharded on dim 0) the Nesterov input is gathered to the full matrix
+(`full_tensor()`, an all-gather), orthogonalised on every rank, and each rank applies its own rows,
+so the update equals the single-process one. State is kept in the parameter dtype (fp32 under the
+Trainer's mixed precision, where the master weights are fp32).
 """
 
 from __future__ import annotations
@@ -40,11 +56,285 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from ._common import check_betas, check_nonnegative, check_positive_int, check_unit_interval
+from ._common import check_betas, check_nonnegative, check_positive_int, check_unit_interval, is_dtensor
+from .adamw import AdamW
 
-__all__ = ["MuonWithAdamW", "muon_routing", "conv1d_lr_multiplier", "ADJUST_LR_FNS"]
+__all__ = [
+    "ADJUST_LR_FNS",
+    "NS_COEFFICIENTS",
+    "NS_SHARDING",
+    "MuonWithAdamW",
+    "conv1d_lr_multiplier",
+    "muon_routing",
+    "newton_schulz",
+    "ns_coefficient_schedule",
+]
 
 ADJUST_LR_FNS = ("match_rms_adamw", "original")
+
+# Per-iteration (a, b, c) of X -> a X + b (X X^T) X + c (X X^T)^2 X, by name.
+NS_COEFFICIENTS: dict[str, tuple[tuple[float, float, float], ...]] = {
+    # Jordan et al. 2024 (and torch.optim.Muon's default): one quintic, repeated.
+    "jordan": ((3.4445, -4.7750, 2.0315),),
+    # Amsel et al. 2025, safety factor 1.02 (applied in the normalisation), cushion 2, 5 iterations.
+    "polar_express": (
+        (8.156554524902461, -22.48329292557795, 15.878769915207462),
+        (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+        (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+        (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+        (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+    ),
+}
+# The input is divided by its Frobenius norm times this (an upper bound on the spectral norm).
+_NS_SAFETY = {"polar_express": 1.02}
+_NS_EPS = 1e-7  # torch.optim.Muon's eps: floor of the norm the input is divided by
+
+
+def ns_coefficient_schedule(ns_coefficients: Any = "jordan", ns_steps: int = 5) -> list[tuple[float, float, float]]:
+    """The (a, b, c) used at each of the `ns_steps` Newton-Schulz iterations.
+
+    `ns_coefficients` is a name of `NS_COEFFICIENTS`, one triple, or a list of triples; a list
+    shorter than `ns_steps` has its last triple repeated. Raises ValueError naming the field.
+
+    Example:
+        >>> from hf_fasttrain.optim import ns_coefficient_schedule
+        >>> ns_coefficient_schedule("jordan", 2)
+        [(3.4445, -4.775, 2.0315), (3.4445, -4.775, 2.0315)]
+        >>> len(ns_coefficient_schedule("polar_express", 7))
+        7
+    """
+    check_positive_int("Muon", "ns_steps", ns_steps, maximum=99)
+    allowed = f'one of {sorted(NS_COEFFICIENTS)}, an (a, b, c) triple or a list of triples'
+    if isinstance(ns_coefficients, str):
+        if ns_coefficients not in NS_COEFFICIENTS:
+            raise ValueError(f"Muon: ns_coefficients must be {allowed}, got {ns_coefficients!r}")
+        triples = list(NS_COEFFICIENTS[ns_coefficients])
+    else:
+        def _is_triple(x):
+            return (
+                isinstance(x, (list, tuple)) and len(x) == 3
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in x)
+            )
+
+        if _is_triple(ns_coefficients):
+            triples = [ns_coefficients]
+        elif isinstance(ns_coefficients, (list, tuple)) and ns_coefficients and all(map(_is_triple, ns_coefficients)):
+            triples = list(ns_coefficients)
+        else:
+            raise ValueError(f"Muon: ns_coefficients must be {allowed}, got {ns_coefficients!r}")
+        triples = [tuple(float(v) for v in t) for t in triples]
+    triples = [tuple(t) for t in triples]
+    return [triples[min(i, len(triples) - 1)] for i in range(ns_steps)]
+
+
+def newton_schulz(
+    update: torch.Tensor, ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = _NS_EPS
+) -> torch.Tensor:
+    """Orthogonalise a 2-D `update` (~ U V^T of its SVD U S V^T) in bf16, as `torch.optim.Muon`.
+
+    With "jordan" the arithmetic is torch's op for op (bit-identical); a named schedule with a
+    safety factor (polar_express: 1.02) divides by that factor times the Frobenius norm first.
+    Returns a bf16 tensor of `update`'s shape.
+
+    Example:
+        >>> import torch
+        >>> from hf_fasttrain.optim import newton_schulz
+        >>> x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+        >>> s = torch.linalg.svdvals(newton_schulz(x, "polar_express").float())
+        >>> bool((s - 1).abs().max() < 0.15)
+        True
+    """
+    if update.ndim != 2:
+        raise ValueError(f"Muon: Newton-Schulz needs a 2-D matrix, got shape {tuple(update.shape)}")
+    schedule = ns_coefficient_schedule(ns_coefficients, ns_steps)
+    safety = _NS_SAFETY.get(ns_coefficients, 1.0) if isinstance(ns_coefficients, str) else 1.0
+    x = update.bfloat16()
+    tall = update.size(0) > update.size(1)
+    if tall:
+        x = x.T
+    norm = x.norm().clamp(min=eps)
+    if safety != 1.0:
+        norm = norm * safety
+    x.div_(norm)
+    for a, b, c in schedule:
+        gram = x @ x.T
+        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
+        x = torch.addmm(x, poly, x, beta=a)  # a X + (b A + c A^2) X
+    return x.T if tall else x
+
+
+def _adjust_lr(lr: float, adjust_lr_fn: Optional[str], shape: Sequence[int]) -> float:
+    """torch.optim.Muon's update scale for a stored shape (A, B, ...)."""
+    a, b = shape[0], shape[1]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return lr * math.sqrt(max(1, a / b))
+    if adjust_lr_fn == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(a, b))
+    return lr
+
+
+def _full(x: torch.Tensor) -> torch.Tensor:
+    """The whole matrix: a DTensor is gathered (all-gather over its mesh), a tensor is returned."""
+    return x.full_tensor() if is_dtensor(x) else x
+
+
+def _like(local_full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """`local_full` (the same on every rank) laid out as `param`: this rank's shard, no communication."""
+    if not is_dtensor(param):
+        return local_full
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(local_full, param.device_mesh, param.placements, src_data_rank=None)
+
+
+NS_SHARDING = ("all_gather", "round_robin")
+
+
+def _round_robin_ok(p: torch.Tensor) -> bool:
+    """Round-robin handles a DTensor on a 1-D mesh sharded on dim 0 (FSDP2's layout)."""
+    if not is_dtensor(p) or p.device_mesh.ndim != 1:
+        return False
+    from torch.distributed.tensor import Shard
+
+    return tuple(p.placements) == (Shard(0),)
+
+
+def _shard_rows(rows: int, world: int) -> list[int]:
+    """Rows per rank of a dim-0 shard (torch.chunk's split, as DTensor's Shard(0); trailing ranks may get 0)."""
+    chunk = -(-rows // world)
+    return [max(0, min(chunk, rows - r * chunk)) for r in range(world)]
+
+
+def _round_robin_newton_schulz(items: list) -> dict:
+    """Orthogonalise each (param, group, update) on one owner rank (matrix i -> rank i mod W).
+
+    Phase 1 gathers every matrix's rows to its owner, phase 2 has each rank orthogonalise the
+    matrices it owns (in parallel across ranks), phase 3 scatters the rows back. Returns
+    {param: this rank's rows of the result, as a DTensor laid out like the param}.
+    """
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    jobs, handles = [], []
+    for i, (p, group, update) in enumerate(items):
+        mesh = p.device_mesh
+        pg, world, me = mesh.get_group(), mesh.size(), mesh.get_local_rank()
+        owner = i % world
+        rows, cols = update.shape
+        sizes = _shard_rows(rows, world)
+        chunk = max(sizes)
+        local = update.to_local()
+        send = local.new_zeros(chunk, cols)
+        send[: local.shape[0]] = local
+        recv = [torch.empty_like(send) for _ in range(world)] if me == owner else None
+        handles.append(dist.gather(send, recv, dst=dist.get_global_rank(pg, owner), group=pg, async_op=True))
+        jobs.append((p, group, pg, me, owner, sizes, chunk, cols, recv, local))
+    for h in handles:
+        h.wait()
+
+    handles, outs = [], []
+    for p, group, pg, me, owner, sizes, chunk, cols, recv, local in jobs:
+        pieces = None
+        if me == owner:
+            full = torch.cat([piece[:n] for piece, n in zip(recv, sizes)])
+            # bf16 values carried in fp32 (exact), so any backend can send them
+            ortho = newton_schulz(full, group["ns_coefficients"], group["ns_steps"], group["eps"]).float()
+            pieces, start = [], 0
+            for n in sizes:
+                piece = ortho.new_zeros(chunk, cols)
+                piece[:n] = ortho[start : start + n]
+                pieces.append(piece)
+                start += n
+        out = local.new_empty(chunk, cols, dtype=torch.float32)
+        handles.append(dist.scatter(out, pieces, src=dist.get_global_rank(pg, owner), group=pg, async_op=True))
+        outs.append(out)
+    for h in handles:
+        h.wait()
+    result = {}
+    for (p, *_rest), out in zip(jobs, outs):
+        local_rows = p.to_local().shape[0]
+        mine = out[:local_rows].to(torch.bfloat16)
+        result[p] = DTensor.from_local(mine, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                       stride=p.stride())
+    return result
+
+
+class Muon(Optimizer):
+    """Muon (Jordan et al. 2024) on 2-D params: torch.optim.Muon's step with coefficient schedules
+    and FSDP2 (DTensor) support. Use it through `MuonWithAdamW` / `create_optimizer("muon", ...)`.
+
+    `ns_sharding` (FSDP2 only): "all_gather" (default) gathers every matrix to every rank, which
+    orthogonalises all of them; "round_robin" gathers each matrix to one owner rank and scatters
+    the result's rows back: per rank 2/W of the bytes and 1/W of the Newton-Schulz work (see
+    `hf_fasttrain.optim.muon_communication_bytes`). Both give the single-process update.
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_coefficients: Any = "jordan",
+        eps: float = _NS_EPS,
+        ns_steps: int = 5,
+        adjust_lr_fn: Optional[str] = None,
+        ns_sharding: str = "all_gather",
+    ):
+        ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises on bad values
+        if ns_sharding not in NS_SHARDING:
+            raise ValueError(f"Muon: ns_sharding must be one of {list(NS_SHARDING)}, got {ns_sharding!r}")
+        self._ns_sharding = ns_sharding
+        defaults = {
+            "lr": lr,
+            "weight_decay": weight_decay,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "ns_coefficients": ns_coefficients,
+            "eps": eps,
+            "ns_steps": ns_steps,
+            "adjust_lr_fn": adjust_lr_fn,
+        }
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One Muon step on every param with a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        work = []
+        for group in self.param_groups:
+            mu = group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("Muon does not support sparse gradients")
+                grad = p.grad
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+                buf = state["momentum_buffer"]
+                buf.lerp_(grad, 1 - mu)
+                # Element-wise so far (works shard by shard); Newton-Schulz needs the whole matrix.
+                work.append((p, group, grad.lerp(buf, mu) if group["nesterov"] else buf))
+        done = {}
+        if self._ns_sharding == "round_robin":
+            shared = [w for w in work if _round_robin_ok(w[0])]
+            if shared:
+                done = _round_robin_newton_schulz(shared)
+        for p, group, update in work:
+            ortho = done.get(p)
+            if ortho is None:
+                full = newton_schulz(_full(update), group["ns_coefficients"], group["ns_steps"], group["eps"])
+                ortho = _like(full, p)
+            lr = group["lr"]
+            p.mul_(1 - lr * group["weight_decay"])
+            p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+        return loss
 
 
 def _conv1d_type():
@@ -110,7 +400,7 @@ def conv1d_lr_multiplier(shape: Sequence[int], adjust_lr_fn: str) -> float:
 
 
 class MuonWithAdamW(Optimizer):
-    """`torch.optim.Muon` for groups with `use_muon=True`, `torch.optim.AdamW` for the others.
+    """Muon (as `torch.optim.Muon`) for groups with `use_muon=True`, AdamW for the others.
 
     One optimizer for the Trainer: `step`, `zero_grad`, `state_dict`, `load_state_dict` and
     `param_groups` cover both parts (the two inner optimizers share this object's group dicts and
@@ -123,8 +413,13 @@ class MuonWithAdamW(Optimizer):
         lr: learning rate of both parts unless a group sets its own.
         weight_decay: decoupled weight decay of both parts unless a group sets its own.
         momentum, nesterov, ns_steps, adjust_lr_fn: Muon's (see `torch.optim.Muon`).
+        ns_coefficients: Newton-Schulz coefficients: "jordan" (default, torch's quintic),
+            "polar_express", or explicit (a, b, c) triples (see `ns_coefficient_schedule`).
         betas, eps: AdamW's.
+        cautious: cautious AdamW part (Liang et al. 2024, see `hf_fasttrain.optim.AdamW`).
+        ns_sharding: under FSDP2, "all_gather" (default) or "round_robin" (see `Muon`).
         fused: AdamW's fused kernel; None: fused when every AdamW param is on CUDA, else foreach.
+            Not with `cautious` (that AdamW has no fused kernel).
 
     Example:
         >>> import torch
@@ -152,6 +447,9 @@ class MuonWithAdamW(Optimizer):
         betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8,
         fused: Optional[bool] = None,
+        ns_coefficients: Any = "jordan",
+        cautious: bool = False,
+        ns_sharding: str = "all_gather",
     ):
         if not hasattr(torch.optim, "Muon"):
             raise ImportError(f"MuonWithAdamW needs torch.optim.Muon (torch >= 2.9), found torch {torch.__version__}")
@@ -165,6 +463,13 @@ class MuonWithAdamW(Optimizer):
         check_nonnegative("Muon", "eps", eps)
         if not isinstance(nesterov, bool):
             raise ValueError(f"Muon: nesterov must be a bool, got {nesterov!r}")
+        if not isinstance(cautious, bool):
+            raise ValueError(f"Muon: cautious must be a bool, got {cautious!r}")
+        if cautious and fused:
+            raise ValueError("Muon: cautious=True has no fused AdamW kernel; leave fused unset or False")
+        ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises naming the field
+        if ns_sharding not in NS_SHARDING:
+            raise ValueError(f"Muon: ns_sharding must be one of {list(NS_SHARDING)}, got {ns_sharding!r}")
         self._muon_defaults = {
             "lr": lr,
             "weight_decay": weight_decay,
@@ -172,7 +477,10 @@ class MuonWithAdamW(Optimizer):
             "nesterov": nesterov,
             "ns_steps": ns_steps,
             "adjust_lr_fn": adjust_lr_fn,
+            "ns_coefficients": ns_coefficients,
         }
+        self._cautious = cautious
+        self._ns_sharding = ns_sharding
         self._adamw_defaults = {"lr": lr, "weight_decay": weight_decay, "betas": betas, "eps": eps}
         self._fused = fused
         self._muon: Optional[Optimizer] = None
@@ -201,11 +509,13 @@ class MuonWithAdamW(Optimizer):
                         f"{tuple(tensor.shape)}; route it to AdamW (use_muon=False)"
                     )
             if self._muon is None:
-                self._muon = torch.optim.Muon([param_group], **self._muon_defaults)
+                self._muon = Muon([param_group], **self._muon_defaults, ns_sharding=self._ns_sharding)
             else:
                 self._muon.add_param_group(param_group)
         else:
-            if self._adamw is None:
+            if self._adamw is None and self._cautious:
+                self._adamw = AdamW([param_group], **self._adamw_defaults, cautious=True)
+            elif self._adamw is None:
                 tensors = [p[1] if isinstance(p, tuple) else p for p in param_group["params"]]
                 fused = self._fused if self._fused is not None else bool(tensors) and all(t.is_cuda for t in tensors)
                 kernel = {"fused": True} if fused else {"foreach": True}

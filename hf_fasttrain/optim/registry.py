@@ -5,16 +5,16 @@ Trainer decays (`Trainer.get_decay_parameter_names`: not biases, not norms), and
 split between Muon (hidden matrices) and AdamW (embeddings, LM head, biases, norms). `lr=None` or
 `weight_decay=None` take the optimizer's default from its paper (see each module).
 
-Plain `transformers.Trainer`, one line:
+Plain `transformers.Trainer`, one line (lr, weight decay and run length taken from `args`):
 
-    Trainer(model, args, ..., optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("lion", lr=1e-4))
+    Trainer(model, args, ..., optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("lion", args))
 
 or with an optimizer built up front (cannot be combined with `model_init`):
 
-    Trainer(model, args, ..., optimizers=(create_optimizer("soap", model, lr=3e-3), None))
+    Trainer(model, args, ..., optimizers=(create_optimizer("soap", model, lr=3e-3, weight_decay=0.01), None))
 
-Either way the Trainer still builds its LR scheduler (`lr_scheduler_type`, warmup) on top, and the
-learning rate is the one given here, not `args.learning_rate`.
+Either way the Trainer still builds its LR scheduler (`lr_scheduler_type`, warmup) on top. With
+`create_optimizer` the learning rate is the one given there, not `args.learning_rate`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import difflib
 import functools
 import inspect
 import json
+from types import SimpleNamespace
 from typing import Any, Callable, Mapping, Optional, Union
 
 import torch
@@ -33,6 +34,7 @@ from .adamw import build_adamw
 from .ademamix import AdEMAMix
 from .lion import Lion
 from .muon import MuonWithAdamW, _conv1d_type, conv1d_lr_multiplier, muon_routing
+from .sharding import check_sharding_support, detect_sharding
 from .soap import SOAP
 
 __all__ = [
@@ -90,9 +92,13 @@ def create_adamw(
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     fused: Optional[bool] = None,
+    cautious: bool = False,
 ) -> torch.optim.Optimizer:
-    """torch AdamW (fused on CUDA, foreach otherwise); defaults lr 1e-3, weight decay 0.1."""
-    return _build("AdamW", build_adamw, model, lr, weight_decay, {"betas": betas, "eps": eps, "fused": fused})
+    """torch AdamW (fused on CUDA, foreach otherwise); defaults lr 1e-3, weight decay 0.1.
+
+    `cautious=True`: cautious AdamW (Liang et al. 2024), this package's `AdamW` (no fused kernel)."""
+    kwargs = {"betas": betas, "eps": eps, "fused": fused, "cautious": cautious}
+    return _build("AdamW", build_adamw, model, lr, weight_decay, kwargs)
 
 
 def create_lion(
@@ -100,9 +106,10 @@ def create_lion(
     lr: Optional[float] = None,
     weight_decay: Optional[float] = None,
     betas: tuple[float, float] = (0.9, 0.99),
+    cautious: bool = False,
 ) -> torch.optim.Optimizer:
-    """Lion (Chen et al. 2023); defaults lr 1e-4, weight decay 1.0, betas (0.9, 0.99)."""
-    return _build("Lion", Lion, model, lr, weight_decay, {"betas": betas})
+    """Lion (Chen et al. 2023); defaults lr 1e-4, weight decay 1.0, betas (0.9, 0.99); `cautious` C-Lion."""
+    return _build("Lion", Lion, model, lr, weight_decay, {"betas": betas, "cautious": cautious})
 
 
 def create_ademamix(
@@ -113,9 +120,10 @@ def create_ademamix(
     alpha: float = 5.0,
     T_alpha_beta3: Optional[int] = None,
     eps: float = 1e-8,
+    cautious: bool = False,
 ) -> torch.optim.Optimizer:
     """AdEMAMix (Pagliardini et al. 2024); set T_alpha_beta3 to the run's length, as the paper does."""
-    kwargs = {"betas": betas, "alpha": alpha, "T_alpha_beta3": T_alpha_beta3, "eps": eps}
+    kwargs = {"betas": betas, "alpha": alpha, "T_alpha_beta3": T_alpha_beta3, "eps": eps, "cautious": cautious}
     return _build("AdEMAMix", AdEMAMix, model, lr, weight_decay, kwargs)
 
 
@@ -155,6 +163,9 @@ def create_muon(
     eps: float = 1e-8,
     adamw_patterns: tuple[str, ...] = (),
     fused: Optional[bool] = None,
+    ns_coefficients: Any = "jordan",
+    cautious: bool = False,
+    ns_sharding: str = "all_gather",
 ) -> MuonWithAdamW:
     """Muon on the hidden matrices, AdamW on the rest (see `muon_routing`), as one optimizer.
 
@@ -163,6 +174,9 @@ def create_muon(
     Liu et al. 2025) applies to the Muon matrices and to AdamW's decay group (embeddings included).
     Groups: Muon groups first (one per lr multiplier, see `conv1d_lr_multiplier`), then AdamW's
     decay and no-decay groups; every group carries `use_muon` and `param_names`.
+    `ns_coefficients` ("jordan", "polar_express" or (a, b, c) triples) and `ns_steps` set the
+    Newton-Schulz iteration; `cautious` makes the AdamW part cautious (Liang et al. 2024);
+    `ns_sharding` ("all_gather" or "round_robin") how FSDP2-sharded matrices are orthogonalised.
     """
     lr = 1e-3 if lr is None else lr
     weight_decay = 0.1 if weight_decay is None else weight_decay
@@ -203,6 +217,9 @@ def create_muon(
         betas=betas,
         eps=eps,
         fused=fused,
+        ns_coefficients=ns_coefficients,
+        cautious=cautious,
+        ns_sharding=ns_sharding,
     )
 
 
@@ -240,9 +257,19 @@ def _check_options(name: str, kwargs: Mapping[str, Any]) -> None:
 
 
 def create_optimizer(
-    name: str, model: nn.Module, lr: Optional[float] = None, weight_decay: Optional[float] = None, **kwargs
+    name: str,
+    model: nn.Module,
+    lr: Optional[float] = None,
+    weight_decay: Optional[float] = None,
+    sharding: Optional[str] = None,
+    **kwargs,
 ) -> torch.optim.Optimizer:
     """Build optimizer `name` for `model` with param groups (see the module docstring).
+
+    `sharding` is how the run spreads the model (`hf_fasttrain.optim.sharding.SHARDING_MODES`);
+    None detects it from the model's parameters and the launcher's environment. A combination that
+    would not give the single-process update (Muon or SOAP under DeepSpeed ZeRO or FSDP1, SOAP under
+    FSDP2, `cautious` on flattened partitions) raises a one-line ValueError here, before training.
 
     Example:
         >>> import torch
@@ -254,6 +281,8 @@ def create_optimizer(
     """
     factory = get_optimizer_factory(name)
     _check_options(name, kwargs)
+    mode = detect_sharding(model=model) if sharding is None else sharding
+    check_sharding_support(name, mode, cautious=bool(kwargs.get("cautious", False)))
     return factory(model, lr=lr, weight_decay=weight_decay, **kwargs)
 
 
@@ -280,16 +309,69 @@ class OptimizerFactory:
         return f"OptimizerFactory({self.name!r})"
 
 
-def optimizer_cls_and_kwargs_for(name: str, **kwargs) -> tuple[OptimizerFactory, dict[str, Any]]:
+def _kwargs_from_training_args(name: str, args: Any) -> dict[str, Any]:
+    """lr, weight decay (and AdamW's betas/eps, AdEMAMix's warmup length) from a TrainingArguments."""
+    kwargs: dict[str, Any] = {}
+    for field, key in (("learning_rate", "lr"), ("weight_decay", "weight_decay")):
+        if not hasattr(args, field):
+            raise ValueError(f"optimizer_cls_and_kwargs_for({name!r}): args has no {field!r}; pass the Trainer's "
+                             f"TrainingArguments (or lr= and weight_decay= explicitly)")
+        kwargs[key] = getattr(args, field)
+    if name == "adamw":
+        kwargs["betas"] = (getattr(args, "adam_beta1", 0.9), getattr(args, "adam_beta2", 0.999))
+        kwargs["eps"] = getattr(args, "adam_epsilon", 1e-8)
+    if name == "ademamix":
+        max_steps = getattr(args, "max_steps", -1)
+        if isinstance(max_steps, int) and max_steps > 0:
+            kwargs["T_alpha_beta3"] = max_steps
+    return kwargs
+
+
+def optimizer_cls_and_kwargs_for(name: str, args: Any = None, **kwargs) -> tuple[OptimizerFactory, dict[str, Any]]:
     """`(factory, kwargs)` for `transformers.Trainer(optimizer_cls_and_kwargs=...)`; checks names now.
 
+    The Trainer hands a factory only the model and these kwargs, never its `learning_rate` or
+    `weight_decay`; so pass `args` (the Trainer's TrainingArguments, TRL configs included): `lr` is
+    `args.learning_rate`, `weight_decay` `args.weight_decay`, for "adamw" betas/eps are
+    `adam_beta1/2`/`adam_epsilon`, and for "ademamix" the alpha/beta3 warmup spans the run
+    (`T_alpha_beta3 = args.max_steps`, the paper's choice). `kwargs` override any of these.
+    Without `args`, `lr` and `weight_decay` must be given (and `T_alpha_beta3` for "ademamix", None
+    for no warmup): nothing falls back to the optimizer's own defaults silently. A DeepSpeed or FSDP
+    setting in `args` that the optimizer cannot work under is refused here (see `sharding`).
+
     Example:
+        >>> from transformers import TrainingArguments
         >>> from hf_fasttrain.optim import optimizer_cls_and_kwargs_for
-        >>> optimizer_cls_and_kwargs_for("lion", lr=1e-4)
-        (OptimizerFactory('lion'), {'lr': 0.0001})
+        >>> args = TrainingArguments("out", learning_rate=5e-4, weight_decay=0.1, max_steps=1000, report_to=[])
+        >>> optimizer_cls_and_kwargs_for("ademamix", args, alpha=8.0)
+        (OptimizerFactory('ademamix'), {'lr': 0.0005, 'weight_decay': 0.1, 'T_alpha_beta3': 1000, 'alpha': 8.0})
+        >>> optimizer_cls_and_kwargs_for("lion", lr=1e-4, weight_decay=1.0)
+        (OptimizerFactory('lion'), {'lr': 0.0001, 'weight_decay': 1.0})
     """
     get_optimizer_factory(name)
     _check_options(name, kwargs)
+    if args is not None:
+        merged = _kwargs_from_training_args(name, args)
+        merged.update(kwargs)
+        if name == "ademamix" and "T_alpha_beta3" not in merged:
+            raise ValueError(
+                f"optimizer_cls_and_kwargs_for('ademamix'): the alpha/beta3 warmup needs the run length, and "
+                f"args.max_steps is {getattr(args, 'max_steps', None)!r}; set max_steps > 0 in the training "
+                f"arguments, or pass T_alpha_beta3=<steps> (None: no warmup)"
+            )
+        # Only the sharding settings (reading args.world_size would set up the process group).
+        probe = SimpleNamespace(**{k: getattr(args, k, None) for k in ("deepspeed", "fsdp", "fsdp_config")})
+        check_sharding_support(name, detect_sharding(args=probe), cautious=bool(merged.get("cautious", False)))
+        return OptimizerFactory(name), merged
+    missing = [k for k in ("lr", "weight_decay") if k not in kwargs]
+    if name == "ademamix" and "T_alpha_beta3" not in kwargs:
+        missing.append("T_alpha_beta3")
+    if missing:
+        raise ValueError(
+            f"optimizer_cls_and_kwargs_for({name!r}): {', '.join(missing)} not set, and the Trainer does not pass "
+            f"its learning_rate / weight_decay / max_steps to an optimizer factory; pass the Trainer's "
+            f"TrainingArguments as args= (they are taken from it), or set {', '.join(missing)} explicitly"
+        )
     return OptimizerFactory(name), dict(kwargs)
 
 

@@ -42,7 +42,14 @@ from ._common import (
     check_nonnegative,
     check_positive_int,
     check_unit_interval,
+    is_dtensor,
     state_dtype,
+)
+
+_SHARDED = (
+    "SOAP does not work under FSDP2 (DTensor parameters sharded over processes): its preconditioners would "
+    "be built per shard; use DDP (recipes/accelerate/multi_gpu_ddp.yaml), or under FSDP2 adamw, lion, "
+    "ademamix or muon"
 )
 
 __all__ = ["SOAP", "soap_preconditioned_dims"]
@@ -149,6 +156,8 @@ class SOAP(FP32StateOptimizer):
             "precondition_1d": precondition_1d,
         }
         super().__init__(params, defaults)
+        if any(is_dtensor(p) for g in self.param_groups for p in g["params"]):
+            raise ValueError(_SHARDED)
 
     @staticmethod
     def _qs(state: dict, ndim: int) -> list[Optional[torch.Tensor]]:
@@ -171,6 +180,8 @@ class SOAP(FP32StateOptimizer):
                     continue
                 if p.grad.is_sparse:
                     raise RuntimeError("SOAP does not support sparse gradients")
+                if is_dtensor(p):  # sharded after creation (accelerate swaps in FSDP2 parameters)
+                    raise RuntimeError(_SHARDED)
                 state = self.state[p]
                 grad = p.grad.to(state_dtype(p))
                 if "step" not in state:

@@ -14,6 +14,15 @@ Efficient Triton Kernels for LLM Training", arXiv:2410.10989) and Cut Cross-Entr
 PyTorch (no Triton), so it runs on CPU and GPU and composes with autocast. Differences from those:
 no custom kernel, the vocabulary is not split, and gradients are computed in the forward pass, so
 it suits training (a forward without backward does the backward's matmuls for nothing).
+
+Why this lives in benchmarks/ and not in the package: it is not a drop-in part. It needs the model split
+into a body and an LM head (``model.transformer`` + ``model.lm_head`` for GPT-2), so it cannot serve "any
+model, any TrainingArguments"; it returns no logits, so ``compute_metrics`` and ``prediction_loss_only=False``
+evaluation would need a second path; and its only measured gain is memory (on CPU: 232 vs 1,061 MiB extra
+for fp32 forward + backward at 2,048 tokens x 50,257 vocab, 449 vs 1,132 MiB under bf16 autocast), with no
+speed gain and no GPU figure yet. It is kept as the ``torch-loop-chunked-ce`` arm of
+``benchmarks.gpu_throughput`` and measured by ``benchmarks.lm_head_loss_memory``; tests/test_chunked_loss.py
+holds its correctness proof.
 """
 
 from __future__ import annotations

@@ -1,0 +1,73 @@
+"""What the benchmark scripts share: where results go, how a worker subprocess is started, the machine.
+
+Every script runs as ``python -m benchmarks.<name>`` from the checkout root; Python then puts the root on
+``sys.path``, so ``import hf_fasttrain`` finds this checkout, not an installed copy. A worker subprocess
+gets the same root through ``PYTHONPATH`` (:func:`subprocess_env`), whatever its working directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = ["ROOT", "RESULTS", "module_command", "subprocess_env", "machine_info", "write_json", "markdown_table"]
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def module_command(module: str, *args: str) -> list[str]:
+    """``[python, -m, benchmarks.<module>, *args]``: the command that runs a benchmark (or one of its workers).
+
+    >>> module_command("padding", "--steps", "2")[1:]
+    ['-m', 'benchmarks.padding', '--steps', '2']
+    """
+    return [sys.executable, "-m", f"benchmarks.{module}", *args]
+
+
+def subprocess_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``os.environ`` with the checkout root first on ``PYTHONPATH`` (plus ``extra``), for worker processes."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env.update(extra or {})
+    return env
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine and versions a figure was measured on (the package's own record: config-free part)."""
+    from hf_fasttrain.runinfo import environment_info
+
+    info = environment_info()
+    info["processor"] = platform.processor() or platform.machine()
+    return info
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Writes ``obj`` as indented JSON, atomically (a killed benchmark never leaves half a file)."""
+    from hf_fasttrain._files import atomic_write_text
+
+    path = Path(path)
+    atomic_write_text(path, json.dumps(obj, indent=2, default=str))
+    return path
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A markdown table; floats with 4 significant digits.
+
+    >>> print(markdown_table(["arm", "ms"], [["a", 1.23456], ["b", 2]]))
+    | arm | ms |
+    |---|---|
+    | a | 1.235 |
+    | b | 2 |
+    """
+
+    def cell(v):
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,429 @@
+"""The command line's fast path: the option list, ``--help`` and early refusals without importing torch.
+
+Importing torch and transformers takes seconds; a typo or a bad value should not wait for them. This
+module reads the option list (names, types, defaults, help, technique groups) from the *source* of
+``hf_fasttrain/args.py`` and of the installed ``transformers/training_args.py`` with :mod:`ast` (nothing
+is imported or executed), and with it:
+
+- renders the grouped ``--help`` (:func:`render_help`),
+- refuses unknown flags and recipe keys with a did-you-mean, keys written twice in one YAML mapping, and
+  out-of-range numbers (:func:`preflight`), with the same :class:`~hf_fasttrain._validation.ConfigError`
+  the full validation raises.
+
+It is only a fast path: whatever it accepts is validated again, completely, by the dataclasses. When the
+sources cannot be read (an unusual install), :func:`load_schema` returns ``None`` and callers skip it.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import re
+import textwrap
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from ._validation import TRAINING_RANGES, ConfigError, check_ranges, unknown_name
+
+__all__ = ["Option", "load_schema", "find_recipes", "default_recipe_dirs", "preflight", "render_help",
+           "check_duplicate_keys", "split_flags"]
+
+_PKG = Path(__file__).resolve().parent
+MISSING = object()
+
+# Trainer options shown in the short help (the rest: --help-all)
+TRAINER_ESSENTIALS = (
+    "output_dir", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "learning_rate", "weight_decay", "warmup_steps", "max_grad_norm", "eval_steps", "save_steps",
+    "logging_steps", "seed",
+)
+# groups listed by name only in the short help (each has many options)
+COMPACT_GROUPS = ("Sequence length", "Random restart")
+# the techniques a new user reaches for first; other groups follow in the order of args.py
+FIRST_GROUPS = ("Optimizer by name", "LR schedule", "Stability")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str
+    section: Optional[str]  # "model", "data" or None (top level)
+    annotation: str
+    default: Any
+    help: str
+    group: str
+    trainer: bool = False  # a transformers.TrainingArguments field
+
+    @property
+    def kind(self) -> str:
+        """'bool', 'int', 'float', 'str' or 'other' (Optional[...] / '| None' stripped)."""
+        parts = [p.strip() for p in re.split(r"\||,", re.sub(r"^Optional\[(.*)\]$", r"\1", self.annotation))]
+        parts = [p for p in parts if p not in ("None", "")]
+        if len(parts) == 1 and parts[0] in ("bool", "int", "float", "str"):
+            return parts[0]
+        return "other"
+
+
+# -- reading the sources -------------------------------------------------------------------------
+def _literal(node: Optional[ast.AST]) -> Any:
+    if node is None:
+        return MISSING
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return MISSING
+
+
+def _field_call(value: Optional[ast.AST]) -> tuple[Any, str, bool]:
+    """(default, help, init) of a ``field(...)`` call, or of a plain default."""
+    if isinstance(value, ast.Call) and getattr(value.func, "id", getattr(value.func, "attr", "")) == "field":
+        kw = {k.arg: k.value for k in value.keywords if k.arg}
+        help_text = ""
+        meta = kw.get("metadata")
+        if isinstance(meta, ast.Dict):
+            for k, v in zip(meta.keys, meta.values):
+                if _literal(k) == "help":
+                    h = _literal(v)
+                    help_text = h if isinstance(h, str) else ""
+        init = _literal(kw.get("init")) is not False
+        default = _literal(kw["default"]) if "default" in kw else MISSING
+        return default, help_text, init
+    return _literal(value), "", True
+
+
+def _class_fields(tree: ast.Module, source: str, cls_name: str, section: Optional[str], trainer: bool
+                  ) -> list[Option]:
+    lines = source.splitlines()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls_name:
+            break
+    else:
+        return []
+    out = []
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            name = stmt.target.id
+            if name.startswith("_"):
+                continue
+            default, help_text, init = _field_call(stmt.value)
+            if not init:
+                continue
+            group = _group_above(lines, stmt.lineno, node.lineno)
+            out.append(Option(name, section, ast.unparse(stmt.annotation), default, " ".join(help_text.split()),
+                              group, trainer))
+    return out
+
+
+_GROUP_RE = re.compile(r"^\s*# -+ (.+?) -+\s*$")
+
+
+def _group_above(lines: Sequence[str], lineno: int, class_lineno: int) -> str:
+    """The nearest ``# --- Title (...) ---`` comment above line ``lineno`` inside the class."""
+    for i in range(lineno - 2, class_lineno - 1, -1):
+        m = _GROUP_RE.match(lines[i])
+        if m:
+            title = m.group(1)
+            title = re.split(r" \(|:", title)[0].strip()
+            return title
+    return ""
+
+
+def _transformers_training_args() -> Optional[Path]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformers")  # a top-level find_spec imports nothing
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        p = Path(base) / "training_args.py"
+        if p.is_file():
+            return p
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def load_schema() -> Optional[dict[str, Option]]:
+    """Every command-line option by name (ours override the Trainer's), or None if a source is unreadable."""
+    try:
+        ours = (_PKG / "args.py").read_text(encoding="utf-8")
+        tpath = _transformers_training_args()
+        if tpath is None:
+            return None
+        theirs = tpath.read_text(encoding="utf-8")
+        our_tree, their_tree = ast.parse(ours), ast.parse(theirs)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    schema: dict[str, Option] = {}
+    for opt in _class_fields(their_tree, theirs, "TrainingArguments", None, trainer=True):
+        schema[opt.name] = dataclasses.replace(opt, group="Trainer")
+    for cls, section in (("ModelArguments", "model"), ("DataArguments", "data"), ("FastTrainingArguments", None)):
+        for opt in _class_fields(our_tree, ours, cls, section, trainer=False):
+            if section is not None:
+                opt = dataclasses.replace(opt, group=section)
+            schema[opt.name] = opt
+    # a sanity check on what was read: if it fails, the fast path steps aside
+    if not all(n in schema for n in ("output_dir", "learning_rate", "max_steps", "n_layer", "block_size",
+                                     "optimizer")):
+        return None
+    return schema
+
+
+# -- recipes ---------------------------------------------------------------------------------------
+def default_recipe_dirs() -> tuple[Path, Path]:
+    import sys
+
+    return (_PKG.parent / "recipes" / "configs", Path(sys.prefix) / "share" / "hf_fasttrain" / "recipes")
+
+
+def find_recipes(dirs: Iterable[Path]) -> dict[str, Path]:
+    """Name -> path of the ``*.yaml`` in ``dirs``, the first directory winning."""
+    found: dict[str, Path] = {}
+    for directory in dirs:
+        directory = Path(directory)
+        if directory.is_dir():
+            for p in sorted(directory.glob("*.yaml")):
+                found.setdefault(p.stem, p)
+    return found
+
+
+def check_duplicate_keys(text: str, source: str = "<recipe>") -> None:
+    """Refuse a key written twice in one mapping (YAML keeps the last one silently).
+
+    Works on the composed node tree (``yaml.compose`` with the safe loader): nothing is constructed.
+    """
+    import yaml
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    stack = [(root, "")]
+    while stack:
+        node, prefix = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key_node, value_node in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+                if key is not None:
+                    line = key_node.start_mark.line + 1
+                    if key in seen:
+                        raise ConfigError(prefix + key, problem=f"written twice in {source} (lines {seen[key]} "
+                                          f"and {line})", allowed="keep one of them")
+                    seen[key] = line
+                    stack.append((value_node, f"{prefix}{key}."))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((n, prefix) for n in node.value)
+
+
+def _load_local_recipe(source: str) -> Optional[dict[str, Any]]:
+    """The raw mapping of a local or bundled recipe; None for hf:// URIs and anything unreadable here
+    (the full path reports those)."""
+    if source.startswith("hf://"):
+        return None
+    path = Path(source)
+    if not path.is_file():
+        path = find_recipes(default_recipe_dirs()).get(source)  # type: ignore[assignment]
+        if path is None:
+            return None
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError):
+        return None
+    check_duplicate_keys(text, str(path))
+    return data if isinstance(data, dict) else None
+
+
+# -- flags -----------------------------------------------------------------------------------------
+_BOOL_WORDS = ("true", "false", "yes", "no", "1", "0", "t", "f", "y", "n")
+
+
+def _flag_names(schema: Mapping[str, Option]) -> dict[str, str]:
+    """Flag (without dashes) -> field, including argparse's ``--no_<field>`` for bools that default to True."""
+    names = {n: n for n in schema}
+    for n, opt in schema.items():
+        if opt.kind == "bool" and opt.default is True:
+            names[f"no_{n}"] = n
+    return names
+
+
+def split_flags(argv: Sequence[str], schema: Mapping[str, Option], extra: Sequence[str] = ()
+                ) -> list[tuple[str, list[str]]]:
+    """``[(field, [values])]`` from ``--field value`` / ``--field=value`` / ``--flag``; an unknown flag
+    (not a field, not a unique prefix of one, not in ``extra``) raises the did-you-mean ConfigError."""
+    names = _flag_names(schema)
+    out: list[tuple[str, list[str]]] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        i += 1
+        if not tok.startswith("--") or tok == "--":
+            continue  # a stray value: argparse reports it
+        key, eq, inline = tok[2:].partition("=")
+        if key not in extra:
+            key = key.replace("-", "_")  # HfArgumentParser accepts --n-layer for --n_layer too
+        if key in extra:
+            field = key
+        elif key in names:
+            field = names[key]
+        else:
+            prefixed = [n for n in names if n.startswith(key)]
+            if len(prefixed) == 1:
+                field = names[prefixed[0]]
+            else:
+                raise unknown_name("option", f"--{key}", [f"--{n}" for n in names] + [f"--{e}" for e in extra])
+        values: list[str] = []
+        if eq:
+            values.append(inline)
+        else:
+            opt = schema.get(field)
+            while i < len(argv) and not argv[i].startswith("--"):
+                if opt is not None and opt.kind == "bool" and (values or argv[i].lower() not in _BOOL_WORDS):
+                    break
+                values.append(argv[i])
+                i += 1
+        out.append((field, values))
+    return out
+
+
+def _number(field: str, value: Any, kind: str) -> Any:
+    """A range-checked field's raw value as the number it means (YAML '1e-5', CLI '300')."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("null", "none") :
+            return None
+        try:
+            return int(text) if kind == "int" else float(text)
+        except ValueError:
+            raise ConfigError(field, value, f"expected {kind}") from None
+    if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def preflight(argv: Sequence[str], extra_flags: Sequence[str] = ("config", "help-all", "debug")
+              ) -> Optional[dict[str, Any]]:
+    """Refuse what can be refused before importing torch: unknown flags and recipe keys, keys written
+    twice, out-of-range numbers (recipe values with the flags on top). Returns the merged raw values of
+    the range-checked fields, or None when the option list could not be read (nothing was checked)."""
+    schema = load_schema()
+    if schema is None:
+        return None
+    flags = split_flags(argv, schema, extra=extra_flags)
+    values: dict[str, Any] = {}
+    config = [v for f, v in flags if f == "config"]
+    if config and config[-1]:
+        recipe = _load_local_recipe(config[-1][0])
+        for key, value in (recipe or {}).items():
+            if key in ("model", "data") and isinstance(value, dict):
+                known = [n for n, o in schema.items() if o.section == key]
+                for k, v in value.items():
+                    if k not in known:
+                        raise unknown_name("recipe key", str(k), known, f"in section '{key}:'")
+                    values[k] = v
+            elif key in schema and schema[key].section is None:
+                values[key] = value
+            else:
+                known = [n for n, o in schema.items() if o.section is None] + ["model", "data"]
+                raise unknown_name("recipe key", str(key), known, "at the top level")
+    for field, vals in flags:
+        if field in schema and vals:
+            values[field] = vals[0] if len(vals) == 1 else vals
+    checked = {}
+    for field, value in values.items():
+        if field in TRAINING_RANGES and field in schema:
+            kind = schema[field].kind
+            if kind in ("int", "float") or (kind == "other" and field in ("eval_steps", "save_total_limit",
+                                                                            "data_seed", "mfu_peak_tflops")):
+                kind = kind if kind != "other" else ("int" if field in ("save_total_limit", "data_seed") else "float")
+                checked[field] = _number(field, value, kind)
+    check_ranges(checked)
+    return checked
+
+
+# -- help ------------------------------------------------------------------------------------------
+def _fmt_default(v: Any) -> str:
+    if v is MISSING:
+        return ""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _first_sentence(text: str, width: int) -> str:
+    s = re.split(r"(?<=[.;])\s", text.strip(), maxsplit=1)[0].rstrip(".;")
+    return s if len(s) <= width else s[: width - 3].rstrip() + "..."
+
+
+def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]] = None,
+                recipe_name: Optional[str] = None, width: int = 100) -> Optional[str]:
+    """The short ``--help``: description, ``--config``, the package's options grouped by technique with the
+    recipe's values as defaults, the essential Trainer options; ``--help-all`` lists everything."""
+    schema = load_schema()
+    if schema is None:
+        return None
+    values: dict[str, Any] = {}
+    for key, value in (recipe or {}).items():
+        if key in ("model", "data") and isinstance(value, dict):
+            values.update(value)
+        else:
+            values[key] = value
+    col = 34
+    lines = [f"usage: {prog} [--config RECIPE] [--<option> VALUE ...]", ""]
+    lines += textwrap.wrap(description, width) + [""]
+    lines += [
+        f"  {'--config RECIPE':<{col - 2}}a YAML path, a bundled name ({', '.join(find_recipes(default_recipe_dirs()))})",
+        f"  {'':<{col - 2}}or hf://<owner>/<repo>; without it: gpt2_small on a GPU, gpt2_tiny on CPU",
+        f"  {'--help-all':<{col - 2}}this list with every Trainer option (about 200) and the full help texts",
+        f"  {'--debug':<{col - 2}}a refusal shows its traceback (or HF_FASTTRAIN_DEBUG=1)",
+    ]
+
+    def row(opt: Option) -> str:
+        dv = values.get(opt.name, opt.default)
+        tag = f" [{_fmt_default(dv)}]" if _fmt_default(dv) else ""
+        head = f"  --{opt.name}"
+        if len(head) > col - 1:
+            head += "\n" + " " * col
+        else:
+            head = f"{head:<{col}}"
+        room = max(width - col - len(tag), 20)
+        return head + _first_sentence(opt.help, room) + tag
+
+    def section(title: str, opts: list[Option]) -> None:
+        if not opts:
+            return
+        lines.extend(["", f"{title}:"])
+        if title in COMPACT_GROUPS:
+            names = ", ".join(f"--{o.name}" for o in opts)
+            lines.extend(textwrap.wrap(names + " (see --help-all)", width, initial_indent="  ",
+                                       subsequent_indent="  "))
+        else:
+            lines.extend(row(o) for o in opts)
+
+    if recipe_name:
+        lines += ["", f"Values in [brackets] are recipe {recipe_name}'s. Every option is also a recipe key."]
+    else:
+        lines += ["", "Values in [brackets] are the built-in defaults; a run without --config takes its recipe's "
+                  "(see --help --config gpt2_tiny). Every option is also a recipe key."]
+    groups: dict[str, list[Option]] = {}
+    for o in schema.values():
+        if o.section is None and not o.trainer:
+            groups.setdefault(o.group or "Other", []).append(o)
+    # the package's techniques first; single-option groups share one heading
+    merged: list[tuple[str, list[Option], bool]] = []
+    order = [g for g in FIRST_GROUPS if g in groups] + [g for g in groups if g not in FIRST_GROUPS]
+    for title in order:
+        opts = groups[title]
+        if title in COMPACT_GROUPS:
+            continue
+        if len(opts) == 1 and merged and merged[-1][2]:
+            merged[-1] = (f"{merged[-1][0]}, {title.lower()}", merged[-1][1] + opts, True)
+        else:
+            merged.append((title, opts, len(opts) == 1))
+    for title, opts, _ in merged:
+        section(title, opts)
+    section("run (Trainer options; all of them: --help-all)", [schema[n] for n in TRAINER_ESSENTIALS if n in schema])
+    section("model", [o for o in schema.values() if o.section == "model"])
+    section("data", [o for o in schema.values() if o.section == "data"])
+    for title in COMPACT_GROUPS:
+        section(title, groups.get(title, []))
+    return "\n".join(lines) + "\n"

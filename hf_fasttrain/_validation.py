@@ -1,0 +1,163 @@
+"""One way to refuse bad configuration: :class:`ConfigError` and the range checks of the options.
+
+Every refusal reads ``<field>: <what is wrong>; <what is allowed>``, naming the field as the user wrote
+it (the YAML key, the ``--<field>`` flag, the dataclass field). The command line prints it as one line,
+``error: <field>: ...``, and exits with status 2.
+
+:data:`TRAINING_RANGES` is the one table of range checks for the numeric training options (the Trainer's
+and the package's); :func:`check_ranges` applies it. It runs in ``FastTrainingArguments.__post_init__``
+and, on the command line, on the raw recipe and flag values before anything heavy is imported.
+
+This module imports nothing of the package and nothing outside the standard library: cores (schedules,
+guard, restarts, ...) raise through it too.
+
+Example:
+    >>> from hf_fasttrain._validation import check_ranges
+    >>> check_ranges({"learning_rate": 0.0})
+    Traceback (most recent call last):
+    ...
+    hf_fasttrain._validation.ConfigError: learning_rate: got 0.0; must be a finite number > 0
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+__all__ = [
+    "ConfigError",
+    "check",
+    "check_ranges",
+    "unknown_name",
+    "TRAINING_RANGES",
+    "is_int",
+    "finite",
+]
+
+_UNSET = object()
+
+
+class ConfigError(ValueError):
+    """A configuration value that is refused: ``<field>: <what is wrong>; <what is allowed>``.
+
+    A ``ValueError``, so code that catches those keeps working. ``field``, ``value`` and ``allowed``
+    are kept as attributes for tools that want them.
+    """
+
+    def __init__(self, field: str, value: Any = _UNSET, allowed: str = "", problem: Optional[str] = None):
+        self.field = field
+        self.value = None if value is _UNSET else value
+        self.allowed = allowed
+        if problem is None:
+            problem = "is required" if value is _UNSET else f"got {value!r}"
+        self.problem = problem
+        super().__init__(f"{field}: {problem}; {allowed}" if allowed else f"{field}: {problem}")
+
+
+def check(cond: bool, field: str, value: Any, allowed: str, problem: Optional[str] = None) -> None:
+    """Raise :class:`ConfigError` naming ``field`` unless ``cond``."""
+    if not cond:
+        raise ConfigError(field, value, allowed, problem)
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str], where: str = "") -> ConfigError:
+    """``<name>: unknown <kind>[ where]; did you mean '<closest>'?`` (or the list when nothing is close)."""
+    known = list(known)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if close:
+        allowed = f"did you mean '{close[0]}'?"
+    elif len(known) <= 12:
+        allowed = "known: " + ", ".join(sorted(known))
+    else:
+        allowed = "see --help for the options"
+    return ConfigError(name, problem=f"unknown {kind}{(' ' + where) if where else ''}", allowed=allowed)
+
+
+# -- predicates ----------------------------------------------------------------------------------
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int_at_least(low: int) -> Callable[[Any], bool]:
+    return lambda v: is_int(v) and v >= low
+
+
+def _number_above(low: float) -> Callable[[Any], bool]:
+    return lambda v: finite(v) and v > low
+
+
+def _number_at_least(low: float) -> Callable[[Any], bool]:
+    return lambda v: finite(v) and v >= low
+
+
+def _optional(pred: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or pred(v)
+
+
+def _steps_or_fraction(v: Any) -> bool:
+    """An interval in steps (integer >= 1) or, as the Trainer allows, a fraction of the run in (0, 1)."""
+    return (is_int(v) and v >= 1) or (finite(v) and 0 < v < 1) or (finite(v) and v >= 1 and float(v).is_integer())
+
+
+# field -> (predicate, what is allowed). Fields missing from the values checked are skipped. Choices
+# (names such as optimizer or clip_mode) are checked by the part that owns the list of names.
+TRAINING_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    # run length and batch
+    "max_steps": (lambda v: is_int(v) and (v >= 1 or v == -1),
+                  "must be an integer >= 1 (or -1, the default, to train for num_train_epochs)"),
+    "num_train_epochs": (_number_above(0), "must be a finite number > 0"),
+    "per_device_train_batch_size": (_int_at_least(1), "must be an integer >= 1"),
+    "per_device_eval_batch_size": (_int_at_least(1), "must be an integer >= 1"),
+    "gradient_accumulation_steps": (_int_at_least(1), "must be an integer >= 1"),
+    # optimizer
+    "learning_rate": (_number_above(0), "must be a finite number > 0"),
+    "weight_decay": (_number_at_least(0), "must be a finite number >= 0"),
+    "adam_beta1": (lambda v: finite(v) and 0 <= v < 1, "must be in [0, 1)"),
+    "adam_beta2": (lambda v: finite(v) and 0 <= v < 1, "must be in [0, 1)"),
+    "adam_epsilon": (_number_above(0), "must be a finite number > 0"),
+    "max_grad_norm": (_number_at_least(0), "must be a finite number >= 0 (0 turns norm clipping off)"),
+    "warmup_steps": (_number_at_least(0), "must be a number >= 0 (steps, or a fraction < 1 of the run)"),
+    # intervals
+    "save_steps": (_steps_or_fraction, "must be an integer >= 1 (or a fraction of the run in (0, 1))"),
+    "eval_steps": (_optional(_steps_or_fraction),
+                   "must be an integer >= 1, a fraction of the run in (0, 1), or null (= logging_steps)"),
+    "logging_steps": (_steps_or_fraction, "must be an integer >= 1 (or a fraction of the run in (0, 1))"),
+    "save_total_limit": (_optional(_int_at_least(1)), "must be an integer >= 1 or null (keep all)"),
+    # misc
+    "seed": (_int_at_least(0), "must be an integer >= 0"),
+    "data_seed": (_optional(_int_at_least(0)), "must be an integer >= 0 or null"),
+    "dataloader_num_workers": (_int_at_least(0), "must be an integer >= 0"),
+    # hf_fasttrain's own numeric options
+    "mfu_peak_tflops": (_optional(_number_above(0)), "must be a finite number > 0 or null"),
+    "clip_value": (_number_above(0), "must be a finite number > 0"),
+    "agc_lambda": (_number_above(0), "must be a finite number > 0"),
+    "guard_spike_sigma": (_number_above(0), "must be a finite number > 0"),
+    "guard_snapshot_every": (_int_at_least(1), "must be an integer >= 1"),
+    "guard_spike_window": (_int_at_least(2), "must be an integer >= 2"),
+    "guard_max_rollbacks": (_int_at_least(0), "must be an integer >= 0"),
+    "guard_grad_norm_ceiling": (_optional(_number_above(0)), "must be a finite number > 0 or null"),
+    "restart_stop_at_step": (_optional(_int_at_least(1)), "must be an integer >= 1 or null"),
+    "warmup_start_factor": (lambda v: finite(v) and 0 <= v <= 1, "must be in [0, 1]"),
+    "min_lr": (_optional(_number_at_least(0)), "must be a finite number >= 0 or null"),
+    "min_lr_ratio": (_optional(lambda v: finite(v) and 0 <= v <= 1), "must be in [0, 1] or null"),
+    "decay_fraction": (_optional(lambda v: finite(v) and 0 < v <= 1), "must be in (0, 1] or null"),
+}
+
+
+def check_ranges(values: Mapping[str, Any], table: Mapping[str, tuple[Callable[[Any], bool], str]] = TRAINING_RANGES
+                 ) -> None:
+    """Check every field of ``values`` that ``table`` knows; the first bad one raises :class:`ConfigError`."""
+    for name, (ok, allowed) in table.items():
+        if name in values:
+            value = values[name]
+            try:
+                good = bool(ok(value))
+            except TypeError:
+                good = False
+            if not good:
+                raise ConfigError(name, value, allowed)

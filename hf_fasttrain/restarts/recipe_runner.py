@@ -1,0 +1,144 @@
+"""Random restart for a recipe (the top floor): each trial is a normal recipe run, in this process through
+:func:`hf_fasttrain.run.train` or as a ``hf-fasttrain train`` subprocess; :func:`train_with_restarts` runs the
+search described by a ``FastTrainingArguments``' ``restart_*`` fields."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+from .._files import atomic_write_text, last_complete_checkpoint
+from ..recipes import resolved_config
+from ..run import train
+from .config import restart_config_from_args
+from .orchestrator import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec
+
+__all__ = ["RecipeTrialRunner", "train_with_restarts"]
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+class RecipeTrialRunner:
+    """Runs each trial as a normal recipe run: :func:`hf_fasttrain.run.train` in this process, or the recipe's
+    command line in a subprocess (one per GPU under ``parallel="per_gpu"``, with ``CUDA_VISIBLE_DEVICES``).
+
+    A trial's arguments are the recipe's with ``seed = model_seed``, ``data_seed = data_seed``, the trial's
+    ``output_dir``, the full run's ``max_steps`` and ``restart_stop_at_step = until_step`` (the run stops and
+    saves ``checkpoint-<until_step>`` there, see :class:`~hf_fasttrain.callbacks.stop_at_step.StopAtStepCallback`).
+    The eval history is read from that checkpoint's ``trainer_state.json``; the run's final evaluation (at
+    ``until_step``) is the rung value. A non-finite training loss in the log marks the trial diverged.
+
+    Args:
+        model_args, data_args, training_args: the recipe's resolved arguments.
+        subprocess: run trials as subprocesses (always so under ``per_gpu``).
+        launcher: command prefix for subprocess trials; the trial's config file follows as ``--config PATH``.
+            Default: ``python -m hf_fasttrain.cli train``; e.g. ``["accelerate", "launch", "-m",
+            "hf_fasttrain.cli", "train"]``.
+        trial_overrides: ``{trial index: {field: value}}`` applied to that trial's training arguments (for
+            experiments, e.g. forcing one seed to diverge with a huge ``learning_rate``).
+        callbacks: extra Trainer callbacks for in-process trials.
+
+    Example:
+        >>> # model_args, data_args, training_args = parse_config(["--config", "gpt2_tiny"])
+        >>> # runner = RecipeTrialRunner(model_args, data_args, training_args)
+        >>> # RestartOrchestrator(restart_config_from_args(training_args), runner, "runs/r", 300).run()
+    """
+
+    def __init__(self, model_args, data_args, training_args, subprocess: bool = False,
+                 launcher: Optional[Sequence[str]] = None, trial_overrides: Optional[Dict[int, Dict[str, Any]]] = None,
+                 callbacks: Optional[Sequence[Any]] = None):
+        self.model_args = model_args
+        self.data_args = data_args
+        self.training_args = training_args
+        self.subprocess = subprocess
+        self.launcher = list(launcher) if launcher else None
+        self.trial_overrides = dict(trial_overrides or {})
+        self.callbacks = list(callbacks or [])
+
+    def available_metrics(self) -> List[str]:
+        """Metrics every recipe evaluation reports (FastTrainer's eval loss, perplexity, next-token accuracy)."""
+        return ["eval_loss", "eval_perplexity", "eval_next_token_accuracy"]
+
+    def trial_args(self, trial: TrialSpec, until_step: int, resume_from: Optional[str]):
+        """The trial's training arguments: a copy of the recipe's with the seeds, directory and stop step."""
+        import copy
+
+        args = copy.deepcopy(self.training_args)
+        changes = {
+            "seed": trial.model_seed,
+            "data_seed": trial.data_seed,
+            "output_dir": trial.output_dir,
+            "max_steps": trial.max_steps,
+            "restart_num_seeds": 1,
+            "restart_stop_at_step": until_step,
+            "resume_from_checkpoint": last_complete_checkpoint(trial.output_dir, before_step=until_step, extra=[resume_from]),
+            "auto_resume": False,
+        }
+        changes.update(self.trial_overrides.get(trial.index, {}))
+        for k, v in changes.items():
+            setattr(args, k, v)
+        return args
+
+    def run(self, trial: TrialSpec, until_step: int, resume_from: Optional[str]) -> TrialResult:
+        args = self.trial_args(trial, until_step, resume_from)
+        os.makedirs(trial.output_dir, exist_ok=True)
+        if self.subprocess:
+            metrics = self._run_subprocess(trial, args)
+        else:
+            metrics = train(self.model_args, self.data_args, args, callbacks=list(self.callbacks))
+        ckpt = os.path.join(trial.output_dir, f"checkpoint-{until_step}")
+        with open(os.path.join(ckpt, "trainer_state.json"), encoding="utf-8") as f:
+            log_history = json.load(f)["log_history"]
+        history = [dict(e) for e in log_history if "step" in e and any(k.startswith("eval_") for k in e)]
+        final = {k: float(v) for k, v in metrics.items() if _is_number(v)}
+        history.append({"step": until_step, **final})
+        losses = [float(e["loss"]) for e in log_history if _is_number(e.get("loss"))]
+        diverged = any(not math.isfinite(v) for v in losses)
+        return TrialResult(history, final, ckpt, diverged)
+
+    def _run_subprocess(self, trial: TrialSpec, args) -> Dict[str, Any]:
+        import subprocess
+        import sys
+
+        import yaml
+
+        config = resolved_config(self.model_args, self.data_args, args)
+        path = os.path.join(trial.output_dir, f"trial_config_{args.restart_stop_at_step}.yaml")
+        atomic_write_text(path, yaml.safe_dump(config, sort_keys=False))
+        cmd = (self.launcher or [sys.executable, "-m", "hf_fasttrain.cli", "train"]) + ["--config", path]
+        env = dict(os.environ)
+        # the trial imports the same hf_fasttrain as this process (a checkout may shadow an installed copy)
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
+        if trial.device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(trial.device)
+        log_path = os.path.join(trial.output_dir, f"trial_{args.restart_stop_at_step}.log")
+        with open(log_path, "a", encoding="utf-8") as log:
+            proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            raise RuntimeError(f"trial {trial.trial_id} failed (exit {proc.returncode}); see {log_path}")
+        with open(os.path.join(trial.output_dir, "metrics.json"), encoding="utf-8") as f:
+            record = json.load(f)
+        if "final_metrics" not in record:
+            raise RuntimeError(f"trial {trial.trial_id}: {trial.output_dir}/metrics.json has no final_metrics")
+        return record["final_metrics"]
+
+
+def train_with_restarts(model_args, data_args, training_args, callbacks: Optional[Sequence[Any]] = None,
+                        runner: Optional[TrialRunner] = None, **config_overrides) -> Dict[str, Any]:
+    """The random-restart search for a recipe: explores ``restart_num_seeds`` seeds, continues the best to
+    ``max_steps``; state, summary and trials live in ``training_args.output_dir``. Returns the summary."""
+    config = restart_config_from_args(training_args, **config_overrides)
+    if training_args.max_steps is None or training_args.max_steps <= 0:
+        raise ValueError(
+            f"max_steps={training_args.max_steps!r} is invalid for random restart: set max_steps > 0 (the "
+            "exploration budget is a fraction of it)."
+        )
+    if runner is None:
+        runner = RecipeTrialRunner(model_args, data_args, training_args, subprocess=config.parallel == "per_gpu",
+                                   callbacks=callbacks)
+    return RestartOrchestrator(config, runner, training_args.output_dir, training_args.max_steps).run()

@@ -1,0 +1,284 @@
+"""The first minutes of a new user: help, the bare launch, refusals, the run's story and its records."""
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = str(ROOT / "recipes" / "gpt2_small.py")
+
+
+# -- help ------------------------------------------------------------------------------------------
+def test_short_help_is_short_and_starts_with_what_matters():
+    from hf_fasttrain._options import _load_local_recipe, render_help
+
+    text = render_help("recipes/gpt2_small.py", "Pretrain a causal language model.")
+    lines = text.splitlines()
+    assert len(lines) <= 100  # the full parser prints about 970
+    assert lines[0].startswith("usage: recipes/gpt2_small.py [--config RECIPE]")
+    assert lines[2] == "Pretrain a causal language model."
+    assert any(line.lstrip().startswith("--config RECIPE") for line in lines[:8])
+    head = "\n".join(lines[:60])
+    for must in ("Optimizer by name:", "LR schedule:", "Stability:", "--optimizer ", "--lr_decay", "--divergence_guard",
+                 "--max_steps", "--learning_rate", "--output_dir", "--help-all"):
+        assert must in head, must
+    assert head.index("Optimizer by name:") < head.index("--max_steps")  # the package's techniques first
+    assert "--adam_beta1" not in text and "--ddp_backend" not in text  # Trainer options beyond the essentials
+    assert "--seq_len_warmup_min" in text and "--restart_num_seeds" in text  # listed by name
+
+    # with a recipe, its values are the defaults shown
+    tiny = render_help("p", "d", _load_local_recipe("gpt2_tiny"), recipe_name="gpt2_tiny")
+    row = {line.split()[0]: line for line in tiny.splitlines() if line.startswith("  --")}
+    assert row["--optimizer"].endswith("[muon]") and row["--learning_rate"].endswith("[0.016]")
+    assert row["--n_layer"].endswith("[2]") and row["--max_steps"].endswith("[300]")
+    assert "recipe gpt2_tiny's" in tiny
+
+
+def test_help_refusals_and_recipes_list_import_no_torch():
+    """One subprocess: --help, a refusal and `recipes list` run without importing torch or transformers
+    (how long they take is benchmarks/startup.py's figure, not a test's)."""
+    code = (
+        "import sys\n"
+        "from hf_fasttrain.cli import main, run_recipe\n"
+        "assert run_recipe(['--help'], prog='x') == 0\n"
+        "assert run_recipe(['--config', 'gpt2_tiny', '--learnig_rate', '1e-3']) == 2\n"
+        "assert run_recipe(['--config', 'gpt2_tiny', '--max_steps', '0']) == 2\n"
+        "assert main(['recipes', 'list']) == 0\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'datasets') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout
+    errors = out.stderr.strip().splitlines()
+    assert errors == [
+        "error: --learnig_rate: unknown option; did you mean '--learning_rate'?",
+        "error: max_steps: got 0; must be an integer >= 1 (or -1, the default, to train for num_train_epochs)",
+    ]
+    assert "gpt2_tiny" in out.stdout and "usage: x [--config RECIPE]" in out.stdout
+
+
+@pytest.mark.slow
+def test_refusal_from_the_full_validation_is_one_line_and_exit_2():
+    """A refusal that needs the Trainer's own checks (warmup longer than the run): still one line, status 2;
+    --debug shows the traceback."""
+    argv = [sys.executable, SCRIPT, "--config", "gpt2_tiny", "--max_steps", "5", "--output_dir", "/nonexistent/x"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("error: warmup_steps=20")
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) <= 2
+    debug = subprocess.run(argv + ["--debug"], capture_output=True, text=True, timeout=300)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+def test_unknown_command_and_debug_switch(capsys, monkeypatch):
+    from hf_fasttrain import cli
+
+    assert cli.main(["trian"]) == 2
+    assert capsys.readouterr().err == "error: trian: unknown command; did you mean 'train'?\n"
+    assert cli._debug(["--debug", "--max_steps", "3"]) == (True, ["--max_steps", "3"])
+    monkeypatch.setenv("HF_FASTTRAIN_DEBUG", "1")
+    assert cli._debug(["--max_steps", "3"]) == (True, ["--max_steps", "3"])
+    monkeypatch.setenv("HF_FASTTRAIN_DEBUG", "0")
+    assert cli._debug(["--max_steps", "3"]) == (False, ["--max_steps", "3"])
+    with pytest.raises(ValueError):  # --debug: the refusal is raised, with its traceback
+        cli.run_recipe(["--config", "gpt2_tiny", "--max_steps", "0", "--debug"])
+
+
+# -- the bare launch -------------------------------------------------------------------------------
+@pytest.mark.parametrize("cuda, recipe", [(False, "gpt2_tiny"), (True, "gpt2_small")])
+def test_bare_launch_picks_a_recipe_for_the_machine_and_says_so(monkeypatch, capsys, cuda, recipe):
+    import torch
+
+    from hf_fasttrain.cli import with_default_recipe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert with_default_recipe(["--max_steps", "7"]) == ["--config", recipe, "--max_steps", "7"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"training the {recipe} recipe" in err[0] and "--config" in err[0]
+    assert ("no GPU found" in err[0]) == (not cuda)
+    assert with_default_recipe(["--config", "x.yaml"]) == ["--config", "x.yaml"]  # a choice is kept, silently
+    assert capsys.readouterr().err == ""
+
+
+def test_a_run_always_has_its_own_folder(tmp_path):
+    from hf_fasttrain.recipes import parse_config
+
+    for name in ("gpt2_tiny", "gpt2_small"):  # the bundled recipes name theirs
+        assert parse_config(["--config", name, "--use_cpu", "true"])[2].output_dir == f"runs/{name}"
+    p = tmp_path / "my_recipe.yaml"
+    p.write_text("max_steps: 10\n")  # no output_dir: runs/<recipe name>, never trainer_output
+    assert parse_config(["--config", str(p)])[2].output_dir == "runs/my_recipe"
+    assert parse_config(["--config", str(p), "--output_dir", "o"])[2].output_dir == "o"
+
+
+# -- the run's story (pure) -------------------------------------------------------------------------
+def test_log_lines_print_numbers_as_numbers():
+    from hf_fasttrain.callbacks.progress import format_log, format_number
+
+    assert format_log({"loss": 5.00812, "grad_norm": 0.9123, "learning_rate": 0.016, "tokens_per_second": 12345.6,
+                       "train_seconds": 8.21, "padding_fraction": 0.0, "epoch": 0.5, "guard_rollbacks": 0},
+                      step=40, max_steps=300) == \
+        "step 40/300  loss 5.008  lr 0.016  grad_norm 0.912  tokens/s 12,346  train 8.2 s"
+    assert format_log({"loss": 3.0, "guard_rollbacks": 1}, step=2) == "step 2  loss 3  guard_rollbacks 1"
+    assert format_log({"eval_loss": 4.2131, "eval_perplexity": 67.56, "eval_runtime": 3.1, "epoch": 1.0},
+                      step=100) == "eval at step 100:  loss 4.213  perplexity 67.56"
+    assert format_log({"train_runtime": 10.0, "train_loss": 4.0}, step=300) is None
+    assert [format_number(v) for v in (3, 12345678, 0.000123456, 54321.2, float("nan"), "x")] == \
+        ["3", "12,345,678", "0.0001235", "54,321", "nan", "x"]
+
+
+def test_start_line_and_end_summary():
+    from hf_fasttrain.run import end_summary, start_line
+
+    facts = {"parameters": 539648, "world_size": 2, "global_batch": 32, "tokens_per_step": 4096, "max_steps": 300,
+             "device": "cuda:0 (NVIDIA H200)", "precision": "bf16"}
+    assert start_line("gpt2_tiny", facts, "runs/gpt2_tiny") == (
+        "gpt2_tiny: 540k parameters; 4,096 tokens/step (32 rows x 128 tokens over 2 processes); 300 steps "
+        "(1.23M tokens); cuda:0 (NVIDIA H200), bf16; output runs/gpt2_tiny")
+    summary = {"initial_eval_loss": 8.2812, "final_eval_loss": 3.9712, "train_seconds": 53.24,
+               "history": [{"eval_loss": 8.2812, "step": 0}, {"loss": 5.0, "tokens_per_second": 11000.0},
+                           {"loss": 4.0, "tokens_per_second": 12000.0}, {"eval_loss": 3.9712, "step": 300}]}
+    lines = end_summary(summary, "runs/t", steps=300).splitlines()
+    assert lines[0] == (f"done: eval loss 8.281 -> 3.971 (perplexity {math.exp(3.9712):.4g}); 300 steps in 53.2 s "
+                        f"of training, 11,500 tokens/s")
+    assert lines[1:3] == ["  metrics    runs/t/metrics.json", "  loss curve runs/t/loss_curve.png"]
+    assert lines[3].startswith("  model      runs/t")
+
+
+def test_each_eval_once_with_perplexity():
+    from hf_fasttrain.run import _tidy_records
+
+    recs = [{"eval_loss": 8.0, "step": 0}, {"loss": 5.0, "step": 5}, {"eval_loss": 4.0, "step": 10},
+            {"eval_loss": 4.0, "eval_runtime": 1.0, "step": 10}]
+    out = _tidy_records(recs)
+    assert [(r["step"], "eval_loss" in r) for r in out] == [(0, True), (5, False), (10, True)]
+    assert out[2]["eval_runtime"] == 1.0  # the final evaluate's copy is kept
+    assert out[0]["eval_perplexity"] == pytest.approx(math.exp(8.0)) and "eval_perplexity" not in out[1]
+
+
+def test_only_harmless_warnings_are_silenced():
+    from conftest import make_tiny_gpt2
+
+    from hf_fasttrain.run import _TiedKeysFilter, _quiet_known_warnings, _tied_parameter_names
+
+    model = make_tiny_gpt2(100)
+    assert _tied_parameter_names(model) == {"lm_head.weight"}
+    f = _TiedKeysFilter({"lm_head.weight"})
+
+    def passes(msg):
+        return f.filter(logging.LogRecord("transformers.trainer", logging.WARNING, "", 0, msg, None, None))
+
+    assert not passes("There were missing keys in the checkpoint model loaded: ['lm_head.weight'].")
+    assert passes("There were missing keys in the checkpoint model loaded: ['lm_head.weight', 'transformer.h.0.attn.c_attn.weight'].")
+    assert passes("There were unexpected keys in the checkpoint model loaded: ['x'].")
+    assert model.loss_type is None
+    _quiet_known_warnings(model)
+    assert model.loss_type == "ForCausalLM"  # what transformers falls back to, said up front: same loss
+    ids = __import__("torch").randint(0, 100, (2, 8))
+    assert model(input_ids=ids, labels=ids).loss.isfinite()
+
+
+# -- records without contradictions -------------------------------------------------------------------
+def test_config_record_keeps_only_what_the_run_used(tmp_path):
+    from hf_fasttrain import FastTrainingArguments
+    from hf_fasttrain.runinfo import overridden_fields, run_facts, training_config, write_run_record
+
+    args = FastTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", optimizer="muon",
+                                 learning_rate=1e-2, lr_decay="cosine", max_steps=300)
+    assert overridden_fields(args) == ("optim", "optim_args", "lr_scheduler_type", "lr_scheduler_kwargs",
+                                       "num_train_epochs")
+    cfg = training_config(args)
+    assert not set(overridden_fields(args)) & set(cfg)
+    assert (cfg["optimizer"], cfg["lr_decay"], cfg["max_steps"]) == ("muon", "cosine", 300)
+    plain = training_config(FastTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none"))
+    assert {"optim", "lr_scheduler_type", "num_train_epochs"} <= set(plain)  # the Trainer's, in charge
+
+    from conftest import make_tiny_gpt2
+
+    facts = run_facts(make_tiny_gpt2(100), args, block_size=128)
+    assert facts == {"parameters": sum(p.numel() for p in make_tiny_gpt2(100).parameters()), "world_size": 1,
+                     "global_batch": 8, "tokens_per_step": 1024, "max_steps": 300, "device": "cpu",
+                     "precision": "fp32"}
+    write_run_record(tmp_path, cfg, run=facts)
+    text = (tmp_path / "config.yaml").read_text()
+    assert text.startswith("# The resolved config of this run")
+    assert "Effective optimizer: muon" in text and "Stops at: max_steps 300" in text
+    assert yaml.safe_load(text)["optimizer"] == "muon"
+    info = json.loads((tmp_path / "run_info.json").read_text())
+    assert (info["world_size"], info["global_batch"], info["tokens_per_step"], info["device"], info["precision"]) == \
+        (1, 8, 1024, "cpu", "fp32")
+
+
+# -- rerun and resume --------------------------------------------------------------------------------
+TINY_RUN = ["--config", "gpt2_tiny", "--max_corpus_files", "40", "--vocab_size", "300", "--block_size", "32",
+            "--n_layer", "2", "--n_embd", "32", "--n_head", "2", "--per_device_train_batch_size", "8",
+            "--max_eval_samples", "32", "--logging_steps", "2", "--disable_tqdm", "true", "--warmup_steps", "1",
+            "--max_steps", "4", "--save_steps", "2", "--eval_steps", "2", "--save_total_limit", "3"]
+
+
+def _fingerprint(out: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(out)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(out.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.slow
+def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, capsys):
+    from hf_fasttrain import run
+    from hf_fasttrain.recipes import parse_config
+
+    out = tmp_path / "run"
+    argv = [*TINY_RUN, "--output_dir", str(out)]
+    caplog.set_level(logging.INFO, logger="hf_fasttrain")
+    first = run.train(*parse_config(argv))
+    assert f"no complete checkpoint in {out}: starting from scratch" in caplog.text
+    assert "tokens/step" in caplog.text and "done: eval loss" in caplog.text
+    metrics = json.loads((out / "metrics.json").read_text())
+    evals = [h for h in metrics["history"] if "eval_loss" in h]
+    assert [h["step"] for h in evals] == [0, 2, 4] and all("eval_perplexity" in h for h in evals)
+    printed = capsys.readouterr().out  # disable_tqdm: one line per log, numbers as numbers
+    assert "step 2/4  loss " in printed and "eval at step 4:  loss " in printed and "'loss'" not in printed
+
+    # the same command again: nothing trains, nothing is written, the recorded final metrics come back
+    before = _fingerprint(out)
+    caplog.clear()
+    again = run.train(*parse_config(argv))
+    assert again == json.loads(json.dumps(first))
+    assert _fingerprint(out) == before
+    assert not (out / "checkpoint-5").exists()
+    assert "is complete" in caplog.text and "checkpoint-4 reached step 4 of max_steps 4" in caplog.text
+
+    # killed after its last checkpoint, before the final save: finished from checkpoint-4, no step 5
+    (out / "metrics.json").unlink()
+    (out / "model.safetensors").unlink()
+    caplog.clear()
+    finished = run.train(*parse_config(argv))
+    assert finished["eval_loss"] == pytest.approx(first["eval_loss"], abs=1e-6)
+    assert "writing the final model and evaluation without training" in caplog.text
+    assert json.loads((out / "trainer_state.json").read_text() if (out / "trainer_state.json").exists()
+                      else (out / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
+    assert not (out / "checkpoint-5").exists()
+
+    # a longer run from the same folder resumes, and says from where; the tied lm_head raises no warning
+    caplog.clear()
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    hf_loggers = [logging.getLogger(n) for n in ("transformers.trainer", "transformers.modeling_utils")]
+    for lg in hf_loggers:
+        lg.addHandler(handler)
+    try:
+        run.train(*parse_config([*argv, "--max_steps", "6"]))
+    finally:
+        for lg in hf_loggers:
+            lg.removeHandler(handler)
+    assert f"Resuming from checkpoint-4 ({out / 'checkpoint-4'})" in caplog.text
+    assert not [m for m in seen if "missing keys" in m or "loss_type" in m], seen
+    assert (out / "checkpoint-6").exists()
