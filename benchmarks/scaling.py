@@ -404,13 +404,19 @@ def markdown(summary: dict[str, Any], step_times: dict[str, Any], tr: dict[str, 
                 return "n/a"
             interp = row.get("best_lr_interpolated")
             return _fmt(row["best_lr"]) + (" (edge)" if row["best_at_edge"] else f" (~{interp:.2g})" if interp else "")
+        seeds = min(row["seeds_at_best"] for row in s["optimizers"].values())
+        imported = " imported" if s.get("imported") else ""
         lines.append(
-            f"| {name} | {s['non_embedding_params'] / 1e6:.2f}M | {s['tokens'] / 1e6:.2f}M "
+            f"| {name} ({seeds} seed{'s' if seeds != 1 else ''}{imported}) | {s['non_embedding_params'] / 1e6:.2f}M | {s['tokens'] / 1e6:.2f}M "
             f"| {lr_cell(a)} | {_fmt(a['final_eval_loss'], 4) if a else 'n/a'} "
             f"| {lr_cell(m)} | {_fmt(m['final_eval_loss'], 4) if m else 'n/a'} "
             f"| {_fmt(ratio)} | {_fmt(1 / ratio if ratio and math.isfinite(ratio) else math.nan)}x "
             f"| {_fmt(st.get('step_ratio', math.nan))} | {sweeps} |")
     text = "\n".join(lines) + "\n"
+    untrained = {n: st for n, st in step_times.items() if not summary.get(n)}
+    if untrained:
+        text += ("\nMuon/AdamW step time of rungs not trained yet (whole step; optimizer step alone): " +
+                 ", ".join(f"{n} {st['step_ratio']:.2f} ({st['optimizer_ratio']:.1f})" for n, st in untrained.items()) + ".\n")
     if "ratio_change_per_decade" in tr:
         text += (f"\nTrend over {tr['rungs']} GPT-2 rungs: Muon's token ratio changes by a factor "
                  f"{tr['ratio_change_per_decade']:.2f} per 10x parameters; extrapolated to GPT-2 small "
@@ -477,6 +483,7 @@ def report(ledger: Ledger, rungs: dict[str, Rung], setups: dict[str, Setup], out
             st = setups[n]
             s["non_embedding_params"] = non_embedding_params(st.n_layer, st.n_embd, st.model_type, st.n_head, st.n_kv_head)
             s["shape"] = dataclasses.asdict(st)
+            s["imported"] = any("imported_from" in r for r in runs if r["rung"] == n)
         summary[n] = s
     tr = trend(summary, rungs, setups)
     ledger.data["summary"], ledger.data["trend"] = summary, tr
