@@ -143,6 +143,9 @@ class Setup:
     n_layer: int = 2
     n_head: int = 4
     n_embd: int = 128
+    model_type: str = "gpt2"  # any family hf_fasttrain.modeling builds (benchmarks/scaling.py adds llama)
+    n_kv_head: Optional[int] = None  # grouped-query attention (llama, qwen2, ...); None: n_head
+    model_config: dict[str, Any] = field(default_factory=dict)  # other attributes of the family's config
     vocab_size: int = 4096
     block_size: int = 128
     batch_size: int = 16
@@ -154,6 +157,10 @@ class Setup:
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.block_size
+
+    def model_args(self) -> ModelArguments:
+        return ModelArguments(model_type=self.model_type, n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd,
+                              num_key_value_heads=self.n_kv_head, model_config=dict(self.model_config))
 
 
 QUICK = Setup(n_layer=2, n_head=2, n_embd=32, vocab_size=300, block_size=32, batch_size=8, max_steps=24,
@@ -180,9 +187,7 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> 
     extra = {"auto_resume": False} if arm.fast else {}
     args = args_cls(**{**common, **extra, **arm.args})
     set_seed(seed)
-    model = build_model(
-        ModelArguments(n_layer=setup.n_layer, n_head=setup.n_head, n_embd=setup.n_embd), tokenizer, setup.block_size
-    )
+    model = build_model(setup.model_args(), tokenizer, setup.block_size)
     callbacks = arm.callbacks()
     recorder = None
     if not arm.fast:
@@ -223,7 +228,7 @@ def run_best_of_n(arm: Arm, seed: int, setup: Setup, workdir: Path, num_seeds: i
     out = workdir / f"{arm.name}-seed{seed}"
     args = FastTrainingArguments(**{**common_args(setup, seed * num_seeds, out), "auto_resume": False,
                                     **arm.args, "max_steps": total})
-    model_args = ModelArguments(n_layer=setup.n_layer, n_head=setup.n_head, n_embd=setup.n_embd)
+    model_args = setup.model_args()
     data_args = DataArguments(vocab_size=setup.vocab_size, block_size=setup.block_size,
                               max_eval_samples=setup.eval_rows, max_corpus_files=setup.max_corpus_files)
     wall0 = time.perf_counter()

@@ -266,7 +266,7 @@ def _push_recipe(argv: Sequence[str]) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    model_tag = (model_args.model_name_or_path or "gpt2").rstrip("/").split("/")[-1].lower()
+    model_tag = (model_args.model_name_or_path or model_args.model_type).rstrip("/").split("/")[-1].lower()
     plan = push_recipe(
         path,
         args.repo,

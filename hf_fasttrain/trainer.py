@@ -43,15 +43,30 @@ WALL_CLOCK_LOG_KEYS = ("train_seconds", "tokens_per_second", "samples_per_second
 
 
 def _model_dims(model) -> tuple[int, int, int]:
-    """(parameters excluding position embeddings, layers, hidden size) for the FLOP estimate."""
+    """(matmul parameters, layers, attention width) for the FLOP estimate, for any decoder family.
+
+    Parameters exclude position-embedding tables and an input embedding that is not tied to the LM
+    head: both are table lookups, not matmuls (as nanoGPT counts; a tied embedding is the head's
+    matmul and counts once). The attention width is heads x head size, which for GQA models is the
+    query width: the score and value FLOPs grow with the query heads, not the key/value heads.
+    """
     cfg = getattr(model, "config", None)
     n_layer = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", 0) or 0
     d_model = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0) or 0
+    n_heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
+    head_dim = getattr(cfg, "head_dim", None)
+    attn_width = n_heads * head_dim if n_heads and head_dim else d_model
     n_params = sum(p.numel() for p in model.parameters())
     for name, p in model.named_parameters():
         if name.endswith(("wpe.weight", "position_embeddings.weight", "embed_positions.weight")):
             n_params -= p.numel()  # a table lookup, not matmul FLOPs (as nanoGPT counts)
-    return n_params, int(n_layer), int(d_model)
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    inp = get_in() if callable(get_in) else None
+    out = get_out() if callable(get_out) else None
+    w_in, w_out = getattr(inp, "weight", None), getattr(out, "weight", None)
+    if w_in is not None and w_out is not None and w_in is not w_out:
+        n_params -= w_in.numel()  # untied input embedding (Llama's default): a lookup
+    return n_params, int(n_layer), int(attn_width)
 
 
 class FastTrainer(StabilityTrainerMixin, Trainer):

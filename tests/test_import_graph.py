@@ -48,6 +48,7 @@ LAYERS = {
     "metrics": CORE,
     "hub": CORE,
     "runinfo": CORE,
+    "decoders": CORE,
     # config
     "args": CONFIG,
     # adapters
