@@ -278,6 +278,7 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
     step_times = [b - a for a, b in zip(ends[opts.warmup : -1], ends[opts.warmup + 1 :])]
     settings.update(
         precision=args.mixed_precision, torch_compile=bool(args.torch_compile), tf32=args.tf32, optim=str(getattr(args.optim, "value", args.optim)),
+        optimizer=getattr(args, "optimizer", None),  # FastTrainer's optimizer (replaces optim when set)
         attn_implementation=model.config._attn_implementation, dataloader_num_workers=args.dataloader_num_workers,
         dataloader_pin_memory=args.dataloader_pin_memory, per_device_train_batch_size=args.per_device_train_batch_size,
     )

@@ -204,6 +204,9 @@ class Setup:
     n_layer: int = 2
     n_head: int = 4
     n_embd: int = 128
+    model_type: str = "gpt2"  # any family hf_fasttrain.modeling builds (benchmarks/scaling.py adds llama)
+    n_kv_head: Optional[int] = None  # grouped-query attention (llama, qwen2, ...); None: n_head
+    model_config: dict[str, Any] = field(default_factory=dict)  # other attributes of the family's config
     vocab_size: int = 4096
     block_size: int = 128
     batch_size: int = 16
@@ -216,6 +219,10 @@ class Setup:
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.block_size
+
+    def model_args(self) -> ModelArguments:
+        return ModelArguments(model_type=self.model_type, n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd,
+                              num_key_value_heads=self.n_kv_head, model_config=dict(self.model_config))
 
 
 # The corpora the harness trains on (DataArguments.dataset): the embedded Python sources (the default)
@@ -242,13 +249,22 @@ def data_arguments(setup: Setup) -> DataArguments:
                          max_eval_samples=setup.eval_rows, max_corpus_files=setup.max_corpus_files)
 
 
+# Setup fields added after runs were saved: at these values they leave the key as it was, so those runs stay valid
+_LATER_SETUP_FIELDS = {"model_type": "gpt2", "n_kv_head": None, "model_config": {}}
+
+
+def _key_setup(setup: Setup) -> dict[str, Any]:
+    return {k: v for k, v in dataclasses.asdict(setup).items()
+            if not (k in _LATER_SETUP_FIELDS and v == _LATER_SETUP_FIELDS[k])}
+
+
 def run_key(arm: Arm, seed: int, setup: Setup) -> str:
     """What a saved run's result depends on: the arm's settings, the seed and the setup (corpus included)."""
     settings = {k: getattr(v, "__qualname__", v) if callable(v) else v for k, v in arm.args.items()}
     blob = json.dumps({"arm": dataclasses.asdict(arm) | {"args": settings,
                                                          "callbacks": getattr(arm.callbacks, "__qualname__", None),
                                                          "run": getattr(arm.run, "__qualname__", None)},
-                       "seed": seed, "setup": dataclasses.asdict(setup)}, sort_keys=True, default=str)
+                       "seed": seed, "setup": _key_setup(setup)}, sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
@@ -272,9 +288,7 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> 
     settings = {k: v(setup) if callable(v) else v for k, v in arm.args.items()}  # e.g. token_budget
     args = args_cls(**{**common, **extra, **settings})
     set_seed(seed)
-    model = build_model(
-        ModelArguments(n_layer=setup.n_layer, n_head=setup.n_head, n_embd=setup.n_embd), tokenizer, setup.block_size
-    )
+    model = build_model(setup.model_args(), tokenizer, setup.block_size)
     callbacks = arm.callbacks()
     recorder = None
     if not arm.fast:
@@ -315,7 +329,7 @@ def run_best_of_n(arm: Arm, seed: int, setup: Setup, workdir: Path, num_seeds: i
     out = workdir / f"{arm.name}-seed{seed}"
     args = FastTrainingArguments(**{**common_args(setup, seed * num_seeds, out), "auto_resume": False,
                                     **arm.args, "max_steps": total})
-    model_args = ModelArguments(n_layer=setup.n_layer, n_head=setup.n_head, n_embd=setup.n_embd)
+    model_args = setup.model_args()
     data_args = data_arguments(setup)
     wall0 = time.perf_counter()
     summary = train_with_restarts(model_args, data_args, args, num_seeds=num_seeds, explore_fraction=explore_fraction)

@@ -30,6 +30,7 @@ _LAZY = {
     "GradientClippingCallback": ".callbacks",  # clipping by norm, value or AGC
     "DivergenceGuardCallback": ".callbacks",  # skip / roll back / stop on NaN and loss spikes
     "DivergenceError": ".callbacks",
+    "StabilityTrainerMixin": ".callbacks",  # judges the pre-clip gradient norm in any Trainer subclass
     "RunRecorderCallback": ".callbacks",  # config, versions, loss curve and metrics in output_dir
     # random restart: a recipe (train_with_restarts) or any trainer behind a TrialRunner (RestartOrchestrator)
     "train_with_restarts": ".restarts.recipe_runner",
@@ -61,6 +62,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
         GradientClippingCallback,
         LRScheduleCallback,
         RunRecorderCallback,
+        StabilityTrainerMixin,
         apply_batch_sampler,
         apply_seq_len_warmup,
     )

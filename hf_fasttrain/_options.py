@@ -19,7 +19,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-import os
 import re
 import textwrap
 from pathlib import Path
@@ -258,6 +257,8 @@ def split_flags(argv: Sequence[str], schema: Mapping[str, Option], extra: Sequen
         if not tok.startswith("--") or tok == "--":
             continue  # a stray value: argparse reports it
         key, eq, inline = tok[2:].partition("=")
+        if key not in extra:
+            key = key.replace("-", "_")  # HfArgumentParser accepts --n-layer for --n_layer too
         if key in extra:
             field = key
         elif key in names:

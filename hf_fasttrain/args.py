@@ -9,6 +9,7 @@ two dataclasses), and every one can be overridden on the command line as ``--<fi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -17,31 +18,73 @@ from transformers import TrainingArguments
 
 from ._validation import ConfigError, check_ranges
 from ._validation import check as _check
-from .callbacks.stability import CLIP_MODES, ROLLBACK_MODES
+from .clipping import CLIP_MODES
 from .data.from_args import check_seqlen_args
+from .guard import GuardConfig
+from .decoders import check_model_config, check_model_type
 from .restarts.config import restart_config_from_args
 
-__all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigError"]
+__all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigError", "fast_option", "FastOptions"]
+
+
+# Size keys of the model: section under both spellings: GPT-2's (n_layer) = the common HF name (num_hidden_layers).
+SIZE_ALIASES: dict[str, str] = {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_embd": "hidden_size"}
+SIZE_DEFAULTS: dict[str, int] = {"n_layer": 12, "n_head": 12, "n_embd": 768}  # GPT-2 small
 
 
 @dataclass
 class ModelArguments:
-    """The ``model:`` section of a recipe: a pretrained checkpoint, or a GPT-2 built from scratch."""
+    """The ``model:`` section of a recipe: a pretrained checkpoint, or a decoder built from scratch.
+
+    From scratch, ``model_type`` picks the family (``gpt2``, ``llama``, ``qwen2``, ``mistral`` or any
+    type ``transformers.AutoConfig.for_model`` knows) and the size keys set its shape; each size key
+    has two spellings that mean the same thing, GPT-2's and the common Hugging Face one
+    (``n_layer`` = ``num_hidden_layers``, ``n_head`` = ``num_attention_heads``, ``n_embd`` =
+    ``hidden_size``). Any other attribute of the family's config goes in ``model_config``.
+    """
 
     model_name_or_path: Optional[str] = field(
         default=None,
         metadata={"help": "Hub name or local path of a pretrained causal LM to start from. "
-                  "Default: a GPT-2 built from scratch with the sizes below."},
+                  "Default: a decoder built from scratch (model_type) with the sizes below."},
     )
-    n_layer: int = field(default=12, metadata={"help": "Transformer blocks (from-scratch GPT-2)."})
-    n_head: int = field(default=12, metadata={"help": "Attention heads per block; must divide n_embd."})
-    n_embd: int = field(default=768, metadata={"help": "Hidden size (from-scratch GPT-2)."})
+    model_type: str = field(
+        default="gpt2",
+        metadata={"help": "Family of the decoder built from scratch: gpt2, llama, qwen2, mistral, or any "
+                  "model type transformers.AutoConfig.for_model knows (built with "
+                  "AutoModelForCausalLM.from_config)."},
+    )
+    n_layer: Optional[int] = field(default=None, metadata={"help": "Transformer blocks (= num_hidden_layers). Default 12."})
+    n_head: Optional[int] = field(
+        default=None, metadata={"help": "Attention (query) heads per block (= num_attention_heads); must divide "
+                                "n_embd. Default 12."})
+    n_embd: Optional[int] = field(default=None, metadata={"help": "Hidden size (= hidden_size). Default 768."})
+    num_hidden_layers: Optional[int] = field(default=None, metadata={"help": "Same as n_layer."})
+    num_attention_heads: Optional[int] = field(default=None, metadata={"help": "Same as n_head."})
+    hidden_size: Optional[int] = field(default=None, metadata={"help": "Same as n_embd."})
+    num_key_value_heads: Optional[int] = field(
+        default=None,
+        metadata={"help": "Key/value heads (grouped-query attention; families that have it, e.g. llama, "
+                  "qwen2, mistral); must divide n_head. Default: n_head (plain multi-head attention)."},
+    )
+    intermediate_size: Optional[int] = field(
+        default=None,
+        metadata={"help": "Width of the MLP's hidden layer (GPT-2: n_inner). Default: 4 x hidden size, or for "
+                  "gated (SwiGLU) families such as llama, qwen2, mistral 8/3 x hidden size rounded up to a "
+                  "multiple of 64 (the same parameter count)."},
+    )
     n_positions: Optional[int] = field(
-        default=None, metadata={"help": "Maximum positions. Default: the data's block_size."}
+        default=None, metadata={"help": "Maximum positions (= max_position_embeddings). Default: the data's block_size."}
     )
     dropout: float = field(
         default=0.0,
         metadata={"help": "Dropout on residual, embedding and attention (0 is usual for pretraining)."},
+    )
+    model_config: dict | str | None = field(
+        default=None,
+        metadata={"help": "Other attributes of the family's config, a mapping (YAML) or a JSON string (CLI), e.g. "
+                  "'{\"rope_theta\": 10000, \"tie_word_embeddings\": true}'; a name the family's config does "
+                  "not have is refused."},
     )
     attn_implementation: str = field(
         default="sdpa",
@@ -55,22 +98,62 @@ class ModelArguments:
     )
 
     def __post_init__(self):
-        for name in ("n_layer", "n_head", "n_embd"):
-            v = getattr(self, name)
-            _check(isinstance(v, int) and v >= 1, name, v, "must be a positive integer")
+        # one value per size: either spelling (both only when they agree), else GPT-2 small's
+        for short, long in SIZE_ALIASES.items():
+            a, b = getattr(self, short), getattr(self, long)
+            if a is not None and b is not None and a != b:
+                raise ConfigError(short, a, problem=f"{short}={a!r} and {long}={b!r} disagree",
+                                  allowed="they are the same setting: give one")
+            value = a if a is not None else b if b is not None else SIZE_DEFAULTS[short]
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                   short if a is not None else long, value, "must be a positive integer")
+            setattr(self, short, value)
+            setattr(self, long, value)
         _check(self.n_embd % self.n_head == 0, "n_head", self.n_head,
                f"must divide n_embd={self.n_embd}")
+        if self.num_key_value_heads is not None:
+            _check(isinstance(self.num_key_value_heads, int) and self.num_key_value_heads >= 1
+                   and self.n_head % self.num_key_value_heads == 0, "num_key_value_heads",
+                   self.num_key_value_heads, f"must be a positive integer dividing n_head={self.n_head}")
+        if self.intermediate_size is not None:
+            _check(isinstance(self.intermediate_size, int) and self.intermediate_size >= 1, "intermediate_size",
+                   self.intermediate_size, "must be a positive integer or null")
         if self.n_positions is not None:
             _check(isinstance(self.n_positions, int) and self.n_positions >= 1, "n_positions",
                    self.n_positions, "must be a positive integer or null")
         _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
         _check(self.attn_implementation in ("sdpa", "eager", "flash_attention_2"), "attn_implementation",
                self.attn_implementation, "allowed: 'sdpa', 'eager', 'flash_attention_2'")
+        if self.model_config is None:
+            self.model_config = {}
+        if isinstance(self.model_config, str):  # from the command line: --model_config '{"rope_theta": 1e4}'
+            import json
+
+            try:
+                self.model_config = json.loads(self.model_config)
+            except ValueError:
+                pass
+        _check(isinstance(self.model_config, dict), "model_config", self.model_config,
+               "must be a mapping of config attribute names to values (a JSON object on the command line)")
+        if not self.model_name_or_path:
+            check_model_type(self.model_type)
+            check_model_config(self.model_type, self.model_config)
 
 
 @dataclass
 class DataArguments:
-    """The ``data:`` section of a recipe: which text, which tokenizer, how it is cut."""
+    """The ``data:`` section of a recipe: which text, which tokenizer, how it is cut.
+
+    With ``dataset`` unset the run trains on the embedded corpus (this Python's standard library sources)
+    with a byte-level BPE tokenizer trained on it and cached; both work offline.
+
+    Example:
+        ```python
+        >>> from hf_fasttrain import DataArguments
+        >>> DataArguments(vocab_size=4096, block_size=128).dataset is None  # the embedded corpus
+        True
+        ```
+    """
 
     dataset: Optional[str] = field(
         default=None,
@@ -125,11 +208,40 @@ class DataArguments:
 class FastTrainingArguments(TrainingArguments):
     """``TrainingArguments`` plus the switches of hf_fasttrain's techniques.
 
-    Everything the Trainer accepts still works; the fields below are grouped by technique.
+    Everything the Trainer accepts still works; the fields below are grouped by technique (precision,
+    run management, lr schedule, sequence length, stability, random restart, optimizer). With all of them
+    at their defaults, ``FastTrainer`` behaves as ``transformers.Trainer``. Each field is also a recipe key
+    and a ``--<field>`` flag; its help text is in the field's ``metadata``, and the docs' *All options*
+    page lists every one with its default. Bad values raise a ``ValueError`` naming the field, the value
+    and what is allowed, when the object is built (before any training).
+
+    Args:
+        precision (`str`, *optional*, defaults to `"auto"`):
+            `"auto"`, `"bf16"`, `"fp16"` or `"fp32"`, resolved for the device the run lands on.
+        lr_decay (`str`, *optional*, defaults to `None`):
+            `"cosine"`, `"sqrt"`, `"linear"`, `"1-sqrt"` or `"constant"` after the warmup, down to `min_lr` /
+            `min_lr_ratio`; `None` leaves the Trainer's `lr_scheduler_type` in charge.
+        optimizer (`str`, *optional*, defaults to `None`):
+            `"adamw"`, `"lion"`, `"ademamix"`, `"soap"` or `"muon"` instead of the Trainer's `optim`, with more
+            options in `optimizer_kwargs` (`dict` or JSON `str`, defaults to `None`).
+        clip_mode (`str`, *optional*, defaults to `"norm"`):
+            `"norm"`, `"value"`, `"agc"` or `"none"`.
+        divergence_guard (`bool`, *optional*, defaults to `False`):
+            Skip NaN/inf steps and loss or gradient spikes, roll back when the weights went bad, stop a run
+            that keeps diverging.
+
+    The other fields: sequence length (``length_grouping``, ``max_tokens_per_batch``, ``packing``,
+    ``curriculum_*``, ``seq_len_warmup_*``), random restart (``restart_*``), ``auto_resume``,
+    ``mfu_peak_tflops``, and the lr schedule's floor and unit: see the *All options* page.
 
     Example:
+        ```python
         >>> from hf_fasttrain import FastTrainingArguments
-        >>> args = FastTrainingArguments(output_dir="runs/x", max_steps=100, learning_rate=1e-3)
+        >>> args = FastTrainingArguments(output_dir="runs/x", max_steps=100, learning_rate=1e-3,
+        ...                              optimizer="lion", lr_decay="cosine", min_lr_ratio=0.1)
+        >>> args.optimizer, args.lr_decay
+        ('lion', 'cosine')
+        ```
     """
 
     # --- Throughput logging ------------------------------------------------------------------
@@ -151,6 +263,15 @@ class FastTrainingArguments(TrainingArguments):
         default=True,
         metadata={"help": "Resume from the last checkpoint in output_dir when one exists (a killed run "
                   "continues when restarted with the same command)."},
+    )
+    run_record: bool = field(
+        default=True,
+        metadata={"help": "Record the run. On: config.yaml and run_info.json in output_dir at the start, metrics.json "
+                  "and loss_curve.png at the end (RunRecorderCallback, whose clock is saved with checkpoints); "
+                  "training logs gain tokens_per_second (samples_per_second for batches without tokens), "
+                  "padding_fraction, train_seconds, clip statistics and, on a GPU with a known peak, mfu; "
+                  "evaluation gains eval_perplexity. Off: FastTrainer's logs, checkpoints, output_dir and callback "
+                  "list are exactly the Trainer's. A plain TrainingArguments (no such field) reads as off."},
     )
     # --- LR schedule (hf_fasttrain.schedules) -------------------------------------------------
     # Rule: lr_decay=None leaves the Trainer's lr_scheduler_type in charge; setting lr_decay replaces
@@ -316,9 +437,11 @@ class FastTrainingArguments(TrainingArguments):
     )
     divergence_guard: bool = field(
         default=False,
-        metadata={"help": "Skip optimizer steps with a NaN/inf loss or gradient, roll back loss spikes to the "
-                  "last good state (skipping the batches in between), and stop with a saved checkpoint after "
-                  "more than guard_max_rollbacks rollbacks in 1000 steps (DivergenceGuardCallback)."},
+        metadata={"help": "Skip optimizer steps with a NaN/inf loss or gradient, a loss spike or a pre-clip gradient-norm "
+                  "spike before they are applied; roll back to the last good state when a bad update reached the "
+                  "weights (non-finite weights, or a loss that stays a spike for 8 steps); stop with a saved "
+                  "checkpoint after more than guard_max_rollbacks rollbacks in 1000 steps (DivergenceGuardCallback). "
+                  "Its statistics and counters survive a resume."},
     )
     guard_rollback: str = field(
         default="auto",
@@ -339,6 +462,11 @@ class FastTrainingArguments(TrainingArguments):
     )
     guard_max_rollbacks: int = field(
         default=3, metadata={"help": "Rollbacks allowed within 1000 steps; one more stops training."}
+    )
+    guard_grad_norm_ceiling: Optional[float] = field(
+        default=1e4,
+        metadata={"help": "The guard skips any step whose pre-clip gradient norm is above this, from the first step "
+                  "on (the spike statistics need guard_spike_window // 2 steps first); null: no ceiling."},
     )
 
     # --- Random restart (issue 7: hf_fasttrain/restarts.py) ---------------------------------
@@ -415,8 +543,7 @@ class FastTrainingArguments(TrainingArguments):
         restart_config_from_args(self)  # raises naming the restart_* field
         # stability (issue 6): the names are the guard's; the numbers are in the range table
         _check(self.clip_mode in CLIP_MODES, "clip_mode", self.clip_mode, f"allowed: {', '.join(CLIP_MODES)}")
-        _check(self.guard_rollback in ROLLBACK_MODES, "guard_rollback", self.guard_rollback,
-               f"allowed: {', '.join(ROLLBACK_MODES)}")
+        GuardConfig.from_training_args(self)  # the guard's own checks (choices, relations), naming the guard_* field
         # weight averaging (issue 18): the names and ranges are the core's (hf_fasttrain.averaging)
         from .averaging import ARGS_FIELDS, check_averaging_settings
 
@@ -426,8 +553,25 @@ class FastTrainingArguments(TrainingArguments):
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         check_seqlen_args(self)
         self._check_optimizer()
+        self._check_stability_sharding()
         super().__post_init__()
         self._check_lr_schedule()
+
+    def _check_stability_sharding(self) -> None:
+        """The guard and value/AGC clipping need whole gradients: refuse FSDP and DeepSpeed now, before any data work
+        (the callbacks would otherwise raise at on_train_begin, after the data is prepared)."""
+        from .optim.sharding import detect_sharding
+
+        mode = detect_sharding(args=self)
+        if mode not in ("fsdp1", "fsdp2", "deepspeed"):
+            return
+        shown = {"fsdp1": "FSDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed ZeRO"}[mode]
+        _check(not self.divergence_guard, "divergence_guard", self.divergence_guard,
+               f"set it to false under {shown}, or train with DDP; the guard needs whole (unsharded) gradients",
+               problem=f"not supported under {shown}")
+        _check(self.clip_mode in ("norm", "none"), "clip_mode", self.clip_mode,
+               f"use 'norm' (max_grad_norm) under {shown}; value and AGC clipping need whole gradients",
+               problem=f"not supported under {shown}")
 
     def _check_lr_schedule(self) -> None:
         from transformers.trainer_utils import SchedulerType
@@ -506,4 +650,75 @@ class FastTrainingArguments(TrainingArguments):
                f"applies to `optim` only; give options of optimizer={self.optimizer!r} in `optimizer_kwargs`")
         self.optimizer_kwargs = parse_optimizer_kwargs(self.optimizer, self.optimizer_kwargs)  # JSON, "1e-5"
         check_optimizer_options(self.optimizer, **trainer_optimizer_kwargs(self))
+
+
+# What an option reads as on arguments of another class (a plain TrainingArguments, TRL's configs): its default,
+# except here. run_record is off there, so FastTrainer given the Trainer's own arguments is the Trainer exactly.
+_ABSENT_VALUES = {"run_record": False}
+
+
+@functools.lru_cache(maxsize=None)
+def _package_defaults() -> dict:
+    """{option: (default, default_factory)} for the fields FastTrainingArguments adds to TrainingArguments."""
+    trainer_fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    out = {}
+    for f in dataclasses.fields(FastTrainingArguments):
+        if f.name in trainer_fields:
+            continue
+        factory = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        out[f.name] = (None if factory is not None else f.default, factory)
+    return out
+
+
+def fast_option(args, name: str):
+    """The value of option ``name`` for ``args``, whatever their class.
+
+    ``FastTrainingArguments`` (and its subclasses) give their field's value. Arguments of any other class
+    (a plain ``TrainingArguments``, TRL's ``SFTConfig``, a user's subclass) give the option's default, which
+    leaves the technique off, except ``run_record``, which reads as False there: FastTrainer is then the
+    Trainer exactly. A field of the same name on another class is not read: it is not this option (TRL's
+    ``SFTConfig.packing`` is a bool, ours a mode). A ``TrainingArguments`` field is read as is. The one way
+    FastTrainer, its wiring and the callbacks read package options, so none of them needs the package's class.
+
+    Example:
+        >>> from transformers import TrainingArguments
+        >>> args = TrainingArguments(output_dir="out", report_to="none")
+        >>> fast_option(args, "lr_decay"), fast_option(args, "clip_mode"), fast_option(args, "run_record")
+        (None, 'norm', False)
+        >>> fast_option(args, "max_steps")  # a Trainer field is read as is
+        -1
+    """
+    if isinstance(args, FastOptions):  # a view of arguments: read the arguments
+        args = args._args
+    defaults = _package_defaults()
+    if name not in defaults:
+        if not hasattr(args, name):
+            raise ValueError(f"name={name!r} is not an option of FastTrainingArguments nor a field of "
+                             f"{type(args).__name__}")
+        return getattr(args, name)
+    if isinstance(args, FastTrainingArguments):
+        return getattr(args, name)
+    if name in _ABSENT_VALUES:
+        return _ABSENT_VALUES[name]
+    default, factory = defaults[name]
+    return factory() if factory is not None else default
+
+
+class FastOptions:
+    """``args`` seen through :func:`fast_option`: ``FastOptions(args).lr_decay == fast_option(args, "lr_decay")``.
+
+    For code written against ``FastTrainingArguments`` attributes (the sequence-length wiring, the stability
+    callbacks' factory) that must also take a plain ``TrainingArguments``.
+    """
+
+    def __init__(self, args):
+        self._args = args
+
+    def __getattr__(self, name):
+        if name.startswith("_"):  # copy/pickle probes and private names: not options
+            raise AttributeError(name)
+        try:
+            return fast_option(self._args, name)
+        except ValueError:  # neither an option nor a field: hasattr() says False
+            raise AttributeError(f"{type(self._args).__name__} has no option or field {name!r}") from None
 

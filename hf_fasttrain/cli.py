@@ -115,9 +115,14 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
         return _print_help(argv, prog)
     try:
         if "--help-all" in argv:
-            from .recipes import make_parser
+            from .recipes import load_recipe, make_parser, validate_recipe
 
-            make_parser(prog=prog).print_help()
+            parser = make_parser(prog=prog)
+            source = _config_source(argv)
+            if source:  # the recipe's values as the defaults shown
+                sections = validate_recipe(load_recipe(source))
+                parser.set_defaults(**sections[None], **sections["model"], **sections["data"])
+            parser.print_help()
             return 0
         from ._options import preflight
 
@@ -134,8 +139,15 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
     if training_args.restart_num_seeds > 1:  # random restart: explore N seeds, continue the best
         return _run_restarts(model_args, data_args, training_args)
     from . import run
+    from .snapshots import NoSpaceError
 
-    run.train(model_args, data_args, training_args)
+    try:
+        run.train(model_args, data_args, training_args)
+    except NoSpaceError as exc:  # a full disk while saving a checkpoint: say where and what to do, in one line
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -150,8 +162,6 @@ RESTART_FLAGS = ("num-seeds", "explore-fraction", "rungs", "keep-fraction", "met
 def _restarts(argv: Sequence[str]) -> int:
     """``hf-fasttrain restarts``: ``--num-seeds N`` is ``--restart_num_seeds N``, and so on."""
     from .recipes import parse_config
-    from .restarts import SUMMARY_MD
-    from .restarts.recipe_runner import train_with_restarts
 
     flags = {f"--{name}": f"--restart_{name.replace('-', '_')}" for name in RESTART_FLAGS}
     args = []
@@ -166,9 +176,18 @@ def _restarts(argv: Sequence[str]) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return _run_restarts(model_args, data_args, training_args)
+
+
+def _run_restarts(model_args, data_args, training_args) -> int:
+    """Run the search and print its summary table; 1 when no seed survived."""
+    from .restarts import SUMMARY_MD
+    from .restarts.recipe_runner import train_with_restarts
+
     summary = train_with_restarts(model_args, data_args, training_args)
-    with open(os.path.join(training_args.output_dir, SUMMARY_MD), encoding="utf-8") as f:
-        print(f.read(), end="")
+    if _is_main_process():
+        with open(os.path.join(training_args.output_dir, SUMMARY_MD), encoding="utf-8") as f:
+            print(f.read(), end="")
     return 0 if summary["winner"] else 1
 
 
@@ -247,7 +266,7 @@ def _push_recipe(argv: Sequence[str]) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    model_tag = (model_args.model_name_or_path or "gpt2").rstrip("/").split("/")[-1].lower()
+    model_tag = (model_args.model_name_or_path or model_args.model_type).rstrip("/").split("/")[-1].lower()
     plan = push_recipe(
         path,
         args.repo,

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "CLIP_MODES",
     "ClipStats",
     "global_grad_norm",
     "clip_by_value_",
@@ -35,6 +36,9 @@ __all__ = [
     "default_unit_dims",
     "agc_unit_dims",
 ]
+
+# clip_mode values: FastTrainingArguments.clip_mode and GradientClippingCallback(mode=...)
+CLIP_MODES = ("norm", "value", "agc", "none")
 
 # A gradient's units for AGC: the dims to reduce over to get one norm per unit, or None (leave unclipped).
 UnitDims = tuple[int, ...] | None

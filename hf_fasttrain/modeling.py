@@ -1,15 +1,32 @@
-"""Model construction for recipes: a pretrained causal LM, or a GPT-2 from scratch."""
+"""Model construction for recipes: a pretrained causal LM, or a decoder of any family built from scratch.
+
+From scratch, :func:`hf_fasttrain.decoders.decoder_config` turns the ``model:`` section (family + sizes)
+into the family's config, and :func:`build_model` builds it with ``AutoModelForCausalLM.from_config``.
+"""
 
 from __future__ import annotations
 
-from .args import ModelArguments
+from typing import TYPE_CHECKING
 
-__all__ = ["build_model"]
+from ._validation import ConfigError
+from .decoders import (  # noqa: F401  (re-exported: the model-building names in one place)
+    GATED_MLP_FAMILIES,
+    check_model_config,
+    check_model_type,
+    decoder_config,
+    default_intermediate_size,
+)
+
+if TYPE_CHECKING:
+    from .args import ModelArguments
+
+__all__ = ["build_model", "decoder_config", "default_intermediate_size", "check_model_type", "check_model_config",
+           "GATED_MLP_FAMILIES"]
 
 
-def build_model(model_args: ModelArguments, tokenizer, block_size: int):
+def build_model(model_args: "ModelArguments", tokenizer, block_size: int):
     """A causal LM whose vocabulary matches ``tokenizer`` and whose context covers ``block_size``."""
-    from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM
 
     if model_args.model_name_or_path:
         model = AutoModelForCausalLM.from_pretrained(
@@ -22,19 +39,21 @@ def build_model(model_args: ModelArguments, tokenizer, block_size: int):
         return model
     n_positions = model_args.n_positions or block_size
     if n_positions < block_size:
-        raise ValueError(f"n_positions={n_positions} is invalid: must be >= data block_size={block_size}")
-    config = GPT2Config(
+        raise ConfigError("n_positions", n_positions, allowed=f"must be >= data block_size={block_size}")
+    eos = tokenizer.eos_token_id
+    config = decoder_config(
+        model_args.model_type,
         vocab_size=len(tokenizer),
-        n_positions=n_positions,
-        n_embd=model_args.n_embd,
-        n_layer=model_args.n_layer,
-        n_head=model_args.n_head,
-        resid_pdrop=model_args.dropout,
-        embd_pdrop=model_args.dropout,
-        attn_pdrop=model_args.dropout,
-        bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        num_hidden_layers=model_args.n_layer,
+        num_attention_heads=model_args.n_head,
+        hidden_size=model_args.n_embd,
+        max_position_embeddings=n_positions,
+        num_key_value_heads=model_args.num_key_value_heads,
+        intermediate_size=model_args.intermediate_size,
+        dropout=model_args.dropout,
+        extra=model_args.model_config,
+        bos_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos,
+        eos_token_id=eos,
         pad_token_id=tokenizer.pad_token_id,
-        attn_implementation=model_args.attn_implementation,
     )
-    return GPT2LMHeadModel(config)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=model_args.attn_implementation)

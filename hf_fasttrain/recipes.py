@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import logging
 import os
 import re
@@ -39,7 +38,7 @@ import yaml
 
 from ._options import check_duplicate_keys, find_recipes
 from ._validation import ConfigError, unknown_name
-from .args import DataArguments, FastTrainingArguments, ModelArguments
+from .args import SIZE_ALIASES, DataArguments, FastTrainingArguments, ModelArguments
 from .hub import YAML_SUFFIXES, is_hub_uri, resolve_hub_recipe
 
 __all__ = [
@@ -322,6 +321,9 @@ def _unknown_key_error(section: Optional[str], key: str, valid: Sequence[str]) -
         if other != section and key in _field_types(cls):
             err = ConfigError(key, problem=err.problem, allowed=f"'{key}' belongs "
                               f"{'at the top level' if other is None else f'in the {other}: section'}")
+    if section == "model" and not err.allowed.startswith("known:"):
+        # a short section: list it (other attributes of a family go in model_config)
+        err = ConfigError(key, problem=err.problem, allowed=f"{err.allowed}; known: {', '.join(valid)}")
     return err
 
 
@@ -414,6 +416,13 @@ def parse_config(
         defaults = {**sections[None], **sections["model"], **sections["data"]}
         # a run always has its own folder: runs/<recipe name> unless the recipe or a flag says otherwise
         defaults.setdefault("output_dir", str(Path("runs") / _recipe_stem(ns.config)))
+        # a size given on the command line under its other spelling (--hidden_size over a recipe's n_embd) wins
+        given = {a.split("=", 1)[0][2:].replace("-", "_") for a in (argv if argv is not None else sys.argv[1:])
+                 if isinstance(a, str) and a.startswith("--")}
+        for short, long in SIZE_ALIASES.items():
+            for flag, other in ((short, long), (long, short)):
+                if flag in given and other not in given:
+                    defaults.pop(other, None)
         parser.set_defaults(**defaults)
         # a recipe may supply what a dataclass would otherwise require on the command line
         for action in parser._actions:

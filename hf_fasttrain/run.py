@@ -6,10 +6,10 @@ arm that uses FastTrainer; the recipe script only parses arguments and calls :fu
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
-import re
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
@@ -343,9 +343,12 @@ def train(
     metrics = trainer.evaluate()
     if trainer.is_world_process_zero():
         recorder = trainer.recorder
-        recorder.records = _tidy_records(recorder.records)
-        final_loss = metrics.get("eval_loss")
-        title = f"{name}: final eval loss {final_loss:.4f}" if isinstance(final_loss, float) else name
-        summary = recorder.save(out, final_metrics=metrics, title=title)
-        logger.info(end_summary(summary, out, facts, steps=trainer.state.global_step))
+        if recorder is None:  # run_record: false leaves the Trainer's outputs alone (no metrics.json, no PNG)
+            logger.info("done: %s", {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
+        else:
+            recorder.records = _tidy_records(recorder.records)
+            final_loss = metrics.get("eval_loss")
+            title = f"{name}: final eval loss {final_loss:.4f}" if isinstance(final_loss, float) else name
+            summary = recorder.save(out, final_metrics=metrics, title=title)
+            logger.info(end_summary(summary, out, facts, steps=trainer.state.global_step))
     return metrics

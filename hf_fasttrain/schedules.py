@@ -182,7 +182,8 @@ class TokenProgress:
     is two integers; `ScheduleLR.state_dict()` carries it, so a checkpoint restores it.
 
     Args:
-        total_tokens: tokens in the whole run; the schedule reaches its floor there.
+        total_tokens (`int`):
+            Tokens in the whole run (summed over processes); the schedule reaches its floor there.
 
     Example:
         ```python
@@ -427,20 +428,41 @@ def make_scheduler(
     """Warmup then decay to a floor, as a `LambdaLR` with one multiplier per param group.
 
     Args:
-        optimizer: its param groups' current `lr` (or `initial_lr`) are the peak lrs.
-        num_training_steps: optimizer steps in the run.
-        lr_decay: a name in `DECAY_SHAPES`: "cosine", "sqrt", "linear", "1-sqrt" or "constant".
-        warmup_steps: linear warmup length: an integer number of steps, or a fraction `0 < x < 1` of training.
-        warmup_start_factor: multiplier at step 0, rising linearly to 1 at the end of the warmup.
-        min_lr: absolute floor lr (one for all groups, or one per group); must be <= each group's peak.
-        min_lr_ratio: floor as a fraction of each group's peak lr. At most one of min_lr / min_lr_ratio; none
+        optimizer (`torch.optim.Optimizer`):
+            Its param groups' current `lr` (or `initial_lr`) are the peak lrs.
+        num_training_steps (`int`):
+            Optimizer steps in the run.
+        lr_decay (`str`, *optional*, defaults to `"cosine"`):
+            A name in `DECAY_SHAPES`: `"cosine"`, `"sqrt"`, `"linear"`, `"1-sqrt"` or `"constant"`.
+        warmup_steps (`float`, *optional*, defaults to `0`):
+            Linear warmup length: an integer number of steps, or a fraction `0 < x < 1` of training.
+        warmup_start_factor (`float`, *optional*, defaults to `0.0`):
+            Multiplier at step 0, rising linearly to 1 at the end of the warmup.
+        min_lr (`float` or `Sequence[float]`, *optional*, defaults to `None`):
+            Absolute floor lr (one for all groups, or one per group); must be <= each group's peak.
+        min_lr_ratio (`float`, *optional*, defaults to `None`):
+            Floor as a fraction of each group's peak lr. At most one of `min_lr` / `min_lr_ratio`; neither
             means a floor of 0.
-        decay_fraction: decay only over the last `decay_fraction` of training, at the peak before (WSD).
-            Default: 0.2 for "1-sqrt", the whole post-warmup span for the other shapes.
-        progress: a `TokenProgress` to follow tokens instead of steps; None counts optimizer steps.
+        decay_fraction (`float`, *optional*, defaults to `None`):
+            Decay only over the last `decay_fraction` of training, at the peak before (WSD). `None`: 0.2 for
+            `"1-sqrt"`, the whole post-warmup span for the other shapes.
+        progress (`TokenProgress`, *optional*, defaults to `None`):
+            Follow tokens instead of steps; `None` counts optimizer steps.
 
     Returns:
-        `ScheduleLR` (a LambdaLR); call `step()` after each `optimizer.step()`.
+        `ScheduleLR` (a `LambdaLR`): call `step()` after each `optimizer.step()`.
+
+    Example:
+        ```python
+        >>> import torch
+        >>> from hf_fasttrain.schedules import make_scheduler
+        >>> opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
+        >>> sched = make_scheduler(opt, num_training_steps=100, lr_decay="cosine", warmup_steps=10, min_lr_ratio=0.1)
+        >>> for _ in range(10):
+        ...     opt.step(); sched.step()
+        >>> sched.get_last_lr()
+        [1.0]
+        ```
     """
     base_lrs = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
     lambdas = build_lr_lambdas(

@@ -11,6 +11,8 @@ from typing import Mapping, Optional
 import torch
 
 __all__ = [
+    "BatchCount",
+    "count_batch",
     "count_tokens",
     "flops_per_token",
     "device_peak_flops",
@@ -37,28 +39,96 @@ PEAK_BF16_FLOPS: dict[str, float] = {
 }
 
 
-def count_tokens(batch: Mapping[str, torch.Tensor], pad_token_id: Optional[int] = None) -> tuple[int, int]:
-    """(real, total) token counts of a batch as the model sees it.
+@dataclass(frozen=True)
+class BatchCount:
+    """What one batch holds, for throughput: ``tokens`` (``real`` of ``total``, rows of ``seq_len``) or,
+    for a batch without a token dimension (images, features), ``samples``."""
 
-    ``total`` is the padded size of ``input_ids``; ``real`` excludes padding, read from the
+    real: int = 0
+    total: int = 0
+    seq_len: int = 0
+    samples: int = 0
+
+
+def _tensor(batch, key: str) -> Optional[torch.Tensor]:
+    value = batch.get(key) if isinstance(batch, Mapping) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _token_grid(batch) -> Optional[tuple[int, int]]:
+    """(rows, sequence length) of a batch's tokens, or None when it has no token dimension.
+
+    Read from ``input_ids``; else integer ``labels`` of two or more dims (per-token labels, not a class per
+    sample or a multi-label float vector); else a 2-D ``attention_mask``; else ``inputs_embeds`` (batch,
+    sequence, hidden).
+    """
+    ids = _tensor(batch, "input_ids")
+    if ids is not None and ids.ndim >= 1:
+        return ids.numel() // max(ids.shape[-1], 1), ids.shape[-1]
+    labels = _tensor(batch, "labels")
+    if labels is not None and labels.ndim >= 2 and not (labels.is_floating_point() or labels.dtype == torch.bool):
+        return labels.numel() // max(labels.shape[-1], 1), labels.shape[-1]
+    mask = _tensor(batch, "attention_mask")
+    if mask is not None and mask.ndim == 2:
+        return mask.shape[0], mask.shape[1]
+    embeds = _tensor(batch, "inputs_embeds")
+    if embeds is not None and embeds.ndim == 3:
+        return embeds.shape[0], embeds.shape[1]
+    return None
+
+
+def _num_samples(batch) -> int:
+    """Leading dimension of the batch's first tensor (0 when it holds none)."""
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else [batch]
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.ndim >= 1:
+            return int(value.shape[0])
+    return 0
+
+
+def count_batch(batch, pad_token_id: Optional[int] = None) -> BatchCount:
+    """Tokens of a batch when it has a token dimension (see ``count_tokens``), else its samples. Never raises:
+    any model's batch (token ids, ``inputs_embeds``, ``pixel_values``, regression features, a tuple) is counted.
+
+    Example:
+        >>> count_batch({"input_ids": torch.ones(2, 4, dtype=torch.long)})
+        BatchCount(real=8, total=8, seq_len=4, samples=0)
+        >>> count_batch({"pixel_values": torch.zeros(3, 3, 8, 8), "labels": torch.tensor([0, 1, 1])})
+        BatchCount(real=0, total=0, seq_len=0, samples=3)
+    """
+    grid = _token_grid(batch)
+    if grid is None:
+        return BatchCount(samples=_num_samples(batch))
+    rows, seq_len = grid
+    total = rows * seq_len
+    ids = _tensor(batch, "input_ids")
+    mask = _tensor(batch, "attention_mask")
+    positions = _tensor(batch, "position_ids")
+    if mask is not None and mask.numel() == total:
+        real = int(mask.sum())
+    elif ids is None or pad_token_id is None:
+        real = total
+    elif positions is None or positions.shape != ids.shape:
+        real = int((ids != pad_token_id).sum())
+    else:
+        labels = _tensor(batch, "labels")
+        labels = labels if labels is not None and labels.shape == ids.shape else None
+        real = total - _packed_tail_padding(ids, positions, labels, pad_token_id)
+    return BatchCount(real=real, total=total, seq_len=int(seq_len))
+
+
+def count_tokens(batch: Mapping[str, torch.Tensor], pad_token_id: Optional[int] = None) -> tuple[int, int]:
+    """(real, total) token counts of a batch as the model sees it; (0, 0) for a batch without tokens.
+
+    ``total`` is the padded size of ``input_ids`` (or of per-token ``labels``, a 2-D ``attention_mask``, or
+    ``inputs_embeds``' batch and sequence dims); ``real`` excludes padding, read from the
     ``attention_mask`` when there is one, else from ``pad_token_id``. A packed batch
     (``position_ids`` and no attention mask) counts as padding only each row's tail: the last
     segment (from the last restart of ``position_ids`` at 0) when it is all ``pad_token_id`` and,
     if labels are given, all -100, as ``PackedRowsCollator`` pads; a row packed full has none.
     """
-    ids = batch["input_ids"]
-    total = ids.numel()
-    mask = batch.get("attention_mask")
-    positions = batch.get("position_ids")
-    if mask is not None:
-        real = int(mask.sum())
-    elif pad_token_id is None:
-        real = total
-    elif positions is None:
-        real = int((ids != pad_token_id).sum())
-    else:
-        real = total - _packed_tail_padding(ids, positions, batch.get("labels"), pad_token_id)
-    return real, total
+    count = count_batch(batch, pad_token_id)
+    return count.real, count.total
 
 
 def _packed_tail_padding(ids: torch.Tensor, positions: torch.Tensor, labels, pad_token_id: int) -> int:
@@ -102,32 +172,38 @@ def mfu(tokens_per_second: float, flops_per_tok: float, peak_flops: Optional[flo
 
 @dataclass
 class ThroughputMeter:
-    """Counts real and padded tokens between two log calls.
+    """Counts real and padded tokens (and the samples of batches without tokens) between two log calls.
 
     Example:
         >>> m = ThroughputMeter()
         >>> m.add({"input_ids": torch.ones(2, 4, dtype=torch.long), "attention_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])})
+        >>> m.add({"pixel_values": torch.zeros(5, 3, 8, 8)})
         >>> m.flush()
-        {'real_tokens': 6, 'total_tokens': 8, 'padding_fraction': 0.25, 'seq_len': 4}
+        {'real_tokens': 6, 'total_tokens': 8, 'padding_fraction': 0.25, 'seq_len': 4, 'samples': 5}
     """
 
     pad_token_id: Optional[int] = None
     real: int = 0
     total: int = 0
     seq_len: int = 0
+    samples: int = 0
 
-    def add(self, batch: Mapping[str, torch.Tensor]) -> None:
-        r, t = count_tokens(batch, self.pad_token_id)
-        self.real += r
-        self.total += t
-        self.seq_len = int(batch["input_ids"].shape[-1])
+    def add(self, batch) -> None:
+        count = count_batch(batch, self.pad_token_id)
+        self.real += count.real
+        self.total += count.total
+        self.samples += count.samples
+        if count.total:
+            self.seq_len = count.seq_len
 
     def flush(self) -> dict:
+        """Counts since the last flush; ``samples`` are those of batches without tokens."""
         out = {
             "real_tokens": self.real,
             "total_tokens": self.total,
             "padding_fraction": (1.0 - self.real / self.total) if self.total else 0.0,
             "seq_len": self.seq_len,
+            "samples": self.samples,
         }
-        self.real = self.total = 0
+        self.real = self.total = self.samples = 0
         return out

@@ -5,91 +5,140 @@ Example:
     >>> args = FastTrainingArguments(output_dir="runs/x", max_steps=200, logging_steps=10)
     >>> # trainer = FastTrainer(model=model, args=args, train_dataset=ds, data_collator=collator)
     >>> # trainer.train()   # logs gain tokens_per_second, padding_fraction, train_seconds (+ mfu on GPU)
+
+With a plain ``TrainingArguments`` (or a TRL config), or with ``run_record=False`` and every option at its
+default, FastTrainer is exactly ``transformers.Trainer``: same logs, checkpoints, ``output_dir`` and callbacks.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from typing import Any, Optional
 
 import torch
 from transformers import Trainer
 
-from .args import FastTrainingArguments
+from .args import fast_option
 from .callbacks.averaging import WeightAveragingCallback
 from .callbacks.run_record import RunRecorderCallback
-from .callbacks.stability import ClipStatsWindow, StabilityTrainerMixin, stability_callbacks
+from .callbacks.clipping import ClipStatsWindow
+from .callbacks.guard import stability_callbacks
+from .callbacks.mixin import StabilityTrainerMixin
 from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .clipping import norm_clip_stats
-from .data.from_args import SeqLenWiring
 from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .precision import logger as precision_logger
 from .runinfo import run_facts, training_config, write_run_record
 from .schedules import TokenProgress, make_scheduler
-from .throughput import ThroughputMeter, count_tokens, device_peak_flops, flops_per_token, mfu
+from .throughput import ThroughputMeter, count_batch, device_peak_flops, flops_per_token, mfu
+from .wiring import SeqLenWiring
 
-__all__ = ["FastTrainer"]
+__all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
 
 logger = logging.getLogger(__name__)
 
+# Log keys FastTrainer adds with run_record on that measure wall-clock: the only ones (with the Trainer's own
+# *_runtime and *_per_second) in which a resumed run's logs differ from a straight run's.
+WALL_CLOCK_LOG_KEYS = ("train_seconds", "tokens_per_second", "samples_per_second", "mfu")
+
 
 def _model_dims(model) -> tuple[int, int, int]:
-    """(parameters excluding position embeddings, layers, hidden size) for the FLOP estimate."""
+    """(matmul parameters, layers, attention width) for the FLOP estimate, for any decoder family.
+
+    Parameters exclude position-embedding tables and an input embedding that is not tied to the LM
+    head: both are table lookups, not matmuls (as nanoGPT counts; a tied embedding is the head's
+    matmul and counts once). The attention width is heads x head size, which for GQA models is the
+    query width: the score and value FLOPs grow with the query heads, not the key/value heads.
+    """
     cfg = getattr(model, "config", None)
     n_layer = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", 0) or 0
     d_model = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0) or 0
+    n_heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
+    head_dim = getattr(cfg, "head_dim", None)
+    attn_width = n_heads * head_dim if n_heads and head_dim else d_model
     n_params = sum(p.numel() for p in model.parameters())
     for name, p in model.named_parameters():
         if name.endswith(("wpe.weight", "position_embeddings.weight", "embed_positions.weight")):
             n_params -= p.numel()  # a table lookup, not matmul FLOPs (as nanoGPT counts)
-    return n_params, int(n_layer), int(d_model)
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    inp = get_in() if callable(get_in) else None
+    out = get_out() if callable(get_out) else None
+    w_in, w_out = getattr(inp, "weight", None), getattr(out, "weight", None)
+    if w_in is not None and w_out is not None and w_in is not w_out:
+        n_params -= w_in.numel()  # untied input embedding (Llama's default): a lookup
+    return n_params, int(n_layer), int(attn_width)
 
 
 class FastTrainer(StabilityTrainerMixin, Trainer):
     """A ``Trainer`` that adds hf_fasttrain's techniques according to ``FastTrainingArguments``.
 
-    On top of the Trainer it logs, with every training log: ``tokens_per_second`` (real tokens,
-    all processes), ``padding_fraction`` (share of pad tokens in the batches it trained on since the
-    last log), ``train_seconds`` (training wall-clock excluding evaluation and checkpointing) and, on
-    a GPU with a known peak, ``mfu``. Evaluation adds ``eval_perplexity``. Each run writes
-    ``config.yaml`` and ``run_info.json`` into ``output_dir`` at the start, and ``metrics.json`` and
-    ``loss_curve.png`` at the end.
+    Any arguments work: a plain ``TrainingArguments`` or a subclass of it (TRL's ``SFTConfig``) reads every
+    package option as its default (off; see :func:`hf_fasttrain.args.fast_option`), and ``FastTrainer(model)``
+    without arguments gets the Trainer's default ``TrainingArguments``. Any model works: batches without
+    ``input_ids`` (``pixel_values``, ``inputs_embeds``, regression features) are counted in samples or in
+    their token dimension.
+
+    With ``run_record`` on (the ``FastTrainingArguments`` default) it logs, with every training log:
+    ``tokens_per_second`` (real tokens, all processes; ``samples_per_second`` for batches without
+    tokens), ``padding_fraction`` (share of pad tokens in the batches it trained on since the last log),
+    ``train_seconds`` (training wall-clock excluding evaluation and checkpointing), clip statistics and, on
+    a GPU with a known peak, ``mfu``. Evaluation adds ``eval_perplexity``. Each run writes ``config.yaml``
+    and ``run_info.json`` into ``output_dir`` at the start, and ``metrics.json`` and ``loss_curve.png`` at
+    the end (:class:`~hf_fasttrain.callbacks.RunRecorderCallback`). With it off (and with plain
+    ``TrainingArguments``) none of this happens: logs, checkpoints, ``output_dir`` and the callback list
+    are the Trainer's.
 
     Stability: ``clip_mode`` picks norm (``max_grad_norm``), value, AGC or no clipping, and training
     logs gain ``clip_pre_norm``, ``clip_post_norm``, ``clip_pre_norm_max`` and ``clip_fraction``;
-    ``divergence_guard`` adds a :class:`~hf_fasttrain.callbacks.stability.DivergenceGuardCallback`,
+    ``divergence_guard`` adds a :class:`~hf_fasttrain.callbacks.guard.DivergenceGuardCallback`,
     which gets every loss from ``training_step`` (``guard_*`` counts in the logs).
 
     Args:
-        run_config: extra sections (e.g. ``{"model": {...}, "data": {...}}``) saved into
-            ``config.yaml`` beside the training arguments.
-        Everything else is passed to ``transformers.Trainer``.
+        *args:
+            Passed to ``transformers.Trainer`` (``model``, ``args``, ``data_collator``, ``train_dataset``, ...).
+            ``args`` is a ``FastTrainingArguments`` to use the techniques.
+        run_config (`dict`, *optional*, defaults to `None`):
+            Extra sections (e.g. ``{"model": {...}, "data": {...}}``) saved into ``config.yaml`` beside the
+            training arguments (with ``run_record`` on).
+        **kwargs:
+            Passed to ``transformers.Trainer``.
+
+    Example:
+        ```python
+        >>> from hf_fasttrain import FastTrainer, FastTrainingArguments
+        >>> args = FastTrainingArguments(output_dir="runs/x", max_steps=1000, optimizer="muon",
+        ...                              learning_rate=1.6e-2, lr_decay="cosine", min_lr_ratio=0.1,
+        ...                              divergence_guard=True)
+        >>> # trainer = FastTrainer(model=model, args=args, train_dataset=train, data_collator=collator)
+        >>> # trainer.train()
+        ```
     """
 
     def __init__(self, *args, run_config: Optional[dict[str, Any]] = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.run_config = dict(run_config or {})
+        opt = self._option
         pad_id = getattr(self.processing_class, "pad_token_id", None)
         self.throughput = ThroughputMeter(pad_token_id=pad_id)
-        self.recorder = RunRecorderCallback()
-        self.add_callback(self.recorder)
-        stop_at = getattr(self.args, "restart_stop_at_step", None)
+        self.run_record = bool(opt("run_record"))
+        if self.run_record and self.recorder is None:  # a recorder the user passed in is used as is
+            self.add_callback(RunRecorderCallback())
+        stop_at = opt("restart_stop_at_step")
         if stop_at:  # a random-restart trial: stop (and checkpoint) early, schedule from max_steps
             self.add_callback(StopAtStepCallback(stop_at))
         self._last_log_seconds = 0.0
         self._dims: Optional[tuple[int, int, int]] = None
         self.token_progress: Optional[TokenProgress] = None  # set by create_scheduler (schedule_unit='tokens')
-        if (getattr(self.args, "lr_decay", None) and getattr(self.args, "schedule_unit", "steps") == "tokens"
-                and getattr(self.args, "stop_at_token_budget", False) and self.args.schedule_total_tokens):
+        if (opt("lr_decay") and opt("schedule_unit") == "tokens" and opt("stop_at_token_budget")
+                and opt("schedule_total_tokens")):
             # the lr is at its floor past the budget: stop there instead of training on to max_steps
             self.add_callback(TokenBudgetStopCallback(
-                self.args.schedule_total_tokens,
+                opt("schedule_total_tokens"),
                 lambda: self.token_progress.tokens_seen if self.token_progress is not None else None))
         # stability (issue 6): guard and value/AGC clipping as callbacks; the mixin hands them the loss
         # and merges their stats into the logs; norm-mode stats come from _clip_grad_norm below
-        for callback in stability_callbacks(self.args):
+        for callback in stability_callbacks(self.args):  # plain args: none
             self.add_callback(callback)
         self._norm_clip_window = ClipStatsWindow()
         choice = getattr(self.args, "precision_choice", None)  # set by FastTrainingArguments
@@ -101,6 +150,19 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self.weight_averaging = WeightAveragingCallback.from_args(self.args)
         if self.weight_averaging is not None:
             self.add_callback(self.weight_averaging)
+
+    def _option(self, name: str):
+        """A package option of ``self.args`` (its default when the args are a plain TrainingArguments)."""
+        return fast_option(self.args, name)
+
+    @property
+    def recorder(self) -> Optional[RunRecorderCallback]:
+        """The run's ``RunRecorderCallback`` (looked up: the Trainer may re-create it on a resume), or None."""
+        handler = getattr(self, "callback_handler", None)
+        for callback in handler.callbacks if handler is not None else ():
+            if isinstance(callback, RunRecorderCallback):
+                return callback
+        return None
 
     # -- hooks ---------------------------------------------------------------------------------
     def get_train_dataloader(self):
@@ -119,7 +181,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         return self.seqlen.adjust_training_values(values) if self.seqlen is not None else values
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        self.throughput.add(inputs)
+        if self.run_record:
+            self.throughput.add(inputs)
         if self.token_progress is not None:
             self.token_progress.add(self._tokens_all_processes(inputs))
         return super().training_step(model, inputs, num_items_in_batch)
@@ -131,29 +194,29 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         advances with the tokens trained on."""
         if self.seqlen is not None:
             num_training_steps = self.seqlen.schedule_steps(num_training_steps)
-        if self.args.lr_decay is None:
+        opt = self._option
+        if opt("lr_decay") is None:
             scheduler = super().create_scheduler(num_training_steps, optimizer)
             if self.seqlen is not None:
                 self.seqlen.count_schedule_in_tokens(scheduler)
             return scheduler
         if self.lr_scheduler is not None:  # Trainer resets the one it made, so this one came from optimizers=
             raise ValueError(
-                f"lr_decay={self.args.lr_decay!r} but a scheduler ({type(self.lr_scheduler).__name__}) was passed "
+                f"lr_decay={opt('lr_decay')!r} but a scheduler ({type(self.lr_scheduler).__name__}) was passed "
                 f"through FastTrainer(optimizers=...); use one or the other"
             )
-        args = self.args
         self.token_progress = None
-        if args.schedule_unit == "tokens":
-            self.token_progress = TokenProgress(args.schedule_total_tokens or self._default_total_tokens(num_training_steps))
+        if opt("schedule_unit") == "tokens":
+            self.token_progress = TokenProgress(opt("schedule_total_tokens") or self._default_total_tokens(num_training_steps))
         self.lr_scheduler = make_scheduler(
             optimizer if optimizer is not None else self.optimizer,
             num_training_steps,
-            lr_decay=args.lr_decay,
-            warmup_steps=args.warmup_steps,
-            warmup_start_factor=args.warmup_start_factor,
-            min_lr=args.min_lr,
-            min_lr_ratio=args.min_lr_ratio,
-            decay_fraction=args.decay_fraction,
+            lr_decay=opt("lr_decay"),
+            warmup_steps=self.args.warmup_steps,
+            warmup_start_factor=opt("warmup_start_factor"),
+            min_lr=opt("min_lr"),
+            min_lr_ratio=opt("min_lr_ratio"),
+            decay_fraction=opt("decay_fraction"),
             progress=self.token_progress,
         )
         self._created_lr_scheduler = True  # as Trainer.create_scheduler: rebuilt on the next train()
@@ -164,33 +227,36 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     def _clip_grad_norm(self, model):
         # The Trainer's clip (it runs when max_grad_norm > 0). Other clip modes skip it: the Trainer then
         # only measures the norm (and still unscales fp16 gradients) in _get_grad_norm.
-        if getattr(self.args, "clip_mode", "norm") != "norm":
+        if self._option("clip_mode") != "norm":
             return None
         pre_norm = super()._clip_grad_norm(model)
-        if pre_norm is not None:
+        if pre_norm is not None and self.run_record:
             if hasattr(pre_norm, "full_tensor"):  # a DTensor under FSDP2
                 pre_norm = pre_norm.full_tensor()
             self._norm_clip_window.add(norm_clip_stats(pre_norm, self.args.max_grad_norm))
         return pre_norm
 
     def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
-        if "loss" in logs:  # a training log: every process calls this together
-            logs.update(self._throughput_logs())
-            logs.update(self._norm_clip_window.pop())
-        else:  # evaluation and end-of-training logs carry the clock too (it survives a resume)
-            logs.setdefault("train_seconds", self.recorder.train_seconds())
+        recorder = self.recorder if self.run_record else None
+        if recorder is not None:
+            if "loss" in logs:  # a training log: every process calls this together
+                logs.update(self._throughput_logs(recorder))
+                logs.update(self._norm_clip_window.pop())
+            else:  # evaluation and end-of-training logs carry the clock too (it survives a resume)
+                logs.setdefault("train_seconds", recorder.train_seconds())
         super().log(logs, start_time)
 
     def create_optimizer(self, model=None):
         """``args.optimizer`` set: build it by name from hf_fasttrain.optim; else the Trainer's ``optim``."""
-        if getattr(self.args, "optimizer", None) is None or self.optimizer is not None:
+        name = self._option("optimizer")
+        if name is None or self.optimizer is not None:
             return super().create_optimizer(model)
         kwargs = trainer_optimizer_kwargs(self.args, num_training_steps=self.state.max_steps)
         opt_model = self.model if model is None else model
         # Refuses (one line, before training) an optimizer that would not give its update under this
         # run's sharding (e.g. Muon under DeepSpeed ZeRO); under FSDP2 the model is not sharded yet here.
         sharding = detect_sharding(args=self.args, accelerator=self.accelerator, model=opt_model)
-        self.optimizer = create_optimizer(self.args.optimizer, opt_model, sharding=sharding, **kwargs)
+        self.optimizer = create_optimizer(name, opt_model, sharding=sharding, **kwargs)
         return self.optimizer
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
@@ -198,12 +264,12 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.weight_averaging.swap_in(self.model)
         metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         loss = metrics.get(f"{metric_key_prefix}_loss")
-        if loss is not None:
+        if loss is not None and self.run_record:
             metrics[f"{metric_key_prefix}_perplexity"] = math.exp(min(loss, 50.0))
         return metrics
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        if self.is_world_process_zero():
+        if self.run_record and self.is_world_process_zero():
             config = {**self.run_config, **training_config(self.args)}
             block = (self.run_config.get("data") or {}).get("block_size")
             write_run_record(self.args.output_dir, config, run=run_facts(self.model, self.args, block))
@@ -215,7 +281,14 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     # -- helpers -------------------------------------------------------------------------------
     def _tokens_all_processes(self, inputs) -> int:
         """Real (non-pad) tokens of this micro-batch summed over processes: every rank's schedule agrees."""
-        real, _ = count_tokens(inputs, self.throughput.pad_token_id)
+        count = count_batch(inputs, self.throughput.pad_token_id)
+        if not count.total:
+            keys = sorted(inputs) if isinstance(inputs, dict) else type(inputs).__name__
+            raise ValueError(
+                f"schedule_unit='tokens' counts tokens, but this training batch has none (no input_ids, per-token "
+                f"labels, attention_mask or inputs_embeds; it holds {keys}); use schedule_unit='steps'"
+            )
+        real = count.real
         if self.args.world_size > 1:
             t = torch.tensor(real, dtype=torch.int64, device=self.args.device)
             real = int(self.accelerator.reduce(t, reduction="sum").item())
@@ -236,31 +309,35 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                     total, num_training_steps, global_batch, row_len)
         return total
 
-    def _throughput_logs(self) -> dict[str, float]:
+    def _throughput_logs(self, recorder: RunRecorderCallback) -> dict[str, float]:
         stats = self.throughput.flush()
-        real, total = stats["real_tokens"], stats["total_tokens"]
+        real, total, samples = stats["real_tokens"], stats["total_tokens"], stats["samples"]
         if self.args.world_size > 1:  # sum over processes; all of them are in this call
-            t = torch.tensor([real, total], dtype=torch.float64, device=self.args.device)
+            t = torch.tensor([real, total, samples], dtype=torch.float64, device=self.args.device)
             t = self.accelerator.reduce(t, reduction="sum")
-            real, total = int(t[0].item()), int(t[1].item())
-        now = self.recorder.train_seconds()
+            real, total, samples = (int(x) for x in t.tolist())
+        now = recorder.train_seconds()
         if self._last_log_seconds is None:  # first log of this train() call (maybe a resume)
-            self._last_log_seconds = self.recorder._offset
+            self._last_log_seconds = recorder._offset
         dt = max(now - self._last_log_seconds, 1e-9)
         self._last_log_seconds = now
-        out = {
-            "tokens_per_second": real / dt,
-            "padding_fraction": (1.0 - real / total) if total else 0.0,
-            "train_seconds": now,
-        }
-        peak = self.args.mfu_peak_tflops * 1e12 if self.args.mfu_peak_tflops else device_peak_flops(self.args.device)
-        if peak:
+        out: dict[str, float] = {}
+        if total or not samples:  # token batches (or nothing counted yet): tokens
+            out["tokens_per_second"] = real / dt
+            out["padding_fraction"] = (1.0 - real / total) if total else 0.0
+        if samples:  # batches without a token dimension (images, features): samples
+            out["samples_per_second"] = samples / dt
+        out["train_seconds"] = now
+        peak_tflops = self._option("mfu_peak_tflops")
+        peak = peak_tflops * 1e12 if peak_tflops else device_peak_flops(self.args.device)
+        if peak and total:
             if self._dims is None:
                 self._dims = _model_dims(self.model)
             n_params, n_layer, d_model = self._dims
-            fpt = flops_per_token(n_params, n_layer, d_model, stats["seq_len"])
-            # padded tokens cost compute too: utilisation counts every token the model ran on
-            value = mfu(total / dt, fpt, peak, n_devices=self.args.world_size)
-            if value is not None:
-                out["mfu"] = value
+            if n_layer and d_model:  # the FLOP count is known only for a transformer with these in its config
+                fpt = flops_per_token(n_params, n_layer, d_model, stats["seq_len"])
+                # padded tokens cost compute too: utilisation counts every token the model ran on
+                value = mfu(total / dt, fpt, peak, n_devices=self.args.world_size)
+                if value is not None:
+                    out["mfu"] = value
         return out

@@ -3,7 +3,6 @@ against the single-process run, and a sharded checkpoint round trip. Run through
 `torch.multiprocessing.spawn(run, args=(world, port, out_dir, names))`; each rank writes a JSON
 report to out_dir/rank{r}.json (max |diff| per optimizer and step count, resume exactness)."""
 
-import copy
 import json
 import os
 import sys

@@ -97,7 +97,7 @@ def test_cpu_tiny_run_writes_json_with_all_arms(tmp_path):
     assert settings["fasttrain"]["trainer"] == "FastTrainer"
     assert settings["fasttrain"]["recipe_settings"]["precision"] == "auto"
     assert settings["fasttrain"]["precision"] == "no"  # auto on CPU: fp32
-    assert settings["fasttrain"]["optim"] == "adamw_torch_fused"
+    assert settings["fasttrain"]["optimizer"] == "muon"  # Muon + AdamW, from the recipe (benchmarks/scaling.py)
     assert all(s["torch_compile"] is False for s in settings.values())  # compile is off on CPU by default
 
 
@@ -119,7 +119,7 @@ def test_arm_settings_on_a_mocked_h200():
     assert attn == "sdpa"
     cls, kw, attn, settings = gt.trainer_arm_setup("fasttrain", base, h200, compile_on=True)
     assert cls is FastTrainer and kw.pop("_args_cls") is FastTrainingArguments
-    want = {"precision": "auto", "torch_compile": True, "optim": "adamw_torch_fused", "dataloader_num_workers": 4,
+    want = {"precision": "auto", "torch_compile": True, "optimizer": "muon", "dataloader_num_workers": 4,
             "dataloader_pin_memory": True, "dataloader_persistent_workers": True, "auto_resume": False,
             "ddp_find_unused_parameters": False}
     assert {k: kw[k] for k in want} == want

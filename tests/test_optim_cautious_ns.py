@@ -172,7 +172,8 @@ def test_ns_coefficient_schedules():
     pe = ns_coefficient_schedule("polar_express", 7)
     assert pe[0] == pytest.approx((8.156554524902461, -22.48329292557795, 15.878769915207462))
     assert pe[5] == pe[6] == pe[4]  # the last one repeats
-    assert ns_coefficient_schedule([[3, -3.2, 1.2], [2.0, -1.5, 0.5]], 3) == [(3.0, -3.2, 1.2), (2.0, -1.5, 0.5)] * 1 + [(2.0, -1.5, 0.5)]
+    explicit = ns_coefficient_schedule([[3, -3.2, 1.2], [2.0, -1.5, 0.5]], 3)
+    assert explicit == [(3.0, -3.2, 1.2), (2.0, -1.5, 0.5), (2.0, -1.5, 0.5)]
     assert ns_coefficient_schedule((1.5, -0.5, 0.0), 2) == [(1.5, -0.5, 0.0)] * 2
     for bad in ("newton", [1.0, 2.0], [[1.0, 2.0, "x"]], []):
         with pytest.raises(ValueError, match="Muon: ns_coefficients must be one of"):

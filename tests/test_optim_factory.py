@@ -21,7 +21,8 @@ def _args(tmp_path, **kw):
 
 @pytest.mark.parametrize("name", ["adamw", "lion", "ademamix", "soap", "muon"])
 def test_without_args_lr_and_weight_decay_are_required(name):
-    with pytest.raises(ValueError, match=rf"optimizer_cls_and_kwargs_for\('{name}'\): lr, weight_decay.* not set.*args="):
+    message = rf"optimizer_cls_and_kwargs_for\('{name}'\): lr, weight_decay.* not set.*args="
+    with pytest.raises(ValueError, match=message):
         optimizer_cls_and_kwargs_for(name)
     with pytest.raises(ValueError, match="weight_decay"):
         optimizer_cls_and_kwargs_for(name, lr=1e-3)  # weight decay would silently be the paper's

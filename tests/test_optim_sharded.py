@@ -6,7 +6,6 @@ import socket
 from types import SimpleNamespace
 
 import pytest
-import torch
 from torch import nn
 
 from hf_fasttrain.optim import (
@@ -88,7 +87,7 @@ def test_support_matrix(name):
 @pytest.mark.parametrize(
     "name, mode, words",
     [
-        ("muon", "deepspeed", ["'muon'", "DeepSpeed ZeRO", "flattened partitions", "DDP", "FSDP2"]),
+        ("muon", "deepspeed", ["optimizer: 'muon'", "DeepSpeed ZeRO", "flattened partitions", "DDP", "FSDP2"]),
         ("soap", "deepspeed", ["'soap'", "DeepSpeed ZeRO", "DDP"]),
         ("muon", "fsdp1", ["'muon'", "FSDP1", "flattened parameters", "FSDP2"]),
         ("soap", "fsdp2", ["'soap'", "FSDP2", "per shard", "DDP"]),
@@ -106,7 +105,7 @@ def test_refused_at_creation_from_args_and_launcher_environment(monkeypatch):
     with pytest.raises(ValueError, match="'muon' does not work under DeepSpeed ZeRO"):
         create_optimizer("muon", model, sharding=detect_sharding(args=SimpleNamespace(deepspeed="z2.json")))
     create_optimizer("lion", model, sharding="deepspeed")  # element-wise: fine
-    with pytest.raises(ValueError, match="'lion' with cautious=True does not work under DeepSpeed"):
+    with pytest.raises(ValueError, match="optimizer_kwargs: cautious=True with 'lion' does not work under DeepSpeed"):
         create_optimizer("lion", model, sharding="deepspeed", cautious=True)
     # `accelerate launch --config_file recipes/accelerate/deepspeed_zero2.yaml` sets this variable: the
     # config check that FastTrainingArguments runs up front (on a probe module) already refuses.

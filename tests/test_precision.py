@@ -415,7 +415,7 @@ def test_gpt2_small_recipe_uses_precision_auto(monkeypatch):
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     top = validate_recipe(load_recipe("gpt2_small"))[None]
     assert top["precision"] == "auto" and "bf16" not in top and "fp16" not in top
-    assert (top["torch_compile"], top["optim"], top["dataloader_pin_memory"]) == (True, "adamw_torch_fused", True)
+    assert (top["torch_compile"], top["optimizer"], top["dataloader_pin_memory"]) == (True, "muon", True)
     assert top["ddp_find_unused_parameters"] is False
 
 

@@ -9,7 +9,7 @@ import hf_fasttrain
 EXPECTED = {
     "FastTrainer", "FastTrainingArguments", "ModelArguments", "DataArguments",
     "optimizer_cls_and_kwargs_for", "LRScheduleCallback", "apply_batch_sampler", "apply_seq_len_warmup",
-    "GradientClippingCallback", "DivergenceGuardCallback", "DivergenceError", "RunRecorderCallback",
+    "GradientClippingCallback", "DivergenceGuardCallback", "DivergenceError", "StabilityTrainerMixin", "RunRecorderCallback",
     "train_with_restarts", "RestartConfig", "RestartOrchestrator",
 }
 

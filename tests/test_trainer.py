@@ -115,7 +115,7 @@ def test_count_tokens_and_meter_exact():
     m = ThroughputMeter()
     m.add(batch)
     m.add({"input_ids": torch.ones(1, 4, dtype=torch.long), "attention_mask": torch.ones(1, 4)})
-    assert m.flush() == {"real_tokens": 13, "total_tokens": 16, "padding_fraction": 0.1875, "seq_len": 4}
+    assert m.flush() == {"real_tokens": 13, "total_tokens": 16, "padding_fraction": 0.1875, "seq_len": 4, "samples": 0}
     assert m.flush()["total_tokens"] == 0
 
 

@@ -1,7 +1,6 @@
 """Bad configuration is refused in one place, before any data or model work, naming the field."""
 
 import pytest
-import yaml
 
 from hf_fasttrain._validation import TRAINING_RANGES, ConfigError, check, check_ranges, unknown_name
 
@@ -135,6 +134,9 @@ def test_preflight_refuses_what_the_full_validation_refuses(tmp_path):
             preflight(argv)
     # argparse's prefixes are accepted, as the full parser accepts them
     assert preflight(["--max_step", "5"])["max_steps"] == 5
+    assert preflight(["--max-steps", "6", "--n-layer", "3"])["max_steps"] == 6  # dashes, as HfArgumentParser
+    with pytest.raises(ConfigError, match=r"--n_layr: unknown option; did you mean '--n_layer'\?"):
+        preflight(["--n-layr", "3"])
 
 
 def test_every_range_checked_field_exists():

@@ -3,8 +3,16 @@
 from .averaging import WeightAveragingCallback
 from .run_record import RunRecorderCallback, plot_loss_curves
 from .schedule import LRScheduleCallback
-from .seqlen import CurriculumCallback, SeqLenWarmupCallback, apply_batch_sampler, apply_seq_len_warmup
-from .stability import DivergenceError, DivergenceGuardCallback, GradientClippingCallback, StabilityTrainerMixin
+from .seqlen import (
+    CurriculumCallback,
+    SeqLenWarmupCallback,
+    apply_batch_sampler,
+    apply_seq_len_warmup,
+    batch_sampler_dataloader,
+)
+from .clipping import GradientClippingCallback
+from .guard import DivergenceError, DivergenceGuardCallback
+from .mixin import StabilityTrainerMixin
 from .stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 
 __all__ = [
@@ -19,6 +27,7 @@ __all__ = [
     "CurriculumCallback",
     "apply_batch_sampler",
     "apply_seq_len_warmup",
+    "batch_sampler_dataloader",
     "StopAtStepCallback",
     "TokenBudgetStopCallback",
     "WeightAveragingCallback",

@@ -1,8 +1,10 @@
 """Training wall-clock, loss history, ``metrics.json`` and the loss-curve PNG of a run.
 
 Works with a plain ``transformers.Trainer`` (``trainer.add_callback(RunRecorderCallback())``) and is
-built into FastTrainer. Wall-clock here is *training* time: the time spent in evaluation and in
-writing checkpoints is excluded, so runs that evaluate at different rates compare fairly.
+built into FastTrainer (``run_record=True``, the FastTrainingArguments default). Wall-clock here is
+*training* time: the time spent in evaluation and in writing checkpoints is excluded, so runs that
+evaluate at different rates compare fairly. The clock is saved with every checkpoint (the Trainer's
+``stateful_callbacks`` in ``trainer_state.json``) and continues from there on a resume.
 
 Example:
     >>> from hf_fasttrain.callbacks import RunRecorderCallback
@@ -20,21 +22,29 @@ from pathlib import Path
 from typing import Any, Optional
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from ..runinfo import atomic_write_text
 
 __all__ = ["RunRecorderCallback", "plot_loss_curves"]
 
 
-class RunRecorderCallback(TrainerCallback):
+class RunRecorderCallback(TrainerCallback, ExportableState):
     """Tracks training seconds (excluding eval and checkpointing) and the train/eval loss history.
 
-    ``train_seconds()`` is resumable: on a resumed run it continues from the last ``train_seconds``
-    found in the restored ``state.log_history`` (FastTrainer writes it into every log).
+    Every log gains ``train_seconds`` (in ``state.log_history`` too) unless it has one. The clock is
+    resumable in any Trainer: each checkpoint saves it (``state()``, an ``ExportableState``), and a
+    resumed run continues from the checkpoint's value, whether or not
+    ``restore_callback_states_from_checkpoint`` is set (checkpoints written before it was saved
+    fall back to the last ``train_seconds`` in ``log_history``).
+
+    Args:
+        write_files: write ``metrics.json`` and ``loss_curve.png`` into ``output_dir`` at the end.
     """
 
     def __init__(self, write_files: bool = True):
         self.write_files = write_files
+        self.saved_seconds: Optional[float] = None  # the clock at the checkpoint this run resumed from
         self._t0: Optional[float] = None
         self._offset = 0.0
         self._excluded = 0.0
@@ -53,12 +63,32 @@ class RunRecorderCallback(TrainerCallback):
             self._excluded += time.perf_counter() - self._pause_start
             self._pause_start = None
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._offset = 0.0
-        for entry in reversed(state.log_history):
+    # -- checkpointed state ----------------------------------------------------------------------
+    def state(self) -> dict:
+        # called by the Trainer as it writes a checkpoint: the clock is paused for the save (on_step_end)
+        return {"args": {"write_files": self.write_files}, "attributes": {"saved_seconds": self.train_seconds()}}
+
+    def _clock_at_resume(self, state) -> float:
+        if state.global_step == 0:  # a fresh run (train() without a checkpoint starts at step 0)
+            return 0.0
+        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
+        if isinstance(saved, list):  # several recorders: the Trainer keeps a list; they share one clock
+            saved = saved[0] if saved else None
+        seconds = saved.get("attributes", {}).get("saved_seconds") if isinstance(saved, dict) else None
+        if seconds is not None:
+            return float(seconds)
+        for entry in reversed(state.log_history):  # a checkpoint written without the recorder's state
             if "train_seconds" in entry:
-                self._offset = float(entry["train_seconds"])
-                break
+                return float(entry["train_seconds"])
+        return 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._offset = self._clock_at_resume(state)
+        self.saved_seconds = self._offset if state.global_step else None
+        # A checkpoint from a run without this callback has no entry for it, and the Trainer's next save
+        # indexes stateful_callbacks by class name (KeyError): add it.
+        if state.stateful_callbacks is not None:
+            state.stateful_callbacks.setdefault(type(self).__name__, self.state())
         self.records = [dict(e) for e in state.log_history if "loss" in e or "eval_loss" in e]
         self._t0 = None  # the clock starts with the first step (an eval_on_start is not training)
         self._excluded = 0.0
@@ -85,11 +115,19 @@ class RunRecorderCallback(TrainerCallback):
 
     # -- history -----------------------------------------------------------------------------
     def on_log(self, args, state, control, logs=None, **kwargs):
-        logs = logs or {}
+        if logs is None:
+            return
+        if "train_seconds" not in logs:  # a plain Trainer's log (FastTrainer's carry it already)
+            seconds = self.train_seconds()
+            # Trainer.log appended a copy of `logs` (plus "step") to log_history before calling on_log:
+            # the clock goes there too, so a resumed run's records keep it
+            last = state.log_history[-1] if state.log_history else None
+            if last is not None and last.get("step") == state.global_step and all(k in last for k in logs):
+                last["train_seconds"] = seconds
+            logs["train_seconds"] = seconds
         if "loss" in logs or "eval_loss" in logs:
             rec = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
             rec["step"] = state.global_step
-            rec.setdefault("train_seconds", self.train_seconds())
             self.records.append(rec)
 
     def on_train_end(self, args, state, control, **kwargs):

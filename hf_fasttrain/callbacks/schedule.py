@@ -33,23 +33,35 @@ __all__ = ["LRScheduleCallback"]
 class LRScheduleCallback(TrainerCallback):
     """Replace the constant lr of a `transformers.Trainer` by warmup + decay to a floor (see `hf_fasttrain.schedules`).
 
+    Give the Trainer `lr_scheduler_type="constant"`; at the start of training the callback swaps the
+    multipliers of the Trainer's `LambdaLR` (one per param group), so checkpoints and resumes work as usual.
+
     Args:
-        lr_decay: "cosine", "sqrt", "linear", "1-sqrt" or "constant" (`hf_fasttrain.schedules.DECAY_SHAPES`).
-        warmup_steps: steps (int) or fraction of training (< 1); None takes `TrainingArguments.warmup_steps`.
-        warmup_start_factor: lr multiplier at step 0, rising linearly to 1 over the warmup.
-        min_lr: absolute floor (one, or one per param group); min_lr_ratio: floor as a fraction of each group's
-            peak. At most one.
-        decay_fraction: decay only over the last fraction of training (WSD); default 0.2 for "1-sqrt".
-        total_tokens: follow tokens seen (`TrainerState.num_input_tokens_seen`) up to this budget instead of steps.
+        lr_decay (`str`, *optional*, defaults to `"cosine"`):
+            `"cosine"`, `"sqrt"`, `"linear"`, `"1-sqrt"` or `"constant"` (`hf_fasttrain.schedules.DECAY_SHAPES`).
+        warmup_steps (`float`, *optional*, defaults to `None`):
+            Steps (int) or fraction of training (< 1); `None` takes `TrainingArguments.warmup_steps`
+            (giving both, non-zero, is an error).
+        warmup_start_factor (`float`, *optional*, defaults to `0.0`):
+            Lr multiplier at step 0, rising linearly to 1 over the warmup.
+        min_lr (`float` or `Sequence[float]`, *optional*, defaults to `None`):
+            Absolute floor (one, or one per param group).
+        min_lr_ratio (`float`, *optional*, defaults to `None`):
+            Floor as a fraction of each group's peak. At most one of `min_lr` / `min_lr_ratio`.
+        decay_fraction (`float`, *optional*, defaults to `None`):
+            Decay only over the last fraction of training (WSD); `None`: 0.2 for `"1-sqrt"`, else the whole
+            post-warmup span.
+        total_tokens (`int`, *optional*, defaults to `None`):
+            Follow tokens seen (`TrainerState.num_input_tokens_seen`, counted with
+            `include_num_input_tokens_seen="all"` or `"non_padding"`) up to this budget instead of steps.
 
     Example:
         ```python
         >>> from transformers import Trainer, TrainingArguments
-        >>> from hf_fasttrain.callbacks.schedule import LRScheduleCallback
+        >>> from hf_fasttrain import LRScheduleCallback
+        >>> callback = LRScheduleCallback("cosine", warmup_steps=0.02, min_lr_ratio=0.1)
         >>> args = TrainingArguments("out", learning_rate=1e-3, lr_scheduler_type="constant", max_steps=100)
-        >>> trainer = Trainer(model, args, train_dataset=ds,
-        ...                   callbacks=[LRScheduleCallback("cosine", warmup_steps=0.02, min_lr_ratio=0.1)])
-        >>> trainer.train()  # doctest: +SKIP
+        >>> # trainer = Trainer(model, args, train_dataset=ds, callbacks=[callback]); trainer.train()
         ```
     """
 

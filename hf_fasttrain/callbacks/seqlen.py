@@ -5,16 +5,29 @@ samplers); the only state is that position, and it follows from ``global_step`` 
 checkpoint) through `batches_consumed`. So these callbacks need no state of their own: at
 ``on_train_begin`` (after a resume has restored ``global_step``, before any batch is drawn) they set
 the position, and at ``on_log`` they add the current value to the logs.
+
+Also the Trainer glue for the batch samplers of hf_fasttrain.data: `batch_sampler_dataloader` (the
+Trainer's train DataLoader driven by one of them) and the one-liners `apply_batch_sampler` /
+`apply_seq_len_warmup`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from torch.utils.data import Sampler
 from transformers import TrainerCallback
 
-from ..data.samplers import CurriculumBatchSampler, batch_sampler_dataloader
+from ..data.samplers import CurriculumBatchSampler
 from ..data.seqlen import SeqLenWarmup, SeqLenWarmupCollator, batches_consumed
 
-__all__ = ["SeqLenWarmupCallback", "CurriculumCallback", "apply_batch_sampler", "apply_seq_len_warmup"]
+__all__ = [
+    "SeqLenWarmupCallback",
+    "CurriculumCallback",
+    "apply_batch_sampler",
+    "apply_seq_len_warmup",
+    "batch_sampler_dataloader",
+]
 
 
 def _consumed(args, state, batches_per_epoch: int | None) -> int:
@@ -126,3 +139,58 @@ def apply_seq_len_warmup(trainer, warmup: SeqLenWarmup, pad_token_id: int | None
     trainer.get_train_dataloader = get_train_dataloader
     trainer.add_callback(SeqLenWarmupCallback(collator))
     return collator
+
+
+def batch_sampler_dataloader(trainer, batch_sampler: Sampler, data_collator: Callable | None = None):
+    """The Trainer's train DataLoader, but driven by a rank-aware batch sampler of hf_fasttrain.data.
+
+    Builds the DataLoader as `Trainer._get_dataloader` does (unused columns removed, the Trainer's
+    worker settings and seeding), prepares it with the Trainer's accelerator, and turns the
+    `BatchSamplerShard` that accelerate wraps around it into a passthrough: the sampler already
+    yields only this rank's batches (the Trainer does the same for its `BatchRebalanceSampler`).
+    Skipping on resume (`skip_first_batches`) and `set_epoch` keep working.
+
+    One line for a plain `transformers.Trainer`:
+
+        trainer.get_train_dataloader = lambda: batch_sampler_dataloader(trainer, sampler)
+
+    with ``sampler = TokenBudgetBatchSampler(lengths, 8192, seed=args.seed, world_size=args.world_size,
+    rank=args.process_index, grad_accum=args.gradient_accumulation_steps)`` (any sampler here).
+    """
+    from functools import partial
+
+    from torch.utils.data import DataLoader
+    from transformers.trainer_utils import seed_worker
+
+    args = trainer.args
+    dataset = trainer.train_dataset
+    if dataset is None:
+        raise ValueError("Trainer: training requires a train_dataset.")
+    collator = trainer.data_collator if data_collator is None else data_collator
+    try:
+        import datasets
+
+        is_hf_dataset = isinstance(dataset, datasets.Dataset)
+    except ImportError:  # pragma: no cover - datasets is a dependency
+        is_hf_dataset = False
+    if is_hf_dataset:
+        dataset = trainer._remove_unused_columns(dataset, description="Training")
+    else:
+        collator = trainer._get_collator_with_removed_columns(collator, description="Training")
+    params = {
+        "batch_sampler": batch_sampler,
+        "collate_fn": collator,
+        "num_workers": args.dataloader_num_workers,
+        "pin_memory": args.dataloader_pin_memory,
+        "persistent_workers": args.dataloader_persistent_workers,
+        "worker_init_fn": partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index),
+    }
+    if args.dataloader_num_workers > 0:
+        params["prefetch_factor"] = args.dataloader_prefetch_factor
+        params["multiprocessing_context"] = args.dataloader_multiprocessing_context
+    loader = trainer.accelerator.prepare(DataLoader(dataset, **params))
+    shard = getattr(loader, "batch_sampler", None)
+    if shard is not None and getattr(shard, "batch_sampler", None) is batch_sampler:
+        shard.num_processes = 1  # the sampler is already sharded by rank
+        shard.process_index = 0
+    return loader

@@ -46,15 +46,19 @@ class TokenBudgetStopCallback(TrainerCallback):
     reached ``max_steps`` does.
 
     Args:
-        total_tokens: the budget, in tokens summed over all processes.
-        tokens_seen: a function returning the tokens trained on so far (FastTrainer passes its
-            ``TokenProgress``); None reads ``TrainerState.num_input_tokens_seen``, which a plain Trainer
-            counts with ``include_num_input_tokens_seen="all"`` or ``"non_padding"``.
+        total_tokens (`int`):
+            The budget, in tokens summed over all processes.
+        tokens_seen (`Callable[[], int]`, *optional*, defaults to `None`):
+            A function returning the tokens trained on so far (FastTrainer passes its ``TokenProgress``);
+            `None` reads ``TrainerState.num_input_tokens_seen``, which a plain Trainer counts with
+            ``include_num_input_tokens_seen="all"`` or ``"non_padding"``.
 
     Example:
+        ```python
         >>> from hf_fasttrain.callbacks import TokenBudgetStopCallback
         >>> cb = TokenBudgetStopCallback(total_tokens=2_000_000)
         >>> # Trainer(..., args=TrainingArguments(..., include_num_input_tokens_seen="non_padding"), callbacks=[cb])
+        ```
     """
 
     def __init__(self, total_tokens: int, tokens_seen=None):

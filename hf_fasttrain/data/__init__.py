@@ -15,7 +15,6 @@ from .samplers import (
     LengthGroupedBatchSampler,
     TokenBudgetBatchSampler,
     add_length_column,
-    batch_sampler_dataloader,
     get_lengths,
 )
 from .seqlen import SeqLenWarmup, SeqLenWarmupCollator, set_batch_sequence_length, seq_len_at
@@ -34,7 +33,6 @@ __all__ = [
     "TokenBudgetBatchSampler",
     "CurriculumBatchSampler",
     "BatchWarmupBatchSampler",
-    "batch_sampler_dataloader",
     "PackedBatchSampler",
     "PackedRowsCollator",
     "pack_bins",

@@ -14,10 +14,10 @@ Lengths come from a column computed once (`add_length_column`, a batched `datase
 reading every example as `transformers`' `LengthGroupedSampler` does when the column is missing.
 
 The samplers are *batch samplers*: pass them as ``DataLoader(ds, batch_sampler=...)`` and call
-``set_epoch(epoch)`` before each epoch. With `accelerate`/the Trainer use `batch_sampler_dataloader`,
-which keeps ``accelerator.prepare`` from sharding them a second time (they are already rank-aware);
-FastTrainer does this from its arguments, and `hf_fasttrain.callbacks.apply_batch_sampler` is the
-one-liner for a plain `transformers.Trainer`.
+``set_epoch(epoch)`` before each epoch. With `accelerate`/the Trainer use
+`hf_fasttrain.callbacks.batch_sampler_dataloader`, which keeps ``accelerator.prepare`` from sharding them a
+second time (they are already rank-aware); FastTrainer does this from its arguments, and
+`hf_fasttrain.callbacks.apply_batch_sampler` is the one-liner for a plain `transformers.Trainer`.
 
 The sampler's ``state_dict`` position counts batches it has yielded; a DataLoader draws ahead of
 training, so the Trainer resumes by skipping the batches it trained (re-iterating the same plan),
@@ -58,7 +58,6 @@ __all__ = [
     "TokenBudgetBatchSampler",
     "BatchWarmupBatchSampler",
     "CurriculumBatchSampler",
-    "batch_sampler_dataloader",
 ]
 
 Step = list[list[int]]  # one batch (list of dataset indices) per rank
@@ -763,61 +762,3 @@ class CurriculumBatchSampler(_StepPlanBatchSampler):
     def current_length_limit(self) -> int:
         """The limit of the most recently yielded batch (of the next one before any was yielded)."""
         return self.length_limit(max(self.run_position - 1, 0))
-
-
-# ---- Trainer glue -------------------------------------------------------------------------------
-
-
-def batch_sampler_dataloader(trainer, batch_sampler: Sampler, data_collator: Callable | None = None):
-    """The Trainer's train DataLoader, but driven by a rank-aware batch sampler from this module.
-
-    Builds the DataLoader as `Trainer._get_dataloader` does (unused columns removed, the Trainer's
-    worker settings and seeding), prepares it with the Trainer's accelerator, and turns the
-    `BatchSamplerShard` that accelerate wraps around it into a passthrough: the sampler already
-    yields only this rank's batches (the Trainer does the same for its `BatchRebalanceSampler`).
-    Skipping on resume (`skip_first_batches`) and `set_epoch` keep working.
-
-    One line for a plain `transformers.Trainer`:
-
-        trainer.get_train_dataloader = lambda: batch_sampler_dataloader(trainer, sampler)
-
-    with ``sampler = TokenBudgetBatchSampler(lengths, 8192, seed=args.seed, world_size=args.world_size,
-    rank=args.process_index, grad_accum=args.gradient_accumulation_steps)`` (any sampler here).
-    """
-    from functools import partial
-
-    from torch.utils.data import DataLoader
-    from transformers.trainer_utils import seed_worker
-
-    args = trainer.args
-    dataset = trainer.train_dataset
-    if dataset is None:
-        raise ValueError("Trainer: training requires a train_dataset.")
-    collator = trainer.data_collator if data_collator is None else data_collator
-    try:
-        import datasets
-
-        is_hf_dataset = isinstance(dataset, datasets.Dataset)
-    except ImportError:  # pragma: no cover - datasets is a dependency
-        is_hf_dataset = False
-    if is_hf_dataset:
-        dataset = trainer._remove_unused_columns(dataset, description="Training")
-    else:
-        collator = trainer._get_collator_with_removed_columns(collator, description="Training")
-    params = {
-        "batch_sampler": batch_sampler,
-        "collate_fn": collator,
-        "num_workers": args.dataloader_num_workers,
-        "pin_memory": args.dataloader_pin_memory,
-        "persistent_workers": args.dataloader_persistent_workers,
-        "worker_init_fn": partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index),
-    }
-    if args.dataloader_num_workers > 0:
-        params["prefetch_factor"] = args.dataloader_prefetch_factor
-        params["multiprocessing_context"] = args.dataloader_multiprocessing_context
-    loader = trainer.accelerator.prepare(DataLoader(dataset, **params))
-    shard = getattr(loader, "batch_sampler", None)
-    if shard is not None and getattr(shard, "batch_sampler", None) is batch_sampler:
-        shard.num_processes = 1  # the sampler is already sharded by rank
-        shard.process_index = 0
-    return loader

@@ -19,7 +19,14 @@ With FastTrainer, set `FastTrainingArguments(optimizer="lion", optimizer_kwargs=
 from .ademamix import AdEMAMix, ademamix_alpha, ademamix_beta3
 from .adamw import AdamW, build_adamw
 from .lion import Lion
-from .muon import NS_COEFFICIENTS, MuonWithAdamW, conv1d_lr_multiplier, muon_routing, newton_schulz, ns_coefficient_schedule
+from .muon import (
+    NS_COEFFICIENTS,
+    MuonWithAdamW,
+    conv1d_lr_multiplier,
+    muon_routing,
+    newton_schulz,
+    ns_coefficient_schedule,
+)
 from .registry import (
     OPTIMIZERS,
     OptimizerFactory,

@@ -179,7 +179,9 @@ class AdEMAMix(FP32StateOptimizer):
         return loss
 
 
-def _ademamix_update(params, grads, fast, slow, sq, *, step, lr, betas, alpha, warmup, eps, weight_decay, cautious=False):
+def _ademamix_update(
+    params, grads, fast, slow, sq, *, step, lr, betas, alpha, warmup, eps, weight_decay, cautious=False
+):
     """One AdEMAMix step on same-device, same-dtype, same-step lists."""
     beta1, beta2, beta3_final = betas
     alpha_t = ademamix_alpha(step, alpha, warmup)

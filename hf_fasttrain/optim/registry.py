@@ -264,20 +264,42 @@ def create_optimizer(
     sharding: Optional[str] = None,
     **kwargs,
 ) -> torch.optim.Optimizer:
-    """Build optimizer `name` for `model` with param groups (see the module docstring).
+    """Build optimizer `name` for `model`, with its param groups made from the model.
 
-    `sharding` is how the run spreads the model (`hf_fasttrain.optim.sharding.SHARDING_MODES`);
-    None detects it from the model's parameters and the launcher's environment. A combination that
-    would not give the single-process update (Muon or SOAP under DeepSpeed ZeRO or FSDP1, SOAP under
-    FSDP2, `cautious` on flattened partitions) raises a one-line ValueError here, before training.
+    Weight decay goes to matrices only (the Trainer's rule: not to biases and norms); `muon` puts the
+    hidden matrices on Muon and the rest (embeddings, LM head, biases, norms) on AdamW, in one optimizer.
+
+    Args:
+        name (`str`):
+            One of `OPTIMIZERS`: `"adamw"`, `"lion"`, `"ademamix"`, `"soap"` or `"muon"`. An unknown name
+            raises a `ValueError` listing the known ones.
+        model (`torch.nn.Module`):
+            The model whose parameters are optimized.
+        lr (`float`, *optional*, defaults to `None`):
+            Peak learning rate; `None` takes the optimizer's default from its paper (see each module).
+        weight_decay (`float`, *optional*, defaults to `None`):
+            Decoupled weight decay of the decay group; `None` takes the optimizer's default.
+        sharding (`str`, *optional*, defaults to `None`):
+            How the run spreads the model (`hf_fasttrain.optim.sharding.SHARDING_MODES`); `None` detects it
+            from the model's parameters and the launcher's environment. A combination that would not give
+            the single-process update (Muon or SOAP under DeepSpeed ZeRO or FSDP1, SOAP under FSDP2,
+            `cautious` on flattened partitions) raises a one-line `ValueError` here, before training.
+        **kwargs:
+            The optimizer's other options (e.g. `betas`, `cautious`, `muon_lr`, `ns_coefficients`);
+            unknown names and bad values raise a `ValueError` naming them.
+
+    Returns:
+        `torch.optim.Optimizer`: the optimizer; every param group carries `param_names`.
 
     Example:
+        ```python
         >>> import torch
         >>> from hf_fasttrain.optim import create_optimizer
         >>> net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.LayerNorm(4))
         >>> opt = create_optimizer("lion", net, lr=1e-4)
         >>> [(g["param_names"], g["weight_decay"]) for g in opt.param_groups]
         [(['0.weight'], 1.0), (['0.bias', '1.weight', '1.bias'], 0.0)]
+        ```
     """
     factory = get_optimizer_factory(name)
     _check_options(name, kwargs)

@@ -123,7 +123,8 @@ def detect_sharding(
         if kind == "DEEPSPEED":
             return "deepspeed"
         if kind == "FSDP":
-            return "fsdp2" if int(getattr(getattr(state, "fsdp_plugin", None), "fsdp_version", 1) or 1) >= 2 else "fsdp1"
+            version = int(getattr(getattr(state, "fsdp_plugin", None), "fsdp_version", 1) or 1)
+            return "fsdp2" if version >= 2 else "fsdp1"
         from_model = _model_mode(model)
         if from_model is not None:
             return from_model
@@ -162,10 +163,10 @@ def sharding_support(name: str, mode: str, cautious: bool = False) -> Optional[s
     if name == "muon" and mode == "fsdp2":
         return None
     if name in ("muon", "soap"):
-        return f"optimizer {name!r} does not work under {_MODE_TEXT[mode]}; {_INSTEAD[name]}"
+        return f"optimizer: {name!r} does not work under {_MODE_TEXT[mode]}; {_INSTEAD[name]}"
     if cautious and mode in ("fsdp1", "deepspeed"):
         return (
-            f"optimizer {name!r} with cautious=True does not work under {_MODE_TEXT[mode]}: its rescale "
+            f"optimizer_kwargs: cautious=True with {name!r} does not work under {_MODE_TEXT[mode]}: its rescale "
             f"would count a flattened partition, not a tensor; {_INSTEAD['cautious']}"
         )
     return None
@@ -180,7 +181,7 @@ def check_sharding_support(name: str, mode: str, cautious: bool = False) -> None
         >>> check_sharding_support("muon", "deepspeed")
         Traceback (most recent call last):
         ...
-        ValueError: optimizer 'muon' does not work under DeepSpeed ZeRO (the optimizer is handed flattened partitions); use DDP (recipes/accelerate/multi_gpu_ddp.yaml) or FSDP2 (recipes/accelerate/fsdp.yaml), or an element-wise optimizer (adamw, lion, ademamix)
+        ValueError: optimizer: 'muon' does not work under DeepSpeed ZeRO (the optimizer is handed flattened partitions); use DDP (recipes/accelerate/multi_gpu_ddp.yaml) or FSDP2 (recipes/accelerate/fsdp.yaml), or an element-wise optimizer (adamw, lion, ademamix)
     """
     reason = sharding_support(name, mode, cautious)
     if reason is not None:

@@ -22,29 +22,43 @@ class RestartConfig:
     """Settings of a random-restart search. Validated on construction, before any trial starts.
 
     Args:
-        num_seeds: number of seeds explored at the first rung (>= 1).
-        explore_fraction: exploration budget as a fraction of the full run's ``max_steps``, in (0, 1].
-            With 1 the exploration is the whole run and the best finished seed is the winner.
-        metric: eval metric that ranks the seeds. A name without the ``eval_`` prefix gets it, as with
+        num_seeds (`int`, *optional*, defaults to `4`):
+            Seeds explored at the first rung (>= 1).
+        explore_fraction (`float`, *optional*, defaults to `0.1`):
+            Exploration budget as a fraction of the full run's ``max_steps``, in (0, 1]. With 1 the
+            exploration is the whole run and the best finished seed is the winner.
+        metric (`str`, *optional*, defaults to `"eval_loss"`):
+            Eval metric that ranks the seeds. A name without the ``eval_`` prefix gets it, as with
             ``TrainingArguments.metric_for_best_model``.
-        direction: ``"min"`` (lower is better, e.g. a loss) or ``"max"`` (e.g. an accuracy).
-        rungs: number of successive-halving rungs (>= 1). Rung ``r`` of ``R`` sits at
+        direction (`str`, *optional*, defaults to `"min"`):
+            ``"min"`` (lower is better, e.g. a loss) or ``"max"`` (e.g. an accuracy).
+        rungs (`int`, *optional*, defaults to `1`):
+            Successive-halving rungs (>= 1). Rung ``r`` of ``R`` sits at
             ``explore_fraction * keep_fraction ** (R - 1 - r)`` of the run; the last rung is the exploration
             budget. With 1 rung every seed trains for the whole exploration budget.
-        keep_fraction: share of the surviving seeds kept at each rung before the last, in (0, 1)
-            (0.5: successive halving). At least one seed is always kept.
-        divergence_threshold: a trial whose metric at a rung is worse than this (above it for ``min``,
-            below it for ``max``) is diverged: it did not improve past the threshold. ``None``: only
-            non-finite metrics (and the runner's own ``diverged`` flag) count as divergence.
-        replace_diverged: replace each diverged seed by a fresh one that trains up to the same rung.
-        max_replacements: cap on fresh seeds drawn for diverged ones (``None``: ``num_seeds``).
-        seed: base model seed; trial ``i`` gets ``seed + i`` (see :func:`derive_seeds`).
-        data_seed: base data-order seed (``None``: ``seed``).
-        vary: which seed changes across trials: ``"both"``, ``"model"`` (data order fixed) or ``"data"``
+        keep_fraction (`float`, *optional*, defaults to `0.5`):
+            Share of the surviving seeds kept at each rung before the last, in (0, 1) (0.5: successive
+            halving). At least one seed is always kept.
+        divergence_threshold (`float`, *optional*, defaults to `None`):
+            A trial whose metric at a rung is worse than this (above it for ``min``, below it for ``max``) is
+            diverged: it did not improve past the threshold. ``None``: only non-finite metrics (and the
+            runner's own ``diverged`` flag) count as divergence.
+        replace_diverged (`bool`, *optional*, defaults to `False`):
+            Replace each diverged seed by a fresh one that trains up to the same rung.
+        max_replacements (`int`, *optional*, defaults to `None`):
+            Cap on fresh seeds drawn for diverged ones (``None``: ``num_seeds``).
+        seed (`int`, *optional*, defaults to `42`):
+            Base model seed; trial ``i`` gets ``seed + i`` (see :func:`derive_seeds`).
+        data_seed (`int`, *optional*, defaults to `None`):
+            Base data-order seed (``None``: ``seed``).
+        vary (`str`, *optional*, defaults to `"both"`):
+            Which seed changes across trials: ``"both"``, ``"model"`` (data order fixed) or ``"data"``
             (initialisation fixed).
-        parallel: ``False`` runs trials one after another; ``"per_gpu"`` runs the trials of a rung at the
-            same time, one per device in ``devices``.
-        devices: device ids handed to the runner under ``"per_gpu"`` (``None``: the visible GPUs).
+        parallel (`bool` or `str`, *optional*, defaults to `False`):
+            ``False`` runs trials one after another; ``"per_gpu"`` runs the trials of a rung at the same time,
+            one per device in ``devices``.
+        devices (`list[str]`, *optional*, defaults to `None`):
+            Device ids handed to the runner under ``"per_gpu"`` (``None``: the visible GPUs).
 
     Example:
 

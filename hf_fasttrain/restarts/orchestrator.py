@@ -114,11 +114,15 @@ class RestartOrchestrator:
     gets ``output_dir/trials/t`` as its own output directory.
 
     Args:
-        config: the search settings.
-        runner: trains the trials (see :class:`TrialRunner`).
-        output_dir: where state, summary and trial directories live. A state file already there is resumed;
-            it must have been made with the same search settings and ``max_steps``.
-        max_steps: the full run's optimizer steps (the LR schedule's length for every trial).
+        config (`RestartConfig`):
+            The search settings.
+        runner (`TrialRunner`):
+            Trains the trials: ``runner.run(trial, until_step, resume_from)`` returns a ``TrialResult``.
+        output_dir (`str`):
+            Where state, summary and trial directories live. A state file already there is resumed; it must
+            have been made with the same search settings and ``max_steps``.
+        max_steps (`int`):
+            The full run's optimizer steps (the LR schedule's length for every trial).
 
     Example:
 

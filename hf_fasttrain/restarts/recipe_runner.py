@@ -131,7 +131,39 @@ class RecipeTrialRunner:
 def train_with_restarts(model_args, data_args, training_args, callbacks: Optional[Sequence[Any]] = None,
                         runner: Optional[TrialRunner] = None, **config_overrides) -> Dict[str, Any]:
     """The random-restart search for a recipe: explores ``restart_num_seeds`` seeds, continues the best to
-    ``max_steps``; state, summary and trials live in ``training_args.output_dir``. Returns the summary."""
+    ``max_steps``; state, summary and trials live in ``training_args.output_dir``.
+
+    This is what ``recipes/gpt2_small.py`` runs when ``restart_num_seeds > 1``. Killed, the same call resumes
+    from ``restarts_state.json`` without rerunning a finished trial.
+
+    Args:
+        model_args (`ModelArguments`):
+            The recipe's ``model:`` section.
+        data_args (`DataArguments`):
+            The recipe's ``data:`` section.
+        training_args (`FastTrainingArguments`):
+            The run; its ``restart_*`` fields are the search settings and ``max_steps`` (> 0) the full run.
+        callbacks (`Sequence[TrainerCallback]`, *optional*, defaults to `None`):
+            Extra callbacks for every trial's Trainer.
+        runner (`TrialRunner`, *optional*, defaults to `None`):
+            Trains the trials; ``None`` builds a ``RecipeTrialRunner`` (in this process, or one subprocess
+            per GPU with ``restart_parallel="per_gpu"``).
+        **config_overrides:
+            ``RestartConfig`` fields that replace those read from ``training_args``.
+
+    Returns:
+        `dict`: the summary (also in ``restarts_summary.json``): per seed its metrics and fate, the winner
+        and its final metric.
+
+    Example:
+        ```python
+        >>> from hf_fasttrain import train_with_restarts
+        >>> from hf_fasttrain.recipes import parse_config
+        >>> model_args, data_args, training_args = parse_config(
+        ...     ["--config", "gpt2_tiny", "--restart_num_seeds", "4", "--restart_explore_fraction", "0.1"])
+        >>> # summary = train_with_restarts(model_args, data_args, training_args)
+        ```
+    """
     config = restart_config_from_args(training_args, **config_overrides)
     if training_args.max_steps is None or training_args.max_steps <= 0:
         raise ValueError(

@@ -1,0 +1,216 @@
+"""FastTrainer's sequence-length wiring: the parts of hf_fasttrain.data built from its arguments.
+
+FastTrainer holds one `SeqLenWiring` (None when every sequence-length option is off) and calls it
+from five small hooks; everything it builds is a plain part of hf_fasttrain.data, usable without
+FastTrainer (see hf_fasttrain.callbacks.seqlen for the plain-Trainer one-liners).
+
+Which option does what (fields of FastTrainingArguments):
+
+- ``length_grouping``: `LengthGroupedBatchSampler` with ``per_device_train_batch_size`` examples.
+- ``max_tokens_per_batch``: `TokenBudgetBatchSampler` (padded tokens per micro-batch).
+- ``batch_warmup_min_tokens``: `BatchWarmupBatchSampler`, token budgets growing from it to
+  ``max_tokens_per_batch`` (or ``per_device_train_batch_size`` rows) over ``batch_warmup_fraction`` of
+  ``max_steps``; the run is counted in tokens (``schedule_unit='tokens'``) and may take up to that many
+  more, smaller steps to reach ``schedule_total_tokens``.
+- ``packing="flatten"``: `PackedBatchSampler` bins of ``max_tokens_per_batch`` tokens, one
+  padding-free row each (`DataCollatorWithFlattening`).
+- ``packing="rows"``: ``per_device_train_batch_size`` rows of ``packing_row_length`` tokens
+  (`PackedBatchSampler` + `PackedRowsCollator`).
+- ``curriculum_min_length``: `CurriculumBatchSampler`, growing over ``curriculum_fraction`` of training.
+- ``seq_len_warmup_min``: `SeqLenWarmup` over ``seq_len_warmup_fraction`` of training, applied to
+  each batch as the training loop takes it; with ``seq_len_warmup_count_tokens`` the run stops after
+  the tokens of ``max_steps`` full-length steps and the LR schedule advances with tokens.
+
+Arguments without these fields (a plain ``TrainingArguments``) read them as their defaults: all off.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from .args import FastOptions
+from .callbacks.seqlen import CurriculumCallback, SeqLenWarmupCallback, batch_sampler_dataloader
+from .data.from_args import batching_options, seqlen_enabled
+from .data.packing import PackedBatchSampler, PackedRowsCollator
+from .data.samplers import (
+    BatchWarmupBatchSampler,
+    CurriculumBatchSampler,
+    LengthGroupedBatchSampler,
+    TokenBudgetBatchSampler,
+    get_lengths,
+)
+from .data.seqlen import SeqLenWarmup, SeqLenWarmupCollator
+
+__all__ = ["SeqLenWiring"]
+
+
+def _fail(name, value, allowed: str) -> None:
+    raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+
+
+class SeqLenWiring:
+    """The sequence-length parts of one FastTrainer, built from its args and training set.
+
+    Args:
+        trainer: the FastTrainer (its ``args``, ``train_dataset``, ``data_collator``,
+            ``processing_class`` are read once, at construction).
+    """
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        args = FastOptions(trainer.args)
+        self.grad_accum = args.gradient_accumulation_steps
+        self.rows = args.per_device_train_batch_size
+        self.base_max_steps = args.max_steps
+        self.seed = args.data_seed if args.data_seed is not None else args.seed
+        tok = trainer.processing_class
+        self.pad_token_id = getattr(tok, "pad_token_id", None)
+        names = getattr(tok, "model_input_names", None) or ["input_ids"]
+        self.input_name = names[0]
+        self.sampler = None
+        self.collator = None
+        self.batch_warmup_steps = 0  # optimizer steps of a batch-size warmup (smaller steps: the run needs more)
+        self.cutter: Optional[SeqLenWarmupCollator] = None
+        callbacks = []
+        if batching_options(args):
+            self.sampler, self.collator = self._batching(args, trainer.train_dataset, trainer.data_collator)
+        if args.seq_len_warmup_min is not None:
+            self.cutter = self._warmup(args, trainer.train_dataset, trainer.data_collator)
+        if isinstance(self.sampler, CurriculumBatchSampler):
+            callbacks.append(CurriculumCallback(self.sampler))
+        if self.cutter is not None:
+            callbacks.append(SeqLenWarmupCallback(self.cutter))
+        for cb in callbacks:  # first, so every reporter sees the values they add to the logs
+            trainer.callback_handler.callbacks.insert(0, cb)
+        self.count_tokens = (
+            self.cutter is not None and args.seq_len_warmup_count_tokens and self.cutter.warmup.mode == "truncate"
+        )
+
+    @classmethod
+    def from_trainer(cls, trainer) -> Optional["SeqLenWiring"]:
+        """None when every sequence-length option is off (or there is no training set: evaluation only)."""
+        if not seqlen_enabled(FastOptions(trainer.args)) or trainer.train_dataset is None:
+            return None
+        return cls(trainer)
+
+    # -- construction --------------------------------------------------------------------------
+    def _batching(self, args, dataset, data_collator):
+        if dataset is None or not hasattr(dataset, "__len__"):
+            name, value = batching_options(args)[0]
+            raise ValueError(f"{name}={value!r} needs a training set with a length (not an IterableDataset)")
+        lengths = get_lengths(dataset, column=self.input_name, length_column=args.length_column_name)
+        shard = dict(seed=self.seed, world_size=args.world_size, rank=args.process_index)
+        if args.length_grouping:
+            return LengthGroupedBatchSampler(lengths, self.rows, drop_last=args.dataloader_drop_last, **shard), None
+        if args.curriculum_min_length is not None:
+            sampler = CurriculumBatchSampler(
+                lengths, self.rows, min_length=args.curriculum_min_length,
+                curriculum_batches=round(args.curriculum_fraction * args.max_steps * self.grad_accum),
+                max_length=args.curriculum_max_length, pacing=args.curriculum_pacing,
+                num_stages=args.curriculum_stages, drop_last=args.dataloader_drop_last, **shard,
+            )
+            return sampler, None
+        if args.packing == "flatten":
+            from transformers import DataCollatorWithFlattening
+
+            sampler = PackedBatchSampler(lengths, args.max_tokens_per_batch, grad_accum=self.grad_accum, **shard)
+            return sampler, DataCollatorWithFlattening()
+        if args.packing == "rows":
+            sampler = PackedBatchSampler(
+                lengths, args.packing_row_length, rows_per_batch=self.rows, grad_accum=self.grad_accum, **shard
+            )
+            pad = self.pad_token_id if self.pad_token_id is not None else 0
+            return sampler, PackedRowsCollator(row_len=args.packing_row_length, num_rows=self.rows, pad_token_id=pad)
+        multiple = getattr(data_collator, "pad_to_multiple_of", None) or 1
+        if args.batch_warmup_min_tokens is not None:
+            return self._batch_warmup(args, lengths, multiple, shard), None
+        sampler = TokenBudgetBatchSampler(
+            lengths, args.max_tokens_per_batch, grad_accum=self.grad_accum, pad_to_multiple_of=multiple, **shard
+        )
+        return sampler, None
+
+    def _batch_warmup(self, args, lengths, multiple: int, shard: dict) -> BatchWarmupBatchSampler:
+        if args.max_tokens_per_batch is not None:  # token budgets
+            max_tokens, max_rows = args.max_tokens_per_batch, None
+        else:  # fixed row counts: the full batch is per_device_train_batch_size rows of the longest length
+            longest = -(-int(lengths.max()) // multiple) * multiple
+            max_tokens, max_rows = self.rows * longest, self.rows
+            if args.batch_warmup_min_tokens > max_tokens:
+                _fail("batch_warmup_min_tokens", args.batch_warmup_min_tokens,
+                      f"must be <= the full micro-batch's {max_tokens} tokens ({self.rows} rows x {longest})")
+        self.batch_warmup_steps = round(args.batch_warmup_fraction * args.max_steps)
+        warmup_tokens = self.batch_warmup_steps * self.grad_accum * max_tokens * max(args.world_size, 1)
+        if warmup_tokens > int(lengths.sum()):
+            _fail("batch_warmup_fraction", args.batch_warmup_fraction,
+                  f"the warmup ({self.batch_warmup_steps} steps of up to {max_tokens} tokens per micro-batch) must end "
+                  f"within the first epoch ({int(lengths.sum())} tokens); use a smaller fraction or more data")
+        return BatchWarmupBatchSampler(
+            lengths, max_tokens, min_tokens=args.batch_warmup_min_tokens, warmup_steps=self.batch_warmup_steps,
+            grad_accum=self.grad_accum, max_batch_size=max_rows, pad_to_multiple_of=multiple, **shard,
+        )
+
+    def _warmup(self, args, dataset, data_collator) -> SeqLenWarmupCollator:
+        full = len(dataset[0][self.input_name])
+        if args.seq_len_warmup_min > full:
+            _fail("seq_len_warmup_min", args.seq_len_warmup_min,
+                  f"is above the training length {full} (the length of the training rows)")
+        warmup = SeqLenWarmup(
+            min_seq_len=args.seq_len_warmup_min, max_seq_len=full,
+            warmup_batches=round(args.seq_len_warmup_fraction * args.max_steps * self.grad_accum),
+            multiple=args.seq_len_warmup_multiple, pacing=args.seq_len_warmup_pacing,
+            num_stages=args.seq_len_warmup_stages, mode=args.seq_len_warmup_mode,
+        )
+        pad = self.pad_token_id if self.pad_token_id is not None else 0
+        return SeqLenWarmupCollator(data_collator, warmup, pad_token_id=pad)
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def train_dataloader(self):
+        """The training DataLoader driven by this run's batch sampler, or None for the Trainer's own."""
+        if self.sampler is None:
+            return None
+        return batch_sampler_dataloader(self.trainer, self.sampler, self.collator)
+
+    def cut(self, batches: list) -> list:
+        """Sequence-length warmup on the micro-batches the training loop just took (main process)."""
+        return [self.cutter.cut(b) for b in batches]
+
+    def max_steps(self, max_steps: int) -> int:
+        """Optimizer steps of the run: with token counting, enough for ``base max_steps`` full-length steps' tokens."""
+        if self.batch_warmup_steps:  # each warmup step holds less than a full one: at most this many more steps;
+            return max_steps + self.batch_warmup_steps  # the token budget (schedule_total_tokens) stops the run
+        if not self.count_tokens:
+            return max_steps
+        warmup = self.cutter.warmup
+        tokens = self.base_max_steps * self.grad_accum * warmup.max_seq_len
+        return math.ceil(warmup.batches_for_tokens(tokens, 1) / self.grad_accum)
+
+    def adjust_training_values(self, values: tuple) -> tuple:
+        """Rewrite `Trainer.set_initial_training_values` for a token-counted stop."""
+        epochs, per_epoch, examples, samples, total_batch, steps_in_epoch, max_steps = values
+        new = self.max_steps(max_steps)
+        if new == max_steps:
+            return values
+        return (math.ceil(new / per_epoch), per_epoch, examples, new * total_batch, total_batch, steps_in_epoch, new)
+
+    def count_schedule_in_tokens(self, scheduler) -> None:
+        """Evaluate each LambdaLR multiplier at the full-length steps whose tokens were seen."""
+        if not self.count_tokens:
+            return
+        lambdas = getattr(scheduler, "lr_lambdas", None)
+        if lambdas is None:
+            raise ValueError(
+                f"seq_len_warmup_count_tokens=True needs a LambdaLR schedule; lr_scheduler_type="
+                f"{self.trainer.args.lr_scheduler_type!r} gives {type(scheduler).__name__} (set it to false)"
+            )
+        warmup, ga = self.cutter.warmup, self.grad_accum
+
+        def in_tokens(fn):
+            return lambda step: fn(warmup.full_length_batches(step * ga) / ga)
+
+        # lambda(0) is unchanged (no tokens yet), so the lr LambdaLR set at construction stays right
+        scheduler.lr_lambdas = [in_tokens(fn) for fn in lambdas]
+
+    def schedule_steps(self, num_training_steps: int) -> int:
+        """The steps the LR schedule is built for: the user's max_steps when counting tokens."""
+        return self.base_max_steps if self.count_tokens or self.batch_warmup_steps else num_training_steps

@@ -1,0 +1,106 @@
+"""benchmarks/scaling.py: budget rule, grid extension, ratio and trend arithmetic, and a resumable smoke run."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    for name in ("time_to_loss", "scaling"):
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod  # dataclasses look their module up there
+            spec.loader.exec_module(mod)
+    return sys.modules["scaling"]
+
+
+@pytest.mark.parametrize("n, expected", [(396_800, 300), (100_096, 156), (25_472, 72), (1_334_976, 552), (10, 12)])
+def test_budget_grows_with_the_square_root_of_size(n, expected):
+    assert _load().budget_steps(n, 396_800) == expected
+
+
+def test_non_embedding_params_exact():
+    sc = _load()
+    # GPT-2 block: qkv 3d^2+3d, proj d^2+d, mlp 8d^2+5d, 2 layer norms 4d; plus the final norm 2d
+    d = 64
+    assert sc.non_embedding_params(2, d, "gpt2", 2) == 2 * (12 * d * d + 13 * d) + 2 * d
+    # Llama (tied, no biases), 2 query heads of 32, 1 kv head, MLP 192: q,o 2d^2 + k,v 2*32d + 3*192d + 2 norms d
+    assert sc.non_embedding_params(2, d, "llama", 2, 1) == 2 * (2 * d * d + 2 * 32 * d + 3 * 192 * d + 2 * d) + d
+
+
+@pytest.mark.parametrize("losses, expected", [
+    ({1e-3: 5.0, 2e-3: 4.0, 4e-3: 4.5}, None),
+    ({1e-3: 5.0, 2e-3: 4.5, 4e-3: 4.0}, 8e-3),
+    ({1e-3: 4.0, 2e-3: 4.5, 4e-3: 5.0}, 5e-4),
+    ({1e-3: 4.0}, None),
+])
+def test_edge_extension(losses, expected):
+    assert _load().edge_extension(losses) == expected
+
+
+def _run(opt, lr, seed, losses, rung="r", step_tokens=100):
+    curve = [{"step": i, "tokens": i * step_tokens, "seconds": float(i), "eval_loss": v} for i, v in enumerate(losses)]
+    return {"rung": rung, "optimizer": opt, "lr": lr, "seed": seed, "curve": curve, "final_eval_loss": losses[-1],
+            "max_steps": len(losses) - 1, "tokens_per_step": step_tokens}
+
+
+def test_summary_best_lr_and_token_ratio():
+    sc = _load()
+    runs = [
+        _run("adamw", 1e-3, 0, [8, 6, 5, 4.5, 4.2]), _run("adamw", 1e-3, 1, [8, 6, 5, 4.5, 4.4]),
+        _run("adamw", 2e-3, 0, [8, 6, 5, 4.8, 4.6]), _run("adamw", 2e-3, 1, [8, 6, 5, 4.8, 4.6]),
+        _run("muon", 1e-2, 0, [8, 5, 4.1, 3.9, 3.8]), _run("muon", 1e-2, 1, [8, 5, 4.5, 4.0, 3.9]),
+    ]
+    s = sc.summarise_rung(runs, "r")
+    assert s["tokens"] == 400 and s["target_eval_loss"] == pytest.approx(4.3)  # median of 4.2, 4.4
+    assert s["optimizers"]["adamw"]["best_lr"] == 1e-3 and s["optimizers"]["adamw"]["best_at_edge"]
+    # Muon seed 0 crosses 4.3 between 100 (5.0) and 200 (4.1): 100 + 0.7/0.9 * 100; seed 1 between 200 and 300
+    seed0, seed1 = 100 + 0.7 / 0.9 * 100, 200 + 0.2 / 0.5 * 100
+    assert s["optimizers"]["muon"]["tokens_to_target"] == pytest.approx((seed0 + seed1) / 2)
+    assert s["optimizers"]["muon"]["token_ratio_vs_adamw"] == pytest.approx((seed0 + seed1) / 2 / 400)
+
+
+def test_fit_line_exact():
+    sc = _load()
+    line = sc.fit_line([0.0, 1.0, 2.0], [1.0, 3.0, 5.0])
+    assert line["slope"] == pytest.approx(2.0) and line["intercept"] == pytest.approx(1.0)
+    assert sc.fit_line([1.0, 1.0], [2.0, 3.0]) is None
+
+
+@pytest.mark.slow
+def test_quick_ladder_writes_results_and_resumes(tmp_path, monkeypatch):
+    sc = _load()
+    argv = ["--quick", "--out", str(tmp_path), "--seeds", "1", "--max-extend", "1", "--step-time-steps", "2"]
+    first = sc.main(argv)
+    data = json.loads((tmp_path / "scaling.json").read_text())
+    for ext in ("json", "md", "png"):
+        assert (tmp_path / f"scaling.{ext}").exists()
+    keys = set(data["runs"])
+    assert {"quick-a|adamw|0.002|0", "quick-a|muon|0.01|0", "quick-b|adamw|0.004|0"} <= keys
+    assert set(data["step_time"]) == {"quick-a", "quick-b"}
+    assert all(r["final_eval_loss"] < r["curve"][0]["eval_loss"] for r in data["runs"].values())
+    assert math.isfinite(first["summary"]["quick-a"]["optimizers"]["muon"]["token_ratio_vs_adamw"])
+
+    # a rerun trains nothing: every run is in the JSON already
+    monkeypatch.setattr(sc, "_run_one", lambda job: pytest.fail(f"reran {job}"))
+    sc.main(argv)
+    assert set(json.loads((tmp_path / "scaling.json").read_text())["runs"]) == keys
+
+
+def test_interpolated_best_lr():
+    sc = _load()
+    # symmetric neighbours: the vertex is the grid's best; a better right neighbour pulls it right
+    assert sc.interpolated_best_lr({1e-3: 5.0, 2e-3: 4.0, 4e-3: 5.0}) == pytest.approx(2e-3)
+    # y = (x - x*)^2 in log2 lr with x* = log2(2e-3) + 0.25
+    x = {lr: math.log2(lr) for lr in (1e-3, 2e-3, 4e-3)}
+    star = math.log2(2e-3) + 0.25
+    assert sc.interpolated_best_lr({lr: (v - star) ** 2 for lr, v in x.items()}) == pytest.approx(2 ** star)
+    assert sc.interpolated_best_lr({1e-3: 4.0, 2e-3: 4.5, 4e-3: 5.0}) is None  # at an edge
