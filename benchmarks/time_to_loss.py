@@ -160,6 +160,9 @@ ablation_arm("base+polar", "base + Polar Express Newton-Schulz coefficients (Ams
 ablation_arm("base+ema+bsw", "the combination: base + EMA (as base+ema) + batch-size warmup (as base+bsw)",
              weight_averaging="ema", ema_decay=0.98, batch_warmup_min_tokens=quarter_batch, batch_warmup_fraction=0.2,
              schedule_unit="tokens", schedule_total_tokens=token_budget, include_num_input_tokens_seen="all")
+ablation_arm("base+ema+slw", "the combination: base + EMA (as base+ema) + sequence-length warmup (as base+slw)",
+             weight_averaging="ema", ema_decay=0.98, seq_len_warmup_min=16, seq_len_warmup_fraction=0.3,
+             include_num_input_tokens_seen="all")
 ablation_arm("base+slw", "base + sequence-length warmup 16 -> block over 30% of the tokens, token-counted",
              seq_len_warmup_min=16, seq_len_warmup_fraction=0.3, include_num_input_tokens_seen="all")
 
