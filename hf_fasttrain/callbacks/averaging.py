@@ -111,6 +111,18 @@ class WeightAveragingCallback(TrainerCallback):
             self.finalized = True
         return control
 
+    def finish_from(self, checkpoint: str, model) -> bool:
+        """Make ``model`` the average saved in ``checkpoint`` (a finished run whose final save was lost: the
+        checkpoint's model is the iterate). Returns False, leaving the model alone, when it holds none."""
+        path = os.path.join(checkpoint, AVERAGE_FILE)
+        if not os.path.isfile(path):
+            return False
+        self.average = WeightAverage(dict(model.named_parameters()), **self.settings)
+        self.average.load_state_dict(load_average_file(path))
+        self.average.copy_to(model)
+        self.finalized = True
+        return True
+
     # -- swapping ------------------------------------------------------------------------------
     def swap_in(self, model) -> None:
         """Put the average into ``model``, keeping its own weights to put back (no-op once finalized)."""
