@@ -39,7 +39,12 @@ TRAINER_ESSENTIALS = (
     "logging_steps", "seed",
 )
 # groups listed by name only in the short help (each has many options)
-COMPACT_GROUPS = ("Sequence length", "Random restart")
+COMPACT_GROUPS = ("Sequence length", "Random restart", "Weight averaging")
+# model/data keys shown one per line in the short help; the others are listed by name
+SECTION_ESSENTIALS = {
+    "model": ("model_name_or_path", "model_type", "n_layer", "n_head", "n_embd", "num_key_value_heads"),
+    "data": ("dataset", "tokenizer", "vocab_size", "block_size"),
+}
 # the techniques a new user reaches for first; other groups follow in the order of args.py
 FIRST_GROUPS = ("Optimizer by name", "LR schedule", "Stability")
 
@@ -388,16 +393,22 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
         room = max(width - col - len(tag), 20)
         return head + _first_sentence(opt.help, room) + tag
 
-    def section(title: str, opts: list[Option]) -> None:
+    def section(title: str, opts: list[Option], shown: Optional[Sequence[str]] = None) -> None:
         if not opts:
             return
         lines.extend(["", f"{title}:"])
         if title in COMPACT_GROUPS:
-            names = ", ".join(f"--{o.name}" for o in opts)
-            lines.extend(textwrap.wrap(names + " (see --help-all)", width, initial_indent="  ",
-                                       subsequent_indent="  "))
+            rows, rest = [], opts
+        elif shown is not None:
+            rows = [o for o in opts if o.name in shown]
+            rest = [o for o in opts if o.name not in shown]
         else:
-            lines.extend(row(o) for o in opts)
+            rows, rest = opts, []
+        lines.extend(row(o) for o in rows)
+        if rest:
+            names = ("also: " if rows else "") + ", ".join(f"--{o.name}" for o in rest)
+            lines.extend(textwrap.wrap(names + " (see --help-all)", width, initial_indent="  ", break_on_hyphens=False,
+                                       subsequent_indent="  "))
 
     if recipe_name:
         lines += ["", f"Values in [brackets] are recipe {recipe_name}'s. Every option is also a recipe key."]
@@ -422,8 +433,8 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
     for title, opts, _ in merged:
         section(title, opts)
     section("run (Trainer options; all of them: --help-all)", [schema[n] for n in TRAINER_ESSENTIALS if n in schema])
-    section("model", [o for o in schema.values() if o.section == "model"])
-    section("data", [o for o in schema.values() if o.section == "data"])
+    for name in ("model", "data"):
+        section(name, [o for o in schema.values() if o.section == name], SECTION_ESSENTIALS[name])
     for title in COMPACT_GROUPS:
         section(title, groups.get(title, []))
     return "\n".join(lines) + "\n"
