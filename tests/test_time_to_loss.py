@@ -51,7 +51,11 @@ def test_quick_run_writes_json_table_and_png(tmp_path):
     for r in record["runs"]:
         losses = [p["eval_loss"] for p in r["curve"]]
         assert losses[-1] < losses[0] - 0.5  # every arm learned
-        assert [p["step"] for p in r["curve"]] == [0, 6, 12, 18, 24]
+        steps = [p["step"] for p in r["curve"]]
+        if r["arm"] == "fasttrain":  # sequence-length warmup: more, shorter steps to the same token budget
+            assert steps[:5] == [0, 6, 12, 18, 24] and steps[-1] > 24
+        else:
+            assert steps == [0, 6, 12, 18, 24]
 
 
 @pytest.mark.slow  # runs the sweep benchmark
