@@ -4,7 +4,8 @@ Loaded with ``-p benchmarks._hf_suite_plugin``; the mode comes from ``HF_FASTTRA
 
 - ``trainer``: nothing is patched (the reference run);
 - ``fast``: ``transformers.Trainer`` is ``FastTrainer``, arguments stay ``TrainingArguments``;
-- ``fast_args``: also ``transformers.TrainingArguments`` is ``FastTrainingArguments``.
+- ``fast_args``: also ``transformers.TrainingArguments`` is ``FastTrainingArguments``;
+- ``fast_neutral``: as ``fast_args`` with ``run_record`` defaulting to False (every package option off).
 
 The names are patched on the ``transformers`` package in ``pytest_configure``, before any test module is
 imported, so ``from transformers import Trainer, TrainingArguments`` in a test module (and every class it
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 
-MODES = ("trainer", "fast", "fast_args")
+MODES = ("trainer", "fast", "fast_args", "fast_neutral")
 _MODE = os.environ.get("HF_FASTTRAIN_SUITE_MODE", "trainer")
 
 
@@ -35,12 +36,29 @@ def pytest_configure(config):
 
     from hf_fasttrain import FastTrainer, FastTrainingArguments
 
+    args_cls = {"fast_args": FastTrainingArguments, "fast_neutral": _neutral_args_class()}.get(_MODE)
     # `import transformers` and sys.modules["transformers"] can be two lazy-module objects (transformers
     # re-registers itself while hf_fasttrain imports); `from transformers import X` reads sys.modules
     for mod in {id(m): m for m in (transformers, sys.modules["transformers"])}.values():
         mod.Trainer = FastTrainer
-        if _MODE == "fast_args":
-            mod.TrainingArguments = FastTrainingArguments
+        if args_cls is not None:
+            mod.TrainingArguments = args_cls
+
+
+def _neutral_args_class():
+    """FastTrainingArguments whose run_record defaults to False: the package's neutral mode."""
+    import dataclasses
+
+    from hf_fasttrain import FastTrainingArguments
+
+    @dataclasses.dataclass
+    class NeutralFastTrainingArguments(FastTrainingArguments):
+        run_record: bool = False
+
+    # a module-level name, so that the Trainer can pickle the arguments into training_args.bin
+    NeutralFastTrainingArguments.__qualname__ = "NeutralFastTrainingArguments"
+    globals()["NeutralFastTrainingArguments"] = NeutralFastTrainingArguments
+    return NeutralFastTrainingArguments
 
 
 def pytest_collection_finish(session):

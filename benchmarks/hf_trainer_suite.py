@@ -4,12 +4,14 @@
 
 ``--tests`` is a local copy of transformers' ``tests/`` folder (at least ``tests/__init__.py`` and
 ``tests/trainer/``): the tests are not installed with transformers and are not part of this repository.
-Every ``test_*.py`` under it runs three times, each file in its own pytest process (CPU, offline:
+Every ``test_*.py`` under it runs four times, each file in its own pytest process (CPU, offline:
 ``HF_HUB_OFFLINE=1``):
 
 - ``trainer``: the plain ``transformers.Trainer`` (the reference);
 - ``fast``: ``FastTrainer`` substituted for ``Trainer``, arguments stay ``TrainingArguments``;
-- ``fast_args``: ``FastTrainer`` and ``FastTrainingArguments`` substituted (``run_record`` on, its default).
+- ``fast_args``: ``FastTrainer`` and ``FastTrainingArguments`` substituted (``run_record`` on, its default);
+- ``fast_neutral``: as ``fast_args`` with ``run_record`` defaulting to False: the neutral mode, which
+  must give the Trainer's results exactly.
 
 The substitution is ``benchmarks/_hf_suite_plugin.py`` (``-p``). A test that passes with the Trainer and
 fails or errors in another mode is a finding; ``ALLOWED`` lists the ones that are expected (the run record
@@ -41,11 +43,12 @@ from pathlib import Path
 
 from benchmarks._harness import RESULTS, ROOT, machine_info, markdown_table, write_json
 
-MODES = ("trainer", "fast", "fast_args")
+MODES = ("trainer", "fast", "fast_args", "fast_neutral")
 MODE_TITLES = {
     "trainer": "Trainer",
     "fast": "FastTrainer + TrainingArguments",
     "fast_args": "FastTrainer + FastTrainingArguments",
+    "fast_neutral": "FastTrainer + FastTrainingArguments(run_record=False)",
 }
 OUTCOMES = ("passed", "failed", "error", "skipped")
 SOURCES = {  # tests/trainer/<file> -> the huggingface/transformers commit it was taken from
@@ -69,6 +72,7 @@ _RESUME = ("compares a resumed run's TrainerState with a straight run's; the run
 ALLOWED: dict[str, dict[str, str]] = {
     "trainer": {},
     "fast": {},
+    "fast_neutral": {},
     "fast_args": {
         "test_trainer_callback.py::TrainerCallbackTest::test_default_callbacks_are_present": _CALLBACKS,
         "test_trainer_callback.py::TrainerCallbackTest::test_custom_callback_added_at_init": _CALLBACKS,

@@ -61,7 +61,7 @@ def test_compare_lists_only_tests_that_pass_with_the_trainer(monkeypatch):
     assert suite.counts(by_mode["trainer"]) == {"passed": 3, "failed": 2, "error": 0, "skipped": 1}
 
 
-@pytest.mark.slow  # three pytest subprocesses (~30 s)
+@pytest.mark.slow  # four pytest subprocesses (~40 s)
 def test_plugin_substitutes_trainer_names_in_test_modules(tmp_path):
     """The pytest plugin swaps the names before the test module imports them, per mode."""
     pkg = tmp_path / "tests"
@@ -73,8 +73,10 @@ def test_plugin_substitutes_trainer_names_in_test_modules(tmp_path):
         def test_names():
             mode = os.environ["HF_FASTTRAIN_SUITE_MODE"]
             assert Trainer.__name__ == ("Trainer" if mode == "trainer" else "FastTrainer")
-            assert TrainingArguments.__name__ == ("FastTrainingArguments" if mode == "fast_args"
-                                                  else "TrainingArguments")
+            expected = {"fast_args": "FastTrainingArguments", "fast_neutral": "NeutralFastTrainingArguments"}
+            assert TrainingArguments.__name__ == expected.get(mode, "TrainingArguments")
+            if mode == "fast_neutral":
+                assert TrainingArguments("out").run_record is False
     """))
     for mode in suite.MODES:
         env = dict(suite.os.environ, HF_FASTTRAIN_SUITE_MODE=mode, HF_HUB_OFFLINE="1",
