@@ -33,7 +33,7 @@ _LAZY = {
     "StabilityTrainerMixin": ".callbacks",  # judges the pre-clip gradient norm in any Trainer subclass
     "RunRecorderCallback": ".callbacks",  # config, versions, loss curve and metrics in output_dir
     # random restart: a recipe (train_with_restarts) or any trainer behind a TrialRunner (RestartOrchestrator)
-    "train_with_restarts": ".restarts.recipe_runner",
+    "train_with_restarts": ".recipe_restarts",
     "RestartConfig": ".restarts",
     "RestartOrchestrator": ".restarts",
 }
@@ -68,5 +68,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
     )
     from .optim import optimizer_cls_and_kwargs_for  # noqa: F401
     from .restarts import RestartConfig, RestartOrchestrator  # noqa: F401
-    from .restarts.recipe_runner import train_with_restarts  # noqa: F401
+    from .recipe_restarts import train_with_restarts  # noqa: F401
     from .trainer import FastTrainer  # noqa: F401
