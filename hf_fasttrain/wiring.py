@@ -33,13 +33,8 @@ from .args import FastOptions
 from .callbacks.seqlen import CurriculumCallback, SeqLenWarmupCallback, batch_sampler_dataloader
 from .data.from_args import batching_options, seqlen_enabled
 from .data.packing import PackedBatchSampler, PackedRowsCollator
-from .data.samplers import (
-    BatchWarmupBatchSampler,
-    CurriculumBatchSampler,
-    LengthGroupedBatchSampler,
-    TokenBudgetBatchSampler,
-    get_lengths,
-)
+from .data.samplers import CurriculumBatchSampler, LengthGroupedBatchSampler, get_lengths
+from .data.token_budget import BatchWarmupBatchSampler, TokenBudgetBatchSampler
 from .data.seqlen import SeqLenWarmup, SeqLenWarmupCollator
 
 __all__ = ["SeqLenWiring"]

@@ -51,6 +51,7 @@ LAYERS = {
     "decoders": CORE,
     # config
     "args": CONFIG,
+    "_model_data_args": CONFIG,  # ModelArguments, DataArguments (re-exported by args)
     # adapters
     "callbacks": ADAPTER,
     "wiring": ADAPTER,
