@@ -111,7 +111,8 @@ def non_embedding_params(n_layer: int, n_embd: int, model_type: str = "gpt2", n_
     from transformers import AutoModelForCausalLM
 
     cfg = decoder_config(model_type, vocab_size=8, num_hidden_layers=n_layer, num_attention_heads=n_head or 1,
-                         hidden_size=n_embd, max_position_embeddings=8, num_key_value_heads=n_kv_head)
+                         hidden_size=n_embd, max_position_embeddings=8, num_key_value_heads=n_kv_head,
+                         bos_token_id=0, eos_token_id=0)  # in the tiny vocabulary (GPT-2's default 50256 is not)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     skip = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) for p in m.parameters()}
@@ -160,7 +161,7 @@ def step_time_ratio(setup: Setup, steps: int = 20, warmup: int = 3, seed: int = 
     cfg = decoder_config(setup.model_type, vocab_size=setup.vocab_size, num_hidden_layers=setup.n_layer,
                          num_attention_heads=setup.n_head, hidden_size=setup.n_embd,
                          max_position_embeddings=setup.block_size, num_key_value_heads=setup.n_kv_head,
-                         extra=setup.model_config)
+                         extra=setup.model_config, bos_token_id=0, eos_token_id=0)
     torch.manual_seed(seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").to(device)

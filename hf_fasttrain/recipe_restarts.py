@@ -10,6 +10,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from ._files import atomic_write_text, last_complete_checkpoint
+from .data.from_args import planned_optimizer_steps
 from .recipes import resolved_config
 from .restarts import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec, restart_config_from_args
 from .run import train
@@ -71,7 +72,7 @@ class RecipeTrialRunner:
             "seed": trial.model_seed,
             "data_seed": trial.data_seed,
             "output_dir": trial.output_dir,
-            "max_steps": trial.max_steps,
+            "max_steps": self.training_args.max_steps,  # the recipe's: trial.max_steps counts the optimizer steps
             "restart_num_seeds": 1,
             "restart_stop_at_step": until_step,
             "resume_from_checkpoint": last_complete_checkpoint(trial.output_dir, before_step=until_step, extra=[resume_from]),
@@ -169,7 +170,16 @@ def train_with_restarts(model_args, data_args, training_args, callbacks: Optiona
             f"max_steps={training_args.max_steps!r} is invalid for random restart: set max_steps > 0 (the "
             "exploration budget is a fraction of it)."
         )
+    if training_args.batch_warmup_min_tokens is not None:
+        raise ValueError(
+            f"batch_warmup_min_tokens={training_args.batch_warmup_min_tokens!r} is invalid for random restart: the "
+            "search needs the run's step count up front and a batch-size warmup ends by its token budget; set it "
+            "to null or restart_num_seeds to 1."
+        )
+    # a token-counted sequence-length warmup takes more (shorter) optimizer steps than max_steps: rungs and
+    # the winner's continuation are counted in the steps the run really takes
+    total_steps = planned_optimizer_steps(training_args, data_args.block_size)
     if runner is None:
         runner = RecipeTrialRunner(model_args, data_args, training_args, subprocess=config.parallel == "per_gpu",
                                    callbacks=callbacks)
-    return RestartOrchestrator(config, runner, training_args.output_dir, training_args.max_steps).run()
+    return RestartOrchestrator(config, runner, training_args.output_dir, total_steps).run()

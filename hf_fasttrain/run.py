@@ -20,6 +20,7 @@ from ._files import last_complete_checkpoint
 from .args import DataArguments, FastTrainingArguments, ModelArguments
 from .callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
 from .data.corpus import get_tokenizer, load_text_datasets, tokenize_and_chunk
+from .data.from_args import planned_optimizer_steps
 from .metrics import make_compute_metrics, preprocess_logits_for_metrics
 from .modeling import build_model
 from .recipes import resolved_config
@@ -104,13 +105,15 @@ def _read_json(path: str) -> Optional[dict]:
         return None
 
 
-def finished_checkpoint(training_args: FastTrainingArguments, checkpoint: Optional[str]) -> Optional[int]:
+def finished_checkpoint(training_args: FastTrainingArguments, checkpoint: Optional[str],
+                        row_length: Optional[int] = None) -> Optional[int]:
     """The step at which this run already ended, or None when there is training left to do.
 
-    The run is over when ``checkpoint`` (the one it would resume from) is at ``max_steps`` (or at the
-    Trainer's own total for an epoch-based run), or when the run ended earlier by its own rule (a token
-    budget) and wrote its final ``metrics.json`` after that checkpoint, with the same ``max_steps`` in its
-    ``config.yaml``. Resuming such a checkpoint would make the Trainer take one more step.
+    The run is over when ``checkpoint`` (the one it would resume from) is at the run's planned optimizer
+    steps (``max_steps``, or more with a token-counted sequence-length warmup over rows of ``row_length``
+    tokens; the Trainer's own total for an epoch-based run), or when the run ended earlier by its own rule
+    (a token budget) and wrote its final ``metrics.json`` after that checkpoint, with the same
+    ``max_steps`` in its ``config.yaml``. Resuming such a checkpoint would make the Trainer take one more step.
     """
     if not checkpoint:
         return None
@@ -118,7 +121,10 @@ def finished_checkpoint(training_args: FastTrainingArguments, checkpoint: Option
     if not state or not isinstance(state.get("global_step"), int):
         return None
     step = state["global_step"]
-    target = training_args.max_steps if training_args.max_steps > 0 else state.get("max_steps")
+    if training_args.max_steps > 0:
+        target = planned_optimizer_steps(training_args, row_length)
+    else:
+        target = state.get("max_steps")
     if getattr(training_args, "restart_stop_at_step", None):  # a random-restart trial: the search decides
         return None
     if isinstance(target, int) and target > 0 and step >= target:
@@ -165,6 +171,9 @@ def start_line(name: str, facts: Mapping[str, Any], output_dir: str) -> str:
     procs = f" over {facts['world_size']} processes" if facts["world_size"] > 1 else ""
     length = (f"{steps:,} steps ({_fmt_count(steps * tps)} tokens)" if steps and steps > 0
               else "by epochs (max_steps not set)")
+    planned = facts.get("optimizer_steps")
+    if steps and steps > 0 and planned and planned != steps:  # a token-counted sequence-length warmup
+        length = f"the tokens of {length} in {planned:,} optimizer steps (shorter rows first)"
     return (f"{name}: {_fmt_count(facts['parameters'])} parameters; {tps:,} tokens/step ({rows} rows x "
             f"{per_row} tokens{procs}); {length}; {facts['device']}, {facts['precision']}; output {output_dir}")
 
@@ -293,14 +302,14 @@ def train(
     name = os.path.basename(os.path.normpath(out)) or out
     is_main = training_args.process_index == 0
     checkpoint = find_resume_checkpoint(training_args)
-    done_at = finished_checkpoint(training_args, checkpoint)
+    done_at = finished_checkpoint(training_args, checkpoint, data_args.block_size)
     if done_at is not None:
         final = _final_outputs_present(out)
         if final is not None:
             if is_main:
-                logger.info("%s is complete: %s reached step %d of max_steps %d; nothing to train (outputs left "
-                            "as they are). To train longer, raise --max_steps; to start over, use a new "
-                            "--output_dir.", name, checkpoint, done_at, training_args.max_steps)
+                logger.info("%s is complete: %s reached step %d, the run's last (max_steps %d); nothing to train "
+                            "(outputs left as they are). To train longer, raise --max_steps; to start over, use a "
+                            "new --output_dir.", name, checkpoint, done_at, training_args.max_steps)
             return final
     with training_args.main_process_first(desc="dataset and tokenizer"):
         # the held-out split must not move with the training seed (random restart compares seeds on it)
@@ -326,6 +335,7 @@ def train(
     if trainer.pop_callback(PrinterCallback) is not None:  # disable_tqdm: the same lines, no bar
         trainer.add_callback(ReadablePrinterCallback())
     facts = run_facts(model, training_args, data_args.block_size)
+    facts["optimizer_steps"] = planned_optimizer_steps(training_args, data_args.block_size)
     if is_main:
         logger.info(start_line(name, facts, out))
     if done_at is not None:  # complete, but killed before its final save: finish from the checkpoint

@@ -31,11 +31,11 @@ from typing import Optional
 
 from .args import FastOptions
 from .callbacks.seqlen import CurriculumCallback, SeqLenWarmupCallback, batch_sampler_dataloader
-from .data.from_args import batching_options, seqlen_enabled
+from .data.from_args import batching_options, planned_optimizer_steps, seq_len_warmup_from_args, seqlen_enabled
 from .data.packing import PackedBatchSampler, PackedRowsCollator
 from .data.samplers import CurriculumBatchSampler, LengthGroupedBatchSampler, get_lengths
+from .data.seqlen import SeqLenWarmupCollator
 from .data.token_budget import BatchWarmupBatchSampler, TokenBudgetBatchSampler
-from .data.seqlen import SeqLenWarmup, SeqLenWarmupCollator
 
 __all__ = ["SeqLenWiring"]
 
@@ -54,7 +54,7 @@ class SeqLenWiring:
 
     def __init__(self, trainer):
         self.trainer = trainer
-        args = FastOptions(trainer.args)
+        args = self.args = FastOptions(trainer.args)
         self.grad_accum = args.gradient_accumulation_steps
         self.rows = args.per_device_train_batch_size
         self.base_max_steps = args.max_steps
@@ -150,12 +150,7 @@ class SeqLenWiring:
         if args.seq_len_warmup_min > full:
             _fail("seq_len_warmup_min", args.seq_len_warmup_min,
                   f"is above the training length {full} (the length of the training rows)")
-        warmup = SeqLenWarmup(
-            min_seq_len=args.seq_len_warmup_min, max_seq_len=full,
-            warmup_batches=round(args.seq_len_warmup_fraction * args.max_steps * self.grad_accum),
-            multiple=args.seq_len_warmup_multiple, pacing=args.seq_len_warmup_pacing,
-            num_stages=args.seq_len_warmup_stages, mode=args.seq_len_warmup_mode,
-        )
+        warmup = seq_len_warmup_from_args(args, full)
         pad = self.pad_token_id if self.pad_token_id is not None else 0
         return SeqLenWarmupCollator(data_collator, warmup, pad_token_id=pad)
 
@@ -176,9 +171,7 @@ class SeqLenWiring:
             return max_steps + self.batch_warmup_steps  # the token budget (schedule_total_tokens) stops the run
         if not self.count_tokens:
             return max_steps
-        warmup = self.cutter.warmup
-        tokens = self.base_max_steps * self.grad_accum * warmup.max_seq_len
-        return math.ceil(warmup.batches_for_tokens(tokens, 1) / self.grad_accum)
+        return planned_optimizer_steps(self.args, self.cutter.warmup.max_seq_len)
 
     def adjust_training_values(self, values: tuple) -> tuple:
         """Rewrite `Trainer.set_initial_training_values` for a token-counted stop."""

@@ -232,19 +232,23 @@ def _fingerprint(out: Path) -> dict[str, tuple[int, bytes]]:
 @pytest.mark.slow
 def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, capsys):
     from hf_fasttrain import run
+    from hf_fasttrain.data.from_args import planned_optimizer_steps
     from hf_fasttrain.recipes import parse_config
 
     out = tmp_path / "run"
     argv = [*TINY_RUN, "--output_dir", str(out)]
     caplog.set_level(logging.INFO, logger="hf_fasttrain")
+    # gpt2_tiny's token-counted sequence-length warmup (rows of 16 tokens at step 1, then 32): the tokens of
+    # max_steps 4 full-length steps take 5 optimizer steps (16 + 4 x 32 >= 4 x 32); max_steps 6 takes 7
+    assert [planned_optimizer_steps(parse_config([*argv, "--max_steps", str(n)])[2], 32) for n in (4, 6)] == [5, 7]
     first = run.train(*parse_config(argv))
     assert f"no complete checkpoint in {out}: starting from scratch" in caplog.text
     assert "tokens/step" in caplog.text and "done: eval loss" in caplog.text
     metrics = json.loads((out / "metrics.json").read_text())
     evals = [h for h in metrics["history"] if "eval_loss" in h]
-    assert [h["step"] for h in evals] == [0, 2, 4] and all("eval_perplexity" in h for h in evals)
+    assert [h["step"] for h in evals] == [0, 2, 4, 5] and all("eval_perplexity" in h for h in evals)
     printed = capsys.readouterr().out  # disable_tqdm: one line per log, numbers as numbers
-    assert "step 2/4  loss " in printed and "eval at step 4:  loss " in printed and "'loss'" not in printed
+    assert "step 2/5  loss " in printed and "eval at step 5:  loss " in printed and "'loss'" not in printed
 
     # the same command again: nothing trains, nothing is written, the recorded final metrics come back
     before = _fingerprint(out)
@@ -252,10 +256,10 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     again = run.train(*parse_config(argv))
     assert again == json.loads(json.dumps(first))
     assert _fingerprint(out) == before
-    assert not (out / "checkpoint-5").exists()
-    assert "is complete" in caplog.text and "checkpoint-4 reached step 4 of max_steps 4" in caplog.text
+    assert not (out / "checkpoint-6").exists()
+    assert "is complete" in caplog.text and "checkpoint-5 reached step 5, the run's last (max_steps 4" in caplog.text
 
-    # killed after its last checkpoint, before the final save: finished from checkpoint-4, no step 5
+    # killed after its last checkpoint, before the final save: finished from checkpoint-5, no step 6
     (out / "metrics.json").unlink()
     (out / "model.safetensors").unlink()
     caplog.clear()
@@ -263,8 +267,8 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     assert finished["eval_loss"] == pytest.approx(first["eval_loss"], abs=1e-6)
     assert "writing the final model and evaluation without training" in caplog.text
     assert json.loads((out / "trainer_state.json").read_text() if (out / "trainer_state.json").exists()
-                      else (out / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
-    assert not (out / "checkpoint-5").exists()
+                      else (out / "checkpoint-5" / "trainer_state.json").read_text())["global_step"] == 5
+    assert not (out / "checkpoint-6").exists()
 
     # a longer run from the same folder resumes, and says from where; the tied lm_head raises no warning
     caplog.clear()
@@ -279,6 +283,6 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     finally:
         for lg in hf_loggers:
             lg.removeHandler(handler)
-    assert f"Resuming from checkpoint-4 ({out / 'checkpoint-4'})" in caplog.text
+    assert f"Resuming from checkpoint-5 ({out / 'checkpoint-5'})" in caplog.text
     assert not [m for m in seen if "missing keys" in m or "loss_type" in m], seen
-    assert (out / "checkpoint-6").exists()
+    assert (out / "checkpoint-7").exists()

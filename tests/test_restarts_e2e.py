@@ -22,11 +22,15 @@ from hf_fasttrain.restarts import (
     restart_config_from_args,
 )
 from hf_fasttrain.recipe_restarts import RecipeTrialRunner, train_with_restarts
+from hf_fasttrain.data.from_args import planned_optimizer_steps
 from hf_fasttrain.run import train
 
 pytestmark = pytest.mark.slow  # real (tiny) training runs: about a minute on an idle 2-core CPU
 
 MAX_STEPS = 6
+# gpt2_tiny's sequence-length warmup (16 -> 32 tokens over round(0.3 * 6) = 2 steps, token-counted): steps 1 and 2
+# hold rows of 16 and 24 tokens, so the tokens of 6 full-length steps (6 x 32 a row) take 2 + ceil(152 / 32) = 7
+TOTAL_STEPS = 7
 TINY = ["--config", "gpt2_tiny", "--max_corpus_files", "40", "--vocab_size", "300", "--block_size", "32",
         "--n_layer", "2", "--n_embd", "32", "--n_head", "2", "--per_device_train_batch_size", "8",
         "--max_eval_samples", "32", "--per_device_eval_batch_size", "32", "--logging_steps", "1",
@@ -100,7 +104,8 @@ def test_selection_and_divergence_end_to_end(search):
     assert v0 != v1
     winner = "seed-0" if v0 < v1 else "seed-1"
     assert summary["winner"] == winner and rows[winner]["chosen"]
-    assert calls == [("seed-0", 2), ("seed-1", 2), ("seed-2", 2), (winner, MAX_STEPS)]
+    assert summary["max_steps"] == TOTAL_STEPS == planned_optimizer_steps(_args(out)[2], 32)
+    assert calls == [("seed-0", 2), ("seed-1", 2), ("seed-2", 2), (winner, TOTAL_STEPS)]
     # the winner ends lower than it was at the rung
     assert summary["winner_final_metric"] < rows[winner]["rung_metrics"][0]
     for f in (STATE_FILE, SUMMARY_JSON, SUMMARY_MD, CURVES_PNG):
@@ -114,11 +119,11 @@ def test_continued_winner_equals_an_uninterrupted_run_of_its_seed(search, tmp_pa
     m, d, t = _args(tmp_path / "straight", "--seed", str(w["model_seed"]), "--data_seed", str(w["data_seed"]))
     straight_metrics = train(m, d, t)
     straight = json.loads((tmp_path / "straight" / "metrics.json").read_text())["history"]
-    with open(out / "trials" / w["trial_id"] / f"checkpoint-{MAX_STEPS}" / "trainer_state.json") as f:
+    with open(out / "trials" / w["trial_id"] / f"checkpoint-{TOTAL_STEPS}" / "trainer_state.json") as f:
         continued = json.load(f)["log_history"]
 
     a, b = _losses(straight), _losses(continued)
-    assert sorted(a) == sorted(b) == list(range(1, MAX_STEPS + 1))
+    assert sorted(a) == sorted(b) == list(range(1, TOTAL_STEPS + 1))
     assert [b[s] for s in a] == pytest.approx([a[s] for s in a], rel=1e-6, abs=1e-6)
     # same LR schedule step by step: the exploration ran with the full run's max_steps
     assert _losses(continued, "learning_rate") == pytest.approx(_losses(straight, "learning_rate"), rel=1e-9)
@@ -151,7 +156,7 @@ def test_kill_mid_trial_and_resume_reruns_no_finished_trial(search, tmp_path):
     second = Counting(RecipeTrialRunner(m, d, t, trial_overrides=FORCE_DIVERGE))
     resumed = train_with_restarts(m, d, t, runner=second)
     # seed-0 finished before the kill: not started again; seed-1 started twice in all
-    assert second.calls == [("seed-1", 2), ("seed-2", 2), (resumed["winner"], MAX_STEPS)]
+    assert second.calls == [("seed-1", 2), ("seed-2", 2), (resumed["winner"], TOTAL_STEPS)]
     assert len(first.calls) + len(second.calls) == len(straight_calls) + 1
     assert resumed["winner"] == straight_summary["winner"]
     assert resumed["winner_final_metric"] == pytest.approx(straight_summary["winner_final_metric"], rel=1e-6)
@@ -169,7 +174,8 @@ def test_cli_restarts_subcommand_and_invalid_settings(tmp_path, capsys):
                    "--explore-fraction", "1.0", "--metric", "next_token_accuracy", "--direction", "max"])
     assert rc == 0
     summary = json.loads((out / SUMMARY_JSON).read_text())
-    assert summary["metric"] == "eval_next_token_accuracy" and summary["rung_steps"] == [2]
+    # max_steps 2 with the recipe's sequence-length warmup: rows of 16 tokens, then 32: 3 steps for 2 x 32 tokens a row
+    assert summary["metric"] == "eval_next_token_accuracy" and summary["rung_steps"] == [3]
     accs = {r["trial_id"]: r["rung_metrics"][0] for r in summary["trials"]}
     assert summary["winner"] == max(accs, key=lambda k: (accs[k], k == "seed-0"))
     assert "**chosen**" in capsys.readouterr().out
@@ -184,7 +190,7 @@ def test_cli_restarts_subcommand_and_invalid_settings(tmp_path, capsys):
     m, d, t = _args(tmp_path / "bad", "--restart_metric", "bleu")
     with pytest.raises(ValueError, match=r"metric='eval_bleu' is invalid: this runner reports"):
         train_with_restarts(m, d, t)
-    m, d, t = _args(tmp_path / "bad", "--max_steps", "-1", "--num_train_epochs", "1")
+    m, d, t = _args(tmp_path / "bad", "--max_steps", "-1", "--num_train_epochs", "1", "--seq_len_warmup_min", "null")
     with pytest.raises(ValueError, match=r"max_steps=-1 is invalid for random restart"):
         train_with_restarts(m, d, t)
     assert not (tmp_path / "bad").exists()

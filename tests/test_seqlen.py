@@ -220,3 +220,62 @@ def test_batches_consumed_with_short_last_step():
 
     # 5 micro-batches per epoch, accumulation 2 -> 3 optimizer steps per epoch (2, 2, 1)
     assert [batches_consumed(s, 2, 5) for s in range(7)] == [0, 2, 4, 5, 7, 9, 10]
+
+
+def _slw_args(**kw):
+    from types import SimpleNamespace
+
+    base = dict(max_steps=6, gradient_accumulation_steps=1, seq_len_warmup_min=8, seq_len_warmup_fraction=0.5,
+                seq_len_warmup_multiple=8, seq_len_warmup_pacing="linear", seq_len_warmup_stages=4,
+                seq_len_warmup_mode="truncate", seq_len_warmup_count_tokens=True, batch_warmup_min_tokens=None)
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "overrides, row_length, expected",
+    [
+        # lengths 8, 16, 24 over 3 warmup batches, then 32: 8+16+24 = 48, then 144 / 32 = 4.5 -> 5 more: 8
+        ({}, 32, 8),
+        ({"seq_len_warmup_min": None}, 32, 6),                      # no warmup: max_steps
+        ({"seq_len_warmup_mode": "rechunk"}, 32, 6),                # rechunk keeps every token
+        ({"seq_len_warmup_count_tokens": False}, 32, 6),            # counted in steps
+        ({"seq_len_warmup_min": 32}, 32, 6),                        # starts at full length
+        ({"batch_warmup_min_tokens": 64}, 32, None),                # ends by its token budget
+        ({"max_steps": -1}, 32, None),                              # by epochs: the Trainer counts
+        ({}, None, None),                                           # row length unknown
+        # 2 micro-batches per step: 6 warmup micro-batches of 8, 8, 16, 16, 24, 24 (multiple 8), then 32:
+        # 96 + 32 k >= 12 x 32 = 384 -> k = 9: 15 micro-batches -> 8 optimizer steps
+        ({"gradient_accumulation_steps": 2}, 32, 8),
+    ],
+)
+def test_planned_optimizer_steps_table(overrides, row_length, expected):
+    from hf_fasttrain.data.from_args import planned_optimizer_steps
+
+    args = _slw_args(**overrides)
+    assert planned_optimizer_steps(args, row_length) == expected
+
+
+def test_planned_steps_match_the_warmup_the_trainer_builds():
+    # the same count as the one FastTrainer's wiring gives the Trainer (tests/test_seqlen_trainer.py: 8 steps)
+    from hf_fasttrain.data.from_args import seq_len_warmup_from_args
+
+    w = seq_len_warmup_from_args(_slw_args(), 32)
+    assert [w.seq_len(p) for p in range(5)] == [8, 16, 24, 32, 32]
+    assert w.cumulative_tokens(8, 1) >= 6 * 32 > w.cumulative_tokens(7, 1)
+
+
+def test_finished_checkpoint_counts_the_warmups_extra_steps(tmp_path):
+    import json
+
+    from hf_fasttrain.args import FastTrainingArguments
+    from hf_fasttrain.run import finished_checkpoint
+
+    args = FastTrainingArguments(output_dir=str(tmp_path), max_steps=6, seq_len_warmup_min=8,
+                                 seq_len_warmup_fraction=0.5, report_to="none", use_cpu=True)
+    for step in (6, 8):
+        ckpt = tmp_path / f"checkpoint-{step}"
+        ckpt.mkdir()
+        (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 8}))
+    # step 6 of a run that takes 8 optimizer steps (rows of 32 tokens) is not the end; step 8 is
+    assert finished_checkpoint(args, str(tmp_path / "checkpoint-6"), row_length=32) is None
+    assert finished_checkpoint(args, str(tmp_path / "checkpoint-8"), row_length=32) == 8

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .seqlen import PACINGS, SEQ_LEN_MODES
+import math
+from typing import Optional
 
-__all__ = ["PACKING_MODES", "check_seqlen_args", "seqlen_enabled", "batching_options"]
+from .seqlen import PACINGS, SEQ_LEN_MODES, SeqLenWarmup
+
+__all__ = ["PACKING_MODES", "check_seqlen_args", "seqlen_enabled", "batching_options", "seq_len_warmup_from_args",
+           "planned_optimizer_steps"]
 
 PACKING_MODES = ("none", "flatten", "rows")
 
@@ -43,6 +47,50 @@ def batching_options(args) -> list[tuple[str, Any]]:
 
 def seqlen_enabled(args) -> bool:
     return bool(batching_options(args)) or args.seq_len_warmup_min is not None
+
+
+def seq_len_warmup_from_args(args, row_length: int) -> SeqLenWarmup:
+    """The `SeqLenWarmup` that ``seq_len_warmup_*`` describe for rows of ``row_length`` tokens (per rank)."""
+    return SeqLenWarmup(
+        min_seq_len=args.seq_len_warmup_min, max_seq_len=row_length,
+        warmup_batches=round(args.seq_len_warmup_fraction * args.max_steps * args.gradient_accumulation_steps),
+        multiple=args.seq_len_warmup_multiple, pacing=args.seq_len_warmup_pacing,
+        num_stages=args.seq_len_warmup_stages, mode=args.seq_len_warmup_mode,
+    )
+
+
+def counts_warmup_tokens(args) -> bool:
+    """True when a sequence-length warmup stops the run by tokens (``truncate`` mode with token counting)."""
+    return (args.seq_len_warmup_min is not None and bool(args.seq_len_warmup_count_tokens)
+            and args.seq_len_warmup_mode == "truncate")
+
+
+def planned_optimizer_steps(args, row_length: Optional[int]) -> Optional[int]:
+    """The optimizer steps a run with these options takes, known before it starts; None when it is not.
+
+    ``max_steps``, except with a token-counted sequence-length warmup: its short early steps hold fewer
+    tokens, so the run takes as many steps as it needs for the tokens of ``max_steps`` full-length steps
+    (rows of ``row_length`` tokens). A batch-size warmup ends by its token budget, which depends on the
+    data's lengths: None. An epoch-based run (``max_steps <= 0``): None (the Trainer counts it).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> a = SimpleNamespace(max_steps=6, gradient_accumulation_steps=1, seq_len_warmup_min=16,
+        ...     seq_len_warmup_fraction=0.3, seq_len_warmup_multiple=8, seq_len_warmup_pacing="linear",
+        ...     seq_len_warmup_stages=4, seq_len_warmup_mode="truncate", seq_len_warmup_count_tokens=True,
+        ...     batch_warmup_min_tokens=None)
+        >>> planned_optimizer_steps(a, 32)   # 2 short steps (16 and 24 tokens a row) make up one more
+        7
+    """
+    if args.max_steps is None or args.max_steps <= 0 or getattr(args, "batch_warmup_min_tokens", None) is not None:
+        return None
+    if not counts_warmup_tokens(args):
+        return args.max_steps
+    if row_length is None:
+        return None
+    ga = args.gradient_accumulation_steps
+    warmup = seq_len_warmup_from_args(args, row_length)
+    return math.ceil(warmup.batches_for_tokens(args.max_steps * ga * row_length, 1) / ga)
 
 
 def check_seqlen_args(args) -> None:
