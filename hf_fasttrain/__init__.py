@@ -20,8 +20,8 @@ _LAZY = {
     # the trainer and its config
     "FastTrainer": ".trainer",
     "FastTrainingArguments": ".args",
-    "ModelArguments": ".args",
-    "DataArguments": ".args",
+    "ModelArguments": "._model_data_args",
+    "DataArguments": "._model_data_args",
     # one entry point per technique, for any transformers.Trainer
     "optimizer_cls_and_kwargs_for": ".optim",  # optimizers: Trainer(..., optimizer_cls_and_kwargs=...)
     "LRScheduleCallback": ".callbacks",  # lr schedules
@@ -33,7 +33,7 @@ _LAZY = {
     "StabilityTrainerMixin": ".callbacks",  # judges the pre-clip gradient norm in any Trainer subclass
     "RunRecorderCallback": ".callbacks",  # config, versions, loss curve and metrics in output_dir
     # random restart: a recipe (train_with_restarts) or any trainer behind a TrialRunner (RestartOrchestrator)
-    "train_with_restarts": ".restarts.recipe_runner",
+    "train_with_restarts": ".recipe_restarts",
     "RestartConfig": ".restarts",
     "RestartOrchestrator": ".restarts",
 }
@@ -55,7 +55,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
-    from .args import DataArguments, FastTrainingArguments, ModelArguments  # noqa: F401
+    from .args import FastTrainingArguments  # noqa: F401
     from .callbacks import (  # noqa: F401
         DivergenceError,
         DivergenceGuardCallback,
@@ -66,7 +66,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
         apply_batch_sampler,
         apply_seq_len_warmup,
     )
+    from ._model_data_args import DataArguments, ModelArguments  # noqa: F401
     from .optim import optimizer_cls_and_kwargs_for  # noqa: F401
     from .restarts import RestartConfig, RestartOrchestrator  # noqa: F401
-    from .restarts.recipe_runner import train_with_restarts  # noqa: F401
+    from .recipe_restarts import train_with_restarts  # noqa: F401
     from .trainer import FastTrainer  # noqa: F401

@@ -2,8 +2,8 @@
 
 Importing torch and transformers takes seconds; a typo or a bad value should not wait for them. This
 module reads the option list (names, types, defaults, help, technique groups) from the *source* of
-``hf_fasttrain/args.py`` and of the installed ``transformers/training_args.py`` with :mod:`ast` (nothing
-is imported or executed), and with it:
+``hf_fasttrain/args.py``, ``hf_fasttrain/_model_data_args.py`` and the installed
+``transformers/training_args.py`` with :mod:`ast` (nothing is imported or executed), and with it:
 
 - renders the grouped ``--help`` (:func:`render_help`),
 - refuses unknown flags and recipe keys with a did-you-mean, keys written twice in one YAML mapping, and
@@ -148,19 +148,21 @@ def _transformers_training_args() -> Optional[Path]:
 def load_schema() -> Optional[dict[str, Option]]:
     """Every command-line option by name (ours override the Trainer's), or None if a source is unreadable."""
     try:
-        ours = (_PKG / "args.py").read_text(encoding="utf-8")
+        ours = {name: (_PKG / name).read_text(encoding="utf-8") for name in ("_model_data_args.py", "args.py")}
         tpath = _transformers_training_args()
         if tpath is None:
             return None
         theirs = tpath.read_text(encoding="utf-8")
-        our_tree, their_tree = ast.parse(ours), ast.parse(theirs)
+        our_trees, their_tree = {name: ast.parse(text) for name, text in ours.items()}, ast.parse(theirs)
     except (OSError, SyntaxError, ValueError):
         return None
     schema: dict[str, Option] = {}
     for opt in _class_fields(their_tree, theirs, "TrainingArguments", None, trainer=True):
         schema[opt.name] = dataclasses.replace(opt, group="Trainer")
-    for cls, section in (("ModelArguments", "model"), ("DataArguments", "data"), ("FastTrainingArguments", None)):
-        for opt in _class_fields(our_tree, ours, cls, section, trainer=False):
+    for cls, section, name in (("ModelArguments", "model", "_model_data_args.py"),
+                               ("DataArguments", "data", "_model_data_args.py"),
+                               ("FastTrainingArguments", None, "args.py")):
+        for opt in _class_fields(our_trees[name], ours[name], cls, section, trainer=False):
             if section is not None:
                 opt = dataclasses.replace(opt, group=section)
             schema[opt.name] = opt

@@ -182,7 +182,7 @@ def _restarts(argv: Sequence[str]) -> int:
 def _run_restarts(model_args, data_args, training_args) -> int:
     """Run the search and print its summary table; 1 when no seed survived."""
     from .restarts import SUMMARY_MD
-    from .restarts.recipe_runner import train_with_restarts
+    from .recipe_restarts import train_with_restarts
 
     summary = train_with_restarts(model_args, data_args, training_args)
     if _is_main_process():

@@ -18,7 +18,7 @@ from .decoders import (  # noqa: F401  (re-exported: the model-building names in
 )
 
 if TYPE_CHECKING:
-    from .args import ModelArguments
+    from ._model_data_args import ModelArguments
 
 __all__ = ["build_model", "decoder_config", "default_intermediate_size", "check_model_type", "check_model_config",
            "GATED_MLP_FAMILIES"]

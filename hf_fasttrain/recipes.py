@@ -36,9 +36,10 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import yaml
 
+from ._model_data_args import SIZE_ALIASES, DataArguments, ModelArguments
 from ._options import check_duplicate_keys, find_recipes
 from ._validation import ConfigError, unknown_name
-from .args import SIZE_ALIASES, DataArguments, FastTrainingArguments, ModelArguments
+from .args import FastTrainingArguments
 from .hub import YAML_SUFFIXES, is_hub_uri, resolve_hub_recipe
 
 __all__ = [

@@ -33,14 +33,9 @@ from .args import FastOptions
 from .callbacks.seqlen import CurriculumCallback, SeqLenWarmupCallback, batch_sampler_dataloader
 from .data.from_args import batching_options, planned_optimizer_steps, seq_len_warmup_from_args, seqlen_enabled
 from .data.packing import PackedBatchSampler, PackedRowsCollator
-from .data.samplers import (
-    BatchWarmupBatchSampler,
-    CurriculumBatchSampler,
-    LengthGroupedBatchSampler,
-    TokenBudgetBatchSampler,
-    get_lengths,
-)
+from .data.samplers import CurriculumBatchSampler, LengthGroupedBatchSampler, get_lengths
 from .data.seqlen import SeqLenWarmupCollator
+from .data.token_budget import BatchWarmupBatchSampler, TokenBudgetBatchSampler
 
 __all__ = ["SeqLenWiring"]
 

@@ -24,7 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBE = str(ROOT / "tests" / "_recipe_probe.py")
 SMALL = ["--config", "gpt2_tiny", "--max_corpus_files", "40", "--vocab_size", "300", "--block_size", "32",
          "--n_layer", "2", "--n_embd", "32", "--n_head", "2", "--per_device_train_batch_size", "8",
-         "--max_eval_samples", "32", "--logging_steps", "5", "--disable_tqdm", "true", "--warmup_steps", "2"]
+         "--max_eval_samples", "32", "--logging_steps", "5", "--disable_tqdm", "true", "--warmup_steps", "2",
+         # exact step counts below: the recipe's token-counted sequence-length warmup (more, shorter steps) is off;
+         # its step count is tested in tests/test_seqlen.py and tests/test_cli.py
+         "--seq_len_warmup_min", "null"]
 
 
 def _free_port() -> int:

@@ -5,7 +5,7 @@ import pytest
 from transformers import DataCollatorForLanguageModeling
 
 from hf_fasttrain import FastTrainer
-from hf_fasttrain.data.samplers import (
+from hf_fasttrain.data.token_budget import (
     BatchWarmupBatchSampler,
     batch_warmup_budget,
     batch_warmup_steps,

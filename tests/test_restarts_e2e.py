@@ -21,7 +21,7 @@ from hf_fasttrain.restarts import (
     RestartOrchestrator,
     restart_config_from_args,
 )
-from hf_fasttrain.restarts.recipe_runner import RecipeTrialRunner, train_with_restarts
+from hf_fasttrain.recipe_restarts import RecipeTrialRunner, train_with_restarts
 from hf_fasttrain.data.from_args import planned_optimizer_steps
 from hf_fasttrain.run import train
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..snapshots import NoSpaceError, check_free_space, checkpoint_bytes, is_no_space_error, no_space_message
+from ._logs import add_to_log
 
 __all__ = [
     "StabilityTrainerMixin",
@@ -115,11 +116,8 @@ def merge_in_on_log(cb: Any, state: Any, logs: dict[str, float] | None) -> None:
     if logs is None or "loss" not in logs:
         return
     stats = cb.pop_log_stats()
-    if not stats:
-        return
-    logs.update(stats)
-    if state.log_history and state.log_history[-1].get("step") == state.global_step and "loss" in state.log_history[-1]:
-        state.log_history[-1].update(stats)
+    if stats:
+        add_to_log(state, logs, stats)
 
 
 def _disk_was_full(exc: BaseException, path: str, need: int) -> bool:

@@ -25,6 +25,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ..runinfo import atomic_write_text
+from ._logs import add_to_log
 
 __all__ = ["RunRecorderCallback", "plot_loss_curves"]
 
@@ -118,13 +119,8 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
         if logs is None:
             return
         if "train_seconds" not in logs:  # a plain Trainer's log (FastTrainer's carry it already)
-            seconds = self.train_seconds()
-            # Trainer.log appended a copy of `logs` (plus "step") to log_history before calling on_log:
-            # the clock goes there too, so a resumed run's records keep it
-            last = state.log_history[-1] if state.log_history else None
-            if last is not None and last.get("step") == state.global_step and all(k in last for k in logs):
-                last["train_seconds"] = seconds
-            logs["train_seconds"] = seconds
+            # into log_history too, so a resumed run's records keep the clock
+            add_to_log(state, logs, {"train_seconds": self.train_seconds()})
         if "loss" in logs or "eval_loss" in logs:
             rec = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
             rec["step"] = state.global_step

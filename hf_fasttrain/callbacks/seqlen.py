@@ -20,6 +20,7 @@ from transformers import TrainerCallback
 
 from ..data.samplers import CurriculumBatchSampler
 from ..data.seqlen import SeqLenWarmup, SeqLenWarmupCollator, batches_consumed
+from ._logs import add_to_log
 
 __all__ = [
     "SeqLenWarmupCallback",
@@ -34,14 +35,6 @@ def _consumed(args, state, batches_per_epoch: int | None) -> int:
     if not batches_per_epoch:
         return state.global_step * args.gradient_accumulation_steps
     return batches_consumed(state.global_step, args.gradient_accumulation_steps, batches_per_epoch)
-
-
-def _add_to_logs(state, logs, values: dict) -> None:
-    if logs is not None:
-        logs.update(values)
-    # Trainer.log appends a copy of `logs` to log_history before calling on_log
-    if state.log_history and state.log_history[-1].get("step") == state.global_step:
-        state.log_history[-1].update(values)
 
 
 class SeqLenWarmupCallback(TrainerCallback):
@@ -74,7 +67,7 @@ class SeqLenWarmupCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         last = max(_consumed(args, state, self._batches_per_epoch) - 1, 0)
-        _add_to_logs(state, logs, {"seq_len": self.collator.warmup.seq_len(last)})
+        add_to_log(state, logs, {"seq_len": self.collator.warmup.seq_len(last)})
 
 
 class CurriculumCallback(TrainerCallback):
@@ -96,7 +89,7 @@ class CurriculumCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         per_epoch = self.sampler.steps_per_epoch
         last = max(_consumed(args, state, per_epoch) - 1, 0)
-        _add_to_logs(state, logs, {"length_limit": self.sampler.length_limit(last)})
+        add_to_log(state, logs, {"length_limit": self.sampler.length_limit(last)})
 
 
 # ---- one-liners for a plain transformers.Trainer -------------------------------------------------

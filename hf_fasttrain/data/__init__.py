@@ -9,15 +9,9 @@ from .corpus import (
     tokenize_documents,
 )
 from .packing import PackedBatchSampler, PackedRowsCollator, pack_bins
-from .samplers import (
-    BatchWarmupBatchSampler,
-    CurriculumBatchSampler,
-    LengthGroupedBatchSampler,
-    TokenBudgetBatchSampler,
-    add_length_column,
-    get_lengths,
-)
+from .samplers import CurriculumBatchSampler, LengthGroupedBatchSampler, add_length_column, get_lengths
 from .seqlen import SeqLenWarmup, SeqLenWarmupCollator, set_batch_sequence_length, seq_len_at
+from .token_budget import BatchWarmupBatchSampler, TokenBudgetBatchSampler
 
 __all__ = [
     "build_stdlib_corpus",

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .samplers import Step, _as_lengths, _check_int, _check_world, _permutation, _shuffle_steps, _split_to_multiple
-from .samplers import _StepPlanBatchSampler
+from ._plan import Step, _as_lengths, _check_int, _check_world, _permutation, _shuffle_steps, _split_to_multiple
+from ._plan import _StepPlanBatchSampler
 
 __all__ = ["pack_bins", "packed_steps", "PackedBatchSampler", "PackedRowsCollator"]
 

@@ -1,4 +1,5 @@
-"""Shared pieces of the optimizers in this package: argument checks, fp32 state, tensor bucketing.
+"""Shared pieces of the optimizers in this package: argument checks, the start of every ``step`` (closure,
+params with a gradient, fresh state), fp32 state, tensor bucketing.
 
 Nothing here is public API; the optimizers import it.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from itertools import chain
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import torch
 from torch.optim import Optimizer
@@ -17,12 +18,16 @@ __all__ = [
     "LOW_PRECISION",
     "FP32StateOptimizer",
     "check_betas",
+    "check_bool",
     "check_nonnegative",
     "check_positive_int",
     "check_unit_interval",
     "cautious_",
+    "evaluate_closure",
     "is_dtensor",
+    "params_with_grad",
     "state_dtype",
+    "zero_state",
 ]
 
 # Parameters stored in these dtypes get their optimizer state (and the update arithmetic) in fp32.
@@ -60,6 +65,46 @@ def check_positive_int(owner: str, field: str, value: Any, maximum: int | None =
         allowed = f"an integer in [1, {maximum}]" if maximum is not None else "an integer >= 1"
         raise ValueError(f"{owner}: {field} must be {allowed}, got {value!r}")
     return value
+
+
+def check_bool(owner: str, field: str, value: Any) -> bool:
+    """Raise ValueError unless `value` is a bool (a switch such as ``cautious``)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}: {field} must be a bool, got {value!r}")
+    return value
+
+
+# ---- the start of every step ---------------------------------------------------------------------
+
+
+def evaluate_closure(closure) -> Optional[torch.Tensor]:
+    """The loss ``step(closure)`` returns: `closure` re-evaluated with gradients on, or None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
+def params_with_grad(owner: str, group: dict[str, Any]) -> Iterator[torch.Tensor]:
+    """The params of a param group that have a gradient, in order; a sparse gradient raises (`owner` names
+    the optimizer in the message)."""
+    for p in group["params"]:
+        if p.grad is None:
+            continue
+        if p.grad.is_sparse:
+            raise RuntimeError(f"{owner} does not support sparse gradients")
+        yield p
+
+
+def zero_state(state: dict[str, Any], like: torch.Tensor, names: Sequence[str], dtype: Optional[torch.dtype] = None,
+               step: bool = True) -> None:
+    """Fill a param's state at its first step: ``step`` = 0 (a float tensor, as torch's optimizers keep it;
+    left out with ``step=False``), then a zero buffer shaped like `like` under each of `names`, in `dtype`
+    (default: `like`'s)."""
+    if step:
+        state["step"] = torch.tensor(0.0)
+    for name in names:
+        state[name] = torch.zeros_like(like, dtype=dtype, memory_format=torch.preserve_format)
 
 
 def is_dtensor(x: Any) -> bool:

@@ -21,9 +21,27 @@ from typing import Iterable, Optional
 import torch
 from torch.optim import Optimizer
 
-from ._common import cautious_, check_betas, check_nonnegative
+from ._common import (
+    cautious_,
+    check_betas,
+    check_bool,
+    check_nonnegative,
+    evaluate_closure,
+    params_with_grad,
+    zero_state,
+)
 
 __all__ = ["AdamW", "build_adamw"]
+
+
+def _check_settings(lr, betas, eps, weight_decay, cautious) -> tuple[float, float]:
+    """AdamW's argument checks (the class and `build_adamw` share them); returns the betas as floats."""
+    check_nonnegative("AdamW", "lr", lr)
+    betas = check_betas("AdamW", betas, 2)
+    check_nonnegative("AdamW", "eps", eps)
+    check_nonnegative("AdamW", "weight_decay", weight_decay)
+    check_bool("AdamW", "cautious", cautious)
+    return betas
 
 
 class AdamW(Optimizer):
@@ -59,36 +77,22 @@ class AdamW(Optimizer):
         weight_decay: float = 0.1,
         cautious: bool = False,
     ):
-        check_nonnegative("AdamW", "lr", lr)
-        betas = check_betas("AdamW", betas, 2)
-        check_nonnegative("AdamW", "eps", eps)
-        check_nonnegative("AdamW", "weight_decay", weight_decay)
-        if not isinstance(cautious, bool):
-            raise ValueError(f"AdamW: cautious must be a bool, got {cautious!r}")
+        betas = _check_settings(lr, betas, eps, weight_decay, cautious)
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "cautious": cautious}
         super().__init__(params, defaults)
 
     @torch.no_grad()
     def step(self, closure=None):
         """Perform one optimization step; `closure` re-evaluates the model and returns the loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             lr, wd = group["lr"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("AdamW does not support sparse gradients")
+            for p in params_with_grad("AdamW", group):
                 grad = p.grad
                 state = self.state[p]
                 if "step" not in state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    zero_state(state, p, ("exp_avg", "exp_avg_sq"))
                 state["step"] += 1
                 step = float(state["step"])
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
@@ -126,12 +130,7 @@ def build_adamw(
         >>> opt.defaults["foreach"], opt.defaults["fused"]
         (True, None)
     """
-    check_nonnegative("AdamW", "lr", lr)
-    betas = check_betas("AdamW", betas, 2)
-    check_nonnegative("AdamW", "eps", eps)
-    check_nonnegative("AdamW", "weight_decay", weight_decay)
-    if not isinstance(cautious, bool):
-        raise ValueError(f"AdamW: cautious must be a bool, got {cautious!r}")
+    betas = _check_settings(lr, betas, eps, weight_decay, cautious)
     groups = list(params)
     if cautious:
         if fused:

@@ -36,9 +36,13 @@ from ._common import (
     bucket,
     cautious_,
     check_betas,
+    check_bool,
     check_nonnegative,
     check_positive_int,
+    evaluate_closure,
+    params_with_grad,
     state_dtype,
+    zero_state,
 )
 
 __all__ = ["AdEMAMix", "ademamix_alpha", "ademamix_beta3"]
@@ -104,8 +108,7 @@ class AdEMAMix(FP32StateOptimizer):
         cautious: bool = False,
     ):
         check_nonnegative("AdEMAMix", "lr", lr)
-        if not isinstance(cautious, bool):
-            raise ValueError(f"AdEMAMix: cautious must be a bool, got {cautious!r}")
+        check_bool("AdEMAMix", "cautious", cautious)
         betas = check_betas("AdEMAMix", betas, 3)
         check_nonnegative("AdEMAMix", "alpha", alpha)
         if T_alpha_beta3 is not None:
@@ -131,25 +134,13 @@ class AdEMAMix(FP32StateOptimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """Perform one optimization step; `closure` re-evaluates the model and returns the loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             params, grads, fast, slow, sq, steps = [], [], [], [], [], []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("AdEMAMix does not support sparse gradients")
+            for p in params_with_grad("AdEMAMix", group):
                 state = self.state[p]
                 if "step" not in state:
-                    dtype = state_dtype(p)
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg_fast"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
-                    state["exp_avg_slow"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+                    zero_state(state, p, ("exp_avg_fast", "exp_avg_slow", "exp_avg_sq"), dtype=state_dtype(p))
                 state["step"] += 1
                 params.append(p)
                 grads.append(p.grad)

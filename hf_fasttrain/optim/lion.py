@@ -22,7 +22,18 @@ from typing import Iterable
 
 import torch
 
-from ._common import FP32StateOptimizer, bucket, cautious_, check_betas, check_nonnegative, state_dtype
+from ._common import (
+    FP32StateOptimizer,
+    bucket,
+    cautious_,
+    check_betas,
+    check_bool,
+    check_nonnegative,
+    evaluate_closure,
+    params_with_grad,
+    state_dtype,
+    zero_state,
+)
 
 __all__ = ["Lion"]
 
@@ -61,28 +72,19 @@ class Lion(FP32StateOptimizer):
         check_nonnegative("Lion", "lr", lr)
         betas = check_betas("Lion", betas, 2)
         check_nonnegative("Lion", "weight_decay", weight_decay)
-        if not isinstance(cautious, bool):
-            raise ValueError(f"Lion: cautious must be a bool, got {cautious!r}")
+        check_bool("Lion", "cautious", cautious)
         super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay, "cautious": cautious})
 
     @torch.no_grad()
     def step(self, closure=None):
         """Perform one optimization step; `closure` re-evaluates the model and returns the loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             params, grads, exp_avgs = [], [], []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("Lion does not support sparse gradients")
+            for p in params_with_grad("Lion", group):
                 state = self.state[p]
                 if "exp_avg" not in state:
-                    state["exp_avg"] = torch.zeros_like(p, dtype=state_dtype(p), memory_format=torch.preserve_format)
+                    zero_state(state, p, ("exp_avg",), dtype=state_dtype(p), step=False)
                 params.append(p)
                 grads.append(p.grad)
                 exp_avgs.append(state["exp_avg"])

@@ -56,8 +56,18 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from ._common import check_betas, check_nonnegative, check_positive_int, check_unit_interval, is_dtensor
-from .adamw import AdamW
+from ._common import (
+    check_betas,
+    check_bool,
+    check_nonnegative,
+    check_positive_int,
+    check_unit_interval,
+    evaluate_closure,
+    is_dtensor,
+    params_with_grad,
+    zero_state,
+)
+from .adamw import build_adamw
 
 __all__ = [
     "ADJUST_LR_FNS",
@@ -301,22 +311,15 @@ class Muon(Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """One Muon step on every param with a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         work = []
         for group in self.param_groups:
             mu = group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("Muon does not support sparse gradients")
+            for p in params_with_grad("Muon", group):
                 grad = p.grad
                 state = self.state[p]
                 if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+                    zero_state(state, grad, ("momentum_buffer",), step=False)
                 buf = state["momentum_buffer"]
                 buf.lerp_(grad, 1 - mu)
                 # Element-wise so far (works shard by shard); Newton-Schulz needs the whole matrix.
@@ -461,10 +464,8 @@ class MuonWithAdamW(Optimizer):
             raise ValueError(f"Muon: adjust_lr_fn must be one of {list(ADJUST_LR_FNS)}, got {adjust_lr_fn!r}")
         betas = check_betas("Muon", betas, 2)
         check_nonnegative("Muon", "eps", eps)
-        if not isinstance(nesterov, bool):
-            raise ValueError(f"Muon: nesterov must be a bool, got {nesterov!r}")
-        if not isinstance(cautious, bool):
-            raise ValueError(f"Muon: cautious must be a bool, got {cautious!r}")
+        check_bool("Muon", "nesterov", nesterov)
+        check_bool("Muon", "cautious", cautious)
         if cautious and fused:
             raise ValueError("Muon: cautious=True has no fused AdamW kernel; leave fused unset or False")
         ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises naming the field
@@ -513,13 +514,9 @@ class MuonWithAdamW(Optimizer):
             else:
                 self._muon.add_param_group(param_group)
         else:
-            if self._adamw is None and self._cautious:
-                self._adamw = AdamW([param_group], **self._adamw_defaults, cautious=True)
-            elif self._adamw is None:
-                tensors = [p[1] if isinstance(p, tuple) else p for p in param_group["params"]]
-                fused = self._fused if self._fused is not None else bool(tensors) and all(t.is_cuda for t in tensors)
-                kernel = {"fused": True} if fused else {"foreach": True}
-                self._adamw = torch.optim.AdamW([param_group], **self._adamw_defaults, **kernel)
+            if self._adamw is None:  # torch's AdamW (fused on CUDA, else foreach), or the cautious one
+                self._adamw = build_adamw([param_group], **self._adamw_defaults, fused=self._fused,
+                                          cautious=self._cautious)
             else:
                 self._adamw.add_param_group(param_group)
         # The inner optimizer filled in its defaults in place; register the same dict here.
@@ -540,10 +537,7 @@ class MuonWithAdamW(Optimizer):
 
     def step(self, closure=None):
         """One step of Muon on the hidden matrices and of AdamW on the rest."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = evaluate_closure(closure)
         for opt in self.inner_optimizers:
             opt.step()
         return loss

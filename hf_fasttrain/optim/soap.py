@@ -39,11 +39,15 @@ from ._common import (
     FP32StateOptimizer,
     bucket,
     check_betas,
+    check_bool,
     check_nonnegative,
     check_positive_int,
     check_unit_interval,
+    evaluate_closure,
     is_dtensor,
+    params_with_grad,
     state_dtype,
+    zero_state,
 )
 
 _SHARDED = (
@@ -143,8 +147,7 @@ class SOAP(FP32StateOptimizer):
         check_nonnegative("SOAP", "weight_decay", weight_decay)
         check_positive_int("SOAP", "precondition_frequency", precondition_frequency)
         check_positive_int("SOAP", "max_precond_dim", max_precond_dim)
-        if not isinstance(precondition_1d, bool):
-            raise ValueError(f"SOAP: precondition_1d must be a bool, got {precondition_1d!r}")
+        check_bool("SOAP", "precondition_1d", precondition_1d)
         defaults = {
             "lr": lr,
             "betas": betas,
@@ -166,29 +169,19 @@ class SOAP(FP32StateOptimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """Perform one optimization step; `closure` re-evaluates the model and returns the loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-
+        loss = evaluate_closure(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             shampoo_beta = beta2 if group["shampoo_beta"] is None else group["shampoo_beta"]
             params, grads, states = [], [], []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("SOAP does not support sparse gradients")
+            for p in params_with_grad("SOAP", group):
                 if is_dtensor(p):  # sharded after creation (accelerate swaps in FSDP2 parameters)
                     raise RuntimeError(_SHARDED)
                 state = self.state[p]
                 grad = p.grad.to(state_dtype(p))
                 if "step" not in state:
                     # First gradient: build L, R and their eigenbases only; no update.
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(grad, memory_format=torch.preserve_format)
+                    zero_state(state, grad, ("exp_avg", "exp_avg_sq"))
                     for d in soap_preconditioned_dims(tuple(p.shape), group["max_precond_dim"], group["precondition_1d"]):
                         state[f"GG_{d}"] = _gram(grad, d).mul_(1.0 - shampoo_beta)
                         state[f"Q_{d}"] = _eigenbasis(state[f"GG_{d}"])

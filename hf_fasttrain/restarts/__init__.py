@@ -23,8 +23,8 @@ same directory, it resumes without rerunning any trial recorded as finished.
 
 Layout: ``config`` (settings), ``ranking`` (pure functions), ``state`` (typed resumable state),
 ``orchestrator`` (the search behind the :class:`TrialRunner` Protocol) and ``report`` form the core, which
-imports nothing of the package but ``hf_fasttrain._files``. ``recipe_runner`` (trials as recipe runs,
-:func:`~hf_fasttrain.restarts.recipe_runner.train_with_restarts`) sits on the top floor and is not imported here.
+imports nothing of the package but ``hf_fasttrain._files``. The recipe adapter (trials as recipe runs,
+:func:`~hf_fasttrain.recipe_restarts.train_with_restarts`) is ``hf_fasttrain/recipe_restarts.py``, on the top floor.
 """
 
 from .config import ARG_FIELDS, RestartConfig, restart_config_from_args

@@ -9,12 +9,11 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
-from .._files import atomic_write_text, last_complete_checkpoint
-from ..data.from_args import planned_optimizer_steps
-from ..recipes import resolved_config
-from ..run import train
-from .config import restart_config_from_args
-from .orchestrator import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec
+from ._files import atomic_write_text, last_complete_checkpoint
+from .data.from_args import planned_optimizer_steps
+from .recipes import resolved_config
+from .restarts import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec, restart_config_from_args
+from .run import train
 
 __all__ = ["RecipeTrialRunner", "train_with_restarts"]
 
@@ -113,7 +112,7 @@ class RecipeTrialRunner:
         cmd = (self.launcher or [sys.executable, "-m", "hf_fasttrain.cli", "train"]) + ["--config", path]
         env = dict(os.environ)
         # the trial imports the same hf_fasttrain as this process (a checkout may shadow an installed copy)
-        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
         if trial.device is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(trial.device)

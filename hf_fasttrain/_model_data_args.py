@@ -1,0 +1,196 @@
+"""The ``model:`` and ``data:`` sections of a recipe: ``ModelArguments`` (the decoder to train) and
+``DataArguments`` (the text, the tokenizer, how it is cut).
+
+The training section is ``FastTrainingArguments`` (:mod:`hf_fasttrain.args`, which re-exports both classes).
+As there, every field carries its ``--help`` text in ``metadata={"help": ...}``, is a recipe key under its
+section and a ``--<field>`` flag, and a bad value raises a ``ConfigError`` naming the field when the object
+is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ._validation import ConfigError
+from ._validation import check as _check
+from .decoders import check_model_config, check_model_type
+
+__all__ = ["ModelArguments", "DataArguments", "SIZE_ALIASES", "SIZE_DEFAULTS"]
+
+
+# Size keys of the model: section under both spellings: GPT-2's (n_layer) = the common HF name (num_hidden_layers).
+SIZE_ALIASES: dict[str, str] = {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_embd": "hidden_size"}
+SIZE_DEFAULTS: dict[str, int] = {"n_layer": 12, "n_head": 12, "n_embd": 768}  # GPT-2 small
+
+
+@dataclass
+class ModelArguments:
+    """The ``model:`` section of a recipe: a pretrained checkpoint, or a decoder built from scratch.
+
+    From scratch, ``model_type`` picks the family (``gpt2``, ``llama``, ``qwen2``, ``mistral`` or any
+    type ``transformers.AutoConfig.for_model`` knows) and the size keys set its shape; each size key
+    has two spellings that mean the same thing, GPT-2's and the common Hugging Face one
+    (``n_layer`` = ``num_hidden_layers``, ``n_head`` = ``num_attention_heads``, ``n_embd`` =
+    ``hidden_size``). Any other attribute of the family's config goes in ``model_config``.
+    """
+
+    model_name_or_path: Optional[str] = field(
+        default=None,
+        metadata={"help": "Hub name or local path of a pretrained causal LM to start from. "
+                  "Default: a decoder built from scratch (model_type) with the sizes below."},
+    )
+    model_type: str = field(
+        default="gpt2",
+        metadata={"help": "Family of the decoder built from scratch: gpt2, llama, qwen2, mistral, or any "
+                  "model type transformers.AutoConfig.for_model knows (built with "
+                  "AutoModelForCausalLM.from_config)."},
+    )
+    n_layer: Optional[int] = field(default=None, metadata={"help": "Transformer blocks (= num_hidden_layers). Default 12."})
+    n_head: Optional[int] = field(
+        default=None, metadata={"help": "Attention (query) heads per block (= num_attention_heads); must divide "
+                                "n_embd. Default 12."})
+    n_embd: Optional[int] = field(default=None, metadata={"help": "Hidden size (= hidden_size). Default 768."})
+    num_hidden_layers: Optional[int] = field(default=None, metadata={"help": "Same as n_layer."})
+    num_attention_heads: Optional[int] = field(default=None, metadata={"help": "Same as n_head."})
+    hidden_size: Optional[int] = field(default=None, metadata={"help": "Same as n_embd."})
+    num_key_value_heads: Optional[int] = field(
+        default=None,
+        metadata={"help": "Key/value heads (grouped-query attention; families that have it, e.g. llama, "
+                  "qwen2, mistral); must divide n_head. Default: n_head (plain multi-head attention)."},
+    )
+    intermediate_size: Optional[int] = field(
+        default=None,
+        metadata={"help": "Width of the MLP's hidden layer (GPT-2: n_inner). Default: 4 x hidden size, or for "
+                  "gated (SwiGLU) families such as llama, qwen2, mistral 8/3 x hidden size rounded up to a "
+                  "multiple of 64 (the same parameter count)."},
+    )
+    n_positions: Optional[int] = field(
+        default=None, metadata={"help": "Maximum positions (= max_position_embeddings). Default: the data's block_size."}
+    )
+    dropout: float = field(
+        default=0.0,
+        metadata={"help": "Dropout on residual, embedding and attention (0 is usual for pretraining)."},
+    )
+    model_config: dict | str | None = field(
+        default=None,
+        metadata={"help": "Other attributes of the family's config, a mapping (YAML) or a JSON string (CLI), e.g. "
+                  "'{\"rope_theta\": 10000, \"tie_word_embeddings\": true}'; a name the family's config does "
+                  "not have is refused."},
+    )
+    attn_implementation: str = field(
+        default="sdpa",
+        metadata={"help": "Attention kernel: 'sdpa' (PyTorch scaled_dot_product_attention, flash on GPU) "
+                  "or 'eager'."},
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={"help": "Allow model/tokenizer code from the Hub to run. Only ever set by the user: "
+                  "recipes cannot switch it on."},
+    )
+
+    def __post_init__(self):
+        # one value per size: either spelling (both only when they agree), else GPT-2 small's
+        for short, long in SIZE_ALIASES.items():
+            a, b = getattr(self, short), getattr(self, long)
+            if a is not None and b is not None and a != b:
+                raise ConfigError(short, a, problem=f"{short}={a!r} and {long}={b!r} disagree",
+                                  allowed="they are the same setting: give one")
+            value = a if a is not None else b if b is not None else SIZE_DEFAULTS[short]
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                   short if a is not None else long, value, "must be a positive integer")
+            setattr(self, short, value)
+            setattr(self, long, value)
+        _check(self.n_embd % self.n_head == 0, "n_head", self.n_head,
+               f"must divide n_embd={self.n_embd}")
+        if self.num_key_value_heads is not None:
+            _check(isinstance(self.num_key_value_heads, int) and self.num_key_value_heads >= 1
+                   and self.n_head % self.num_key_value_heads == 0, "num_key_value_heads",
+                   self.num_key_value_heads, f"must be a positive integer dividing n_head={self.n_head}")
+        if self.intermediate_size is not None:
+            _check(isinstance(self.intermediate_size, int) and self.intermediate_size >= 1, "intermediate_size",
+                   self.intermediate_size, "must be a positive integer or null")
+        if self.n_positions is not None:
+            _check(isinstance(self.n_positions, int) and self.n_positions >= 1, "n_positions",
+                   self.n_positions, "must be a positive integer or null")
+        _check(0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
+        _check(self.attn_implementation in ("sdpa", "eager", "flash_attention_2"), "attn_implementation",
+               self.attn_implementation, "allowed: 'sdpa', 'eager', 'flash_attention_2'")
+        if self.model_config is None:
+            self.model_config = {}
+        if isinstance(self.model_config, str):  # from the command line: --model_config '{"rope_theta": 1e4}'
+            import json
+
+            try:
+                self.model_config = json.loads(self.model_config)
+            except ValueError:
+                pass
+        _check(isinstance(self.model_config, dict), "model_config", self.model_config,
+               "must be a mapping of config attribute names to values (a JSON object on the command line)")
+        if not self.model_name_or_path:
+            check_model_type(self.model_type)
+            check_model_config(self.model_type, self.model_config)
+
+
+@dataclass
+class DataArguments:
+    """The ``data:`` section of a recipe: which text, which tokenizer, how it is cut.
+
+    With ``dataset`` unset the run trains on the embedded corpus (this Python's standard library sources)
+    with a byte-level BPE tokenizer trained on it and cached; both work offline.
+
+    Example:
+        ```python
+        >>> from hf_fasttrain import DataArguments
+        >>> DataArguments(vocab_size=4096, block_size=128).dataset is None  # the embedded corpus
+        True
+        ```
+    """
+
+    dataset: Optional[str] = field(
+        default=None,
+        metadata={"help": "Hub dataset name, or comma-separated local .txt/.json/.jsonl files. "
+                  "Default: the embedded corpus (this Python's stdlib sources; works offline)."},
+    )
+    dataset_config: Optional[str] = field(default=None, metadata={"help": "Hub dataset config name."})
+    text_column: str = field(default="text", metadata={"help": "Column holding the raw text."})
+    tokenizer: Optional[str] = field(
+        default=None,
+        metadata={"help": "Hub name or local path of a tokenizer. Default: a byte-level BPE trained on "
+                  "the train split and cached (see vocab_size)."},
+    )
+    vocab_size: int = field(
+        default=8192, metadata={"help": "Vocabulary size of the trained BPE tokenizer (embedded default)."}
+    )
+    block_size: int = field(
+        default=1024, metadata={"help": "Tokens per training row: documents are concatenated and cut."}
+    )
+    validation_fraction: float = field(
+        default=0.05, metadata={"help": "Share of documents held out for evaluation when the data has no "
+                                "validation split (embedded corpus: chosen by a hash of the file path)."},
+    )
+    max_corpus_files: Optional[int] = field(
+        default=None, metadata={"help": "Use only this many stdlib files (a deterministic subset) for the "
+                                "embedded corpus; for quick runs and tests."},
+    )
+    max_train_samples: Optional[int] = field(
+        default=None, metadata={"help": "Truncate the training rows to this many (after chunking)."}
+    )
+    max_eval_samples: Optional[int] = field(
+        default=None, metadata={"help": "Truncate the validation rows to this many (after chunking)."}
+    )
+    preprocessing_num_workers: Optional[int] = field(
+        default=None, metadata={"help": "Processes for tokenization and chunking (datasets.map num_proc)."}
+    )
+
+    def __post_init__(self):
+        _check(isinstance(self.vocab_size, int) and self.vocab_size >= 260, "vocab_size", self.vocab_size,
+               "must be an integer >= 260 (256 byte tokens plus specials)")
+        _check(isinstance(self.block_size, int) and self.block_size >= 2, "block_size", self.block_size,
+               "must be an integer >= 2")
+        _check(0.0 < self.validation_fraction < 1.0, "validation_fraction", self.validation_fraction,
+               "must be in (0, 1)")
+        for name in ("max_corpus_files", "max_train_samples", "max_eval_samples", "preprocessing_num_workers"):
+            v = getattr(self, name)
+            if v is not None:
+                _check(isinstance(v, int) and v >= 1, name, v, "must be a positive integer or null")
