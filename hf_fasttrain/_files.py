@@ -51,13 +51,16 @@ def last_complete_checkpoint(
     output_dir: Union[str, os.PathLike],
     before_step: Optional[int] = None,
     extra: Iterable[Union[str, os.PathLike, None]] = (),
+    required: Iterable[str] = (),
 ) -> Optional[str]:
     """The newest ``checkpoint-N`` folder in ``output_dir`` (or among ``extra`` paths) written to the end.
 
     The Trainer writes ``trainer_state.json`` last, so a checkpoint whose state file is missing or does not
     parse was cut short by a kill: it is skipped (with a warning) in favour of the one before. With
     ``before_step``, only checkpoints with ``N < before_step`` count (a restart trial's stage must end
-    exactly at its stop step, so it never resumes from one at or after it).
+    exactly at its stop step, so it never resumes from one at or after it). ``required`` names files that
+    callbacks write into the checkpoint after ``trainer_state.json`` (in ``on_save``, e.g. the weight
+    average): a checkpoint without one of them was cut short too.
 
     Returns the path as found (``os.path.join(output_dir, name)`` or the ``extra`` path), or ``None``.
     """
@@ -69,11 +72,17 @@ def last_complete_checkpoint(
         if step is None or not os.path.isdir(path) or (before_step is not None and step >= before_step):
             continue
         found.setdefault(os.path.realpath(path), (step, path))
+    required = list(required)
     for _, path in sorted(found.values(), reverse=True):
         try:
             with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as f:
                 json.load(f)
-            return path
         except (OSError, ValueError):
             logger.warning("Skipping %s: it was not written to the end (killed while saving?)", path)
+            continue
+        missing = [name for name in required if not os.path.isfile(os.path.join(path, name))]
+        if missing:
+            logger.warning("Skipping %s: it has no %s (killed while saving?)", path, ", ".join(missing))
+            continue
+        return path
     return None

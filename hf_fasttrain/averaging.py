@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Optional
@@ -211,8 +212,17 @@ class WeightAverage:
 
 
 def save_average_file(state: Mapping, path: str) -> None:
-    """Write a :meth:`WeightAverage.state_dict` to ``path`` (``torch.save``; plain tensors and lists)."""
-    torch.save(dict(state), path)
+    """Write a :meth:`WeightAverage.state_dict` to ``path`` (``torch.save``; plain tensors and lists).
+
+    Atomic: written beside ``path`` and renamed, so a kill leaves the whole file or none.
+    """
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        torch.save(dict(state), tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def load_average_file(path: str) -> dict:

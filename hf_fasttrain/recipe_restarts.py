@@ -13,7 +13,7 @@ from ._files import atomic_write_text, last_complete_checkpoint
 from .data.from_args import planned_optimizer_steps
 from .recipes import resolved_config
 from .restarts import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec, restart_config_from_args
-from .run import train
+from .run import checkpoint_extras, train
 
 __all__ = ["RecipeTrialRunner", "train_with_restarts"]
 
@@ -75,7 +75,8 @@ class RecipeTrialRunner:
             "max_steps": self.training_args.max_steps,  # the recipe's: trial.max_steps counts the optimizer steps
             "restart_num_seeds": 1,
             "restart_stop_at_step": until_step,
-            "resume_from_checkpoint": last_complete_checkpoint(trial.output_dir, before_step=until_step, extra=[resume_from]),
+            "resume_from_checkpoint": last_complete_checkpoint(trial.output_dir, before_step=until_step, extra=[resume_from],
+                                                              required=checkpoint_extras(self.training_args)),
             "auto_resume": False,
         }
         changes.update(self.trial_overrides.get(trial.index, {}))

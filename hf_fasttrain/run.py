@@ -17,7 +17,8 @@ from transformers import DataCollatorForLanguageModeling, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ._files import last_complete_checkpoint
-from .args import DataArguments, FastTrainingArguments, ModelArguments
+from .args import DataArguments, FastTrainingArguments, ModelArguments, fast_option
+from .callbacks.averaging import AVERAGE_FILE
 from .callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
 from .data.corpus import get_tokenizer, load_text_datasets, tokenize_and_chunk
 from .data.from_args import planned_optimizer_steps
@@ -92,8 +93,14 @@ def find_resume_checkpoint(training_args: FastTrainingArguments) -> Optional[str
     if training_args.resume_from_checkpoint:
         return training_args.resume_from_checkpoint
     if training_args.auto_resume:
-        return last_complete_checkpoint(training_args.output_dir)
+        return last_complete_checkpoint(training_args.output_dir, required=checkpoint_extras(training_args))
     return None
+
+
+def checkpoint_extras(training_args) -> tuple[str, ...]:
+    """Files this run's callbacks add to every checkpoint after the Trainer's (a checkpoint lacks them when
+    a kill came in between): the weight average."""
+    return (AVERAGE_FILE,) if fast_option(training_args, "weight_averaging") != "none" else ()
 
 
 def _read_json(path: str) -> Optional[dict]:

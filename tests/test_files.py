@@ -74,3 +74,48 @@ def test_atomic_write_text_replaces_whole_files_from_threads(tmp_path):
         th.join()
     assert target.read_text() in texts  # one whole write, never a mix
     assert sorted(os.listdir(tmp_path / "sub")) == ["state.json"]  # no temporary file left
+
+
+def test_last_complete_checkpoint_requires_the_files_callbacks_add_after_the_state(tmp_path):
+    # the weight average is written in on_save, after trainer_state.json: a kill in between leaves it out
+    _ckpt(tmp_path, 5)
+    _ckpt(tmp_path, 10)
+    (tmp_path / "checkpoint-5" / "weight_average.pt").write_bytes(b"x")
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
+    assert last_complete_checkpoint(tmp_path, required=["weight_average.pt"]) == str(tmp_path / "checkpoint-5")
+    (tmp_path / "checkpoint-5" / "weight_average.pt").unlink()
+    assert last_complete_checkpoint(tmp_path, required=["weight_average.pt"]) is None
+
+
+def test_weight_average_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    import torch
+
+    from hf_fasttrain import averaging
+
+    path = str(tmp_path / "weight_average.pt")
+    averaging.save_average_file({"w": torch.ones(3)}, path)
+    assert torch.equal(averaging.load_average_file(path)["w"], torch.ones(3))
+
+    def killed(obj, f):  # torch.save dies half-way through the file
+        with open(f, "wb") as fh:
+            fh.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(averaging.torch, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        averaging.save_average_file({"w": torch.zeros(3)}, path)
+    assert torch.equal(averaging.load_average_file(path)["w"], torch.ones(3))  # the old file, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["weight_average.pt"]  # no temporary left
+
+
+def test_a_run_with_weight_averaging_resumes_only_from_a_checkpoint_with_its_average(tmp_path):
+    from hf_fasttrain.args import FastTrainingArguments
+    from hf_fasttrain.run import find_resume_checkpoint
+
+    _ckpt(tmp_path, 5)
+    _ckpt(tmp_path, 10)
+    (tmp_path / "checkpoint-5" / "weight_average.pt").write_bytes(b"x")
+    ema = FastTrainingArguments(output_dir=str(tmp_path), weight_averaging="ema", report_to="none", use_cpu=True)
+    plain = FastTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    assert find_resume_checkpoint(ema) == str(tmp_path / "checkpoint-5")
+    assert find_resume_checkpoint(plain) == str(tmp_path / "checkpoint-10")
