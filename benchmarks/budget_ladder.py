@@ -1,0 +1,496 @@
+#!/usr/bin/env python
+"""Budget ladder: does the recipe's gain over tuned AdamW hold when the run is 4x and 16x longer?
+
+    nice -n 10 python -m benchmarks.budget_ladder --jobs 2     # the ladder (resumable: rerun to continue)
+    python -m benchmarks.budget_ladder --budgets 1,4           # some budgets only
+    python -m benchmarks.budget_ladder --report                # table + plot from the JSON, no training
+    python -m benchmarks.budget_ladder --quick --out /tmp/x    # a smoke run (the test suite uses it)
+
+The model and data are the time-to-loss setup (benchmarks/time_to_loss.py): GPT-2 2x128 (0.40M
+non-embedding parameters) on the stdlib corpus, vocab 4096, 16 x 128-token rows per step, eval on the
+same 128 held-out rows 12 times per run. One budget is ``multiple x 300`` optimizer steps (1x = the
+headline's 0.61M tokens, about 1.5 tokens per parameter; 4x about 6; 16x about 24, past Chinchilla's 20).
+Each run is complete at its budget: the warmup is a fraction of the run (2%), the cosine reaches its
+10% floor at the run's end, and sequence-length warmup spans 30% of the run's tokens.
+
+Two optimizers, each at its own swept peak lr:
+- ``adamw``: the ``hf-tuned`` arm (transformers.Trainer, AdamW, 2% warmup, cosine to 10%, wd 0.1,
+  beta2 0.95, clip 1);
+- ``recipe``: the ``fasttrain`` arm (FastTrainer: Muon on the hidden matrices + AdamW on the rest, the
+  same warmup and cosine, divergence guard, EMA of the weights, sequence-length warmup 16 -> 128).
+
+Per budget and optimizer: 3 peak lrs a factor 2 apart, centred on the previous budget's best (the
+first budget on the time-to-loss sweeps' best), extended by a factor 2 when the best is at an edge;
+``--seeds`` seeds per lr (seed 0 of every budget first, then seed 1: a cut-short ladder still spans
+every budget). Reported per budget: each optimizer's best lr and final eval loss (median over
+seeds), and the recipe's tokens to AdamW's best final loss divided by the budget. Then two fits:
+log(ratio) against log(tokens per parameter), and log(best lr) against log(budget) per optimizer.
+
+Repeated data: the stdlib corpus holds about 3.6M training tokens, so 4x (2.5M) reads it once and 16x
+(9.8M) about 2.7 times. The ``unique`` corpus (``--corpus unique``) adds Python sources of the installed
+packages (transformers, torch, ...) until the budget is covered without repeats; the tokenizer and the
+held-out rows are the stdlib corpus's, so losses stay comparable. It runs each optimizer at the best
+lr of the same budget on the stdlib corpus (``--unique-budgets``, default 16).
+
+Resumable: each run's result is written to the JSON as it ends; a rerun skips every finished run.
+AdamW's 1x runs are the time-to-loss lr sweep's (results/lr_sweep_hf_tuned.json, imported through
+results/scaling.json's gpt2-2x128 rung), the recipe's 1x runs at 1.6e-2 are the headline's
+(results/time_to_loss_runs); both are marked ``imported_from``.
+Writes budget_ladder.json, .md and .png into --out (benchmarks/results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import math
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # this checkout
+import torch  # noqa: E402
+from scaling import (Ledger, _fmt, edge_extension, fit_line, interpolated_best_lr,  # noqa: E402
+                     non_embedding_params, sweep_losses)
+from time_to_loss import ARMS, QUICK, RESULTS, Setup, crossing, load_saved_run, run_arm  # noqa: E402
+from time_to_loss import run_key as saved_run_key  # noqa: E402
+
+from hf_fasttrain import DataArguments  # noqa: E402
+from hf_fasttrain.run import prepare_data  # noqa: E402
+from hf_fasttrain.runinfo import environment_info  # noqa: E402
+
+BASE_STEPS = 300  # the headline budget: 300 steps x 2048 tokens = 0.61M tokens
+EVALS = 12  # evaluations per run
+OPTIMIZERS = {"adamw": "hf-tuned", "recipe": "fasttrain"}  # ledger name -> time_to_loss arm
+FIRST_GRID = {"adamw": [1e-3, 2e-3, 4e-3], "recipe": [8e-3, 1.6e-2, 3.2e-2]}
+CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022
+
+
+def budget_setup(multiple: int, quick: bool = False, base_steps: int = BASE_STEPS) -> Setup:
+    """The time-to-loss setup (or the quick one) trained for ``multiple x base_steps`` steps."""
+    base = QUICK if quick else Setup()
+    steps = multiple * base_steps
+    return dataclasses.replace(base, max_steps=steps, eval_steps=max(1, steps // EVALS))
+
+
+def rung_name(multiple: int, corpus: str = "stdlib") -> str:
+    return f"{multiple}x" + ("" if corpus == "stdlib" else f"-{corpus}")
+
+
+def ledger_key(rung: str, optimizer: str, lr: float, seed: int) -> str:
+    return f"{rung}|{optimizer}|{lr:g}|{seed}"
+
+
+def arm_for(optimizer: str, lr: float):
+    base = ARMS[OPTIMIZERS[optimizer]]
+    return dataclasses.replace(base, name=f"{base.name}@{lr:g}", args={**base.args, "learning_rate": lr})
+
+
+def centred_grid(best: float) -> list[float]:
+    """Three lrs a factor 2 apart around ``best``."""
+    return [best / 2, best, best * 2]
+
+
+def best_lr(runs: list[dict[str, Any]], rung: str, optimizer: str) -> Optional[float]:
+    losses = sweep_losses(runs, rung, optimizer)
+    return min(losses, key=losses.get) if losses else None
+
+
+# --- The corpus that does not repeat -------------------------------------------------------------------
+def extra_python_sources(min_chars: int, packages: tuple[str, ...] = ("transformers", "torch", "datasets", "numpy",
+                                                                        "pandas", "pyarrow", "accelerate")) -> list[str]:
+    """Texts of ``.py`` files of installed packages, in a fixed order, until ``min_chars`` characters."""
+    import importlib.util
+
+    texts, total = [], 0
+    for pkg in packages:
+        spec = importlib.util.find_spec(pkg)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        root = Path(list(spec.submodule_search_locations)[0])
+        for path in sorted(root.rglob("*.py")):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            if len(text) < 200:
+                continue
+            texts.append(text)
+            total += len(text)
+            if total >= min_chars:
+                return texts
+    return texts
+
+
+def unique_corpus_data(setup: Setup, tokens_needed: int):
+    """(tokenizer, lm) of the stdlib corpus with extra package sources appended to train until it holds
+    ``tokens_needed`` tokens; the stdlib tokenizer and validation rows are kept."""
+    import datasets
+
+    from hf_fasttrain.data.corpus import build_stdlib_corpus, tokenize_and_chunk
+
+    tokenizer, lm = prepare_data(data_args(setup))
+    have = len(lm["train"]) * setup.block_size
+    if have >= tokens_needed:
+        return tokenizer, lm
+    chars_per_token = 3.5  # measured on the stdlib corpus with this tokenizer (about 3.4-3.8)
+    texts = extra_python_sources(int((tokens_needed - have) * chars_per_token * 1.15))
+    raw = build_stdlib_corpus()
+    extra = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts}),
+                                  "validation": raw["validation"].select_columns(["text"]).select(range(1))})
+    more = tokenize_and_chunk(extra, tokenizer, setup.block_size)["train"]
+    train = datasets.concatenate_datasets([lm["train"], more.cast(lm["train"].features)])
+    return tokenizer, datasets.DatasetDict({"train": train, "validation": lm["validation"]})
+
+
+def data_args(setup: Setup) -> DataArguments:
+    return DataArguments(vocab_size=setup.vocab_size, block_size=setup.block_size, max_eval_samples=setup.eval_rows,
+                         max_corpus_files=setup.max_corpus_files)
+
+
+# --- Imports of earlier runs of the 1x setup --------------------------------------------------------------
+def import_earlier(ledger: Ledger, results: Path, setup: Setup) -> int:
+    """AdamW's 1x runs from scaling.json (rung gpt2-2x128) and the recipe's from time_to_loss_runs/."""
+    added = 0
+    sc = results / "scaling.json"
+    if sc.exists() and setup == Setup():
+        for r in json.loads(sc.read_text())["runs"].values():
+            if r.get("rung") == "gpt2-2x128" and r["optimizer"] == "adamw":
+                key = ledger_key("1x", "adamw", r["lr"], r["seed"])
+                if key not in ledger.data["runs"]:
+                    ledger.data["runs"][key] = {**r, "rung": "1x", "imported_from": r.get("imported_from", "scaling.json")}
+                    added += 1
+    saved = results / "time_to_loss_runs"
+    for seed in range(3):
+        key = ledger_key("1x", "recipe", ARMS["fasttrain"].args["learning_rate"], seed)
+        path = saved / f"fasttrain-seed{seed}.json"
+        r = load_saved_run(path, saved_run_key(ARMS["fasttrain"], seed, setup)) if path.exists() else None
+        if r and key not in ledger.data["runs"]:
+            ledger.data["runs"][key] = {**r, "rung": "1x", "optimizer": "recipe", "lr": ARMS["fasttrain"].args["learning_rate"],
+                                        "max_steps": setup.max_steps, "tokens_per_step": setup.tokens_per_step,
+                                        "imported_from": "time_to_loss_runs/" + path.name}
+            added += 1
+    return added
+
+
+# --- Summary -----------------------------------------------------------------------------------------------
+def summarise_budget(runs: list[dict[str, Any]], rung: str, n_params: int) -> Optional[dict[str, Any]]:
+    """Best lr and loss per optimizer; the recipe's tokens to AdamW's best final loss, over the budget."""
+    mine = [r for r in runs if r["rung"] == rung]
+    if not mine:
+        return None
+    tokens = mine[0]["max_steps"] * mine[0]["tokens_per_step"]
+    out: dict[str, Any] = {"tokens": tokens, "max_steps": mine[0]["max_steps"], "tokens_per_param": tokens / n_params,
+                           "optimizers": {}}
+    for opt in OPTIMIZERS:
+        losses = sweep_losses(mine, rung, opt)
+        if not losses:
+            continue
+        best = min(losses, key=losses.get)
+        out["optimizers"][opt] = {
+            "final_eval_loss_by_lr": {f"{lr:g}": v for lr, v in losses.items()}, "best_lr": best,
+            "best_lr_interpolated": interpolated_best_lr(losses), "final_eval_loss": losses[best],
+            "best_at_edge": len(losses) > 1 and best in (min(losses), max(losses)),
+            "seeds_at_best": sum(1 for r in mine if r["optimizer"] == opt and r["lr"] == best)}
+    if "adamw" in out["optimizers"]:
+        target = out["optimizers"]["adamw"]["final_eval_loss"]
+        out["target_eval_loss"] = target
+        for opt, row in out["optimizers"].items():
+            at_best = [r for r in mine if r["optimizer"] == opt and r["lr"] == row["best_lr"]]
+            toks = [crossing(r["curve"], target, "tokens") for r in at_best]
+            row["tokens_to_target"] = statistics.median(toks)
+            row["seeds_reaching_target"] = sum(math.isfinite(t) for t in toks)
+            row["token_ratio_vs_adamw"] = row["tokens_to_target"] / tokens  # AdamW reaches its own loss at the budget
+    return out
+
+
+def trend(summary: dict[str, Any]) -> dict[str, Any]:
+    """log10(recipe's token ratio) against log10(tokens per parameter); log2(best lr) against log2(budget)."""
+    xs, ys, budgets, best = [], [], [], {o: [] for o in OPTIMIZERS}
+    for s in summary.values():
+        if not s or s.get("corpus", "stdlib") != "stdlib" or set(OPTIMIZERS) - set(s["optimizers"]):
+            continue
+        ratio = s["optimizers"]["recipe"].get("token_ratio_vs_adamw", math.nan)
+        xs.append(math.log10(s["tokens_per_param"]))
+        ys.append(math.log10(ratio) if 0 < ratio < math.inf else math.nan)
+        budgets.append(math.log2(s["multiple"]))
+        for opt in OPTIMIZERS:
+            row = s["optimizers"][opt]
+            best[opt].append(math.log2(row.get("best_lr_interpolated") or row["best_lr"]))
+    out: dict[str, Any] = {"budgets": len(xs)}
+    line = fit_line(xs, ys)
+    if line:
+        out["log10_ratio_vs_log10_tokens_per_param"] = line
+        out["ratio_change_per_4x_budget"] = 4 ** line["slope"]
+        out["ratio_at_chinchilla"] = 10 ** (line["intercept"] + line["slope"] * math.log10(CHINCHILLA_TOKENS_PER_PARAM))
+    for opt, vals in best.items():
+        line = fit_line(budgets, vals)
+        if line:
+            out[f"{opt}_log2_lr_vs_log2_budget"] = line
+            out[f"{opt}_lr_change_per_4x_budget"] = 4 ** line["slope"]
+    return out
+
+
+def markdown(summary: dict[str, Any], tr: dict[str, Any]) -> str:
+    lines = ["| budget | tokens | tokens/param | AdamW best lr | AdamW loss | recipe best lr | recipe loss "
+             "| recipe tokens to AdamW's loss / budget | speed-up | lrs swept (AdamW; recipe) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, s in summary.items():
+        if not s:
+            continue
+        a, m = s["optimizers"].get("adamw"), s["optimizers"].get("recipe")
+
+        def lr_cell(row):
+            if not row:
+                return "n/a"
+            interp = row.get("best_lr_interpolated")
+            return f"{row['best_lr']:g}" + (" (edge)" if row["best_at_edge"] else f" (~{interp:.2g})" if interp else "")
+
+        sweeps = "; ".join(", ".join(f"{lr}{'*' if float(lr) == row['best_lr'] else ''}: {v:.3f}"
+                                     for lr, v in row["final_eval_loss_by_lr"].items())
+                           for row in (a, m) if row)
+        seeds = min(row["seeds_at_best"] for row in s["optimizers"].values())
+        ratio = m.get("token_ratio_vs_adamw", math.nan) if m else math.nan
+        speed = 1 / ratio if ratio and math.isfinite(ratio) and ratio > 0 else math.nan
+        lines.append(f"| {name} ({seeds} seed{'s' if seeds != 1 else ''}) | {s['tokens'] / 1e6:.2f}M "
+                     f"| {s['tokens_per_param']:.1f} | {lr_cell(a)} | {_fmt(a['final_eval_loss'], 4) if a else 'n/a'} "
+                     f"| {lr_cell(m)} | {_fmt(m['final_eval_loss'], 4) if m else 'n/a'} | {_fmt(ratio)} "
+                     f"| {_fmt(speed)}x | {sweeps} |")
+    text = "\n".join(lines) + "\n"
+    if "ratio_change_per_4x_budget" in tr:
+        text += (f"\nTrend over {tr['budgets']} budgets: the recipe's token ratio changes by a factor "
+                 f"{tr['ratio_change_per_4x_budget']:.2f} per 4x budget; extrapolated to {CHINCHILLA_TOKENS_PER_PARAM} "
+                 f"tokens per parameter: {tr['ratio_at_chinchilla']:.2f}.\n")
+    for opt in OPTIMIZERS:
+        if f"{opt}_lr_change_per_4x_budget" in tr:
+            text += f"{opt} best lr changes by a factor {tr[f'{opt}_lr_change_per_4x_budget']:.2f} per 4x budget.\n"
+    return text
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for corpus, marker in (("stdlib", "o"), ("unique", "s")):
+        pts = [(s["tokens_per_param"], s["optimizers"]["recipe"]["token_ratio_vs_adamw"]) for s in summary.values()
+               if s and s.get("corpus", "stdlib") == corpus and "recipe" in s["optimizers"] and "adamw" in s["optimizers"]
+               and 0 < s["optimizers"]["recipe"].get("token_ratio_vs_adamw", math.inf) < math.inf]
+        if pts:
+            ax.plot(*zip(*sorted(pts)), marker=marker, ls="-" if corpus == "stdlib" else "none", ms=8,
+                    label="stdlib corpus (repeats past 6 tokens/param)" if corpus == "stdlib" else "no repeated data")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.axvline(CHINCHILLA_TOKENS_PER_PARAM, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens per non-embedding parameter")
+    ax.set_ylabel("recipe's tokens to AdamW's best loss / budget")
+    ax.set_title("Recipe vs tuned AdamW, each at its best lr (lower is better)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    for name, s in summary.items():
+        if not s:
+            continue
+        for opt, colour in (("adamw", "C0"), ("recipe", "C1")):
+            row = s["optimizers"].get(opt)
+            if row:
+                lrs = [float(x) for x in row["final_eval_loss_by_lr"]]
+                ax2.plot(lrs, list(row["final_eval_loss_by_lr"].values()), marker="o", color=colour,
+                         alpha=0.3 + 0.7 * min(1.0, math.log2(s["multiple"] + 1) / 4), lw=1)
+                ax2.annotate(name, (row["best_lr"], row["final_eval_loss"]), fontsize=6)
+    ax2.set_xscale("log")
+    ax2.set_xlabel("peak lr (blue AdamW, orange recipe; darker = longer)")
+    ax2.set_ylabel("final eval loss (median of seeds)")
+    ax2.set_title("lr sweeps per budget")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(ledger: Ledger, rungs: dict[str, tuple[int, str]], setups: dict[str, Setup], out: Path, name: str):
+    runs = list(ledger.data["runs"].values())
+    n_params = non_embedding_params(next(iter(setups.values())).n_layer, next(iter(setups.values())).n_embd,
+                                    "gpt2", next(iter(setups.values())).n_head)
+    summary = {}
+    for rung, (multiple, corpus) in rungs.items():
+        s = summarise_budget(runs, rung, n_params)
+        if s:
+            s.update(multiple=multiple, corpus=corpus, non_embedding_params=n_params,
+                     imported=any("imported_from" in r for r in runs if r["rung"] == rung))
+        summary[rung] = s
+    tr = trend(summary)
+    ledger.data["summary"], ledger.data["trend"] = summary, tr
+    table = markdown(summary, tr)
+    env = ledger.data.get("environment") or environment_info()
+    machine = f"{env['cpu_count']}-core x86_64 CPU" if not env.get("cuda_devices") else env["cuda_devices"][0]
+    header = (f"Machine: {machine}, shared with other jobs (token counts do not depend on load). "
+              f"torch {env['torch']}, transformers {env['transformers']}.\n\n"
+              f"Command: `{ledger.data.get('command', 'python -m benchmarks.budget_ladder')}`\n\n"
+              f"Model: GPT-2 2x128 ({n_params / 1e6:.2f}M non-embedding parameters); budget = multiple x {BASE_STEPS} steps "
+              f"x 2048 tokens. Loss = median over seeds of the final eval loss; ratio = the recipe's tokens to AdamW's "
+              f"best final loss (median over seeds, at the recipe's best lr) / the budget; * marks the best lr; (~x): "
+              f"the vertex of a parabola through the best lr and its neighbours in log(lr). The stdlib corpus holds "
+              f"about 3.6M training tokens: 16x reads it about 2.7 times; `-unique` rows train on it plus package "
+              f"sources, with no repeats.\n\n")
+    ledger.save()
+    (out / f"{name}.md").write_text(header + table)
+    try:
+        plot(summary, out / f"{name}.png")
+    except Exception as e:  # a plot must not lose the results
+        print(f"[budget_ladder] plot failed: {e}", flush=True)
+    return {"summary": summary, "trend": tr, "table": table}
+
+
+# --- Runs ----------------------------------------------------------------------------------------------
+_SHARED: dict[str, Any] = {}
+
+
+def _init_worker(threads: int) -> None:
+    if not torch.cuda.is_available():
+        torch.set_num_threads(threads)
+
+
+def _run_one(job: tuple[str, str, float, int]) -> dict[str, Any]:
+    rung, optimizer, lr, seed = job
+    setup = _SHARED["setups"][rung]
+    tokenizer, lm = _SHARED["data"][_SHARED["corpus_of"][rung]]
+    cpu0 = time.process_time()
+    r = run_arm(arm_for(optimizer, lr), seed, setup, tokenizer, lm, Path(_SHARED["work"]))
+    r.update(rung=rung, optimizer=optimizer, lr=lr, cpu_seconds=time.process_time() - cpu0,
+             max_steps=setup.max_steps, tokens_per_step=setup.tokens_per_step)
+    return r
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument("--budgets", default="1,4,16", help="comma-separated multiples of the 1x budget (300 steps)")
+    p.add_argument("--unique-budgets", default="16",
+                   help="budgets also run on the corpus that does not repeat, at each optimizer's best lr there "
+                        "(empty: none)")
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--max-extend", type=int, default=1, help="grid extensions (x2 or /2) when the best lr is at an edge")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (results do not depend on it)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
+    p.add_argument("--report", action="store_true", help="only rebuild the table and plot from the JSON")
+    p.add_argument("--quick", action="store_true", help="tiny smoke ladder (1-layer-ish model, 2-step budget, 1 seed)")
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--name", default="budget_ladder", help="basename of the output files")
+    return p
+
+
+def main(argv=None) -> dict[str, Any]:
+    ns = make_parser().parse_args(argv)
+    try:
+        multiples = [int(x) for x in ns.budgets.split(",") if x.strip()]
+        unique = [int(x) for x in ns.unique_budgets.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--budgets / --unique-budgets: {ns.budgets!r} / {ns.unique_budgets!r}: comma-separated integers")
+    if not multiples or min(multiples) < 1 or ns.seeds < 1 or ns.jobs < 1 or ns.threads < 1:
+        raise SystemExit("--budgets need integers >= 1; --seeds, --jobs and --threads must be >= 1")
+    base_steps = 2 if ns.quick else BASE_STEPS
+    rungs = {rung_name(m): (m, "stdlib") for m in multiples}
+    rungs.update({rung_name(m, "unique"): (m, "unique") for m in unique if m in multiples})
+    setups = {r: budget_setup(m, ns.quick, base_steps) for r, (m, _) in rungs.items()}
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(out / f"{ns.name}.json")
+    if ns.report:
+        result = report(ledger, rungs, setups, out, ns.name)
+        print(result["table"])
+        return result
+    if not ns.quick:
+        n = import_earlier(ledger, RESULTS, budget_setup(1))
+        if n:
+            print(f"[budget_ladder] imported {n} earlier 1x runs", flush=True)
+    _init_worker(ns.threads)
+    ledger.data["command"] = "python -m benchmarks.budget_ladder " + " ".join(argv if argv is not None else sys.argv[1:])
+    ledger.data["environment"] = environment_info()
+    ledger.data["setups"] = {r: dataclasses.asdict(s) for r, s in setups.items()}
+    ledger.save()
+    first = next(iter(setups.values()))
+    _SHARED["data"] = {"stdlib": prepare_data(data_args(first))}
+    _SHARED["corpus_of"] = {r: c for r, (_, c) in rungs.items()}
+    if any(c == "unique" for _, c in rungs.values()):
+        most = max(m for m, c in rungs.values() if c == "unique")
+        _SHARED["data"]["unique"] = unique_corpus_data(first, most * base_steps * first.tokens_per_step)
+        print(f"[budget_ladder] unique corpus: {len(_SHARED['data']['unique'][1]['train']) * first.block_size / 1e6:.1f}M "
+              f"training tokens (stdlib alone: {len(_SHARED['data']['stdlib'][1]['train']) * first.block_size / 1e6:.1f}M)",
+              flush=True)
+    grids = {o: ([1e-3, 2e-3] if ns.quick and o == "adamw" else [8e-3, 1.6e-2] if ns.quick else FIRST_GRID[o])
+             for o in OPTIMIZERS}
+    # (rung, seed) phases: seed 0 of every budget first, so a ladder cut short still spans the budgets
+    stdlib_rungs = [r for r, (_, c) in rungs.items() if c == "stdlib"]
+    phases = [(r, s) for s in range(ns.seeds) for r in stdlib_rungs]
+    phases += [(r, s) for s in range(ns.seeds) for r, (_, c) in rungs.items() if c == "unique"]
+    with tempfile.TemporaryDirectory(prefix="budget-ladder-") as work:  # before the pool forks: workers inherit it
+        _SHARED.update(setups=setups, work=work)
+        ctx = multiprocessing.get_context("fork")
+        pool = (concurrent.futures.ProcessPoolExecutor(ns.jobs, mp_context=ctx, initializer=_init_worker,
+                                                       initargs=(ns.threads,)) if ns.jobs > 1 else None)
+        try:
+            for rung, seed in phases:
+                multiple, corpus = rungs[rung]
+                while True:
+                    runs = list(ledger.data["runs"].values())
+                    points: set[tuple[str, float]] = set()
+                    for o in OPTIMIZERS:
+                        if corpus == "unique":  # the stdlib budget's best lr
+                            lr = best_lr(runs, rung_name(multiple), o)
+                            points |= {(o, lr)} if lr else set()
+                            continue
+                        # centred on the previous budget's best lr over its seed-0 runs (stable across reruns)
+                        seed0 = [r for r in runs if r["seed"] == 0]
+                        prev = [m for m in multiples if m < multiple and best_lr(seed0, rung_name(m), o)]
+                        grid = centred_grid(best_lr(seed0, rung_name(max(prev)), o)) if prev else grids[o]
+                        have = {float(r["lr"]) for r in runs if r["rung"] == rung and r["optimizer"] == o}
+                        points |= {(o, lr) for lr in have | set(grid)}
+                    jobs = [(rung, o, lr, seed) for o, lr in sorted(points)
+                            if ledger_key(rung, o, lr, seed) not in ledger.data["runs"]]
+                    if seed > 0:  # later seeds: only at the lrs seed 0 ran
+                        seed0 = {(r["optimizer"], float(r["lr"])) for r in runs if r["rung"] == rung and r["seed"] == 0}
+                        jobs = [j for j in jobs if (j[1], j[2]) in seed0]
+                    futures = [pool.submit(_run_one, j) for j in jobs] if pool else None
+                    done = concurrent.futures.as_completed(futures) if pool else (None for _ in jobs)
+                    for i, f in enumerate(done):
+                        r = f.result() if pool else _run_one(jobs[i])
+                        ledger.data["runs"][ledger_key(rung, r["optimizer"], r["lr"], r["seed"])] = r
+                        ledger.save()  # each run is kept as soon as it ends
+                        print(f"[budget_ladder] {rung} {r['optimizer']:>6s} lr {r['lr']:<8g} seed {r['seed']}: final eval "
+                              f"loss {r['final_eval_loss']:.4f} ({r['cpu_seconds']:.0f} CPU-s, "
+                              f"{r['train_seconds']:.0f} s training)", flush=True)
+                    if corpus == "unique" or seed > 0:
+                        break
+                    runs = list(ledger.data["runs"].values())
+                    extra = []
+                    extended = ledger.data.setdefault("extensions", {})
+                    for o in OPTIMIZERS:
+                        seed0 = [r for r in runs if r["seed"] == 0]
+                        new = edge_extension(sweep_losses(seed0, rung, o))
+                        if new is not None and extended.get(f"{rung}|{o}", 0) < ns.max_extend:
+                            extended[f"{rung}|{o}"] = extended.get(f"{rung}|{o}", 0) + 1
+                            extra.append((rung, o, new, 0))
+                    if not extra:
+                        break
+                    for j in extra:  # run the extension now (the next loop picks it up from the ledger)
+                        r = pool.submit(_run_one, j).result() if pool else _run_one(j)
+                        ledger.data["runs"][ledger_key(rung, r["optimizer"], r["lr"], r["seed"])] = r
+                        ledger.save()
+                        print(f"[budget_ladder] {rung} {r['optimizer']:>6s} lr {r['lr']:<8g} seed 0 (edge): final "
+                              f"eval loss {r['final_eval_loss']:.4f}", flush=True)
+                report(ledger, rungs, setups, out, ns.name)
+        finally:
+            if pool:
+                pool.shutdown(wait=True, cancel_futures=True)
+    result = report(ledger, rungs, setups, out, ns.name)
+    print(result["table"])
+    return result
+
+
+if __name__ == "__main__":
+    main()

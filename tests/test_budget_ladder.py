@@ -1,0 +1,93 @@
+"""benchmarks/budget_ladder.py: lr grids, the budget summary and trend arithmetic, and a resumable smoke run."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    for name in ("time_to_loss", "scaling", "budget_ladder"):
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod  # dataclasses look their module up there
+            spec.loader.exec_module(mod)
+    return sys.modules["budget_ladder"]
+
+
+def test_budget_setup_spans_the_run():
+    bl = _load()
+    for multiple, steps, every in [(1, 300, 25), (4, 1200, 100), (16, 4800, 400)]:
+        s = bl.budget_setup(multiple)
+        assert (s.max_steps, s.eval_steps, s.tokens_per_step) == (steps, every, 2048)
+    assert bl.budget_setup(1) == bl.Setup()  # 1x is the time-to-loss setup itself (its runs are imported)
+    # the schedules are fractions of the run, so each budget is a complete run
+    assert bl.ARMS["hf-tuned"].args["warmup_steps"] == 0.02
+    assert bl.ARMS["fasttrain"].args["seq_len_warmup_fraction"] == 0.3
+
+
+def test_centred_grid_and_names():
+    bl = _load()
+    assert bl.centred_grid(2e-3) == [1e-3, 2e-3, 4e-3]
+    assert (bl.rung_name(4), bl.rung_name(16, "unique")) == ("4x", "16x-unique")
+    assert bl.arm_for("recipe", 8e-3).args["learning_rate"] == 8e-3
+    assert bl.arm_for("recipe", 8e-3).args["optimizer"] == "muon"
+    assert bl.arm_for("adamw", 1e-3).fast is False
+
+
+def _run(opt, lr, seed, losses, rung="4x", step_tokens=100):
+    curve = [{"step": i, "tokens": i * step_tokens, "seconds": float(i), "eval_loss": v} for i, v in enumerate(losses)]
+    return {"rung": rung, "optimizer": opt, "lr": lr, "seed": seed, "curve": curve, "final_eval_loss": losses[-1],
+            "max_steps": len(losses) - 1, "tokens_per_step": step_tokens}
+
+
+def test_summary_ratio_and_trend():
+    bl = _load()
+    runs = [_run("adamw", 1e-3, 0, [8, 6, 5, 4.5, 4.0]), _run("adamw", 2e-3, 0, [8, 6, 5, 4.8, 4.6]),
+            _run("recipe", 1e-2, 0, [8, 5, 4.5, 4.0, 3.8]),  # reaches 4.0 at step 3: 300 of 400 tokens
+            _run("adamw", 1e-3, 0, [8, 6, 5, 4.5, 4.0], rung="16x"),
+            _run("recipe", 1e-2, 0, [8, 4.5, 4.0, 3.9, 3.8], rung="16x")]  # at step 2: 200 of 400
+    s4 = bl.summarise_budget(runs, "4x", n_params=100)
+    assert s4["tokens"] == 400 and s4["tokens_per_param"] == 4.0
+    assert s4["optimizers"]["adamw"]["best_lr"] == 1e-3 and s4["target_eval_loss"] == 4.0
+    assert s4["optimizers"]["recipe"]["token_ratio_vs_adamw"] == pytest.approx(0.75)
+    s16 = bl.summarise_budget(runs, "16x", n_params=25)
+    assert s16["optimizers"]["recipe"]["token_ratio_vs_adamw"] == pytest.approx(0.5)
+    s4.update(multiple=4, corpus="stdlib")
+    s16.update(multiple=16, corpus="stdlib")
+    tr = bl.trend({"4x": s4, "16x": s16})
+    # ratio 0.75 at 4 tokens/param, 0.5 at 16: slope log(0.5/0.75)/log(4) per decade, x(2/3) per 4x budget
+    assert tr["budgets"] == 2
+    assert tr["ratio_change_per_4x_budget"] == pytest.approx(0.5 / 0.75)
+    assert tr["ratio_at_chinchilla"] == pytest.approx(0.75 * (20 / 4) ** (math.log(0.5 / 0.75) / math.log(4)))
+    # the unique-corpus rows are not part of the trend
+    tr2 = bl.trend({"4x": s4, "16x": s16, "16x-unique": {**s16, "corpus": "unique"}})
+    assert tr2["budgets"] == 2
+
+
+def test_smoke_run_is_resumable(tmp_path):
+    bl = _load()
+    argv = ["--quick", "--out", str(tmp_path), "--budgets", "1,2", "--unique-budgets", "", "--seeds", "1",
+            "--max-extend", "0"]
+    result = bl.main(argv)
+    data = json.loads((tmp_path / "budget_ladder.json").read_text())
+    # 2 lrs per optimizer at 1x; at 2x the 3 lrs around 1x's best
+    assert sorted(k.rsplit("|", 2)[0] for k in data["runs"]) == sorted(["1x|adamw"] * 2 + ["1x|recipe"] * 2 +
+                                                                      ["2x|adamw"] * 3 + ["2x|recipe"] * 3)
+    best1 = result["summary"]["1x"]["optimizers"]["adamw"]["best_lr"]
+    assert {r["lr"] for r in data["runs"].values() if r["rung"] == "2x" and r["optimizer"] == "adamw"} == \
+        {best1 / 2, best1, best1 * 2}
+    for r in data["runs"].values():
+        assert r["curve"][-1]["eval_loss"] < r["curve"][0]["eval_loss"]  # every run learned
+    assert (tmp_path / "budget_ladder.md").exists() and (tmp_path / "budget_ladder.png").exists()
+    before = {k: r["final_eval_loss"] for k, r in data["runs"].items()}
+    bl.main(argv)  # a rerun trains nothing new
+    again = json.loads((tmp_path / "budget_ladder.json").read_text())
+    assert {k: r["final_eval_loss"] for k, r in again["runs"].items()} == before
