@@ -4,7 +4,6 @@ refused in one line."""
 
 import json
 import random
-from itertools import islice
 
 import datasets
 import pytest
@@ -13,10 +12,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast, TrainerCallback
 
 from hf_fasttrain import FastTrainer
-from hf_fasttrain._validation import ConfigError
 from hf_fasttrain.callbacks.data_position import load_stream_position
 from hf_fasttrain.data.from_args import planned_optimizer_steps
-from hf_fasttrain.data.streaming import STREAM_KEY, TokenStream, check_stream_args, holdout_rows
+from hf_fasttrain.data.streaming import STREAM_KEY, TokenStream, holdout_rows
 
 from conftest import make_tiny_gpt2, tiny_args
 
@@ -91,8 +89,7 @@ def test_resume_at_any_row_continues_with_the_next(shuffle_buffer):
 
 
 def test_dataloader_workers_split_shards_and_resume_in_order(tmp_path):
-    from hf_fasttrain.data.from_args import planned_optimizer_steps
-from hf_fasttrain.data.streaming import StreamCollator, StreamPosition
+    from hf_fasttrain.data.streaming import StreamCollator, StreamPosition
 
     tok = _word_tokenizer()
     make = lambda: TokenStream(_source(_docs(), 4), tok, block_size=6)  # noqa: E731
@@ -209,8 +206,9 @@ def test_seq_len_warmup_on_a_stream(tiny_tokenizer, tmp_path):
 def test_what_a_stream_cannot_do_is_refused_in_one_line(overrides, field, capsys, tmp_path):
     from hf_fasttrain.cli import run_recipe
 
-    argv = ["--config", "gpt2_tiny", "--dataset", str(tmp_path / "x.jsonl"), "--streaming", "true",
-            "--output_dir", str(tmp_path / "out")]
+    recipe = tmp_path / "r.yaml"  # no other option that needs max_steps, so the stream's own check speaks
+    recipe.write_text("max_steps: 30\ndata:\n  block_size: 32\n  streaming: true\n")
+    argv = ["--config", str(recipe), "--dataset", str(tmp_path / "x.jsonl"), "--output_dir", str(tmp_path / "out")]
     for k, v in {"max_steps": 30, **overrides}.items():
         argv += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
     assert run_recipe(argv) == 2
