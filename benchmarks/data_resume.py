@@ -16,7 +16,7 @@ and FastTrainer resumes from it twice, side by side in one process:
 - ``trainer skip``: the same checkpoint without it; the Trainer re-reads the stream and drops the
   S x 2 rows trained before (``accelerate.skip_first_batches``), as it does for any IterableDataset.
 
-The time is from ``train(resume_from_checkpoint=...)`` to the first batch the training loop takes (the
+Each arm is timed 3 times (median; interleaved) up to step 1,000 and once beyond. The time is from ``train(resume_from_checkpoint=...)`` to the first batch the training loop takes (the
 model, optimizer and RNG loads included, in both arms). Both arms must take the same first batch: the
 script checks that they do. Measured on a loaded 2-core x86_64 CPU shared with other jobs: absolute
 times are slow, the two arms are measured back to back.
@@ -30,6 +30,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -147,21 +148,26 @@ def time_resume(corpus: Path, tokenizer, checkpoint: Path, out: Path, step: int,
     return {"seconds": first.at - start, "first_batch": seen[0], "resumed_at": step}
 
 
-def run(steps: list[int], work: Path) -> dict:
+def run(steps: list[int], work: Path, repeats: int = 3) -> dict:
     corpus = work / "corpus"
     shards = write_corpus(corpus, max(steps) * ROWS_PER_STEP + 64)
     tokenizer = _tokenizer(corpus)
     rows = []
     for step in steps:
         checkpoint = make_checkpoint(corpus, tokenizer, work / f"make-{step}", step)
-        ours = time_resume(corpus, tokenizer, checkpoint, work / "resume", step, with_position=True)
-        skip = time_resume(corpus, tokenizer, checkpoint, work / "resume", step, with_position=False)
-        if ours["first_batch"] != skip["first_batch"]:
+        ours, skip = [], []
+        for _ in range(repeats if step <= 1000 else 1):  # interleaved; the long skips once
+            ours.append(time_resume(corpus, tokenizer, checkpoint, work / "resume", step, with_position=True))
+            skip.append(time_resume(corpus, tokenizer, checkpoint, work / "resume", step, with_position=False))
+        firsts = {r["first_batch"] for r in ours + skip}
+        if len(firsts) != 1:
             raise RuntimeError(f"step {step}: the arms resumed at different batches ({ours} vs {skip})")
-        rows.append({"step": step, "position_s": ours["seconds"], "trainer_skip_s": skip["seconds"],
-                     "ratio": skip["seconds"] / ours["seconds"], "first_batch": ours["first_batch"],
-                     "rows_skipped": step * ROWS_PER_STEP})
-        print(f"step {step:>7,}: position {ours['seconds']:.2f} s, trainer skip {skip['seconds']:.2f} s", flush=True)
+        t_ours = statistics.median(r["seconds"] for r in ours)
+        t_skip = statistics.median(r["seconds"] for r in skip)
+        rows.append({"step": step, "position_s": t_ours, "trainer_skip_s": t_skip, "ratio": t_skip / t_ours,
+                     "first_batch": firsts.pop(), "rows_skipped": step * ROWS_PER_STEP, "repeats": len(ours),
+                     "position_all_s": [r["seconds"] for r in ours], "trainer_skip_all_s": [r["seconds"] for r in skip]})
+        print(f"step {step:>7,}: position {t_ours:.2f} s, trainer skip {t_skip:.2f} s", flush=True)
     return {"benchmark": "data_resume", "block_size": BLOCK, "rows_per_step": ROWS_PER_STEP,
             "docs_per_shard": DOCS_PER_SHARD, "shards": shards, "rows": rows,
             "load_average": os.getloadavg(), "machine": machine_info(),
@@ -201,11 +207,12 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, nargs="+", default=[10, 1_000, 100_000])
     parser.add_argument("--out", default=str(RESULTS), help="folder for data_resume.{json,md,png}")
     parser.add_argument("--name", default="data_resume")
+    parser.add_argument("--repeats", type=int, default=3, help="timings per arm (median) for steps <= 1,000")
     ns = parser.parse_args(argv)
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="data_resume_") as work:
-        result = run(sorted(ns.steps), Path(work))
+        result = run(sorted(ns.steps), Path(work), repeats=ns.repeats)
     md = table(result)
     write_json(out / f"{ns.name}.json", result)
     (out / f"{ns.name}.md").write_text(md + "\n", encoding="utf-8")

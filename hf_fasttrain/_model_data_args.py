@@ -193,7 +193,7 @@ class DataArguments:
     shuffle_buffer: int = field(
         default=0,
         metadata={"help": "Streaming: documents per shuffle window; each window is permuted with the data seed "
-                  "(a resume re-reads at most two windows). 0 keeps the file order."},
+                  "(a resume reads one window again, not the stream before it). 0 keeps the file order."},
     )
 
     def __post_init__(self):

@@ -27,6 +27,7 @@ Arguments without these fields (a plain ``TrainingArguments``) read them as thei
 from __future__ import annotations
 
 import math
+import sys
 from typing import Optional
 
 from ._validation import ConfigError
@@ -196,6 +197,9 @@ class SeqLenWiring:
         new = self.max_steps(max_steps)
         if new == max_steps:
             return values
+        if epochs == sys.maxsize:  # a stream (no length): the Trainer's one "epoch" is the whole run, so a resume,
+            # which starts at the stream's saved position in that epoch, sees the same epochs as a straight run
+            return (epochs, new, examples, new * total_batch, total_batch, new * self.grad_accum, new)
         return (math.ceil(new / per_epoch), per_epoch, examples, new * total_batch, total_batch, steps_in_epoch, new)
 
     def count_schedule_in_tokens(self, scheduler) -> None:

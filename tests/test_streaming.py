@@ -214,3 +214,24 @@ def test_what_a_stream_cannot_do_is_refused_in_one_line(overrides, field, capsys
     assert run_recipe(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {field}:") and "stream" in err[0], err
+
+
+def test_map_style_resumed_equals_straight_bit_exact(tiny_lm, tiny_tokenizer, tmp_path):
+    """The map-style path for comparison: the Trainer re-iterates its sampler (indices only) to the step."""
+    def trainer(out, **kw):
+        args = tiny_args(out, max_steps=6, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                         save_strategy="steps", save_steps=3, **kw)
+        return FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"],
+                           data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False),
+                           processing_class=tiny_tokenizer)
+
+    straight = trainer(tmp_path / "a")
+    straight.train()
+    first = trainer(tmp_path / "b")
+    first.add_callback(_StopAt(3))
+    first.train()
+    resumed = trainer(tmp_path / "b")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-3"))
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert resumed.stream_position is None and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(first.model.transformer.wte.weight, resumed.model.transformer.wte.weight)

@@ -20,7 +20,8 @@ rest of the stream starts in, that document's place in the window's order and th
 used. `StreamCollator` moves the last row's position into the batch; FastTrainer takes it out when the
 training loop takes the batch (so the DataLoader's read-ahead never counts) and saves the positions of
 all readers of the rank with every checkpoint (`StreamPosition`). `TokenStream.load_state_dict`
-restarts each reader there: it re-reads at most two windows of documents, whatever the step.
+restarts each reader there: it re-reads the documents from the start of that window (one window, plus
+the few documents a row spans), whatever the step.
 
 Held-out rows. `holdout_rows` cuts the first rows of a stream for evaluation, from an unshuffled,
 unsplit pass, and returns the hashes of the documents they used; a `TokenStream` given those hashes
@@ -184,7 +185,7 @@ class TokenStream(torch.utils.data.IterableDataset):
         tokenizer: a tokenizer (``tokenizer(texts)["input_ids"]``); each document ends with its EOS.
         block_size: tokens per row. The last row of an epoch (the tail) may be shorter.
         text_column: the column holding the text.
-        shuffle_buffer: documents per window, each window permuted (seeded); 0: file order.
+        shuffle_buffer: documents per window, each window permuted (seeded); 0: file order (windows of 64).
         seed: the permutations' seed.
         rank, world_size: this process's place among the DDP ranks.
         exclude: hashes (`document_hash`) of documents never to train on (the held-out ones).
