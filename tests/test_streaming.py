@@ -202,6 +202,7 @@ def test_seq_len_warmup_on_a_stream(tiny_tokenizer, tmp_path):
     (dict(max_tokens_per_batch=256), "max_tokens_per_batch"),
     (dict(curriculum_min_length=8), "curriculum_min_length"),
     (dict(packing="rows", packing_row_length=32), "packing"),
+    (dict(max_train_samples=100), "max_train_samples"),
 ])
 def test_what_a_stream_cannot_do_is_refused_in_one_line(overrides, field, capsys, tmp_path):
     from hf_fasttrain.cli import run_recipe

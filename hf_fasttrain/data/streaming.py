@@ -392,15 +392,25 @@ DEFAULT_EVAL_ROWS = 64  # held-out rows when max_eval_samples is not set
 
 
 def check_stream_args(data_args, training_args) -> None:
-    """Refuse, before any data is read, what a stream cannot do: no ``max_steps``, length-based batching."""
-    from .._validation import ConfigError
+    """Refuse, before any data is read, what a stream cannot do: no ``max_steps``, length-based batching.
+
+    Each refusal is one ``ValueError`` reading ``<field>: got <value> ...; <what is allowed>`` (the command
+    line prints it as ``error: ...`` and exits 2).
+    """
     from .from_args import batching_options
+
+    def ConfigError(field, value, allowed, problem=None):  # noqa: N802 (the shape of hf_fasttrain's ConfigError)
+        return ValueError(f"{field}: {problem or f'got {value!r}'}; {allowed}")
 
     if not getattr(data_args, "streaming", False):
         return
     if training_args.max_steps is None or training_args.max_steps <= 0:
         raise ConfigError("max_steps", training_args.max_steps, "streaming: true needs max_steps > 0 (a stream has "
                           "no length to count epochs by)")
+    if getattr(data_args, "max_train_samples", None) is not None:
+        raise ConfigError("max_train_samples", data_args.max_train_samples, "a stream is not cut to a number of rows: "
+                          "max_steps says how much of it is trained on", problem=f"got {data_args.max_train_samples!r} "
+                          "with streaming: true")
     options = batching_options(training_args)
     if options:
         name, value = options[0]
