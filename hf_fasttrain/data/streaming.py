@@ -279,9 +279,10 @@ class TokenStream(torch.utils.data.IterableDataset):
         # documents in `carry`, oldest first: [source state at their window, window, place in it, length, used]
         parts: list[list[Any]] = []
         docs_iter = reader.iter(batch_size=1)
-        last = None
+        # where this window starts: the restored position, or the start (None); later, the state after the last
+        # document read (taken after reading: before the first read the reader has no state of its own yet)
+        window_state = position["source"] if position is not None else None
         while True:
-            window_state = reader.state_dict()
             raw = [b[self.text_column][0] for b in islice(docs_iter, self.window)]
             if not raw:
                 break
@@ -298,9 +299,10 @@ class TokenStream(torch.utils.data.IterableDataset):
                 carry += ids
                 while len(carry) >= block:
                     row, carry = carry[:block], carry[block:]
-                    last = self._advance(parts, block, window_state, window_index, j)
-                    yield {"input_ids": row, STREAM_KEY: self._position(worker, workers, last)}
+                    at = self._advance(parts, block, window_state, window_index, j)
+                    yield {"input_ids": row, STREAM_KEY: self._position(worker, workers, at)}
             window_index += 1
+            window_state = reader.state_dict()
         if carry:  # the epoch's tail: a shorter last row, so no document is dropped
             yield {"input_ids": carry, STREAM_KEY: self._position(worker, workers, None)}
 
@@ -463,7 +465,7 @@ def stream_datasets(data_args, training_args, model_args=None):
     if validation is not None:
         if isinstance(validation, Dataset):  # the embedded corpus's own held-out files
             validation = validation.to_iterable_dataset()
-        rows, _ = holdout_rows(validation, tokenizer, data_args.block_size, n_eval, "text" if column == "text" else column)
+        rows, _ = holdout_rows(validation, tokenizer, data_args.block_size, n_eval, column)
     else:  # the first rows of the stream, their documents kept out of training
         rows, exclude = holdout_rows(source, tokenizer, data_args.block_size, n_eval, column)
     if not rows:
