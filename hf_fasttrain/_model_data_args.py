@@ -182,6 +182,19 @@ class DataArguments:
     preprocessing_num_workers: Optional[int] = field(
         default=None, metadata={"help": "Processes for tokenization and chunking (datasets.map num_proc)."}
     )
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "Read the dataset as a stream (Hub names and local files): documents are tokenized and "
+                  "packed into rows of block_size as training needs them, split across ranks and dataloader "
+                  "workers, and a resume restarts at the saved position without re-reading. Needs max_steps. "
+                  "Evaluation uses the validation split, else the first max_eval_samples rows (default 64), "
+                  "whose documents are kept out of training."},
+    )
+    shuffle_buffer: int = field(
+        default=0,
+        metadata={"help": "Streaming: documents per shuffle window; each window is permuted with the data seed "
+                  "(a resume reads one window again, not the stream before it). 0 keeps the file order."},
+    )
 
     def __post_init__(self):
         _check(isinstance(self.vocab_size, int) and self.vocab_size >= 260, "vocab_size", self.vocab_size,
@@ -190,6 +203,12 @@ class DataArguments:
                "must be an integer >= 2")
         _check(0.0 < self.validation_fraction < 1.0, "validation_fraction", self.validation_fraction,
                "must be in (0, 1)")
+        _check(isinstance(self.streaming, bool), "streaming", self.streaming, "must be true or false")
+        _check(isinstance(self.shuffle_buffer, int) and not isinstance(self.shuffle_buffer, bool)
+               and self.shuffle_buffer >= 0, "shuffle_buffer", self.shuffle_buffer,
+               "must be an integer >= 0 (documents per shuffle window; 0 keeps the file order)")
+        _check(self.shuffle_buffer == 0 or self.streaming, "shuffle_buffer", self.shuffle_buffer,
+               "only used with streaming: true (map-style data is shuffled whole)")
         for name in ("max_corpus_files", "max_train_samples", "max_eval_samples", "preprocessing_num_workers"):
             v = getattr(self, name)
             if v is not None:

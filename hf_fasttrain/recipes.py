@@ -431,6 +431,9 @@ def parse_config(
                 action.required = False
     outputs = parser.parse_args_into_dataclasses(args=argv)
     model_args, data_args, training_args = outputs[:3]
+    from .data.streaming import check_stream_args  # what a stream cannot do, refused before any data is read
+
+    check_stream_args(data_args, training_args)
     return model_args, data_args, training_args
 
 

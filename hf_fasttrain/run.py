@@ -19,9 +19,11 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from ._files import last_complete_checkpoint
 from .args import DataArguments, FastTrainingArguments, ModelArguments, fast_option
 from .callbacks.averaging import AVERAGE_FILE
+from .callbacks.data_position import STREAM_POSITION_FILE
 from .callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
 from .data.corpus import get_tokenizer, load_text_datasets, tokenize_and_chunk
 from .data.from_args import planned_optimizer_steps
+from .data.streaming import check_stream_args, stream_datasets
 from .metrics import make_compute_metrics, preprocess_logits_for_metrics
 from .modeling import build_model
 from .recipes import resolved_config
@@ -88,19 +90,22 @@ def prepare_data(data_args: DataArguments, model_args: Optional[ModelArguments] 
     return tokenizer, lm
 
 
-def find_resume_checkpoint(training_args: FastTrainingArguments) -> Optional[str]:
+def find_resume_checkpoint(training_args: FastTrainingArguments, data_args: Optional[DataArguments] = None) -> Optional[str]:
     """The checkpoint to resume from: the one asked for, else (auto_resume) the last complete one."""
     if training_args.resume_from_checkpoint:
         return training_args.resume_from_checkpoint
     if training_args.auto_resume:
-        return last_complete_checkpoint(training_args.output_dir, required=checkpoint_extras(training_args))
+        return last_complete_checkpoint(training_args.output_dir, required=checkpoint_extras(training_args, data_args))
     return None
 
 
-def checkpoint_extras(training_args) -> tuple[str, ...]:
+def checkpoint_extras(training_args, data_args: Optional[DataArguments] = None) -> tuple[str, ...]:
     """Files this run's callbacks add to every checkpoint after the Trainer's (a checkpoint lacks them when
-    a kill came in between): the weight average."""
-    return (AVERAGE_FILE,) if fast_option(training_args, "weight_averaging") != "none" else ()
+    a kill came in between): the weight average, a stream's position."""
+    extras = (AVERAGE_FILE,) if fast_option(training_args, "weight_averaging") != "none" else ()
+    if data_args is not None and data_args.streaming:
+        extras += (STREAM_POSITION_FILE.format(rank=training_args.process_index),)
+    return extras
 
 
 def _read_json(path: str) -> Optional[dict]:
@@ -308,7 +313,8 @@ def train(
     out = training_args.output_dir
     name = os.path.basename(os.path.normpath(out)) or out
     is_main = training_args.process_index == 0
-    checkpoint = find_resume_checkpoint(training_args)
+    check_stream_args(data_args, training_args)
+    checkpoint = find_resume_checkpoint(training_args, data_args)
     done_at = finished_checkpoint(training_args, checkpoint, data_args.block_size)
     if done_at is not None:
         final = _final_outputs_present(out)
@@ -319,16 +325,19 @@ def train(
                             "new --output_dir.", name, checkpoint, done_at, training_args.max_steps)
             return final
     with training_args.main_process_first(desc="dataset and tokenizer"):
-        # the held-out split must not move with the training seed (random restart compares seeds on it)
-        tokenizer, lm = prepare_data(data_args, model_args, seed=0)
+        if data_args.streaming:  # rows tokenized and packed as training reads them; a held-out eval set
+            tokenizer, train_set, eval_set = stream_datasets(data_args, training_args, model_args)
+        else:  # the held-out split must not move with the training seed (random restart compares seeds on it)
+            tokenizer, lm = prepare_data(data_args, model_args, seed=0)
+            train_set, eval_set = lm["train"], lm["validation"]
     set_seed(training_args.seed)  # the model's initialisation depends on the seed alone
     model = build_model(model_args, tokenizer, data_args.block_size)
     _quiet_known_warnings(model)
     trainer = trainer_cls(
         model=model,
         args=training_args,
-        train_dataset=lm["train"],
-        eval_dataset=lm["validation"],
+        train_dataset=train_set,
+        eval_dataset=eval_set,
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
         processing_class=tokenizer,
         compute_metrics=make_compute_metrics(),

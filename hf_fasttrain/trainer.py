@@ -23,10 +23,12 @@ from .args import fast_option
 from .callbacks.averaging import WeightAveragingCallback
 from .callbacks.run_record import RunRecorderCallback
 from .callbacks.clipping import ClipStatsWindow
+from .callbacks.data_position import StreamPositionCallback, load_stream_position, stream_dataloader
 from .callbacks.guard import stability_callbacks
 from .callbacks.mixin import StabilityTrainerMixin
 from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .clipping import norm_clip_stats
+from .data.streaming import StreamPosition, TokenStream
 from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .precision import logger as precision_logger
 from .runinfo import run_facts, training_config, write_run_record
@@ -144,6 +146,10 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         choice = getattr(self.args, "precision_choice", None)  # set by FastTrainingArguments
         if choice is not None and self.is_world_process_zero():
             precision_logger.info("precision: %s", choice.reason)
+        # streaming: the trained position of a TokenStream, saved in every checkpoint (None for other data)
+        self.stream_position = StreamPosition(self.train_dataset) if isinstance(self.train_dataset, TokenStream) else None
+        if self.stream_position is not None:
+            self.add_callback(StreamPositionCallback(self.stream_position))
         # sequence-length options (samplers, packing, warmup); None when all are off
         self.seqlen = SeqLenWiring.from_trainer(self)
         # weight averaging (EMA / LAWA): evaluated, checkpointed and finally saved as the model
@@ -166,11 +172,15 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
 
     # -- hooks ---------------------------------------------------------------------------------
     def get_train_dataloader(self):
+        if self.stream_position is not None:  # a stream: this rank's rows, not split again by accelerate
+            return stream_dataloader(self, self.train_dataset)
         loader = self.seqlen.train_dataloader() if self.seqlen is not None else None
         return loader if loader is not None else super().get_train_dataloader()
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.stream_position is not None:  # the loop took these batches: their position is the trained one
+            batches = [self.stream_position.take(b) for b in batches]
         if self.seqlen is not None and self.seqlen.cutter is not None:  # sequence-length warmup
             batches = self.seqlen.cut(batches)
             num_items = self._get_num_items_in_batch(batches, device)
@@ -276,7 +286,27 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self._last_log_seconds = None
         if self.weight_averaging is not None:
             self.weight_averaging.resume_dir = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
-        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        if self.stream_position is None or not resume_from_checkpoint:
+            return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        return self._train_from_stream_position(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+
+    def _train_from_stream_position(self, checkpoint, trial, ignore_keys_for_eval, **kwargs):
+        """Resume a stream at the position its checkpoint saved; the Trainer then skips nothing (O(1))."""
+        if checkpoint is True:
+            from transformers.trainer_utils import get_last_checkpoint
+
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+        position = load_stream_position(checkpoint, self.args.process_index) if checkpoint else None
+        if position is None:  # an older checkpoint: the Trainer re-reads the stream up to its step
+            logger.warning("%s holds no stream position: the Trainer re-reads the stream up to its step", checkpoint)
+            return super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        self.train_dataset.load_state_dict(position)
+        self.stream_position.restore(position)
+        skip, self.args.ignore_data_skip = self.args.ignore_data_skip, True
+        try:
+            return super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        finally:
+            self.args.ignore_data_skip = skip
 
     # -- helpers -------------------------------------------------------------------------------
     def _tokens_all_processes(self, inputs) -> int:

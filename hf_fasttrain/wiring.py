@@ -27,8 +27,10 @@ Arguments without these fields (a plain ``TrainingArguments``) read them as thei
 from __future__ import annotations
 
 import math
+import sys
 from typing import Optional
 
+from ._validation import ConfigError
 from .args import FastOptions
 from .callbacks.seqlen import CurriculumCallback, SeqLenWarmupCallback, batch_sampler_dataloader
 from .data.from_args import batching_options, planned_optimizer_steps, seq_len_warmup_from_args, seqlen_enabled
@@ -38,6 +40,22 @@ from .data.seqlen import SeqLenWarmupCollator
 from .data.token_budget import BatchWarmupBatchSampler, TokenBudgetBatchSampler
 
 __all__ = ["SeqLenWiring"]
+
+
+# why the batching options are refused on a stream (one line, exit 2 on the command line)
+STREAM_REFUSAL = ("length grouping, token budgets, curriculum and packing='rows'/'flatten' plan batches from every "
+                  "example's length, known up front; a stream is packed on the fly into rows of block_size: drop the "
+                  "option or load the data map-style (streaming: false)")
+
+
+def _row_length(dataset, column: str) -> int:
+    """Tokens in a training row: a stream's ``row_length``, else the first row's (a map-style or other iterable set)."""
+    length = getattr(dataset, "row_length", None)
+    if isinstance(length, int):
+        return length
+    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+        return len(dataset[0][column])
+    return len(next(iter(dataset))[column])  # an IterableDataset: its first row
 
 
 def _fail(name, value, allowed: str) -> None:
@@ -93,7 +111,7 @@ class SeqLenWiring:
     def _batching(self, args, dataset, data_collator):
         if dataset is None or not hasattr(dataset, "__len__"):
             name, value = batching_options(args)[0]
-            raise ValueError(f"{name}={value!r} needs a training set with a length (not an IterableDataset)")
+            raise ConfigError(name, value, STREAM_REFUSAL, problem=f"got {value!r} on a stream (an IterableDataset)")
         lengths = get_lengths(dataset, column=self.input_name, length_column=args.length_column_name)
         shard = dict(seed=self.seed, world_size=args.world_size, rank=args.process_index)
         if args.length_grouping:
@@ -146,7 +164,7 @@ class SeqLenWiring:
         )
 
     def _warmup(self, args, dataset, data_collator) -> SeqLenWarmupCollator:
-        full = len(dataset[0][self.input_name])
+        full = _row_length(dataset, self.input_name)
         if args.seq_len_warmup_min > full:
             _fail("seq_len_warmup_min", args.seq_len_warmup_min,
                   f"is above the training length {full} (the length of the training rows)")
@@ -179,6 +197,9 @@ class SeqLenWiring:
         new = self.max_steps(max_steps)
         if new == max_steps:
             return values
+        if epochs == sys.maxsize:  # a stream (no length): the Trainer's one "epoch" is the whole run, so a resume,
+            # which starts at the stream's saved position in that epoch, sees the same epochs as a straight run
+            return (epochs, new, examples, new * total_batch, total_batch, new * self.grad_accum, new)
         return (math.ceil(new / per_epoch), per_epoch, examples, new * total_batch, total_batch, steps_in_epoch, new)
 
     def count_schedule_in_tokens(self, scheduler) -> None:
