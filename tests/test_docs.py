@@ -383,10 +383,22 @@ def _yaml_value(value) -> str:
     return "`" + text.removesuffix("\n...").strip() + "`"
 
 
+def _markdown_text(text: str) -> str:
+    """Plain help text as Markdown: `<` outside inline code escaped (`checkpoint-<step>` is not an HTML tag).
+
+    >>> _markdown_text("saves checkpoint-<step> if x >= 1 (see `a<b>`)")
+    'saves checkpoint-&lt;step> if x >= 1 (see `a<b>`)'
+    """
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # the parts outside backticks
+        parts[i] = parts[i].replace("<", "&lt;")
+    return "`".join(parts)
+
+
 def _option_rows(fields) -> str:
     rows = []
     for f in fields:
-        help_text = " ".join(str(f.metadata.get("help", "")).split()).replace("|", "\\|")
+        help_text = _markdown_text(" ".join(str(f.metadata.get("help", "")).split()).replace("|", "\\|"))
         rows.append(f"| `{f.name}` | {_yaml_value(_default(f))} | {help_text} |")
     return "\n".join(rows)
 

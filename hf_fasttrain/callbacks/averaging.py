@@ -9,9 +9,11 @@
   ``trainer.evaluate()`` and a push use it.
 
 Example:
+    ```python
     >>> from hf_fasttrain.callbacks import WeightAveragingCallback
     >>> cb = WeightAveragingCallback(mode="ema", decay=0.99)
     >>> # Trainer(model=model, args=args, ..., callbacks=[cb]).train()
+    ```
 """
 
 from __future__ import annotations

@@ -7,10 +7,12 @@ evaluate at different rates compare fairly. The clock is saved with every checkp
 ``stateful_callbacks`` in ``trainer_state.json``) and continues from there on a resume.
 
 Example:
+    ```python
     >>> from hf_fasttrain.callbacks import RunRecorderCallback
     >>> recorder = RunRecorderCallback()
     >>> # trainer.add_callback(recorder); trainer.train()
     >>> # -> output_dir/metrics.json and output_dir/loss_curve.png
+    ```
 """
 
 from __future__ import annotations
