@@ -357,8 +357,27 @@ def _fmt_default(v: Any) -> str:
 
 
 def _first_sentence(text: str, width: int) -> str:
+    """The first sentence of a help text, cut at a word boundary to fit ``width`` (with "..."); a cut
+    inside brackets (a list of values) is moved before the bracket, so no value is shown half.
+
+    >>> _first_sentence("Pick one. More text.", 40)
+    'Pick one'
+    >>> _first_sentence("Optimizer by name ('adamw', 'lion', 'ademamix', 'soap', 'muon')", 40)
+    'Optimizer by name...'
+    >>> _first_sentence("Train for this many steps, then stop and save a checkpoint", 30)
+    'Train for this many steps...'
+    """
     s = re.split(r"(?<=[.;])\s", text.strip(), maxsplit=1)[0].rstrip(".;")
-    return s if len(s) <= width else s[: width - 3].rstrip() + "..."
+    if len(s) <= width:
+        return s
+    cut = s[: width - 3]
+    if s[width - 3] != " " and " " in cut:
+        cut = cut[: cut.rfind(" ")]
+    for opener, closer in ("()", "[]", "{}"):
+        at = cut.rfind(opener)
+        if at > cut.rfind(closer) and at > 0:
+            cut = cut[:at]
+    return cut.rstrip(" ,;:-") + "..."
 
 
 def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]] = None,

@@ -261,7 +261,9 @@ class LengthGroupedBatchSampler(_StepPlanBatchSampler):
     Args:
         lengths: length of each example (e.g. ``get_lengths(ds)``).
         batch_size: examples per batch per rank.
-        seed, world_size, rank: the order is a function of (seed, epoch) only; each rank takes its slice.
+        seed: the order is a function of (seed, epoch) only.
+        world_size: the number of ranks that share the steps.
+        rank: this process's rank; it takes its slice of each step.
         megabatch_mult: megabatch size in steps (default ``min(50, N // (4 * batch_size * world_size))``).
         drop_last: drop the last, short step.
 
