@@ -95,8 +95,8 @@ class FastTrainingArguments(TrainingArguments):
                   "and loss_curve.png at the end (RunRecorderCallback, whose clock is saved with checkpoints); "
                   "training logs gain tokens_per_second (samples_per_second for batches without tokens), "
                   "padding_fraction, train_seconds, clip statistics and, on a GPU with a known peak, mfu; "
-                  "evaluation gains eval_perplexity. Off: FastTrainer's logs, checkpoints, output_dir and callback "
-                  "list are exactly the Trainer's. A plain TrainingArguments (no such field) reads as off."},
+                  "a causal LM's evaluation gains eval_perplexity. Off: FastTrainer's logs, checkpoints, "
+                  "output_dir and callback list are exactly the Trainer's. A plain TrainingArguments (no such field) reads as off."},
     )
     # --- LR schedule (hf_fasttrain.schedules) -------------------------------------------------
     # Rule: lr_decay=None leaves the Trainer's lr_scheduler_type in charge; setting lr_decay replaces
