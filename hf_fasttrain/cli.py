@@ -82,12 +82,15 @@ def with_default_recipe(argv: Sequence[str]) -> list[str]:
     return ["--config", name, *argv]
 
 
-def _print_help(argv: Sequence[str], prog: str) -> int:
+def _print_help(argv: Sequence[str], prog: str, full: bool = False) -> int:
     from ._options import _load_local_recipe, render_help
 
     source = _config_source(argv)
     recipe = _load_local_recipe(source) if source else None
-    text = render_help(prog, RECIPE_DESCRIPTION, recipe, recipe_name=source if recipe is not None else None)
+    if full and source and recipe is None:  # a Hub recipe: the parser's help with the recipe's values
+        return -1
+    text = render_help(prog, RECIPE_DESCRIPTION, recipe, recipe_name=source if recipe is not None else None,
+                       full=full)
     if text is None:  # the option list could not be read from the sources: the full parser's help
         from .recipes import make_parser
 
@@ -115,6 +118,8 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
     if any(a in ("-h", "--help") for a in argv):
         return _print_help(argv, prog)
     try:
+        if "--help-all" in argv and _print_help(argv, prog, full=True) == 0:  # grouped as --help is
+            return 0
         if "--help-all" in argv:
             from .recipes import load_recipe, make_parser, validate_recipe
 

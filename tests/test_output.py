@@ -175,3 +175,26 @@ def test_no_pinned_memory_on_a_cpu(tmp_path):
 
     assert TrainingArguments(str(tmp_path), report_to="none").dataloader_pin_memory  # the Trainer's default
     assert FastTrainingArguments(str(tmp_path), report_to="none").dataloader_pin_memory is False
+
+
+def test_help_all_is_grouped_as_help_is_and_lists_every_flag(capsys):
+    from hf_fasttrain.cli import main
+    from hf_fasttrain.recipes import make_parser
+
+    assert main(["train", "--help"]) == 0
+    short = capsys.readouterr().out
+    assert main(["train", "--help-all"]) == 0
+    full = capsys.readouterr().out
+    lines = full.splitlines()
+    assert lines[0] == "usage: hf-fasttrain train [--config RECIPE] [--<option> VALUE ...]" and not lines[1].strip()
+    heads = [line for line in lines if line and not line.startswith(" ") and line.endswith(":")]
+    short_heads = [line for line in short.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    firsts = [h for h in heads if h in short_heads]
+    assert firsts == [h for h in short_heads if h in heads][: len(firsts)] and len(firsts) >= 5  # same order
+    rows = {line.split()[0] for line in lines if line.startswith("  --")}
+    flags = {s for a in make_parser()._actions for s in a.option_strings if s.startswith("--") and s != "--help"}
+    names = {"--" + f[2:].replace("-", "_") for f in flags} - {"--config"}
+    names = {n for n in names if not (n.startswith("--no_") and "--" + n[5:] in names)}  # bools' --no_<name>
+    missing = sorted(names - rows)
+    assert not missing, missing[:20]
+    assert len(lines) < 800 and max(len(line) for line in lines) <= 110
