@@ -945,6 +945,10 @@ def test_sphinx_roles_become_code_on_the_site():
     spec.loader.exec_module(roles)
     assert roles.roles_to_code("see :func:`hf_fasttrain.a.b` and :class:`~X`, ``y``") == "see `hf_fasttrain.a.b` and `X`, ``y``"
     assert roles.roles_to_code(":meth:``Trainer.train``") == "`Trainer.train`"
+    text = ("    Args:\n        min_lr (`float` or `Sequence[float]`, *optional*, defaults to `None`):\n            floor.\n"
+            "        run_config (`dict`, *optional*):\n            more.\n        plain (int): kept\n")
+    assert roles.hf_args_to_google(text) == ("    Args:\n        min_lr (float | Sequence[float]):\n            floor.\n"
+                                             "        run_config (dict):\n            more.\n        plain (int): kept\n")
 
 
 def test_docstring_examples_are_fenced():
