@@ -928,8 +928,7 @@ def test_results_pages_keep_machine_and_command_lines_and_leave_search():
     assert text.startswith("---\nsearch:\n  exclude: true\n---\n")
     body = text.split("---\n", 2)[2]
     assert "# Raw results: padding\n\nMachine: 2-core CPU.\n\nCommand: `python x`\n\n" in body
-    import markdown
-
+    markdown = pytest.importorskip("markdown")  # the docs extra
     html = markdown.Markdown(extensions=["meta", "tables"]).convert(body)
     assert "Machine: 2-core CPU." in html and "Command:" in html
     titled = hooks.results_page_source("x", "# Own title\n\ntext\n")
@@ -1009,6 +1008,8 @@ FIGURES = [
     ("docs/benchmarks.md", r"\((\d\.\d\dx) the tokens alone",
      lambda: _x(_arm("ablation_to_hf_tuned_target", "base+slw")["tokens_ratio_vs_reference"])),
     ("docs/benchmarks.md", r"(\d\.\d\dx) with the EMA\)",
+     lambda: _x(_arm("ablation_to_hf_tuned_target", "base+ema+slw")["tokens_ratio_vs_reference"])),
+    ("docs/techniques/sequence-length.md", r"an EMA: (\d\.\d\dx) the tokens",
      lambda: _x(_arm("ablation_to_hf_tuned_target", "base+ema+slw")["tokens_ratio_vs_reference"])),
     ("docs/benchmarks.md", r"AdamW to (\d+\.\d+M) non-embedding parameters",
      lambda: f"{max(r['non_embedding_params'] for r in _result('scaling')['summary'].values()) / 1e6:.2f}M"),
