@@ -338,7 +338,11 @@ def train(
                     if k in ("model", "data")},
     )
     if trainer.pop_callback(ProgressCallback) is not None:  # the same bar, logs printed as numbers
-        trainer.add_callback(ReadableProgressCallback())
+        trainer.add_callback(ReadableProgressCallback(bar_after_training=False))
+        # one bar on the console: transformers' own (each checkpoint's "Writing model shards") stay off
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     if trainer.pop_callback(PrinterCallback) is not None:  # disable_tqdm: the same lines, no bar
         trainer.add_callback(ReadablePrinterCallback())
     facts = run_facts(model, training_args, data_args.block_size)

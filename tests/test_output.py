@@ -198,3 +198,20 @@ def test_help_all_is_grouped_as_help_is_and_lists_every_flag(capsys):
     missing = sorted(names - rows)
     assert not missing, missing[:20]
     assert len(lines) < 800 and max(len(line) for line in lines) <= 110
+
+
+def test_the_recipe_final_evaluate_has_no_bar_of_its_own():
+    from hf_fasttrain.callbacks.progress import ReadableProgressCallback
+
+    state = _state()
+    state.is_world_process_zero = True
+    cb = ReadableProgressCallback(bar_after_training=False)
+    cb.training_bar = _Bar()
+    cb.training_bar.close = lambda: None
+    cb.on_train_end(None, state, None)
+    cb.on_prediction_step(None, state, None, eval_dataloader=[1, 2])
+    assert cb.training_bar is None and cb.prediction_bar is None
+    plain = ReadableProgressCallback()  # an evaluate() outside training: its own bar, as the Trainer's
+    plain.on_prediction_step(None, state, None, eval_dataloader=[1, 2])
+    assert plain.prediction_bar is not None
+    plain.prediction_bar.close()

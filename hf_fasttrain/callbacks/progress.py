@@ -99,8 +99,18 @@ class ReadableProgressCallback(ProgressCallback):
     an evaluation writes its line above the bar. With ``disable_tqdm`` the step lines come from
     :class:`ReadablePrinterCallback` instead."""
 
+    def __init__(self, max_str_len: int = 100, bar_after_training: bool = True):
+        super().__init__(max_str_len)
+        self.bar_after_training = bar_after_training  # the recipe's final evaluate goes without one
+        self._trained = False
+
+    def on_train_end(self, args, state, control, **kwargs):
+        super().on_train_end(args, state, control, **kwargs)
+        self._trained = True
+
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
-        if self.training_bar is None:  # a bar of its own only for an evaluation outside training
+        # a bar of its own only for an evaluation outside training (not nested under the training bar)
+        if self.training_bar is None and (self.bar_after_training or not self._trained):
             super().on_prediction_step(args, state, control, eval_dataloader=eval_dataloader, **kwargs)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
