@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["ROOT", "RESULTS", "module_command", "subprocess_env", "machine_info", "write_json", "markdown_table"]
+__all__ = ["ROOT", "RESULTS", "module_command", "subprocess_env", "machine_info", "write_json", "markdown_table",
+           "display_path", "display_command"]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -27,6 +28,50 @@ def module_command(module: str, *args: str) -> list[str]:
     ['-m', 'benchmarks.padding', '--steps', '2']
     """
     return [sys.executable, "-m", f"benchmarks.{module}", *args]
+
+
+def display_path(path: str | os.PathLike) -> str:
+    """A path as a results page shows it: relative to the checkout root when inside it, else ``<name>``.
+
+    A results file is read on other machines: an absolute path of the machine that measured says nothing
+    there. A folder outside the checkout (a clone of transformers' tests, a scratch copy) becomes a
+    placeholder named after its last part.
+
+    >>> display_path(ROOT / "benchmarks" / "results")
+    'benchmarks/results'
+    >>> display_path("/somewhere/else/hf_trainer_tests")
+    '<hf_trainer_tests>'
+    >>> display_path("runs/x")
+    'runs/x'
+    """
+    text = os.fspath(path)
+    if not os.path.isabs(text):
+        return text
+    resolved = Path(text).resolve()
+    if resolved == ROOT:
+        return "."
+    if resolved.is_relative_to(ROOT):
+        return resolved.relative_to(ROOT).as_posix()
+    return f"<{resolved.name or 'root'}>"
+
+
+def display_command(prefix: str, argv: Sequence[str]) -> str:
+    """``prefix`` and ``argv`` as one command line for a results page, absolute paths shown by :func:`display_path`.
+
+    >>> display_command("python benchmarks/scaling.py", ["--out", str(ROOT / "benchmarks/results"), "--jobs", "2"])
+    'python benchmarks/scaling.py --out benchmarks/results --jobs 2'
+    >>> display_command("python -m benchmarks.hf_trainer_suite", ["--tests=/tmp/t/tests"])
+    'python -m benchmarks.hf_trainer_suite --tests=<tests>'
+    """
+    shown = []
+    for arg in argv:
+        arg = str(arg)
+        flag, eq, value = arg.partition("=")
+        if eq and flag.startswith("-") and os.path.isabs(value):
+            shown.append(f"{flag}={display_path(value)}")
+        else:
+            shown.append(display_path(arg) if os.path.isabs(arg) else arg)
+    return " ".join([prefix, *shown]).strip()
 
 
 def subprocess_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -42,6 +87,7 @@ def machine_info() -> dict[str, Any]:
     from hf_fasttrain.runinfo import environment_info
 
     info = environment_info()
+    info["argv"] = [display_path(a) if os.path.isabs(a) else a for a in info.get("argv", [])]
     info["processor"] = platform.processor() or platform.machine()
     return info
 

@@ -53,7 +53,7 @@ import tempfile
 import time
 
 from benchmarks._harness import ROOT as _ROOT
-from benchmarks._harness import module_command, subprocess_env
+from benchmarks._harness import display_command, display_path, module_command, subprocess_env
 
 ROOT = str(_ROOT)
 
@@ -644,7 +644,7 @@ def _write_outputs(opts, argv, runs, earlier, json_path, stem, final):
         "benchmark": "gpu_throughput",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "complete": final,
-        "command": " ".join(["python -m benchmarks.gpu_throughput"] + list(argv if argv is not None else sys.argv[1:])),
+        "command": display_command("python -m benchmarks.gpu_throughput", list(argv if argv is not None else sys.argv[1:])),
         "git_revision": _git_revision(),
         "machine": {
             "device": opts.device, "device_name": device_name, "peak_bf16_flops": peak,
@@ -666,7 +666,7 @@ def _write_outputs(opts, argv, runs, earlier, json_path, stem, final):
                            "on a shared CPU, so does the machine's load; not a throughput measurement")
     os.makedirs(opts.out_dir, exist_ok=True)
     png_path = os.path.join(opts.out_dir, stem + ".png")
-    results["png"] = png_path if final and _plot(results, png_path) else None
+    results["png"] = display_path(os.path.abspath(png_path)) if final and _plot(results, png_path) else None
     with open(json_path, "w") as f:
         json.dump(results, f, indent=2)
     with open(os.path.join(opts.out_dir, stem + ".md"), "w") as f:

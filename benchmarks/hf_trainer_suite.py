@@ -41,7 +41,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from benchmarks._harness import RESULTS, ROOT, machine_info, markdown_table, write_json
+from benchmarks._harness import RESULTS, ROOT, display_command, machine_info, markdown_table, write_json
 
 MODES = ("trainer", "fast", "fast_args", "fast_neutral")
 MODE_TITLES = {
@@ -255,9 +255,10 @@ def main(argv=None) -> int:
     by_mode = {m: t for m, t in by_mode.items() if t}
     summary = {m: counts(t) for m, t in by_mode.items()}
     diffs = compare(by_mode)
-    command = "python -m benchmarks.hf_trainer_suite --tests " + str(args.tests)
+    argv = ["--tests", str(args.tests)]
     if args.package.resolve() != ROOT:
-        command += f" --package {args.package} --out {args.out}"
+        argv += ["--package", str(args.package.resolve()), "--out", str(args.out)]
+    command = display_command("python -m benchmarks.hf_trainer_suite", argv)
     result = {"command": command,
               "machine": machine_info(), "sources": SOURCES, "summary": summary, "per_file": per_file,
               "differences": diffs, "outcomes": by_mode}

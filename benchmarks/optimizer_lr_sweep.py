@@ -33,7 +33,7 @@ from benchmarks.time_to_loss import QUICK, RESULTS, Setup, optimizer_arm, run_ar
 
 from hf_fasttrain import DataArguments  # noqa: E402
 from hf_fasttrain.run import prepare_data  # noqa: E402
-from hf_fasttrain.runinfo import environment_info  # noqa: E402
+from benchmarks._harness import machine_info as environment_info  # noqa: E402
 
 # Three peak lrs a factor 2 apart around each paper's advice relative to AdamW's 2e-3 here
 # (Lion 3-10x smaller; AdEMAMix as AdamW; SOAP a little higher; Muon with the AdamW-matched scale).

@@ -55,7 +55,7 @@ from hf_fasttrain.data.corpus import build_stdlib_corpus, get_tokenizer, list_st
 from hf_fasttrain.data.packing import PackedBatchSampler, PackedRowsCollator  # noqa: E402
 from hf_fasttrain.data.samplers import LengthGroupedBatchSampler, TokenBudgetBatchSampler, get_lengths  # noqa: E402
 
-from benchmarks._harness import RESULTS  # noqa: E402
+from benchmarks._harness import RESULTS, display_command, display_path  # noqa: E402
 PAD_ID = 0  # set from the tokenizer in main()
 
 
@@ -262,8 +262,8 @@ def main(args) -> dict:
         r["cpu_speedup_vs_random"] = r["median_real_tokens_per_cpu_s"] / base_cpu
 
     report = {
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "args": vars(args),
+        "command": display_command(os.path.basename(sys.executable), sys.argv),
+        "args": {k: display_path(v) if isinstance(v, str) else v for k, v in vars(args).items()},
         "settings": settings,
         "dataset": {"examples": len(ds), "mean_len": float(lengths.mean()), "median_len": float(np.median(lengths)),
                     "max_len": int(lengths.max()), "truncated_fraction": float((lengths == args.max_len).mean())},

@@ -54,7 +54,7 @@ from time_to_loss import ARMS, QUICK, RESULTS, Setup, crossing, optimizer_arm, r
 
 from hf_fasttrain import DataArguments  # noqa: E402
 from hf_fasttrain.run import prepare_data  # noqa: E402
-from hf_fasttrain.runinfo import environment_info  # noqa: E402
+from benchmarks._harness import display_command, machine_info as environment_info  # noqa: E402
 
 BASE_STEPS = 300  # the time-to-loss budget of the 2x128 GPT-2 (0.61M tokens)
 STEP_MULTIPLE = 12  # 12 evaluations per run
@@ -568,7 +568,7 @@ def main(argv=None) -> dict[str, Any]:
         print(result["table"])
         return result
     _init_worker(ns.threads)
-    ledger.data["command"] = "python benchmarks/scaling.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    ledger.data["command"] = display_command("python benchmarks/scaling.py", argv if argv is not None else sys.argv[1:])
     ledger.data["environment"] = environment_info()
     ledger.data["setups"] = {n: dataclasses.asdict(s) for n, s in setups.items()}
     ledger.save()

@@ -29,7 +29,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_fasttrain.averaging import WeightAverage
 from hf_fasttrain.optim import create_optimizer
-from hf_fasttrain.runinfo import environment_info
+from benchmarks._harness import machine_info as environment_info
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

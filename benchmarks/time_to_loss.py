@@ -53,7 +53,7 @@ from hf_fasttrain import DataArguments, FastTrainer, FastTrainingArguments, Mode
 from hf_fasttrain.callbacks import RunRecorderCallback  # noqa: E402
 from hf_fasttrain.modeling import build_model  # noqa: E402
 from hf_fasttrain.run import prepare_data  # noqa: E402
-from hf_fasttrain.runinfo import environment_info  # noqa: E402
+from benchmarks._harness import display_command, machine_info as environment_info  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ON_GPU = torch.cuda.is_available()
@@ -543,7 +543,7 @@ def main(argv=None) -> dict[str, Any]:
     machine = env["cuda_devices"][0] if env["cuda_devices"] else f"{env['cpu_count']}-core CPU ({env['processor']})"
     record = {"summary": summary, "setup": dataclasses.asdict(setup), "arms": {a: dataclasses.asdict(ARMS[a]) | {"callbacks": None} for a in arms},
               "machine": machine, "environment": env, "runs": runs,
-              "command": "python benchmarks/time_to_loss.py " + " ".join(argv if argv is not None else sys.argv[1:])}
+              "command": display_command("python benchmarks/time_to_loss.py", argv if argv is not None else sys.argv[1:])}
     (out / f"{ns.name}.json").write_text(json.dumps(record, indent=2, default=str))
     (out / f"{ns.name}.md").write_text(f"Machine: {machine}; torch {env['torch']}, transformers {env['transformers']}.\n"
                                       f"Command: `{record['command']}`\n\n" + table)

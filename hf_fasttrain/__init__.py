@@ -32,6 +32,7 @@ _LAZY = {
     "DivergenceError": ".callbacks",
     "StabilityTrainerMixin": ".callbacks",  # judges the pre-clip gradient norm in any Trainer subclass
     "RunRecorderCallback": ".callbacks",  # config, versions, loss curve and metrics in output_dir
+    "WeightAveragingCallback": ".callbacks",  # EMA or LAWA of the weights, evaluated and saved as the model
     # random restart: a recipe (train_with_restarts) or any trainer behind a TrialRunner (RestartOrchestrator)
     "train_with_restarts": ".recipe_restarts",
     "RestartConfig": ".restarts",
@@ -63,6 +64,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
         LRScheduleCallback,
         RunRecorderCallback,
         StabilityTrainerMixin,
+        WeightAveragingCallback,
         apply_batch_sampler,
         apply_seq_len_warmup,
     )

@@ -357,14 +357,34 @@ def _fmt_default(v: Any) -> str:
 
 
 def _first_sentence(text: str, width: int) -> str:
+    """The first sentence of a help text, cut at a word boundary to fit ``width`` (with "..."); a cut
+    inside brackets (a list of values) is moved before the bracket, so no value is shown half.
+
+    >>> _first_sentence("Pick one. More text.", 40)
+    'Pick one'
+    >>> _first_sentence("Optimizer by name ('adamw', 'lion', 'ademamix', 'soap', 'muon')", 40)
+    'Optimizer by name...'
+    >>> _first_sentence("Train for this many steps, then stop and save a checkpoint", 30)
+    'Train for this many steps...'
+    """
     s = re.split(r"(?<=[.;])\s", text.strip(), maxsplit=1)[0].rstrip(".;")
-    return s if len(s) <= width else s[: width - 3].rstrip() + "..."
+    if len(s) <= width:
+        return s
+    cut = s[: width - 3]
+    if s[width - 3] != " " and " " in cut:
+        cut = cut[: cut.rfind(" ")]
+    for opener, closer in ("()", "[]", "{}"):
+        at = cut.rfind(opener)
+        if at > cut.rfind(closer) and at > 0:
+            cut = cut[:at]
+    return cut.rstrip(" ,;:-") + "..."
 
 
 def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]] = None,
-                recipe_name: Optional[str] = None, width: int = 100) -> Optional[str]:
+                recipe_name: Optional[str] = None, width: int = 100, full: bool = False) -> Optional[str]:
     """The short ``--help``: description, ``--config``, the package's options grouped by technique with the
-    recipe's values as defaults, the essential Trainer options; ``--help-all`` lists everything."""
+    recipe's values as defaults, the essential Trainer options. ``full`` (``--help-all``): the same groups
+    in the same order, every option on its own line with its whole help text, and every Trainer option."""
     schema = load_schema()
     if schema is None:
         return None
@@ -380,7 +400,8 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
     lines += [
         f"  {'--config RECIPE':<{col - 2}}a YAML path, a bundled name ({', '.join(find_recipes(default_recipe_dirs()))})",
         f"  {'':<{col - 2}}or hf://<owner>/<repo>; without it: gpt2_small on a GPU, gpt2_tiny on CPU",
-        f"  {'--help-all':<{col - 2}}this list with every Trainer option (about 200) and the full help texts",
+        f"  {'--help-all':<{col - 2}}this list with every Trainer option (about 200) and the full help texts"
+        if not full else f"  {'--help':<{col - 2}}the short list: the main options, first sentences only",
         f"  {'--debug':<{col - 2}}a refusal shows its traceback (or HF_FASTTRAIN_DEBUG=1)",
     ]
 
@@ -392,6 +413,10 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
             head += "\n" + " " * col
         else:
             head = f"{head:<{col}}"
+        if full:
+            text = " ".join(f"{opt.help}{tag}".split())
+            body = textwrap.wrap(text, width - col, break_on_hyphens=False) or [""]
+            return head + ("\n" + " " * col).join(body)
         room = max(width - col - len(tag), 20)
         return head + _first_sentence(opt.help, room) + tag
 
@@ -399,7 +424,9 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
         if not opts:
             return
         lines.extend(["", f"{title}:"])
-        if title in COMPACT_GROUPS:
+        if full:
+            rows, rest = opts, []
+        elif title in COMPACT_GROUPS:
             rows, rest = [], opts
         elif shown is not None:
             rows = [o for o in opts if o.name in shown]
@@ -415,8 +442,9 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
     if recipe_name:
         lines += ["", f"Values in [brackets] are recipe {recipe_name}'s. Every option is also a recipe key."]
     else:
-        lines += ["", "Values in [brackets] are the built-in defaults; a run without --config takes its recipe's "
-                  "(see --help --config gpt2_tiny). Every option is also a recipe key."]
+        lines += [""] + textwrap.wrap("Values in [brackets] are the built-in defaults; a run without --config "
+                                      "takes its recipe's (see --help --config gpt2_tiny). Every option is also "
+                                      "a recipe key.", width)
     groups: dict[str, list[Option]] = {}
     for o in schema.values():
         if o.section is None and not o.trainer:
@@ -426,7 +454,7 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
     order = [g for g in FIRST_GROUPS if g in groups] + [g for g in groups if g not in FIRST_GROUPS]
     for title in order:
         opts = groups[title]
-        if title in COMPACT_GROUPS:
+        if title in COMPACT_GROUPS:  # after model and data, as in the short help
             continue
         if len(opts) == 1 and merged and merged[-1][2]:
             merged[-1] = (f"{merged[-1][0]}, {title.lower()}", merged[-1][1] + opts, True)
@@ -434,7 +462,11 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
             merged.append((title, opts, len(opts) == 1))
     for title, opts, _ in merged:
         section(title, opts)
-    section("run (Trainer options; all of them: --help-all)", [schema[n] for n in TRAINER_ESSENTIALS if n in schema])
+    if full:
+        trainer = [o for o in schema.values() if o.trainer and o.section is None]
+        section("run (every transformers.TrainingArguments option)", trainer)
+    else:
+        section("run (Trainer options; all of them: --help-all)", [schema[n] for n in TRAINER_ESSENTIALS if n in schema])
     for name in ("model", "data"):
         section(name, [o for o in schema.values() if o.section == name], SECTION_ESSENTIALS[name])
     for title in COMPACT_GROUPS:

@@ -95,8 +95,8 @@ class FastTrainingArguments(TrainingArguments):
                   "and loss_curve.png at the end (RunRecorderCallback, whose clock is saved with checkpoints); "
                   "training logs gain tokens_per_second (samples_per_second for batches without tokens), "
                   "padding_fraction, train_seconds, clip statistics and, on a GPU with a known peak, mfu; "
-                  "evaluation gains eval_perplexity. Off: FastTrainer's logs, checkpoints, output_dir and callback "
-                  "list are exactly the Trainer's. A plain TrainingArguments (no such field) reads as off."},
+                  "a causal LM's evaluation gains eval_perplexity. Off: FastTrainer's logs, checkpoints, "
+                  "output_dir and callback list are exactly the Trainer's. A plain TrainingArguments (no such field) reads as off."},
     )
     # --- LR schedule (hf_fasttrain.schedules) -------------------------------------------------
     # Rule: lr_decay=None leaves the Trainer's lr_scheduler_type in charge; setting lr_decay replaces
@@ -444,9 +444,12 @@ class FastTrainingArguments(TrainingArguments):
             self.precision, bf16=bool(self.bf16), fp16=bool(self.fp16),
             launcher_mixed_precision=os.environ.get("ACCELERATE_MIXED_PRECISION"),
         )
-        choice = resolve_precision(request, detect_device(use_cpu=self.use_cpu), tf32=self.tf32)
+        device = detect_device(use_cpu=self.use_cpu)
+        choice = resolve_precision(request, device, tf32=self.tf32)
         for key, value in choice.training_kwargs().items():
             setattr(self, key, value)
+        if device.kind == "cpu":  # pinned memory serves copies to an accelerator; on CPU torch only warns about it
+            self.dataloader_pin_memory = False
         # not a field (so not saved or parsed): FastTrainer logs its reason once logging is set up
         self.precision_choice = dataclasses.replace(choice, reason=f"{choice.reason} [from {source}]")
         if choice.warning:

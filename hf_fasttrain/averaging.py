@@ -21,12 +21,14 @@ References:
 - Sanyal et al. 2023, arXiv:2306.03241 (LAWA).
 
 Example:
+    ```python
     >>> import torch
     >>> w = {"x": torch.tensor([0.0])}
     >>> avg = WeightAverage(w, mode="ema", decay=0.5, warmup=False)
     >>> _ = w["x"].fill_(1.0); _ = avg.update(w, step=1)
     >>> avg.average()["x"].tolist()
     [0.5]
+    ```
 """
 
 from __future__ import annotations

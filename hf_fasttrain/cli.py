@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from typing import Optional, Sequence
 
 __all__ = ["main"]
@@ -81,12 +82,15 @@ def with_default_recipe(argv: Sequence[str]) -> list[str]:
     return ["--config", name, *argv]
 
 
-def _print_help(argv: Sequence[str], prog: str) -> int:
+def _print_help(argv: Sequence[str], prog: str, full: bool = False) -> int:
     from ._options import _load_local_recipe, render_help
 
     source = _config_source(argv)
     recipe = _load_local_recipe(source) if source else None
-    text = render_help(prog, RECIPE_DESCRIPTION, recipe, recipe_name=source if recipe is not None else None)
+    if full and source and recipe is None:  # a Hub recipe: the parser's help with the recipe's values
+        return -1
+    text = render_help(prog, RECIPE_DESCRIPTION, recipe, recipe_name=source if recipe is not None else None,
+                       full=full)
     if text is None:  # the option list could not be read from the sources: the full parser's help
         from .recipes import make_parser
 
@@ -114,6 +118,8 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
     if any(a in ("-h", "--help") for a in argv):
         return _print_help(argv, prog)
     try:
+        if "--help-all" in argv and _print_help(argv, prog, full=True) == 0:  # grouped as --help is
+            return 0
         if "--help-all" in argv:
             from .recipes import load_recipe, make_parser, validate_recipe
 
@@ -159,8 +165,36 @@ RESTART_FLAGS = ("num-seeds", "explore-fraction", "rungs", "keep-fraction", "met
                  "divergence-threshold", "replace-diverged", "vary", "parallel")
 
 
+def restarts_help(width: int = 100) -> str:
+    """``hf-fasttrain restarts --help``: the search's own flags, with their defaults; the training options
+    are ``hf-fasttrain train --help``'s. Read from the sources, like ``train --help`` (no torch import)."""
+    from ._options import _fmt_default, _first_sentence, load_schema
+
+    schema = load_schema() or {}
+    col = 34
+    lines = ["usage: hf-fasttrain restarts [--config RECIPE] [--num-seeds N] [--explore-fraction F] [...]",
+             "                             [--<training option> VALUE ...]", ""]
+    lines += textwrap.wrap(
+        "Random restart: train --num-seeds seeds (model init and data order) for --explore-fraction of the "
+        "run, keep the best, continue it to the end; with --rungs > 1, successive halving. The summary "
+        "(restarts_summary.md) is printed and written in --output_dir; a killed search resumes when the same "
+        "command is run again.", width) + ["", "search options (each also --restart_<name>, and a recipe key restart_<name>):"]
+    for name in RESTART_FLAGS:
+        opt = schema.get("restart_" + name.replace("-", "_"))
+        default = f" [{_fmt_default(opt.default)}]" if opt and _fmt_default(opt.default) else ""
+        text = _first_sentence(opt.help.removeprefix("Random restart: "), width - col - len(default)) if opt else ""
+        lines.append(f"  {'--' + name:<{col - 2}}{text}{default}")
+    lines += ["", "training options: the recipe's, as in `hf-fasttrain train --help` (--config, --max_steps, "
+              "--output_dir, ...).",
+              "Without --config: gpt2_small on a GPU, gpt2_tiny on CPU."]
+    return "\n".join(lines) + "\n"
+
+
 def _restarts(argv: Sequence[str]) -> int:
     """``hf-fasttrain restarts``: ``--num-seeds N`` is ``--restart_num_seeds N``, and so on."""
+    if any(a in ("-h", "--help", "--help-all") for a in argv):
+        print(restarts_help(), end="")
+        return 0
     from .recipes import parse_config
 
     flags = {f"--{name}": f"--restart_{name.replace('-', '_')}" for name in RESTART_FLAGS}
@@ -199,13 +233,17 @@ def _version(argv: Sequence[str]) -> int:
 
 
 def _recipe_description(path) -> str:
-    """The first comment line of a recipe file (bundled recipes start with what they are)."""
+    """The first sentence of a recipe file's leading comment (bundled recipes start with what they are):
+    comment lines joined until one ends with '.', or the next is indented (a command) or starts with '('."""
+    parts: list[str] = []
     for line in path.read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("#").strip()
-        if line.strip():
+        text = line[1:] if line.startswith("#") else None
+        if text is None or not text.strip() or (parts and (text.startswith("  ") or text.strip().startswith("("))):
             break
-    return ""
+        parts.append(text.strip())
+        if text.rstrip().endswith("."):
+            break
+    return " ".join(parts)
 
 
 def _recipes(argv: Sequence[str]) -> int:

@@ -23,12 +23,14 @@ The rules, in order (``applied``: the update of this step is already in the weig
    restoring the last good state).
 
 Example:
+    ```python
     >>> cfg = GuardConfig(spike_window=4, spike_warmup=4)
     >>> mem = GuardMemory(loss_history=[2.0, 2.1, 1.9, 2.0], grad_norm_history=[1.0, 1.1, 0.9, 1.0])
     >>> guard_decision(StepObservation(step=5, loss=100.0, grad_norm=1.0), mem, cfg, can_roll_back=True)
     Skip(kind='loss_spike', reason='loss spike (100 against a mean of 2)')
     >>> guard_decision(StepObservation(step=5, loss=2.0, grad_norm=1.0), mem, cfg, can_roll_back=True)
     Healthy()
+    ```
 """
 
 from __future__ import annotations
@@ -267,10 +269,12 @@ def detect_spike(value: float, history: list[float], sigma: float, ratio: float,
     floor keeps a nearly constant series (tiny std) from flagging noise.
 
     Example:
+        ```python
         >>> detect_spike(5.0, [2.0, 2.1, 1.9, 2.0], sigma=6.0, ratio=1.1, warmup=4)
         True
         >>> detect_spike(2.2, [2.0, 2.1, 1.9, 2.0], sigma=6.0, ratio=1.1, warmup=4)
         False
+        ```
     """
     if len(history) < max(warmup, 2):
         return False

@@ -21,7 +21,27 @@ if TYPE_CHECKING:
     from ._model_data_args import ModelArguments
 
 __all__ = ["build_model", "decoder_config", "default_intermediate_size", "check_model_type", "check_model_config",
-           "GATED_MLP_FAMILIES"]
+           "GATED_MLP_FAMILIES", "is_causal_lm"]
+
+
+def is_causal_lm(model) -> bool:
+    """Whether ``model`` is a causal language model, whose eval loss is a mean next-token cross-entropy (so
+    ``exp(loss)`` is a perplexity). Any class of transformers' causal-LM mapping, or a wrapper such as a
+    PEFT ``...ForCausalLM``, counts; a classifier or a regression head does not.
+
+    ```python
+    >>> import torch
+    >>> is_causal_lm(torch.nn.Linear(2, 2))
+    False
+    ```
+    """
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    for cls in type(model).__mro__:
+        if cls.__name__ in names or cls.__name__.endswith(("ForCausalLM", "LMHeadModel")):
+            return True
+    return False
 
 
 def build_model(model_args: "ModelArguments", tokenizer, block_size: int):

@@ -347,7 +347,11 @@ def train(
                     if k in ("model", "data")},
     )
     if trainer.pop_callback(ProgressCallback) is not None:  # the same bar, logs printed as numbers
-        trainer.add_callback(ReadableProgressCallback())
+        trainer.add_callback(ReadableProgressCallback(bar_after_training=False))
+        # one bar on the console: transformers' own (each checkpoint's "Writing model shards") stay off
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     if trainer.pop_callback(PrinterCallback) is not None:  # disable_tqdm: the same lines, no bar
         trainer.add_callback(ReadablePrinterCallback())
     facts = run_facts(model, training_args, data_args.block_size)
@@ -373,11 +377,12 @@ def train(
     if trainer.is_world_process_zero():
         recorder = trainer.recorder
         if recorder is None:  # run_record: false leaves the Trainer's outputs alone (no metrics.json, no PNG)
-            logger.info("done: %s", {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)})
+            print("done:", {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float)}, flush=True)
         else:
             recorder.records = _tidy_records(recorder.records)
             final_loss = metrics.get("eval_loss")
             title = f"{name}: final eval loss {final_loss:.4f}" if isinstance(final_loss, float) else name
             summary = recorder.save(out, final_metrics=metrics, title=title)
-            logger.info(end_summary(summary, out, facts, steps=trainer.state.global_step))
+            # the result on stdout, where the step and eval lines are; the run's story stays on stderr
+            print(end_summary(summary, out, facts, steps=trainer.state.global_step), flush=True)
     return metrics

@@ -29,6 +29,7 @@ from .callbacks.mixin import StabilityTrainerMixin
 from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .clipping import norm_clip_stats
 from .data.streaming import StreamPosition, TokenStream
+from .modeling import is_causal_lm
 from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .precision import logger as precision_logger
 from .runinfo import run_facts, training_config, write_run_record
@@ -85,7 +86,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     ``tokens_per_second`` (real tokens, all processes; ``samples_per_second`` for batches without
     tokens), ``padding_fraction`` (share of pad tokens in the batches it trained on since the last log),
     ``train_seconds`` (training wall-clock excluding evaluation and checkpointing), clip statistics and, on
-    a GPU with a known peak, ``mfu``. Evaluation adds ``eval_perplexity``. Each run writes ``config.yaml``
+    a GPU with a known peak, ``mfu``. Evaluation of a causal LM adds ``eval_perplexity``. Each run writes ``config.yaml``
     and ``run_info.json`` into ``output_dir`` at the start, and ``metrics.json`` and ``loss_curve.png`` at
     the end (:class:`~hf_fasttrain.callbacks.RunRecorderCallback`). With it off (and with plain
     ``TrainingArguments``) none of this happens: logs, checkpoints, ``output_dir`` and the callback list
@@ -274,7 +275,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.weight_averaging.swap_in(self.model)
         metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         loss = metrics.get(f"{metric_key_prefix}_loss")
-        if loss is not None and self.run_record:
+        if loss is not None and self.run_record and is_causal_lm(self.model):  # a perplexity only for an LM's loss
             metrics[f"{metric_key_prefix}_perplexity"] = math.exp(min(loss, 50.0))
         return metrics
 

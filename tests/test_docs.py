@@ -383,10 +383,22 @@ def _yaml_value(value) -> str:
     return "`" + text.removesuffix("\n...").strip() + "`"
 
 
+def _markdown_text(text: str) -> str:
+    """Plain help text as Markdown: `<` outside inline code escaped (`checkpoint-<step>` is not an HTML tag).
+
+    >>> _markdown_text("saves checkpoint-<step> if x >= 1 (see `a<b>`)")
+    'saves checkpoint-&lt;step> if x >= 1 (see `a<b>`)'
+    """
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # the parts outside backticks
+        parts[i] = parts[i].replace("<", "&lt;")
+    return "`".join(parts)
+
+
 def _option_rows(fields) -> str:
     rows = []
     for f in fields:
-        help_text = " ".join(str(f.metadata.get("help", "")).split()).replace("|", "\\|")
+        help_text = _markdown_text(" ".join(str(f.metadata.get("help", "")).split()).replace("|", "\\|"))
         rows.append(f"| `{f.name}` | {_yaml_value(_default(f))} | {help_text} |")
     return "\n".join(rows)
 
@@ -448,6 +460,81 @@ def test_options_page_matches_the_dataclasses():
 def test_options_page_is_generated_from_the_dataclasses():
     assert (DOCS / "options.md").read_text(encoding="utf-8") == render_options_page(), (
         "docs/options.md is out of date: run `PYTHONPATH=$PWD python tests/test_docs.py --write-options`")
+
+
+# ------------------------------------------------------------------------------------------------
+# Command-line reference
+# ------------------------------------------------------------------------------------------------
+
+# docs/cli.md is the commands' own help output, captured in-process; `python tests/test_docs.py --write-cli`
+# rewrites it and tests/test_docs.py fails when it is out of date (a flag added or a help text changed).
+CLI_COMMANDS = [
+    ("hf-fasttrain --help", ["--help"], "The commands."),
+    ("hf-fasttrain train --help", ["train", "--help"],
+     "Train from a recipe: the package's options grouped by technique, then the essential Trainer options. "
+     "`python recipes/gpt2_small.py` and `accelerate launch recipes/gpt2_small.py` take the same flags; "
+     "`--help --config <recipe>` shows that recipe's values, and `--help-all` lists every "
+     "`TrainingArguments` field as well (about 200). Every option is described on [All options](options.md)."),
+    ("hf-fasttrain restarts --help", ["restarts", "--help"],
+     "Random restart from the command line ([Random restart](techniques/random-restart.md))."),
+    ("hf-fasttrain recipes list", ["recipes", "list"],
+     "The bundled recipes (paths shown relative to a checkout; an installed wheel shows its own)."),
+    ("hf-fasttrain push-recipe --help", ["push-recipe", "--help"],
+     "Upload a recipe with a model card ([Recipes and the Hub](techniques/recipes-and-hub.md))."),
+    ("hf-fasttrain version", ["version"], "The package version."),
+]
+CLI_INTRO = """# Command line
+
+`pip install -e .` installs the `hf-fasttrain` command; `python -m hf_fasttrain.cli` is the same.
+A configuration error prints one line, `error: <field>: <value> ...; <what is allowed>`, and exits with
+status 2 before any training (`--debug`, or `HF_FASTTRAIN_DEBUG=1`, shows the traceback).
+
+This page is the commands' own output (`python tests/test_docs.py --write-cli`), and
+`tests/test_docs.py` fails when it is out of date.
+"""
+
+
+def _cli_output(argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    from hf_fasttrain.cli import main
+
+    out = io.StringIO()
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal's width
+    try:
+        with contextlib.redirect_stdout(out):
+            try:
+                main(list(argv))
+            except SystemExit:  # argparse's --help
+                pass
+    finally:
+        if old is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old
+    text = out.getvalue().replace(str(ROOT) + os.sep, "")
+    return "\n".join(line.rstrip() for line in text.splitlines()).strip("\n") + "\n"
+
+
+def render_cli_page() -> str:
+    parts = [CLI_INTRO]
+    for title, argv, what in CLI_COMMANDS:
+        parts.append(f"## `{title}`\n\n{what}\n\n```text\n{_cli_output(argv)}```\n")
+    return "\n".join(parts)
+
+
+def test_cli_page_is_the_commands_output():
+    assert (DOCS / "cli.md").read_text(encoding="utf-8") == render_cli_page(), (
+        "docs/cli.md is out of date: run `PYTHONPATH=$PWD python tests/test_docs.py --write-cli`")
+
+
+def test_every_command_is_on_the_cli_page():
+    from hf_fasttrain.cli import COMMANDS
+
+    titled = {argv[0] for _, argv, _ in CLI_COMMANDS if not argv[0].startswith("-")}
+    assert titled == set(COMMANDS), f"docs/cli.md: commands without a section: {sorted(set(COMMANDS) - titled)}"
 
 
 def _recipe_keys() -> set[str]:
@@ -620,6 +707,8 @@ def _same_cell(doc: str, result: str) -> bool:
      {"hf-default", "hf-tuned", "fasttrain"}),
     ("docs/benchmarks.md", "time_to_loss.md", "| arm | final eval loss (median) | train seconds to 4.716",
      {"hf-default", "hf-tuned", "fasttrain"}),
+    ("docs/index.md", "time_to_loss.md", "| arm | final eval loss (median) | train seconds to 4.716",
+     {"hf-default", "hf-tuned", "fasttrain"}),
     # the earlier run with every optimizer arm (its fasttrain was Muon alone)
     ("docs/benchmarks.md", "time_to_loss_all_arms.md", "| arm | final eval loss (median) | seconds to 4.716",
      {"hf-tuned", "opt-muon", "opt-soap"}),
@@ -681,11 +770,280 @@ def test_public_docstring_examples_run(name, obj, tmp_path, monkeypatch):
         pytest.fail("".join(report))
 
 
+# ------------------------------------------------------------------------------------------------
+# Pages speak of the package and its measurements only
+# ------------------------------------------------------------------------------------------------
+
+# Words of how the package was made, not of what it does: issue numbers, work sessions, machines that
+# were (not) available, version-control chatter. The machine a figure ran on is "a 2-core x86_64 CPU".
+PROCESS_WORDS = re.compile(
+    r"\bissue[- ]?#?\d+|(?<![\w/#&])#\d{1,4}\b|\bsessions?\b|\bagents?\b|\breshape\b|development box|\blent\b"
+    r"|\bthis branch\b|\bother branch(?:es)?\b|\bbranch (?:is|was) merged|\bthis project'?s?\b"
+    r"|\bnot installed here\b|\bmachine here\b|<this repository>|\bno GPU so far\b",
+    re.I)
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~/])/(?:work|root|home|Users)/")
+HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+
+
+def process_problems(text: str, where: str, prose: bool = True) -> list[str]:
+    """Process words, absolute machine paths and (in prose, outside code) commit hashes in `text`.
+
+    >>> process_problems("Measured before this session's reshape (commit dea2a7c), issue-18, /work/x.", "x")  # doctest: +NORMALIZE_WHITESPACE
+    ["x: 'session' ...", "x: 'reshape' ...", "x: 'issue-18' ...", "x: '/work/' (an absolute path of one machine)",
+     "x: 'dea2a7c' (a commit hash in prose)"]
+    >>> process_problems("On a 2-core x86_64 CPU, `git rev-parse dea2a7c`; push to a branch; 124439808 parameters.", "x")
+    []
+    """
+    problems = [f"{where}: {m.group(0)!r} ..." for m in PROCESS_WORDS.finditer(text)]
+    problems += [f"{where}: {m.group(0)!r} (an absolute path of one machine)" for m in ABSOLUTE_PATH.finditer(text)]
+    if prose:
+        plain = re.sub(r"`[^`\n]*`", "", text)
+        problems += [f"{where}: {m.group(0)!r} (a commit hash in prose)" for m in HASH.finditer(plain)]
+    return problems
+
+
+def test_the_checks_own_examples():
+    """The doctests of this file's helpers (the negative controls of the process-word check)."""
+    import sys
+
+    module = sys.modules[__name__]
+    runner = doctest.DocTestRunner()
+    for obj in (process_problems, _markdown_text):
+        for test in doctest.DocTestFinder().find(obj, globs=vars(module)):
+            runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
+
+
+def test_pages_speak_only_of_the_package():
+    problems = []
+    for path in markdown_files() + [ROOT / "CHANGELOG.md"]:
+        problems += process_problems(path.read_text(encoding="utf-8"), rel(path), prose=False)
+        problems += [p for p in process_problems(_prose(path), rel(path)) if "commit hash" in p]
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.md")):  # raw results: paths only
+        problems += [p for p in process_problems(path.read_text(encoding="utf-8"), rel(path), prose=False)
+                     if "absolute path" in p]
+    assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------------------------------------
+# The built site (tests/test_docs.py --check-site SITE_DIR, run by .ci/run after mkdocs build)
+# ------------------------------------------------------------------------------------------------
+
+ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|data|exc|obj):")
+HTML_TAGS = set("""a abbr article aside b blockquote body br button caption circle cite code col colgroup dd
+    defs del details div dl dt em figcaption figure footer form g h1 h2 h3 h4 h5 h6 head header hr html i img
+    input ins kbd label li line link main mark meta nav noscript ol option p path picture polygon polyline pre
+    q rect s samp script section select small source span strong style sub summary sup svg symbol table tbody
+    td template textarea tfoot th thead time title tr u ul use var video clippath""".split())
+
+
+def check_site(site: Path) -> list[str]:
+    """What a reader must not meet in the built site: a `>>>` example outside a code block (or turned into a
+    blockquote), a raw Sphinx role, a Markdown placeholder read as an HTML tag (`checkpoint-<step>`),
+    process words, absolute machine paths."""
+    from html.parser import HTMLParser
+
+    class Page(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.stack, self.text, self.tags = [], [], set()
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.add(tag)
+            if tag not in ("br", "hr", "img", "input", "meta", "link", "col", "source", "path", "use"):
+                self.stack.append(tag)
+
+        def handle_endtag(self, tag):
+            if tag in self.stack:
+                while self.stack.pop() != tag:
+                    pass
+
+        def handle_data(self, data):
+            if not {"pre", "code", "script", "style"} & set(self.stack):
+                self.text.append(data)
+
+    problems = []
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) > 20, f"{site}: no built site there"
+    for path in pages:
+        where = str(path.relative_to(site))
+        page = Page()
+        page.feed(path.read_text(encoding="utf-8"))
+        text = " ".join(page.text)
+        if ">>>" in text:
+            problems.append(f"{where}: a >>> example outside a code block")
+        if "blockquote" in page.tags:
+            problems.append(f"{where}: a blockquote (a >>> example or a line starting with '>' read as one)")
+        for m in ROLE.finditer(text):
+            problems.append(f"{where}: raw role {text[m.start():m.end() + 30]!r}")
+        unknown = page.tags - HTML_TAGS
+        if unknown:
+            problems.append(f"{where}: unknown HTML tags {sorted(unknown)} (a <placeholder> outside code?)")
+        if not where.startswith("results"):
+            problems += process_problems(text, where)
+        problems += [p for p in process_problems(path.read_text(encoding="utf-8"), where, prose=False)
+                     if "absolute path" in p]
+    return problems
+
+
+@pytest.mark.slow
+def test_built_site_is_clean(tmp_path):
+    """Builds the site (about 5 s) and checks it; .ci/run does the same on its own build."""
+    pytest.importorskip("mkdocs")
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "NO_MKDOCS_2_WARNING": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    problems = check_site(tmp_path / "site")
+    assert not problems, "\n".join(problems)
+
+
+def test_site_check_finds_each_kind_of_problem(tmp_path):
+    """The negative control: the check is not blind."""
+    for i in range(21):
+        (tmp_path / f"p{i}.html").write_text("<html><body><p>fine</p></body></html>", encoding="utf-8")
+    (tmp_path / "bad.html").write_text(
+        "<html><body><pre><code>&gt;&gt;&gt; ok()</code></pre><p>&gt;&gt;&gt; bad()</p>"
+        "<blockquote><blockquote><p>from x import y</p></blockquote></blockquote>"
+        "<p>see :func:<code>f</code>, saved as checkpoint-<step>, in /work/main by an agent</p></body></html>",
+        encoding="utf-8")
+    found = "\n".join(check_site(tmp_path))
+    for what in (">>> example outside", "blockquote", "raw role", "unknown HTML tags ['step']", "'agent'",
+                 "absolute path"):
+        assert what in found, what
+    assert "p0.html" not in found
+
+
+def test_results_pages_keep_machine_and_command_lines_and_leave_search():
+    """docs/_hooks.py: a raw results page's first `Machine:` / `Command:` lines stay visible text."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_hooks", DOCS / "_hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    text = hooks.results_page_source("padding", "Machine: 2-core CPU.\nCommand: `python x`\n\n| a |\n|---|\n| 1 |\n")
+    assert text.startswith("---\nsearch:\n  exclude: true\n---\n")
+    body = text.split("---\n", 2)[2]
+    assert "# Raw results: padding\n\nMachine: 2-core CPU.\n\nCommand: `python x`\n\n" in body
+    markdown = pytest.importorskip("markdown")  # the docs extra
+    html = markdown.Markdown(extensions=["meta", "tables"]).convert(body)
+    assert "Machine: 2-core CPU." in html and "Command:" in html
+    titled = hooks.results_page_source("x", "# Own title\n\ntext\n")
+    assert "Raw results" not in titled and "# Own title" in titled
+
+
+def test_sphinx_roles_become_code_on_the_site():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_griffe_roles", DOCS / "_griffe_roles.py")
+    roles = importlib.util.module_from_spec(spec)
+    pytest.importorskip("griffe")
+    spec.loader.exec_module(roles)
+    assert roles.roles_to_code("see :func:`hf_fasttrain.a.b` and :class:`~X`, ``y``") == "see `hf_fasttrain.a.b` and `X`, ``y``"
+    assert roles.roles_to_code(":meth:``Trainer.train``") == "`Trainer.train`"
+    text = ("    Args:\n        min_lr (`float` or `Sequence[float]`, *optional*, defaults to `None`):\n            floor.\n"
+            "        run_config (`dict`, *optional*):\n            more.\n        plain (int): kept\n")
+    assert roles.hf_args_to_google(text) == ("    Args:\n        min_lr (float | Sequence[float]):\n            floor.\n"
+                                             "        run_config (dict):\n            more.\n        plain (int): kept\n")
+
+
+def test_docstring_examples_are_fenced():
+    """Every `>>>` example in a docstring the API page renders sits in a ``` fence (else Markdown reads it
+    as a nested blockquote)."""
+    problems = []
+    for name, obj in _public_objects():
+        doc = getattr(obj, "__doc__", None) or ""
+        if isinstance(obj, dict) or ">>>" not in doc:
+            continue
+        fenced = False
+        for line in doc.splitlines():
+            if line.strip().startswith("```"):
+                fenced = not fenced
+            elif line.strip().startswith(">>>") and not fenced:
+                problems.append(f"{name}: {line.strip()[:60]}")
+                break
+    assert not problems, "examples outside a ```python fence:\n" + "\n".join(problems)
+
+
+# ------------------------------------------------------------------------------------------------
+# Figures quoted in prose, checked against benchmarks/results/*.json
+# ------------------------------------------------------------------------------------------------
+
+
+def _result(name: str) -> dict:
+    import json
+
+    return json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def _arm(name: str, arm: str) -> dict:
+    return _result(name)["summary"]["arms"][arm]
+
+
+def _x(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+def _bundled_recipes() -> str:
+    from hf_fasttrain._options import default_recipe_dirs, find_recipes
+
+    return ", ".join(find_recipes(default_recipe_dirs()))
+
+
+# (page, a regex whose group 1 is the figure as written, what the results say it must be)
+FIGURES = [
+    ("docs/index.md", r"in (\d\.\d\dx) its training time", lambda: _x(_arm("time_to_loss", "fasttrain")["time_ratio_vs_reference"])),
+    ("docs/index.md", r"and (\d\.\d\dx) its tokens", lambda: _x(_arm("time_to_loss", "fasttrain")["tokens_ratio_vs_reference"])),
+    ("docs/index.md", r"median of (\d) seeds", lambda: str(_arm("time_to_loss", "fasttrain")["seeds"])),
+    ("docs/index.md", r"ends at \((\d\.\d+)\)", lambda: f"{_result('time_to_loss')['summary']['target_eval_loss']:.3f}"),
+    ("docs/techniques/weight-averaging.md", r"in (\d\.\d{3}x) the recipe's tokens",
+     lambda: f'{_arm("ablation_to_hf_tuned_target", "base+ema")["tokens_ratio_vs_reference"]:.3f}x'),
+    ("docs/techniques/weight-averaging.md", r"LAWA in (\d\.\d{3}x)",
+     lambda: f'{_arm("ablation_to_hf_tuned_target", "base+lawa")["tokens_ratio_vs_reference"]:.3f}x'),
+    ("docs/techniques/weight-averaging.md", r"\((\d) seeds each",
+     lambda: str(min(_arm("ablation_to_hf_tuned_target", a)["seeds"] for a in ("base+ema", "base+lawa")))),
+    ("docs/benchmarks.md", r"\((\d\.\d\dx) the tokens alone",
+     lambda: _x(_arm("ablation_to_hf_tuned_target", "base+slw")["tokens_ratio_vs_reference"])),
+    ("docs/benchmarks.md", r"(\d\.\d\dx) with the EMA\)",
+     lambda: _x(_arm("ablation_to_hf_tuned_target", "base+ema+slw")["tokens_ratio_vs_reference"])),
+    ("docs/techniques/sequence-length.md", r"an EMA: (\d\.\d\dx) the tokens",
+     lambda: _x(_arm("ablation_to_hf_tuned_target", "base+ema+slw")["tokens_ratio_vs_reference"])),
+    ("docs/benchmarks.md", r"AdamW to (\d+\.\d+M) non-embedding parameters",
+     lambda: f"{max(r['non_embedding_params'] for r in _result('scaling')['summary'].values()) / 1e6:.2f}M"),
+    ("docs/benchmarks.md", r"1\.33M, (\d+\.\d+M) non-embedding",
+     lambda: f"{max(r['non_embedding_params'] for r in _result('scaling')['summary'].values()) / 1e6:.2f}M"),
+    ("docs/index.md", r"AdamW up to (\d+\.\d+M)",
+     lambda: f"{max(r['non_embedding_params'] for r in _result('scaling')['summary'].values()) / 1e6:.2f}M"),
+    ("docs/index.md", r"final loss in (\d\.\d\d-\d\.\d\d)\s+of the tokens", lambda: "{:.2f}-{:.2f}".format(
+        *(f(r["optimizers"]["muon"]["token_ratio_vs_adamw"] for r in _result("scaling")["summary"].values())
+          for f in (min, max)))),
+    ("docs/techniques/recipes-and-hub.md", r"hf-fasttrain recipes list\s+# ([\w, ]+)\n", _bundled_recipes),
+]
+
+
+@pytest.mark.parametrize("page, pattern, expected", FIGURES, ids=[f"{p}:{r[:24]}" for p, r, _ in FIGURES])
+def test_quoted_figures_match_the_results(page, pattern, expected):
+    found = re.findall(pattern, (ROOT / page).read_text(encoding="utf-8"))
+    assert found, f"{page}: the figure /{pattern}/ is gone; update FIGURES in tests/test_docs.py with the page"
+    for value in found:
+        assert value.strip() == expected(), f"{page}: /{pattern}/ says {value!r}, benchmarks/results say {expected()!r}"
+
+
 if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] == ["--write-options"]:
         (DOCS / "options.md").write_text(render_options_page(), encoding="utf-8")
         print("wrote", DOCS / "options.md")
+    elif sys.argv[1:] == ["--write-cli"]:
+        (DOCS / "cli.md").write_text(render_cli_page(), encoding="utf-8")
+        print("wrote", DOCS / "cli.md")
+    elif sys.argv[1:2] == ["--check-site"] and len(sys.argv) == 3:
+        problems = check_site(Path(sys.argv[2]))
+        print("\n".join(problems) or f"site {sys.argv[2]}: clean")
+        sys.exit(1 if problems else 0)
     else:
-        print("usage: python tests/test_docs.py --write-options")
+        print("usage: python tests/test_docs.py --write-options | --write-cli | --check-site SITE_DIR")

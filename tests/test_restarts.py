@@ -181,9 +181,18 @@ def test_seed_statistics_and_planned_steps():
 def test_doctests_pass():
     import importlib
 
+    class FencedParser(doctest.DocTestParser):  # the examples sit in ```python fences (rendered as code)
+        def get_doctest(self, string, globs, name, filename, lineno):
+            string = "\n".join("" if line.strip().startswith("```") else line for line in string.splitlines())
+            return super().get_doctest(string, globs, name, filename, lineno)
+
     attempted = 0
     for name in ("config", "ranking", "state", "orchestrator", "report"):
-        result = doctest.testmod(importlib.import_module(f"hf_fasttrain.restarts.{name}"))
+        module = importlib.import_module(f"hf_fasttrain.restarts.{name}")
+        runner = doctest.DocTestRunner()
+        for test in doctest.DocTestFinder(parser=FencedParser()).find(module):
+            runner.run(test, out=lambda s: None)
+        result = runner.summarize(verbose=False)
         assert result.failed == 0, name
         attempted += result.attempted
     assert attempted >= 20

@@ -9,9 +9,11 @@
   ``trainer.evaluate()`` and a push use it.
 
 Example:
+    ```python
     >>> from hf_fasttrain.callbacks import WeightAveragingCallback
     >>> cb = WeightAveragingCallback(mode="ema", decay=0.99)
     >>> # Trainer(model=model, args=args, ..., callbacks=[cb]).train()
+    ```
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ class WeightAveragingCallback(TrainerCallback):
 
     Args:
         mode: ``"ema"`` or ``"lawa"``.
-        decay, warmup, update_every: EMA settings (see :class:`~hf_fasttrain.averaging.WeightAverage`).
-        lawa_k, lawa_interval: LAWA window (copies kept, steps between copies).
+        decay: the EMA's decay (see :class:`~hf_fasttrain.averaging.WeightAverage`).
+        warmup: when on, the decay at step t is ``min(decay, (1 + t) / (10 + t))``, so the start is forgotten early.
+        update_every: update the EMA every this many optimizer steps.
+        lawa_k: LAWA: the number of copies kept.
+        lawa_interval: LAWA: optimizer steps between copies.
         swap_for_eval: swap the average in for the Trainer's evaluations during training.
 
     Attributes:

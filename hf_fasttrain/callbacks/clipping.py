@@ -41,11 +41,13 @@ class ClipStatsWindow:
     and the largest ``clip_pre_norm_max``.
 
     Example:
+        ```python
         >>> from hf_fasttrain.clipping import norm_clip_stats
         >>> w = ClipStatsWindow()
         >>> w.add(norm_clip_stats(torch.tensor(4.0), 1.0)); w.add(norm_clip_stats(torch.tensor(0.5), 1.0))
         >>> {k: round(v, 4) for k, v in w.pop().items()}
         {'clip_pre_norm': 2.25, 'clip_pre_norm_max': 4.0, 'clip_post_norm': 0.75, 'clip_fraction': 0.5}
+        ```
     """
 
     def __init__(self) -> None:

@@ -7,10 +7,12 @@ evaluate at different rates compare fairly. The clock is saved with every checkp
 ``stateful_callbacks`` in ``trainer_state.json``) and continues from there on a resume.
 
 Example:
+    ```python
     >>> from hf_fasttrain.callbacks import RunRecorderCallback
     >>> recorder = RunRecorderCallback()
     >>> # trainer.add_callback(recorder); trainer.train()
     >>> # -> output_dir/metrics.json and output_dir/loss_curve.png
+    ```
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
         # indexes stateful_callbacks by class name (KeyError): add it.
         if state.stateful_callbacks is not None:
             state.stateful_callbacks.setdefault(type(self).__name__, self.state())
-        self.records = [dict(e) for e in state.log_history if "loss" in e or "eval_loss" in e]
+        self.records = [dict(e) for e in state.log_history if "loss" in e or "eval_loss" in e or "train_loss" in e]
         self._t0 = None  # the clock starts with the first step (an eval_on_start is not training)
         self._excluded = 0.0
         self._pause_start = None
@@ -121,7 +123,7 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
         if "train_seconds" not in logs:  # a plain Trainer's log (FastTrainer's carry it already)
             # into log_history too, so a resumed run's records keep the clock
             add_to_log(state, logs, {"train_seconds": self.train_seconds()})
-        if "loss" in logs or "eval_loss" in logs:
+        if "loss" in logs or "eval_loss" in logs or "train_loss" in logs:  # train_loss: the end-of-training log
             rec = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
             rec["step"] = state.global_step
             self.records.append(rec)
@@ -167,7 +169,11 @@ def _json_default(x):
 
 
 def plot_loss_curves(records: list[dict[str, Any]], path: Path, title: Optional[str] = None) -> None:
-    """Train and eval loss against optimizer steps and against training seconds, side by side."""
+    """Train and eval loss against optimizer steps and against training seconds, side by side.
+
+    A run too short for a logged loss still shows the Trainer's mean training loss of the run (its
+    end-of-training ``train_loss``) as one point; with nothing at all to plot the image says so.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -175,18 +181,27 @@ def plot_loss_curves(records: list[dict[str, Any]], path: Path, title: Optional[
 
     train = [r for r in records if "loss" in r]
     evals = [r for r in records if "eval_loss" in r]
+    means = [r for r in records if "train_loss" in r and "loss" not in r] if not train else []
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, x in zip(axes, ("step", "train_seconds")):
         tr = [r for r in train if x in r]  # a plain Trainer's pre-resume logs carry no clock
         ev = [r for r in evals if x in r]
+        mean = [r for r in means if x in r]
         if tr:
-            ax.plot([r[x] for r in tr], [r["loss"] for r in tr], label="train loss", lw=1)
+            ax.plot([r[x] for r in tr], [r["loss"] for r in tr], "o-" if len(tr) < 3 else "-", label="train loss",
+                    lw=1, ms=3)
+        if mean:
+            ax.plot([r[x] for r in mean], [r["train_loss"] for r in mean], "s", label="train loss (mean of the run)")
         if ev:
             ax.plot([r[x] for r in ev], [r["eval_loss"] for r in ev], "o-", label="eval loss", ms=3)
         ax.set_xlabel("optimizer step" if x == "step" else "training wall-clock (s, excl. eval)")
         ax.set_ylabel("loss")
         ax.grid(alpha=0.3)
-        ax.legend()
+        if tr or ev or mean:
+            ax.legend()
+        else:
+            ax.text(0.5, 0.5, "nothing to plot: no loss was logged\n(logging_steps and eval_steps longer than the run?)",
+                    ha="center", va="center", transform=ax.transAxes, color="0.4")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

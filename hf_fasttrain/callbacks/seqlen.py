@@ -47,9 +47,11 @@ class SeqLenWarmupCallback(TrainerCallback):
         trainer.add_callback(SeqLenWarmupCallback(collator))
 
     Example:
+        ```python
         >>> from transformers import default_data_collator
         >>> from hf_fasttrain.data.seqlen import SeqLenWarmup, SeqLenWarmupCollator
         >>> cb = SeqLenWarmupCallback(SeqLenWarmupCollator(default_data_collator, SeqLenWarmup(8, 64, 100)))
+        ```
     """
 
     def __init__(self, collator: SeqLenWarmupCollator):
@@ -77,8 +79,10 @@ class CurriculumCallback(TrainerCallback):
     (on resume the Trainer re-iterates the sampler and skips the consumed batches).
 
     Example:
+        ```python
         >>> from hf_fasttrain.data.samplers import CurriculumBatchSampler
         >>> cb = CurriculumCallback(CurriculumBatchSampler([1, 2, 3, 4], 1, min_length=1, curriculum_batches=2))
+        ```
     """
 
     def __init__(self, sampler: CurriculumBatchSampler):

@@ -43,8 +43,10 @@ def pack_bins(lengths: Sequence[int], max_tokens: int, order: Sequence[int] | No
     least room that still fits them, else into a new bin. ``O(N log N)`` lookups.
 
     Example:
+        ```python
         >>> pack_bins([5, 3, 4, 2, 6], max_tokens=8)
         [[4, 3], [0, 1], [2]]
+        ```
     """
     arr = _as_lengths(lengths)
     _check_int("max_tokens", max_tokens, 1)
@@ -125,9 +127,11 @@ class PackedBatchSampler(_StepPlanBatchSampler):
     with ``PackedRowsCollator(row_len=max_tokens, num_rows=rows_per_batch)`` for fixed shapes.
 
     Example:
+        ```python
         >>> s = PackedBatchSampler([5, 3, 4, 2, 6], max_tokens=8)
         >>> sorted(sorted(b) for b in s)
         [[0, 1], [2], [3, 4]]
+        ```
     """
 
     def __init__(
@@ -177,10 +181,12 @@ class PackedRowsCollator:
         return_seq_idx: also return ``seq_idx`` (example number per token, -1 on padding).
 
     Example:
+        ```python
         >>> c = PackedRowsCollator(row_len=4, pad_token_id=0)
         >>> b = c([{"input_ids": [5, 6]}, {"input_ids": [7]}, {"input_ids": [8, 9, 10]}])
         >>> b["input_ids"].tolist(), b["position_ids"].tolist()
         ([[5, 6, 7, 0], [8, 9, 10, 0]], [[0, 1, 0, 0], [0, 1, 2, 0]])
+        ```
     """
 
     def __init__(

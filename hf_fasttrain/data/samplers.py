@@ -85,10 +85,12 @@ def add_length_column(
     already exists it is kept (``overwrite=False``).
 
     Example:
+        ```python
         >>> import datasets
         >>> ds = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3], [4]]})
         >>> list(add_length_column(ds)["length"])
         [3, 1]
+        ```
     """
     if column not in dataset.column_names:
         raise ValueError(f"column={column!r} is not a column of the dataset; columns are {dataset.column_names}.")
@@ -259,14 +261,18 @@ class LengthGroupedBatchSampler(_StepPlanBatchSampler):
     Args:
         lengths: length of each example (e.g. ``get_lengths(ds)``).
         batch_size: examples per batch per rank.
-        seed, world_size, rank: the order is a function of (seed, epoch) only; each rank takes its slice.
+        seed: the order is a function of (seed, epoch) only.
+        world_size: the number of ranks that share the steps.
+        rank: this process's rank; it takes its slice of each step.
         megabatch_mult: megabatch size in steps (default ``min(50, N // (4 * batch_size * world_size))``).
         drop_last: drop the last, short step.
 
     Example:
+        ```python
         >>> s = LengthGroupedBatchSampler([5, 1, 4, 2, 3, 6], batch_size=2, megabatch_mult=3)
         >>> sorted(sorted(b) for b in s)
         [[0, 5], [1, 3], [2, 4]]
+        ```
     """
 
     def __init__(
@@ -309,10 +315,12 @@ class CurriculumBatchSampler(_StepPlanBatchSampler):
     the limit at every step and a resumed run reproduces it. See `curriculum_steps`.
 
     Example:
+        ```python
         >>> s = CurriculumBatchSampler([1, 2, 3, 4, 5, 6, 7, 8], batch_size=2, min_length=2,
         ...                            curriculum_batches=4)
         >>> [s.length_limit(t) for t in range(5)]
         [2, 3, 5, 6, 8]
+        ```
     """
 
     def __init__(

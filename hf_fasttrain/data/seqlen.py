@@ -155,9 +155,11 @@ def set_batch_sequence_length(
     A `seq_len` at or above `L` returns the batch unchanged (as a new dict).
 
     Example:
+        ```python
         >>> b = {"input_ids": torch.arange(8).view(2, 4)}
         >>> set_batch_sequence_length(b, 2, "rechunk")["input_ids"].tolist()
         [[0, 1], [2, 3], [4, 5], [6, 7]]
+        ```
     """
     if mode not in SEQ_LEN_MODES:
         raise ValueError(f"mode={mode!r} is not a known mode; choose one of {list(SEQ_LEN_MODES)}.")
@@ -232,11 +234,13 @@ class SeqLenWarmup:
         mode: ``truncate`` (drop each row's tail) or ``rechunk`` (cut rows into more, shorter rows).
 
     Example:
+        ```python
         >>> w = SeqLenWarmup(min_seq_len=8, max_seq_len=32, warmup_batches=4)
         >>> [w.seq_len(p) for p in range(6)]
         [8, 8, 16, 24, 32, 32]
         >>> w.cumulative_tokens(6, rows_per_batch=2)
         240
+        ```
     """
 
     def __init__(
@@ -342,12 +346,14 @@ class SeqLenWarmupCollator:
     main process as the training loop takes them, so dataloader workers are fine there).
 
     Example:
+        ```python
         >>> from transformers import default_data_collator
         >>> w = SeqLenWarmup(min_seq_len=2, max_seq_len=4, warmup_batches=2, multiple=2)
         >>> c = SeqLenWarmupCollator(default_data_collator, w)
         >>> feats = [{"input_ids": [1, 2, 3, 4]}]
         >>> [c(feats)["input_ids"].shape[1] for _ in range(3)]
         [2, 2, 4]
+        ```
     """
 
     def __init__(self, collator: Callable, warmup: SeqLenWarmup, pad_token_id: int = 0, position: int = 0):

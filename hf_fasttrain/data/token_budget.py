@@ -181,9 +181,11 @@ class TokenBudgetBatchSampler(_StepPlanBatchSampler):
     Trainer's per-token loss normalisation (``num_items_in_batch``) weights tokens equally.
 
     Example:
+        ```python
         >>> s = TokenBudgetBatchSampler([8, 2, 3, 4, 7, 1], max_tokens=8)
         >>> sorted(sorted(b) for b in s)
         [[0], [1, 5], [2, 3], [4]]
+        ```
     """
 
     def __init__(
@@ -228,11 +230,13 @@ class BatchWarmupBatchSampler(TokenBudgetBatchSampler):
     ``schedule_unit='tokens'`` with ``schedule_total_tokens``, which also stops at the budget).
 
     Example:
+        ```python
         >>> s = BatchWarmupBatchSampler([4] * 12, max_tokens=16, min_tokens=4, warmup_steps=3)
         >>> [len(b) for b in s]
         [1, 2, 3, 2, 4]
         >>> [s.budget_at(t) for t in range(4)]
         [4, 8, 12, 16]
+        ```
     """
 
     def __init__(

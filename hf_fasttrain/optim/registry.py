@@ -315,9 +315,11 @@ class OptimizerFactory:
     `OptimizerFactory(name)()(model, **kwargs)`, i.e. `create_optimizer(name, model, **kwargs)`.
 
     Example:
+        ```python
         >>> from hf_fasttrain.optim import OptimizerFactory
         >>> OptimizerFactory("soap")
         OptimizerFactory('soap')
+        ```
     """
 
     def __init__(self, name: str):
@@ -362,6 +364,7 @@ def optimizer_cls_and_kwargs_for(name: str, args: Any = None, **kwargs) -> tuple
     setting in `args` that the optimizer cannot work under is refused here (see `sharding`).
 
     Example:
+        ```python
         >>> from transformers import TrainingArguments
         >>> from hf_fasttrain.optim import optimizer_cls_and_kwargs_for
         >>> args = TrainingArguments("out", learning_rate=5e-4, weight_decay=0.1, max_steps=1000, report_to=[])
@@ -369,6 +372,7 @@ def optimizer_cls_and_kwargs_for(name: str, args: Any = None, **kwargs) -> tuple
         (OptimizerFactory('ademamix'), {'lr': 0.0005, 'weight_decay': 0.1, 'T_alpha_beta3': 1000, 'alpha': 8.0})
         >>> optimizer_cls_and_kwargs_for("lion", lr=1e-4, weight_decay=1.0)
         (OptimizerFactory('lion'), {'lr': 0.0001, 'weight_decay': 1.0})
+        ```
     """
     get_optimizer_factory(name)
     _check_options(name, kwargs)
@@ -422,9 +426,11 @@ def parse_optimizer_kwargs(name: str, kwargs: Union[None, str, Mapping[str, Any]
     ValueError listing the allowed ones; `check_optimizer_options` checks the values.
 
     Example:
+        ```python
         >>> from hf_fasttrain.optim import parse_optimizer_kwargs
         >>> parse_optimizer_kwargs("lion", '{"lr": "1e-4", "betas": [0.9, "0.98"]}')
         {'lr': 0.0001, 'betas': [0.9, 0.98]}
+        ```
     """
     if kwargs is None:
         return {}
@@ -455,11 +461,13 @@ def trainer_optimizer_kwargs(args: Any, num_training_steps: Optional[int] = None
     choice). `args.optimizer_kwargs` overrides any of these.
 
     Example:
+        ```python
         >>> from types import SimpleNamespace
         >>> args = SimpleNamespace(optimizer="ademamix", optimizer_kwargs={"alpha": 8.0}, learning_rate=1e-3,
         ...                        weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
         >>> trainer_optimizer_kwargs(args, num_training_steps=500)
         {'lr': 0.001, 'weight_decay': 0.1, 'T_alpha_beta3': 500, 'alpha': 8.0}
+        ```
     """
     name = args.optimizer
     kwargs: dict[str, Any] = {"lr": args.learning_rate, "weight_decay": args.weight_decay}

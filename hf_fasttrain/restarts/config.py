@@ -61,15 +61,16 @@ class RestartConfig:
             Device ids handed to the runner under ``"per_gpu"`` (``None``: the visible GPUs).
 
     Example:
-
-    >>> from hf_fasttrain.restarts import RestartConfig
-    >>> cfg = RestartConfig(num_seeds=8, explore_fraction=0.2, rungs=3)
-    >>> cfg.metric, cfg.direction, cfg.keep_fraction
-    ('eval_loss', 'min', 0.5)
-    >>> RestartConfig(num_seeds=0)
-    Traceback (most recent call last):
-    ...
-    ValueError: RestartConfig.num_seeds=0 is invalid: it must be an integer >= 1.
+        ```python
+        >>> from hf_fasttrain.restarts import RestartConfig
+        >>> cfg = RestartConfig(num_seeds=8, explore_fraction=0.2, rungs=3)
+        >>> cfg.metric, cfg.direction, cfg.keep_fraction
+        ('eval_loss', 'min', 0.5)
+        >>> RestartConfig(num_seeds=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: RestartConfig.num_seeds=0 is invalid: it must be an integer >= 1.
+        ```
     """
 
     num_seeds: int = 4

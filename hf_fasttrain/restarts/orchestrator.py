@@ -29,10 +29,11 @@ class TrialSpec:
     ``CUDA_VISIBLE_DEVICES``).
 
     Example:
-
-    >>> spec = TrialSpec("seed-0", 0, model_seed=42, data_seed=42, max_steps=100, output_dir="out/trials/seed-0")
-    >>> spec.model_seed, spec.data_seed, spec.max_steps, spec.device
-    (42, 42, 100, None)
+        ```python
+        >>> spec = TrialSpec("seed-0", 0, model_seed=42, data_seed=42, max_steps=100, output_dir="out/trials/seed-0")
+        >>> spec.model_seed, spec.data_seed, spec.max_steps, spec.device
+        (42, 42, 100, None)
+        ```
     """
 
     trial_id: str
@@ -56,10 +57,11 @@ class TrialResult:
         diverged: the runner saw the run blow up (e.g. a NaN training loss) whatever the eval says.
 
     Example:
-
-    >>> r = TrialResult([{"step": 5, "eval_loss": 3.2}], {"eval_loss": 3.2}, "out/checkpoint-5")
-    >>> r.diverged
-    False
+        ```python
+        >>> r = TrialResult([{"step": 5, "eval_loss": 3.2}], {"eval_loss": 3.2}, "out/checkpoint-5")
+        >>> r.diverged
+        False
+        ```
     """
 
     eval_history: List[Dict[str, float]]
@@ -78,13 +80,14 @@ class TrialRunner(Protocol):
     configured metric against it before any trial starts.
 
     Example:
-
-    >>> class ConstantRunner:
-    ...     def run(self, trial, until_step, resume_from):
-    ...         m = {"eval_loss": 1.0 + trial.index}
-    ...         return TrialResult([{"step": until_step, **m}], m, f"{trial.output_dir}/checkpoint-{until_step}")
-    >>> isinstance(ConstantRunner(), TrialRunner)
-    True
+        ```python
+        >>> class ConstantRunner:
+        ...     def run(self, trial, until_step, resume_from):
+        ...         m = {"eval_loss": 1.0 + trial.index}
+        ...         return TrialResult([{"step": until_step, **m}], m, f"{trial.output_dir}/checkpoint-{until_step}")
+        >>> isinstance(ConstantRunner(), TrialRunner)
+        True
+        ```
     """
 
     def run(self, trial: TrialSpec, until_step: int, resume_from: Optional[str]) -> TrialResult: ...
@@ -125,17 +128,18 @@ class RestartOrchestrator:
             The full run's optimizer steps (the LR schedule's length for every trial).
 
     Example:
-
-    >>> import tempfile
-    >>> class TableRunner:  # eval loss = 1 + model_seed % 3, whatever the step
-    ...     def run(self, trial, until_step, resume_from):
-    ...         m = {"eval_loss": 1.0 + trial.model_seed % 3}
-    ...         return TrialResult([{"step": until_step, **m}], m, f"{trial.output_dir}/checkpoint-{until_step}")
-    >>> out = tempfile.mkdtemp()
-    >>> cfg = RestartConfig(num_seeds=3, explore_fraction=0.5, seed=1)
-    >>> summary = RestartOrchestrator(cfg, TableRunner(), out, max_steps=10).run()
-    >>> summary["winner"], summary["winner_model_seed"], summary["winner_final_metric"]
-    ('seed-2', 3, 1.0)
+        ```python
+        >>> import tempfile
+        >>> class TableRunner:  # eval loss = 1 + model_seed % 3, whatever the step
+        ...     def run(self, trial, until_step, resume_from):
+        ...         m = {"eval_loss": 1.0 + trial.model_seed % 3}
+        ...         return TrialResult([{"step": until_step, **m}], m, f"{trial.output_dir}/checkpoint-{until_step}")
+        >>> out = tempfile.mkdtemp()
+        >>> cfg = RestartConfig(num_seeds=3, explore_fraction=0.5, seed=1)
+        >>> summary = RestartOrchestrator(cfg, TableRunner(), out, max_steps=10).run()
+        >>> summary["winner"], summary["winner_model_seed"], summary["winner_final_metric"]
+        ('seed-2', 3, 1.0)
+        ```
     """
 
     def __init__(self, config: RestartConfig, runner: TrialRunner, output_dir: str, max_steps: int):
