@@ -92,7 +92,7 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
         # indexes stateful_callbacks by class name (KeyError): add it.
         if state.stateful_callbacks is not None:
             state.stateful_callbacks.setdefault(type(self).__name__, self.state())
-        self.records = [dict(e) for e in state.log_history if "loss" in e or "eval_loss" in e or "train_loss" in e]
+        self.records = [dict(e) for e in state.log_history if _is_record(e, state.log_history)]
         self._t0 = None  # the clock starts with the first step (an eval_on_start is not training)
         self._excluded = 0.0
         self._pause_start = None
@@ -123,7 +123,7 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
         if "train_seconds" not in logs:  # a plain Trainer's log (FastTrainer's carry it already)
             # into log_history too, so a resumed run's records keep the clock
             add_to_log(state, logs, {"train_seconds": self.train_seconds()})
-        if "loss" in logs or "eval_loss" in logs or "train_loss" in logs:  # train_loss: the end-of-training log
+        if _is_record(logs, self.records):
             rec = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
             rec["step"] = state.global_step
             self.records.append(rec)
@@ -160,6 +160,14 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
         atomic_write_text(out / "metrics.json", json.dumps(summary, indent=2, default=_json_default))
         plot_loss_curves(self.records, out / "loss_curve.png", title=title)
         return summary
+
+
+def _is_record(entry: dict[str, Any], others: list[dict[str, Any]]) -> bool:
+    """A log the recorder keeps: a training or eval loss; the end-of-training mean ``train_loss`` only in a
+    run too short to have logged any training loss (so its curve still has a point)."""
+    if "loss" in entry or "eval_loss" in entry:
+        return True
+    return "train_loss" in entry and not any("loss" in e for e in others)
 
 
 def _json_default(x):
