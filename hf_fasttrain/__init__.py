@@ -32,6 +32,7 @@ _LAZY = {
     "DivergenceError": ".callbacks",
     "StabilityTrainerMixin": ".callbacks",  # judges the pre-clip gradient norm in any Trainer subclass
     "RunRecorderCallback": ".callbacks",  # config, versions, loss curve and metrics in output_dir
+    "GracefulStopCallback": ".callbacks",  # SIGTERM / Ctrl-C: finish the step, save, exit 143 / 130
     # random restart: a recipe (train_with_restarts) or any trainer behind a TrialRunner (RestartOrchestrator)
     "train_with_restarts": ".recipe_restarts",
     "RestartConfig": ".restarts",
@@ -59,6 +60,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
     from .callbacks import (  # noqa: F401
         DivergenceError,
         DivergenceGuardCallback,
+        GracefulStopCallback,
         GradientClippingCallback,
         LRScheduleCallback,
         RunRecorderCallback,

@@ -3,8 +3,9 @@
 Works with a plain ``transformers.Trainer`` (``trainer.add_callback(RunRecorderCallback())``) and is
 built into FastTrainer (``run_record=True``, the FastTrainingArguments default). Wall-clock here is
 *training* time: the time spent in evaluation and in writing checkpoints is excluded, so runs that
-evaluate at different rates compare fairly. The clock is saved with every checkpoint (the Trainer's
-``stateful_callbacks`` in ``trainer_state.json``) and continues from there on a resume.
+evaluate at different rates compare fairly. The clock is saved with every checkpoint, in the checkpoint's
+own ``run_record.json`` (not in ``trainer_state.json``, which stays free of wall-clock values: a resumed
+run's TrainerState equals a straight run's), and continues from there on a resume.
 
 Example:
     >>> from hf_fasttrain.callbacks import RunRecorderCallback
@@ -17,27 +18,45 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from transformers import TrainerCallback
-from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..runinfo import atomic_write_text
 from ._logs import add_to_log
 
-__all__ = ["RunRecorderCallback", "plot_loss_curves"]
+__all__ = ["RunRecorderCallback", "plot_loss_curves", "RECORD_FILE", "read_saved_seconds"]
+
+RECORD_FILE = "run_record.json"  # in each checkpoint: {"train_seconds": <the clock at that step>}
 
 
-class RunRecorderCallback(TrainerCallback, ExportableState):
+def read_saved_seconds(checkpoint_dir: Optional[str]) -> Optional[float]:
+    """The training clock a checkpoint's ``run_record.json`` holds, or None (no file, or not readable)."""
+    if not checkpoint_dir:
+        return None
+    try:
+        data = json.loads((Path(checkpoint_dir) / RECORD_FILE).read_text(encoding="utf-8"))
+        seconds = data.get("train_seconds") if isinstance(data, dict) else None
+        return float(seconds) if isinstance(seconds, (int, float)) else None
+    except (OSError, ValueError):
+        return None
+
+
+class RunRecorderCallback(TrainerCallback):
     """Tracks training seconds (excluding eval and checkpointing) and the train/eval loss history.
 
     Every log gains ``train_seconds`` (in ``state.log_history`` too) unless it has one. The clock is
-    resumable in any Trainer: each checkpoint saves it (``state()``, an ``ExportableState``), and a
-    resumed run continues from the checkpoint's value, whether or not
-    ``restore_callback_states_from_checkpoint`` is set (checkpoints written before it was saved
-    fall back to the last ``train_seconds`` in ``log_history``).
+    resumable in any Trainer: each checkpoint gets a ``run_record.json`` holding it (written atomically
+    by the main process in ``on_save``), and a resumed run continues from the checkpoint's value. The
+    checkpoint resumed from is ``resume_dir`` when set (FastTrainer sets it from ``train(resume_from_checkpoint=...)``),
+    else ``output_dir/checkpoint-<step>``. Older checkpoints, which kept the clock in
+    ``trainer_state.json``'s ``stateful_callbacks``, are read too; without either, the last ``train_seconds``
+    in ``log_history`` is used. Nothing of the recorder goes into ``trainer_state.json``, so the
+    TrainerState of a resumed run equals a straight run's.
 
     Args:
         write_files: write ``metrics.json`` and ``loss_curve.png`` into ``output_dir`` at the end.
@@ -45,6 +64,7 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
 
     def __init__(self, write_files: bool = True):
         self.write_files = write_files
+        self.resume_dir: Optional[str] = None  # the checkpoint a resume starts from, if not output_dir/checkpoint-<step>
         self.saved_seconds: Optional[float] = None  # the clock at the checkpoint this run resumed from
         self._t0: Optional[float] = None
         self._offset = 0.0
@@ -65,31 +85,30 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
             self._pause_start = None
 
     # -- checkpointed state ----------------------------------------------------------------------
-    def state(self) -> dict:
-        # called by the Trainer as it writes a checkpoint: the clock is paused for the save (on_step_end)
-        return {"args": {"write_files": self.write_files}, "attributes": {"saved_seconds": self.train_seconds()}}
-
-    def _clock_at_resume(self, state) -> float:
+    def _clock_at_resume(self, args, state) -> float:
         if state.global_step == 0:  # a fresh run (train() without a checkpoint starts at step 0)
             return 0.0
-        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
+        default = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        for checkpoint in (self.resume_dir, default):
+            seconds = read_saved_seconds(checkpoint)
+            if seconds is not None:
+                return seconds
+        saved = (state.stateful_callbacks or {}).get(type(self).__name__)  # written by earlier versions
         if isinstance(saved, list):  # several recorders: the Trainer keeps a list; they share one clock
             saved = saved[0] if saved else None
         seconds = saved.get("attributes", {}).get("saved_seconds") if isinstance(saved, dict) else None
         if seconds is not None:
             return float(seconds)
-        for entry in reversed(state.log_history):  # a checkpoint written without the recorder's state
+        for entry in reversed(state.log_history):  # a checkpoint written without the recorder
             if "train_seconds" in entry:
                 return float(entry["train_seconds"])
         return 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._offset = self._clock_at_resume(state)
+        self._offset = self._clock_at_resume(args, state)
         self.saved_seconds = self._offset if state.global_step else None
-        # A checkpoint from a run without this callback has no entry for it, and the Trainer's next save
-        # indexes stateful_callbacks by class name (KeyError): add it.
-        if state.stateful_callbacks is not None:
-            state.stateful_callbacks.setdefault(type(self).__name__, self.state())
+        if state.stateful_callbacks is not None:  # an earlier version's entry: the clock now lives in RECORD_FILE
+            state.stateful_callbacks.pop(type(self).__name__, None)
         self.records = [dict(e) for e in state.log_history if "loss" in e or "eval_loss" in e]
         self._t0 = None  # the clock starts with the first step (an eval_on_start is not training)
         self._excluded = 0.0
@@ -112,6 +131,10 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
             self._pause_start = time.perf_counter()
 
     def on_save(self, args, state, control, **kwargs):
+        # the clock is still paused for the save (on_step_end): its value is the one at the step's end
+        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if state.is_world_process_zero and checkpoint.is_dir():
+            atomic_write_text(checkpoint / RECORD_FILE, json.dumps({"train_seconds": self.train_seconds()}))
         self._resume_pause()
 
     # -- history -----------------------------------------------------------------------------
