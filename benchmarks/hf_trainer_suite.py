@@ -217,7 +217,7 @@ def plot(summary: dict[str, dict[str, int]], path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--tests", type=Path, default=Path("/work/hf_trainer_tests"),
                    help="local copy of transformers' tests/ folder (with trainer/ inside)")
     p.add_argument("--only", nargs="*", default=[], help="run only files whose name contains one of these")

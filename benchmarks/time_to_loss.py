@@ -458,7 +458,7 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Non
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arms", default="hf-default,hf-tuned,fasttrain",
                    help=f"comma-separated arms (default: the three main ones); known: {', '.join(ARMS)}")
     p.add_argument("--seeds", type=int, default=3, help="seeds per arm (run interleaved)")

@@ -30,6 +30,7 @@ __all__ = [
     "check",
     "check_ranges",
     "unknown_name",
+    "unknown_recipe_key",
     "TRAINING_RANGES",
     "is_int",
     "finite",
@@ -72,6 +73,23 @@ def unknown_name(kind: str, name: str, known: Iterable[str], where: str = "") ->
     else:
         allowed = "see --help for the options"
     return ConfigError(name, problem=f"unknown {kind}{(' ' + where) if where else ''}", allowed=allowed)
+
+
+def unknown_recipe_key(key: str, section: Optional[str], valid: Iterable[str], home: Any = _UNSET) -> ConfigError:
+    """A recipe key that is not a field of its section. ``home``: the section it belongs to (``"model"``,
+    ``"data"``, or None for the top level) when it is a key of another section; then the error says where it
+    goes, not which name of this section it is closest to (``n_layer`` at the top level is a model key,
+    not a misspelt ``min_lr``).
+
+    Example:
+        >>> str(unknown_recipe_key("block_size", "model", ["n_layer"], home="data"))
+        "block_size: unknown recipe key in section 'model:'; 'block_size' belongs in the data: section"
+    """
+    where = f"in section '{section}:'" if section else "at the top level"
+    if home is not _UNSET:
+        place = "at the top level" if home is None else f"in the {home}: section"
+        return ConfigError(key, problem=f"unknown recipe key {where}", allowed=f"'{key}' belongs {place}")
+    return unknown_name("recipe key", key, valid, where)
 
 
 # -- predicates ----------------------------------------------------------------------------------

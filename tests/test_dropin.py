@@ -1,6 +1,7 @@
 """FastTrainer as a drop-in Trainer: any model, any TrainingArguments, and a neutral mode that is the Trainer.
 
-Neutral mode (plain TrainingArguments, or run_record=False with every option at its default) must give the
+Neutral mode (plain TrainingArguments, or run_record=False and save_on_signal=False with every other option at its
+default) must give the
 Trainer's callbacks, logs, checkpoints and output_dir exactly; with run_record on, a resumed run's logs equal a
 straight run's except the documented wall-clock keys.
 """
@@ -20,6 +21,7 @@ from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallba
 from hf_fasttrain import FastTrainer, FastTrainingArguments
 from hf_fasttrain.args import FastOptions, fast_option
 from hf_fasttrain.callbacks import RunRecorderCallback
+from hf_fasttrain.callbacks.run_record import RECORD_FILE
 from hf_fasttrain.throughput import BatchCount, ThroughputMeter, count_batch, count_tokens
 from hf_fasttrain.trainer import WALL_CLOCK_LOG_KEYS
 
@@ -228,6 +230,7 @@ def _neutral_args(cls, out, **kw):
                 eval_steps=3, **QUIET)
     if cls is FastTrainingArguments:
         base["run_record"] = False
+        base["save_on_signal"] = False
     base.update(kw)
     return cls(**base)
 
@@ -295,6 +298,11 @@ def test_resumed_logs_equal_straight_logs(run_record, tiny_lm, tiny_tokenizer, t
     a, b = _without(straight.state.log_history, skip), _without(resumed.state.log_history, skip)
     assert [e["step"] for e in b] == [e["step"] for e in a] and len(a) >= 8
     assert b == a
+    # the checkpointed TrainerState too: nothing wall-clock in it but the logs' documented keys
+    sa, sb = _state(tmp_path / "a" / "checkpoint-6"), _state(tmp_path / "b" / "checkpoint-6")
+    for st in (sa, sb):
+        st["log_history"] = _without(st["log_history"], skip)
+    assert sa == sb
     # negative control: the run moved between the two checkpoints
     assert a[0]["loss"] != [e for e in a if "loss" in e][-1]["loss"]
 
@@ -318,7 +326,8 @@ def test_recorder_clock_continues_across_resume_in_a_plain_trainer(tiny_lm, tiny
     first = trainer([RunRecorderCallback(write_files=False), _StopAfterSave(3)])
     first.train()
     saved = _state(tmp_path / "checkpoint-3")
-    clock = saved["stateful_callbacks"]["RunRecorderCallback"]["attributes"]["saved_seconds"]
+    assert "RunRecorderCallback" not in saved["stateful_callbacks"]  # the TrainerState holds no wall clock
+    clock = json.loads((tmp_path / "checkpoint-3" / RECORD_FILE).read_text())["train_seconds"]
     before = [e["train_seconds"] for e in saved["log_history"]]  # the recorder wrote the clock into the logs
     assert len(before) == 3 and before == sorted(before) and 0 < before[-1] <= clock
 
@@ -340,8 +349,29 @@ def test_recorder_added_on_resume_of_a_checkpoint_without_it(tiny_lm, tiny_token
     trainer([_StopAfterSave(1)]).train()
     assert "RunRecorderCallback" not in _state(tmp_path / "checkpoint-1")["stateful_callbacks"]
     trainer([RunRecorderCallback(write_files=False)]).train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
-    saved = _state(tmp_path / "checkpoint-2")["stateful_callbacks"]["RunRecorderCallback"]
-    assert saved["attributes"]["saved_seconds"] > 0
+    assert json.loads((tmp_path / "checkpoint-2" / RECORD_FILE).read_text())["train_seconds"] > 0
+
+
+def test_recorder_reads_the_clock_of_an_older_checkpoint(tiny_lm, tiny_tokenizer, tmp_path, monkeypatch):
+    """Checkpoints written before the clock moved to run_record.json kept it in stateful_callbacks."""
+    _fake_clock(monkeypatch)
+
+    def trainer(callbacks):
+        args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
+                                 logging_steps=1, save_strategy="steps", save_steps=1, **QUIET)
+        return _gpt2_trainer(Trainer, args, tiny_tokenizer, tiny_lm, callbacks=callbacks)
+
+    trainer([RunRecorderCallback(write_files=False), _StopAfterSave(1)]).train()
+    ckpt = tmp_path / "checkpoint-1"
+    (ckpt / RECORD_FILE).unlink()
+    state = _state(ckpt)
+    state["stateful_callbacks"]["RunRecorderCallback"] = {"args": {}, "attributes": {"saved_seconds": 1000.0}}
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    recorder = RunRecorderCallback(write_files=False)
+    trainer([recorder]).train(resume_from_checkpoint=str(ckpt))
+    assert recorder.saved_seconds == 1000.0
+    assert 1000.0 < json.loads((tmp_path / "checkpoint-2" / RECORD_FILE).read_text())["train_seconds"]
+    assert "RunRecorderCallback" not in _state(tmp_path / "checkpoint-2")["stateful_callbacks"]
 
 
 def test_stability_mixin_with_plain_arguments(tiny_lm, tiny_tokenizer, tmp_path):

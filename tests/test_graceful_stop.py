@@ -162,9 +162,9 @@ def test_a_user_who_enabled_jit_checkpoint_gets_one_handler(tiny_lm, tiny_tokeni
 
 
 # --- the recipe, as a user runs it ------------------------------------------------------------------------------
-def _recipe(action, step, args, rank="--", **kw):
+def _recipe(action, step, args, **kw):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, INJECT, action, str(step), rank, "--", *SMALL, *args], capture_output=True,
+    return subprocess.run([sys.executable, INJECT, action, str(step), "--", *SMALL, *args], capture_output=True,
                           text=True, env=env, timeout=600, cwd=ROOT, **kw)
 
 
