@@ -22,7 +22,7 @@ from transformers import Trainer
 
 from .args import fast_option
 from .callbacks.averaging import WeightAveragingCallback
-from .callbacks.run_record import RunRecorderCallback
+from .callbacks.run_record import WALL_CLOCK_LOG_KEYS, RunRecorderCallback
 from .callbacks.clipping import ClipStatsWindow
 from .callbacks.graceful_stop import GracefulStopCallback
 from .callbacks.guard import stability_callbacks
@@ -40,9 +40,9 @@ __all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
 
 logger = logging.getLogger(__name__)
 
-# Log keys FastTrainer adds with run_record on that measure wall-clock: the only ones (with the Trainer's own
-# *_runtime and *_per_second) in which a resumed run's logs differ from a straight run's.
-WALL_CLOCK_LOG_KEYS = ("train_seconds", "tokens_per_second", "samples_per_second", "mfu")
+# WALL_CLOCK_LOG_KEYS (from the run record): the log keys FastTrainer adds with run_record on that measure
+# wall-clock: the only ones (with the Trainer's own *_runtime and *_per_second) in which a resumed run's logs differ
+# from a straight run's. They are in the logs, not in state.log_history (the run record keeps them per checkpoint).
 
 
 def _model_dims(model) -> tuple[int, int, int]:

@@ -23,7 +23,6 @@ from hf_fasttrain.args import FastOptions, fast_option
 from hf_fasttrain.callbacks import RunRecorderCallback
 from hf_fasttrain.callbacks.run_record import RECORD_FILE
 from hf_fasttrain.throughput import BatchCount, ThroughputMeter, count_batch, count_tokens
-from hf_fasttrain.trainer import WALL_CLOCK_LOG_KEYS
 
 from conftest import make_tiny_gpt2
 
@@ -292,9 +291,9 @@ def test_resumed_logs_equal_straight_logs(run_record, tiny_lm, tiny_tokenizer, t
     resumed = _gpt2_trainer(FastTrainer, args(tmp_path / "b"), tiny_tokenizer, tiny_lm)
     resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-3"))
     skip = TRAINER_WALL_CLOCK + ("train_loss",)  # the Trainer's train_loss averages over this train() call only
-    if run_record:
-        skip += WALL_CLOCK_LOG_KEYS
-        assert all("train_seconds" in e for e in resumed.state.log_history)
+    if run_record:  # no wall-clock key to skip: the history holds none
+        assert not any("train_seconds" in e for e in resumed.state.log_history)  # the run record has it
+        assert all("train_seconds" in e for e in resumed.recorder.records)
     a, b = _without(straight.state.log_history, skip), _without(resumed.state.log_history, skip)
     assert [e["step"] for e in b] == [e["step"] for e in a] and len(a) >= 8
     assert b == a
@@ -327,14 +326,16 @@ def test_recorder_clock_continues_across_resume_in_a_plain_trainer(tiny_lm, tiny
     first.train()
     saved = _state(tmp_path / "checkpoint-3")
     assert "RunRecorderCallback" not in saved["stateful_callbacks"]  # the TrainerState holds no wall clock
-    clock = json.loads((tmp_path / "checkpoint-3" / RECORD_FILE).read_text())["train_seconds"]
-    before = [e["train_seconds"] for e in saved["log_history"]]  # the recorder wrote the clock into the logs
+    record = json.loads((tmp_path / "checkpoint-3" / RECORD_FILE).read_text())
+    clock = record["train_seconds"]
+    assert not any("train_seconds" in e for e in saved["log_history"])
+    before = [c["train_seconds"] for c in record["wall_clock"]]  # the clock of each log, in the run record
     assert len(before) == 3 and before == sorted(before) and 0 < before[-1] <= clock
 
     recorder = RunRecorderCallback(write_files=False)
     resumed = trainer([recorder])
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
-    after = [e["train_seconds"] for e in resumed.state.log_history if "loss" in e]
+    after = [e["train_seconds"] for e in recorder.records if "loss" in e]
     assert after[:3] == before  # restored records keep their clock
     assert clock < after[3] < after[4] < after[5]  # continues from the checkpoint's clock, not from 0
     assert [r["step"] for r in recorder.records] == [1, 2, 3, 4, 5, 6]

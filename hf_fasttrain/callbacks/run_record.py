@@ -27,29 +27,70 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..runinfo import atomic_write_text
-from ._logs import add_to_log
 
-__all__ = ["RunRecorderCallback", "plot_loss_curves", "RECORD_FILE", "read_saved_seconds"]
+__all__ = ["RunRecorderCallback", "plot_loss_curves", "RECORD_FILE", "WALL_CLOCK_LOG_KEYS", "read_run_record",
+           "read_saved_seconds", "with_wall_clock", "checkpoint_log_history"]
 
-RECORD_FILE = "run_record.json"  # in each checkpoint: {"train_seconds": <the clock at that step>}
+# In each checkpoint: {"train_seconds": <the clock at that step>, "wall_clock": [{"step", "eval", <keys below>}]}
+RECORD_FILE = "run_record.json"
+# Log keys of the run record that measure wall-clock. Training and evaluation logs carry them (printed, in
+# metrics.json, seen by every callback's on_log) but TrainerState.log_history does not: trainer_state.json holds
+# no wall clock, so a resumed run's TrainerState equals a straight run's. RECORD_FILE keeps them instead.
+WALL_CLOCK_LOG_KEYS = ("train_seconds", "tokens_per_second", "samples_per_second", "mfu")
 
 
-def read_saved_seconds(checkpoint_dir: Optional[str]) -> Optional[float]:
-    """The training clock a checkpoint's ``run_record.json`` holds, or None (no file, or not readable)."""
+def read_run_record(checkpoint_dir: Optional[str]) -> Optional[dict]:
+    """A checkpoint's ``run_record.json`` as a dict, or None (no file, or not readable)."""
     if not checkpoint_dir:
         return None
     try:
         data = json.loads((Path(checkpoint_dir) / RECORD_FILE).read_text(encoding="utf-8"))
-        seconds = data.get("train_seconds") if isinstance(data, dict) else None
-        return float(seconds) if isinstance(seconds, (int, float)) else None
     except (OSError, ValueError):
         return None
+    return data if isinstance(data, dict) else None
+
+
+def read_saved_seconds(checkpoint_dir: Optional[str]) -> Optional[float]:
+    """The training clock a checkpoint's ``run_record.json`` holds, or None."""
+    seconds = (read_run_record(checkpoint_dir) or {}).get("train_seconds")
+    return float(seconds) if isinstance(seconds, (int, float)) else None
+
+
+def _clock_key(entry: dict) -> tuple:
+    return entry.get("step"), "eval_loss" in entry or bool(entry.get("eval"))
+
+
+def with_wall_clock(entries: list[dict], wall_clock: Optional[list]) -> list[dict]:
+    """Copies of log ``entries`` with the wall-clock keys of ``wall_clock`` (a run record's) put back, by step and
+    kind (training or evaluation log).
+
+    Example:
+        >>> with_wall_clock([{"loss": 2.0, "step": 5}], [{"step": 5, "eval": False, "train_seconds": 1.5}])
+        [{'loss': 2.0, 'step': 5, 'train_seconds': 1.5}]
+    """
+    clock = {}
+    for c in wall_clock or ():
+        if isinstance(c, dict):
+            clock[_clock_key(c)] = {k: v for k, v in c.items() if k in WALL_CLOCK_LOG_KEYS}
+    out = []
+    for e in entries:
+        extra = clock.get(_clock_key(e)) if ("loss" in e or "eval_loss" in e) else None
+        out.append({**e, **extra} if extra else dict(e))
+    return out
+
+
+def checkpoint_log_history(checkpoint_dir: str) -> list[dict]:
+    """A checkpoint's ``log_history`` (trainer_state.json) with the run record's wall-clock keys put back."""
+    with open(os.path.join(checkpoint_dir, "trainer_state.json"), encoding="utf-8") as f:
+        history = json.load(f)["log_history"]
+    return with_wall_clock(history, (read_run_record(checkpoint_dir) or {}).get("wall_clock"))
 
 
 class RunRecorderCallback(TrainerCallback):
     """Tracks training seconds (excluding eval and checkpointing) and the train/eval loss history.
 
-    Every log gains ``train_seconds`` (in ``state.log_history`` too) unless it has one. The clock is
+    Every log gains ``train_seconds`` unless it has one (the logs that callbacks and reporting see; not
+    ``state.log_history``, which keeps no wall clock, see :data:`WALL_CLOCK_LOG_KEYS`). The clock is
     resumable in any Trainer: each checkpoint gets a ``run_record.json`` holding it (written atomically
     by the main process in ``on_save``), and a resumed run continues from the checkpoint's value. The
     checkpoint resumed from is ``resume_dir`` when set (FastTrainer sets it from ``train(resume_from_checkpoint=...)``),
@@ -71,6 +112,7 @@ class RunRecorderCallback(TrainerCallback):
         self._excluded = 0.0
         self._pause_start: Optional[float] = None
         self.records: list[dict[str, Any]] = []
+        self.wall_clock: list[dict[str, Any]] = []  # the wall-clock keys of each log, by step and kind
 
     # -- clock -------------------------------------------------------------------------------
     def train_seconds(self) -> float:
@@ -85,14 +127,20 @@ class RunRecorderCallback(TrainerCallback):
             self._pause_start = None
 
     # -- checkpointed state ----------------------------------------------------------------------
-    def _clock_at_resume(self, args, state) -> float:
-        if state.global_step == 0:  # a fresh run (train() without a checkpoint starts at step 0)
-            return 0.0
+    def _resume_record(self, args, state) -> Optional[dict]:
         default = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         for checkpoint in (self.resume_dir, default):
-            seconds = read_saved_seconds(checkpoint)
-            if seconds is not None:
-                return seconds
+            record = read_run_record(checkpoint)
+            if record is not None:
+                return record
+        return None
+
+    def _clock_at_resume(self, state, record: Optional[dict]) -> float:
+        if state.global_step == 0:  # a fresh run (train() without a checkpoint starts at step 0)
+            return 0.0
+        seconds = (record or {}).get("train_seconds")
+        if isinstance(seconds, (int, float)):
+            return float(seconds)
         saved = (state.stateful_callbacks or {}).get(type(self).__name__)  # written by earlier versions
         if isinstance(saved, list):  # several recorders: the Trainer keeps a list; they share one clock
             saved = saved[0] if saved else None
@@ -105,11 +153,14 @@ class RunRecorderCallback(TrainerCallback):
         return 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._offset = self._clock_at_resume(args, state)
+        record = self._resume_record(args, state) if state.global_step else None
+        self._offset = self._clock_at_resume(state, record)
         self.saved_seconds = self._offset if state.global_step else None
         if state.stateful_callbacks is not None:  # an earlier version's entry: the clock now lives in RECORD_FILE
             state.stateful_callbacks.pop(type(self).__name__, None)
-        self.records = [dict(e) for e in state.log_history if "loss" in e or "eval_loss" in e]
+        self.wall_clock = [dict(c) for c in (record or {}).get("wall_clock", []) if isinstance(c, dict)]
+        history = [e for e in state.log_history if "loss" in e or "eval_loss" in e]
+        self.records = with_wall_clock(history, self.wall_clock)
         self._t0 = None  # the clock starts with the first step (an eval_on_start is not training)
         self._excluded = 0.0
         self._pause_start = None
@@ -134,7 +185,9 @@ class RunRecorderCallback(TrainerCallback):
         # the clock is still paused for the save (on_step_end): its value is the one at the step's end
         checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         if state.is_world_process_zero and checkpoint.is_dir():
-            atomic_write_text(checkpoint / RECORD_FILE, json.dumps({"train_seconds": self.train_seconds()}))
+            record = {"train_seconds": self.train_seconds(),
+                      "wall_clock": [c for c in self.wall_clock if (c.get("step") or 0) <= state.global_step]}
+            atomic_write_text(checkpoint / RECORD_FILE, json.dumps(record, default=_json_default))
         self._resume_pause()
 
     # -- history -----------------------------------------------------------------------------
@@ -142,12 +195,19 @@ class RunRecorderCallback(TrainerCallback):
         if logs is None:
             return
         if "train_seconds" not in logs:  # a plain Trainer's log (FastTrainer's carry it already)
-            # into log_history too, so a resumed run's records keep the clock
-            add_to_log(state, logs, {"train_seconds": self.train_seconds()})
+            logs["train_seconds"] = self.train_seconds()
+        # the history keeps no wall clock (FastTrainer leaves it out; a plain Trainer's copy never had this key)
+        last = state.log_history[-1] if state.log_history else None
+        if last is not None and last.get("step") == state.global_step:
+            for k in WALL_CLOCK_LOG_KEYS:
+                last.pop(k, None)
         if "loss" in logs or "eval_loss" in logs:
             rec = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
             rec["step"] = state.global_step
             self.records.append(rec)
+            clock = {k: rec[k] for k in WALL_CLOCK_LOG_KEYS if k in rec}
+            if clock:
+                self.wall_clock.append({"step": state.global_step, "eval": "eval_loss" in rec, **clock})
 
     def on_train_end(self, args, state, control, **kwargs):
         self._resume_pause()
