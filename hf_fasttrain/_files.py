@@ -48,7 +48,7 @@ def check_output_dir(output_dir: Union[str, os.PathLike], field: str = "output_d
     Example:
         >>> import tempfile, pathlib
         >>> f = pathlib.Path(tempfile.mkdtemp()) / "notes.txt"; _ = f.write_text("x")
-        >>> check_output_dir(f / "run")
+        >>> check_output_dir(f / "run")  # doctest: +IGNORE_EXCEPTION_DETAIL
         Traceback (most recent call last):
         ...
         hf_fasttrain._validation.ConfigError: output_dir: ... is under the file ...; give a folder path ...

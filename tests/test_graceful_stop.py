@@ -205,3 +205,43 @@ def test_second_ctrl_c_exits_at_once_without_a_traceback(tmp_path):
     assert p.returncode == 130, p.stderr[-3000:]
     assert p.stderr.strip().splitlines()[-1] == "interrupted again: exiting now, without saving"
     assert "Traceback" not in p.stderr and not (out / "checkpoint-3").exists()
+
+
+# --- two processes (DDP over gloo): the signal reaches one, both stop at the same step -------------------------
+def _launch(action, step, rank, args, steps_file):
+    from test_accelerate_launch import _free_port
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(_free_port()), INJECT, action, str(step), str(rank), "--", *SMALL, *args]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+           "INJECT_STEPS_FILE": str(steps_file)}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+
+
+def _steps(steps_file, rank):
+    return [int(s) for s in Path(f"{steps_file}.rank{rank}").read_text().split()]
+
+
+@pytest.mark.slow
+def test_two_processes_stop_at_the_same_step_when_one_gets_sigterm(tmp_path):
+    common = ["--max_steps", "10", "--save_steps", "100", "--eval_steps", "5"]
+    straight = _launch("none", 0, 0, ["--output_dir", str(tmp_path / "a"), *common], tmp_path / "sa")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    out = tmp_path / "b"
+    first = _launch("term", 4, 0, ["--output_dir", str(out), *common], tmp_path / "sb")  # rank 0 only
+    assert first.returncode != 0, first.stderr[-3000:]
+    assert _steps(tmp_path / "sb", 0) == _steps(tmp_path / "sb", 1) == [1, 2, 3, 4]  # rank 1 stopped there too
+    assert stop_message(4) in first.stderr.splitlines()
+    assert "exitcode  : 143" in first.stderr or "exit code 143" in first.stderr or "143" in first.stderr
+    assert (out / "checkpoint-4" / "trainer_state.json").exists() and not (out / "model.safetensors").exists()
+
+    again = _launch("none", 0, 0, ["--output_dir", str(out), *common], tmp_path / "sc")  # the same command
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _steps(tmp_path / "sc", 0) == _steps(tmp_path / "sc", 1) == list(range(5, 11))
+    a, b = _metrics(tmp_path / "a"), _metrics(out)
+    la = {h["step"]: h["loss"] for h in a["history"] if "loss" in h}
+    lb = {h["step"]: h["loss"] for h in b["history"] if "loss" in h}
+    assert sorted(lb) == sorted(la) == list(range(1, 11)) and lb == la
+    assert a["final_eval_loss"] == b["final_eval_loss"]
