@@ -184,6 +184,12 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (data preparation, final evaluation)
+        if debug:
+            raise
+        print("interrupted: exiting without saving; rerun the same command to resume from the last checkpoint",
+              file=sys.stderr)
+        return 130
     return 0
 
 
