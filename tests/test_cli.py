@@ -389,3 +389,15 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     assert f"Resuming from checkpoint-5 ({out / 'checkpoint-5'})" in caplog.text
     assert not [m for m in seen if "missing keys" in m or "loss_type" in m], seen
     assert (out / "checkpoint-7").exists()
+
+
+def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    from hf_fasttrain import cli, run
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "train", interrupted)
+    assert cli.run_recipe(["--config", "gpt2_tiny", "--output_dir", str(tmp_path)]) == 130
+    assert capsys.readouterr().err == ("interrupted: exiting without saving; rerun the same command to resume from "
+                                       "the last checkpoint\n")
