@@ -5,17 +5,15 @@ Standard library only: any layer may import this module.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 import re
-import tempfile
 import threading
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
-__all__ = ["atomic_write_text", "checkpoint_step", "last_complete_checkpoint", "check_output_dir"]
+__all__ = ["atomic_write_text", "checkpoint_step", "last_complete_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,52 +35,6 @@ def atomic_write_text(path: Union[str, os.PathLike], text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def check_output_dir(output_dir: Union[str, os.PathLike], field: str = "output_dir") -> None:
-    """Make ``output_dir`` (and its parents) and check that a file can be written in it; else raise a one-line
-    ``ConfigError``: the path is a file, lies under a file, is on a read-only file system, or is not writable.
-
-    Runs before any data work, so a run never prepares its data only to fail at its first save.
-
-    Example:
-        >>> import tempfile, pathlib
-        >>> f = pathlib.Path(tempfile.mkdtemp()) / "notes.txt"; _ = f.write_text("x")
-        >>> check_output_dir(f / "run")  # doctest: +IGNORE_EXCEPTION_DETAIL
-        Traceback (most recent call last):
-        ...
-        hf_fasttrain._validation.ConfigError: output_dir: ... is under the file ...; give a folder path ...
-    """
-    from ._validation import ConfigError
-
-    path = os.path.abspath(os.fspath(output_dir))
-    allowed = "give a folder path (new or existing) that you can write to"
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(field, problem=f"{path} is a file, not a folder", allowed=allowed)
-    parent = os.path.dirname(path)
-    while parent and not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if parent and not os.path.isdir(parent):
-        raise ConfigError(field, problem=f"{path} is under the file {parent}", allowed=allowed)
-
-    def refuse(err: OSError) -> ConfigError:
-        if err.errno == errno.EROFS:
-            problem = f"{path} is on a read-only file system"
-        elif err.errno in (errno.EACCES, errno.EPERM):
-            problem = f"{path} is not writable (permission denied)"
-        elif err.errno in (errno.ENOTDIR, errno.EEXIST):
-            problem = f"{path} is not a folder ({err.strerror})"
-        else:
-            problem = f"{path} cannot be written ({err.strerror or err})"
-        return ConfigError(field, problem=problem, allowed=allowed)
-
-    try:
-        os.makedirs(path, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=path)
-        os.close(fd)
-        os.remove(probe)
-    except OSError as err:
-        raise refuse(err) from None
 
 
 def checkpoint_step(path: Union[str, os.PathLike]) -> Optional[int]:

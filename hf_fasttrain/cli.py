@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Optional, Sequence
 
-from ._files import check_output_dir
+from ._validation import check_output_dir
 
 __all__ = ["main"]
 
