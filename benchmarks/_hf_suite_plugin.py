@@ -5,7 +5,8 @@ Loaded with ``-p benchmarks._hf_suite_plugin``; the mode comes from ``HF_FASTTRA
 - ``trainer``: nothing is patched (the reference run);
 - ``fast``: ``transformers.Trainer`` is ``FastTrainer``, arguments stay ``TrainingArguments``;
 - ``fast_args``: also ``transformers.TrainingArguments`` is ``FastTrainingArguments``;
-- ``fast_neutral``: as ``fast_args`` with ``run_record`` defaulting to False (every package option off).
+- ``fast_neutral``: as ``fast_args`` with ``run_record`` and ``save_on_signal`` defaulting to False (every package
+  option off).
 
 The names are patched on the ``transformers`` package in ``pytest_configure``, before any test module is
 imported, so ``from transformers import Trainer, TrainingArguments`` in a test module (and every class it
@@ -46,7 +47,7 @@ def pytest_configure(config):
 
 
 def _neutral_args_class():
-    """FastTrainingArguments whose run_record defaults to False: the package's neutral mode."""
+    """FastTrainingArguments whose run_record and save_on_signal default to False: the package's neutral mode."""
     import dataclasses
 
     from hf_fasttrain import FastTrainingArguments
@@ -54,6 +55,7 @@ def _neutral_args_class():
     @dataclasses.dataclass
     class NeutralFastTrainingArguments(FastTrainingArguments):
         run_record: bool = False
+        save_on_signal: bool = False
 
     # a module-level name, so that the Trainer can pickle the arguments into training_args.bin
     NeutralFastTrainingArguments.__qualname__ = "NeutralFastTrainingArguments"

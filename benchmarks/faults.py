@@ -364,7 +364,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=200, help="optimizer steps per run")
     p.add_argument("--at", type=int, default=100, help="the step of the injections (after the guard's warm-up)")
     p.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)

@@ -539,7 +539,7 @@ def _plot(results: dict, path: str) -> bool:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available, else cpu")
     p.add_argument("--tiny", action="store_true", help="tiny GPT-2 (2 x 32, vocab 512, 8 x 64 tokens): CPU smoke run")
     p.add_argument("--arms", default=None, help=f"comma-separated subset of {', '.join(ARMS)}")

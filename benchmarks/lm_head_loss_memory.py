@@ -100,7 +100,7 @@ def run_variant(name: str, opts) -> dict:
 
 
 def make_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=2048, help="tokens in the batch (default 2 x 1024)")
     p.add_argument("--d-model", type=int, default=768)
     p.add_argument("--vocab", type=int, default=50257)

@@ -75,7 +75,7 @@ def _pool(jobs: int, setup, tokenizer, lm, work):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--optimizers", default=",".join(SWEEP), help=f"comma-separated; known: {', '.join(SWEEP)}")
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--max-extend", type=int, default=2, help="grid extensions (x2 or /2) when the best lr is at an edge")

@@ -61,7 +61,7 @@ SOAP_FREQUENCY = 10
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=7, help="timed whole-model steps per elementwise arm")
     parser.add_argument("--matrix-rounds", type=int, default=2,

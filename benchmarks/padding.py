@@ -339,7 +339,7 @@ def plot(report, path):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--max-examples", type=int, default=4000)
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary (4096: the time-to-loss setup)")

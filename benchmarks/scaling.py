@@ -511,7 +511,7 @@ def report(ledger: Ledger, rungs: dict[str, Rung], setups: dict[str, Setup], out
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default=None, help=f"comma-separated rungs, in order (default: all); known: {', '.join(RUNGS)}")
     p.add_argument("--optimizers", default="adamw,muon", help="comma-separated: adamw (hf-tuned), muon")
     p.add_argument("--seeds", type=int, default=2)

@@ -59,7 +59,7 @@ def _time(tree: Path, argv: list[str]) -> tuple[float, float, int, str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--before", default="main", help="git revision to compare against (default: main)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=str(RESULTS / "startup"), help="results path without suffix")

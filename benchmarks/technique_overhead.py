@@ -65,7 +65,7 @@ def step(model, opt, average, batch, t: int) -> float:
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=20, help="timed steps per variant (after 3 warm-up steps)")
     p.add_argument("--quick", action="store_true", help="a tiny model and batch (the test suite's smoke run)")
     p.add_argument("--out", default=str(RESULTS))

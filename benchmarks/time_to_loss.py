@@ -339,8 +339,10 @@ def run_best_of_n(arm: Arm, seed: int, setup: Setup, workdir: Path, num_seeds: i
     wall0 = time.perf_counter()
     summary = train_with_restarts(model_args, data_args, args, num_seeds=num_seeds, explore_fraction=explore_fraction)
     wall = time.perf_counter() - wall0
-    state = json.loads((Path(summary["winner_checkpoint"]) / "trainer_state.json").read_text())
-    curve = search_time_curve(summary, state["log_history"], setup.tokens_per_step)
+    from hf_fasttrain.callbacks.run_record import checkpoint_log_history
+
+    # the winner's logs with their train_seconds (kept in the checkpoint's run record, not in trainer_state.json)
+    curve = search_time_curve(summary, checkpoint_log_history(summary["winner_checkpoint"]), setup.tokens_per_step)
     shutil.rmtree(out, ignore_errors=True)
     rows = [{k: r[k] for k in ("trial_id", "model_seed", "data_seed", "rung_metrics", "final_metric", "status")}
             for r in summary["trials"]]
@@ -458,7 +460,7 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Non
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arms", default="hf-default,hf-tuned,fasttrain",
                    help=f"comma-separated arms (default: the three main ones); known: {', '.join(ARMS)}")
     p.add_argument("--seeds", type=int, default=3, help="seeds per arm (run interleaved)")

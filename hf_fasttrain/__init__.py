@@ -33,6 +33,7 @@ _LAZY = {
     "StabilityTrainerMixin": ".callbacks",  # judges the pre-clip gradient norm in any Trainer subclass
     "RunRecorderCallback": ".callbacks",  # config, versions, loss curve and metrics in output_dir
     "WeightAveragingCallback": ".callbacks",  # EMA or LAWA of the weights, evaluated and saved as the model
+    "GracefulStopCallback": ".callbacks",  # SIGTERM / Ctrl-C: finish the step, save, exit 143 / 130
     # random restart: a recipe (train_with_restarts) or any trainer behind a TrialRunner (RestartOrchestrator)
     "train_with_restarts": ".recipe_restarts",
     "RestartConfig": ".restarts",
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
     from .callbacks import (  # noqa: F401
         DivergenceError,
         DivergenceGuardCallback,
+        GracefulStopCallback,
         GradientClippingCallback,
         LRScheduleCallback,
         RunRecorderCallback,

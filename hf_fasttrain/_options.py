@@ -24,7 +24,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from ._validation import TRAINING_RANGES, ConfigError, check_ranges, unknown_name
+from ._validation import TRAINING_RANGES, ConfigError, check_ranges, unknown_name, unknown_recipe_key
 
 __all__ = ["Option", "load_schema", "find_recipes", "default_recipe_dirs", "preflight", "render_help",
            "check_duplicate_keys", "split_flags"]
@@ -254,7 +254,7 @@ def _flag_names(schema: Mapping[str, Option]) -> dict[str, str]:
 def split_flags(argv: Sequence[str], schema: Mapping[str, Option], extra: Sequence[str] = ()
                 ) -> list[tuple[str, list[str]]]:
     """``[(field, [values])]`` from ``--field value`` / ``--field=value`` / ``--flag``; an unknown flag
-    (not a field, not a unique prefix of one, not in ``extra``) raises the did-you-mean ConfigError."""
+    (not a field, not in ``extra``; a prefix of one is unknown too) raises the did-you-mean ConfigError."""
     names = _flag_names(schema)
     out: list[tuple[str, list[str]]] = []
     i = 0
@@ -270,12 +270,8 @@ def split_flags(argv: Sequence[str], schema: Mapping[str, Option], extra: Sequen
             field = key
         elif key in names:
             field = names[key]
-        else:
-            prefixed = [n for n in names if n.startswith(key)]
-            if len(prefixed) == 1:
-                field = names[prefixed[0]]
-            else:
-                raise unknown_name("option", f"--{key}", [f"--{n}" for n in names] + [f"--{e}" for e in extra])
+        else:  # a prefix of a flag too: --max_step is a mistake, not --max_steps
+            raise unknown_name("option", f"--{key}", [f"--{n}" for n in names] + [f"--{e}" for e in extra])
         values: list[str] = []
         if eq:
             values.append(inline)
@@ -305,6 +301,14 @@ def _number(field: str, value: Any, kind: str) -> Any:
     return value
 
 
+def _misplaced_key(key: str, section: Optional[str], known: Sequence[str], schema: Mapping[str, Option]
+                   ) -> ConfigError:
+    """An unknown key of a recipe section: where it belongs when it is another section's, else did-you-mean."""
+    if key in schema and schema[key].section != section:
+        return unknown_recipe_key(key, section, known, home=schema[key].section)
+    return unknown_recipe_key(key, section, known)
+
+
 def preflight(argv: Sequence[str], extra_flags: Sequence[str] = ("config", "help-all", "debug")
               ) -> Optional[dict[str, Any]]:
     """Refuse what can be refused before importing torch: unknown flags and recipe keys, keys written
@@ -323,13 +327,13 @@ def preflight(argv: Sequence[str], extra_flags: Sequence[str] = ("config", "help
                 known = [n for n, o in schema.items() if o.section == key]
                 for k, v in value.items():
                     if k not in known:
-                        raise unknown_name("recipe key", str(k), known, f"in section '{key}:'")
+                        raise _misplaced_key(str(k), key, known, schema)
                     values[k] = v
             elif key in schema and schema[key].section is None:
                 values[key] = value
             else:
                 known = [n for n, o in schema.items() if o.section is None] + ["model", "data"]
-                raise unknown_name("recipe key", str(key), known, "at the top level")
+                raise _misplaced_key(str(key), None, known, schema)
     for field, vals in flags:
         if field in schema and vals:
             values[field] = vals[0] if len(vals) == 1 else vals
@@ -445,6 +449,8 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
         lines += [""] + textwrap.wrap("Values in [brackets] are the built-in defaults; a run without --config "
                                       "takes its recipe's (see --help --config gpt2_tiny). Every option is also "
                                       "a recipe key.", width)
+    lines += textwrap.wrap("An option that can be off ([null]) is switched off with none, None or null, e.g. "
+                           "--seq_len_warmup_min none.", width)
     groups: dict[str, list[Option]] = {}
     for o in schema.values():
         if o.section is None and not o.trainer:

@@ -22,7 +22,10 @@ Example:
 from __future__ import annotations
 
 import difflib
+import errno
 import math
+import os
+import tempfile
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 __all__ = [
@@ -30,6 +33,8 @@ __all__ = [
     "check",
     "check_ranges",
     "unknown_name",
+    "unknown_recipe_key",
+    "check_output_dir",
     "TRAINING_RANGES",
     "is_int",
     "finite",
@@ -72,6 +77,67 @@ def unknown_name(kind: str, name: str, known: Iterable[str], where: str = "") ->
     else:
         allowed = "see --help for the options"
     return ConfigError(name, problem=f"unknown {kind}{(' ' + where) if where else ''}", allowed=allowed)
+
+
+def unknown_recipe_key(key: str, section: Optional[str], valid: Iterable[str], home: Any = _UNSET) -> ConfigError:
+    """A recipe key that is not a field of its section. ``home``: the section it belongs to (``"model"``,
+    ``"data"``, or None for the top level) when it is a key of another section; then the error says where it
+    goes, not which name of this section it is closest to (``n_layer`` at the top level is a model key,
+    not a misspelt ``min_lr``).
+
+    Example:
+        >>> str(unknown_recipe_key("block_size", "model", ["n_layer"], home="data"))
+        "block_size: unknown recipe key in section 'model:'; 'block_size' belongs in the data: section"
+    """
+    where = f"in section '{section}:'" if section else "at the top level"
+    if home is not _UNSET:
+        place = "at the top level" if home is None else f"in the {home}: section"
+        return ConfigError(key, problem=f"unknown recipe key {where}", allowed=f"'{key}' belongs {place}")
+    return unknown_name("recipe key", key, valid, where)
+
+
+def check_output_dir(output_dir: Any, field: str = "output_dir") -> None:
+    """Make ``output_dir`` (and its parents) and check that a file can be written in it; else raise a one-line
+    ``ConfigError``: the path is a file, lies under a file, is on a read-only file system, or is not writable.
+
+    Runs before any data work, so a run never prepares its data only to fail at its first save.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / "notes.txt"; _ = f.write_text("x")
+        >>> check_output_dir(f / "run")  # doctest: +IGNORE_EXCEPTION_DETAIL
+        Traceback (most recent call last):
+        ...
+        hf_fasttrain._validation.ConfigError: output_dir: ... is under the file ...; give a folder path ...
+    """
+    path = os.path.abspath(os.fspath(output_dir))
+    allowed = "give a folder path (new or existing) that you can write to"
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(field, problem=f"{path} is a file, not a folder", allowed=allowed)
+    parent = os.path.dirname(path)
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise ConfigError(field, problem=f"{path} is under the file {parent}", allowed=allowed)
+
+    def refuse(err: OSError) -> ConfigError:
+        if err.errno == errno.EROFS:
+            problem = f"{path} is on a read-only file system"
+        elif err.errno in (errno.EACCES, errno.EPERM):
+            problem = f"{path} is not writable (permission denied)"
+        elif err.errno in (errno.ENOTDIR, errno.EEXIST):
+            problem = f"{path} is not a folder ({err.strerror})"
+        else:
+            problem = f"{path} cannot be written ({err.strerror or err})"
+        return ConfigError(field, problem=problem, allowed=allowed)
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=path)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as err:
+        raise refuse(err) from None
 
 
 # -- predicates ----------------------------------------------------------------------------------

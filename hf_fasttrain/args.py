@@ -95,8 +95,17 @@ class FastTrainingArguments(TrainingArguments):
                   "and loss_curve.png at the end (RunRecorderCallback, whose clock is saved with checkpoints); "
                   "training logs gain tokens_per_second (samples_per_second for batches without tokens), "
                   "padding_fraction, train_seconds, clip statistics and, on a GPU with a known peak, mfu; "
-                  "a causal LM's evaluation gains eval_perplexity. Off: FastTrainer's logs, checkpoints, "
-                  "output_dir and callback list are exactly the Trainer's. A plain TrainingArguments (no such field) reads as off."},
+                  "a causal LM's evaluation gains eval_perplexity. Off (with save_on_signal off): FastTrainer's logs, checkpoints, "
+                  "output_dir and callback list are exactly the Trainer's. A plain TrainingArguments (no such field) "
+                  "reads as off."},
+    )
+    save_on_signal: bool = field(
+        default=True,
+        metadata={"help": "On SIGTERM (preemption), the first Ctrl-C (SIGINT) or SIGUSR1: finish the optimizer step, save "
+                  "checkpoint-<step> (complete: weights, optimizer, scheduler, RNG, data position and every "
+                  "callback's state), print 'stopped at step N: ...', exit 143 / 130 / 138; every process stops at "
+                  "the same step. A second Ctrl-C exits at once without saving. Extends the Trainer's "
+                  "enable_jit_checkpoint (GracefulStopCallback). A plain TrainingArguments reads as off."},
     )
     # --- LR schedule (hf_fasttrain.schedules) -------------------------------------------------
     # Rule: lr_decay=None leaves the Trainer's lr_scheduler_type in charge; setting lr_decay replaces
@@ -481,8 +490,9 @@ class FastTrainingArguments(TrainingArguments):
 
 
 # What an option reads as on arguments of another class (a plain TrainingArguments, TRL's configs): its default,
-# except here. run_record is off there, so FastTrainer given the Trainer's own arguments is the Trainer exactly.
-_ABSENT_VALUES = {"run_record": False}
+# except here. run_record and save_on_signal are off there, so FastTrainer given the Trainer's own arguments is the
+# Trainer exactly.
+_ABSENT_VALUES = {"run_record": False, "save_on_signal": False}
 
 
 @functools.lru_cache(maxsize=None)

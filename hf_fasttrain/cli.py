@@ -15,6 +15,8 @@ import sys
 import textwrap
 from typing import Optional, Sequence
 
+from ._validation import check_output_dir
+
 __all__ = ["main"]
 
 USAGE = """usage: hf-fasttrain <command> [options]
@@ -100,6 +102,39 @@ def _print_help(argv: Sequence[str], prog: str, full: bool = False) -> int:
     return 0
 
 
+def recipe_origin(message: str, argv: Sequence[str]) -> str:
+    """``message`` (a refusal) with where its value came from, when that is the recipe and not a flag.
+
+    ``warmup_steps=20 ... longer than training`` after ``--config gpt2_tiny --max_steps 5`` gains
+    ``(warmup_steps: 20 is from the recipe gpt2_tiny; override it with --warmup_steps <value>)``: the user did
+    not write that value and needs to know which flag changes it.
+    """
+    import re
+
+    m = re.match(r"(?:--)?([A-Za-z_][\w.]*)\s*[:=]", message)
+    source = _config_source(argv)
+    if not m or not source or re.search(r"unknown (recipe key|option)|written twice", message):
+        return message  # about a key, not about the recipe's value
+    field = m.group(1).split(".")[-1]
+    given = {a.split("=", 1)[0][2:].replace("-", "_") for a in argv if a.startswith("--")}
+    if field in given:
+        return message
+    from ._options import _load_local_recipe
+
+    try:
+        recipe = _load_local_recipe(source) or {}
+    except ValueError:
+        return message
+    values = {k: v for k, v in recipe.items() if k not in ("model", "data")}
+    for section in ("model", "data"):
+        if isinstance(recipe.get(section), dict):
+            values.update(recipe[section])
+    if field not in values:
+        return message
+    return (f"{message} ({field}: {values[field]!r} is from the recipe {source}; override it with "
+            f"--{field} <value>)")
+
+
 def _is_config_error(exc: BaseException) -> bool:
     """Refusals of the configuration (raised before any data or model work): one line, exit 2."""
     import yaml
@@ -137,10 +172,11 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
         from .recipes import parse_config
 
         model_args, data_args, training_args = parse_config(argv)
+        check_output_dir(training_args.output_dir)  # before any data work
     except Exception as exc:
         if debug or not _is_config_error(exc):
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {recipe_origin(str(exc), argv)}", file=sys.stderr)
         return 2
     if training_args.restart_num_seeds > 1:  # random restart: explore N seeds, continue the best
         return _run_restarts(model_args, data_args, training_args)
@@ -154,6 +190,12 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (data preparation, final evaluation)
+        if debug:
+            raise
+        print("interrupted: exiting without saving; rerun the same command to resume from the last checkpoint",
+              file=sys.stderr)
+        return 130
     return 0
 
 
@@ -205,10 +247,11 @@ def _restarts(argv: Sequence[str]) -> int:
     debug, args = _debug(args)
     try:
         model_args, data_args, training_args = parse_config(with_default_recipe(args))
+        check_output_dir(training_args.output_dir)
     except Exception as exc:
         if debug or not _is_config_error(exc):
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {recipe_origin(str(exc), args)}", file=sys.stderr)
         return 2
     return _run_restarts(model_args, data_args, training_args)
 
@@ -247,7 +290,7 @@ def _recipe_description(path) -> str:
 
 
 def _recipes(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="hf-fasttrain recipes", description="Recipes bundled with hf_fasttrain.")
+    parser = argparse.ArgumentParser(prog="hf-fasttrain recipes", allow_abbrev=False, description="Recipes bundled with hf_fasttrain.")
     parser.add_argument("action", choices=["list"], help="list: name, file and description of each bundled recipe")
     parser.parse_args(list(argv))
     from ._options import default_recipe_dirs, find_recipes
@@ -263,6 +306,7 @@ def _recipes(argv: Sequence[str]) -> int:
 def _push_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hf-fasttrain push-recipe",
+        allow_abbrev=False,
         description="Validate a recipe and upload it, with a README model card (what it is, how to run it, "
         "the measured results of a run), to a Hub model repo.",
     )

@@ -13,6 +13,7 @@ from ._files import atomic_write_text, last_complete_checkpoint
 from .data.from_args import planned_optimizer_steps
 from .recipes import resolved_config
 from .restarts import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec, restart_config_from_args
+from .callbacks.run_record import checkpoint_log_history
 from .run import checkpoint_extras, train
 
 __all__ = ["RecipeTrialRunner", "train_with_restarts"]
@@ -92,8 +93,7 @@ class RecipeTrialRunner:
         else:
             metrics = train(self.model_args, self.data_args, args, callbacks=list(self.callbacks))
         ckpt = os.path.join(trial.output_dir, f"checkpoint-{until_step}")
-        with open(os.path.join(ckpt, "trainer_state.json"), encoding="utf-8") as f:
-            log_history = json.load(f)["log_history"]
+        log_history = checkpoint_log_history(ckpt)  # with the run record's clock (train_seconds) put back
         history = [dict(e) for e in log_history if "step" in e and any(k.startswith("eval_") for k in e)]
         final = {k: float(v) for k, v in metrics.items() if _is_number(v)}
         history.append({"step": until_step, **final})

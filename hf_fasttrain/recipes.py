@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -38,7 +39,7 @@ import yaml
 
 from ._model_data_args import SIZE_ALIASES, DataArguments, ModelArguments
 from ._options import check_duplicate_keys, find_recipes
-from ._validation import ConfigError, unknown_name
+from ._validation import ConfigError, unknown_name, unknown_recipe_key
 from .args import FastTrainingArguments
 from .hub import YAML_SUFFIXES, is_hub_uri, resolve_hub_recipe
 
@@ -268,6 +269,8 @@ def _coerce(section: str, key: str, value: Any, tp: Any) -> Any:
     """Check ``value`` against the field type and convert the harmless cases (YAML '1e-5' -> 1e-5)."""
     where = f"{section}.{key}" if section else key
     members = _union_members(tp)
+    if is_null_word(value) and _null_switches_off(key, tp):  # YAML `none` / `None` (a string) as the YAML null
+        value = None
     if value is None:
         if type(None) in members or tp is Any:
             return None
@@ -316,12 +319,10 @@ def _type_name(tp) -> str:
 
 
 def _unknown_key_error(section: Optional[str], key: str, valid: Sequence[str]) -> ConfigError:
-    where = f"in section '{section}:'" if section else "at the top level"
-    err = unknown_name("recipe key", key, valid, where)
     for other, cls in SECTIONS.items():
         if other != section and key in _field_types(cls):
-            err = ConfigError(key, problem=err.problem, allowed=f"'{key}' belongs "
-                              f"{'at the top level' if other is None else f'in the {other}: section'}")
+            return unknown_recipe_key(key, section, valid, home=other)
+    err = unknown_recipe_key(key, section, valid)
     if section == "model" and not err.allowed.startswith("known:"):
         # a short section: list it (other attributes of a family go in model_config)
         err = ConfigError(key, problem=err.problem, allowed=f"{err.allowed}; known: {', '.join(valid)}")
@@ -366,6 +367,7 @@ def make_parser(prog: Optional[str] = None) -> "HfArgumentParser":
     parser = HfArgumentParser(
         (ModelArguments, DataArguments, FastTrainingArguments),
         prog=prog,
+        allow_abbrev=False,  # a prefix (--max_step) is a did-you-mean error, never a silent match
         description="Train a causal language model with hf_fasttrain. Options come from --config "
         "(a recipe YAML: path or bundled name) and are overridden by the flags below.",
     )
@@ -377,21 +379,45 @@ def make_parser(prog: Optional[str] = None) -> "HfArgumentParser":
         "hf://<owner>/<repo>[/<file>.yaml][@<revision>]. "
         "Its keys are the option names below; flags given here override it.",
     )
-    # Optional fields accept "null" on the command line, to undo a recipe's value.
-    optional = set()
-    for cls in SECTIONS.values():
-        for name, tp in _field_types(cls).items():
-            if type(None) in _union_members(tp):
-                optional.add(name)
+    # Optional fields accept none / None / null on the command line, to switch off a recipe's value.
+    optional = {name for section in SECTIONS for name, tp in _field_types(SECTIONS[section]).items()
+                if _null_switches_off(name, tp)}
     for action in parser._actions:
         if action.dest in optional and callable(action.type):
             action.type = _nullable(action.type)
+            if action.help and NULL_HELP not in action.help:
+                action.help = f"{action.help.rstrip()} {NULL_HELP}"
     return parser
+
+
+NULL_WORDS = ("none", "null")  # compared lower-case: none, None, NONE, null, Null ...
+NULL_HELP = "(none or null: off)"
+
+
+@functools.lru_cache(maxsize=None)
+def _trainer_fields() -> frozenset:
+    from transformers import TrainingArguments
+
+    return frozenset(f.name for f in dataclasses.fields(TrainingArguments))
+
+
+def _null_switches_off(name: str, tp: Any) -> bool:
+    """Whether none / None / null mean "off" (None) for this field: an optional field, unless it is one of the
+    Trainer's that takes strings (``report_to: none`` is the Trainer's own word, not a null)."""
+    members = _union_members(tp)
+    if type(None) not in members:
+        return False
+    return name not in _trainer_fields() or str not in members
+
+
+def is_null_word(value: Any) -> bool:
+    """Whether ``value`` is a word that switches an optional option off: none, None, null (any case)."""
+    return isinstance(value, str) and value.strip().lower() in NULL_WORDS
 
 
 def _nullable(convert):
     def parse(text):
-        if isinstance(text, str) and text.strip().lower() == "null":
+        if is_null_word(text):
             return None
         return convert(text)
 
@@ -405,7 +431,7 @@ def parse_config(
     """Recipe (``--config``) first, then command-line overrides; all validated before returning."""
     from transformers.hf_argparser import string_to_bool
 
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", default=None)
     # the user's own flag is the only way trust_remote_code becomes true (a recipe's is dropped)
     pre.add_argument("--trust_remote_code", type=string_to_bool, nargs="?", const=True, default=False)
@@ -447,12 +473,13 @@ def _recipe_stem(source: str) -> str:
 
 
 def _check_flags(argv: Sequence[str], parser) -> None:
-    """An unknown ``--flag`` gets the same did-you-mean as an unknown recipe key (argparse's prefixes allowed)."""
+    """An unknown ``--flag`` gets the same did-you-mean as an unknown recipe key; a prefix of a flag is unknown
+    too (``--max_step`` is not taken as ``--max_steps``)."""
     known = {s for a in parser._actions for s in a.option_strings if s.startswith("--")} | {"--config"}
     for tok in argv:
         if tok.startswith("--") and tok != "--":
             key = tok.split("=", 1)[0]
-            if key not in known and sum(k.startswith(key) for k in known) != 1:
+            if key not in known:
                 raise unknown_name("option", key, sorted(known))
 
 

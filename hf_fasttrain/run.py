@@ -274,6 +274,7 @@ def _finish_from_checkpoint(trainer, checkpoint: str) -> None:
     if averaging is not None:  # the run's model is the average the checkpoint carries, not its iterate
         averaging.finish_from(checkpoint, trainer.model)
     trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+    trainer.recorder.resume_dir = checkpoint  # its run_record.json: the clock and the logs' wall-clock values
     trainer.recorder.on_train_begin(trainer.args, trainer.state, trainer.control)
     trainer.recorder.on_train_end(trainer.args, trainer.state, trainer.control)
 

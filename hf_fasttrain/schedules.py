@@ -517,7 +517,7 @@ def plot_schedules(path: str, decays: Sequence[str], num_training_steps: int, pe
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hf_fasttrain.schedules", description="Plot lr schedules.")
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m hf_fasttrain.schedules", description="Plot lr schedules.")
     parser.add_argument("--plot", required=True, help="output PNG path")
     parser.add_argument("--decays", default="cosine,sqrt,linear,1-sqrt", help=f"comma-separated, from: {', '.join(DECAY_SHAPES)}")
     parser.add_argument("--total-steps", type=int, default=1000)

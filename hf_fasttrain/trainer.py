@@ -6,8 +6,9 @@ Example:
     >>> # trainer = FastTrainer(model=model, args=args, train_dataset=ds, data_collator=collator)
     >>> # trainer.train()   # logs gain tokens_per_second, padding_fraction, train_seconds (+ mfu on GPU)
 
-With a plain ``TrainingArguments`` (or a TRL config), or with ``run_record=False`` and every option at its
-default, FastTrainer is exactly ``transformers.Trainer``: same logs, checkpoints, ``output_dir`` and callbacks.
+With a plain ``TrainingArguments`` (or a TRL config), or with ``run_record=False``, ``save_on_signal=False`` and
+every other option at its default, FastTrainer is exactly ``transformers.Trainer``: same logs, checkpoints,
+``output_dir`` and callbacks.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from transformers import Trainer
 
 from .args import fast_option
 from .callbacks.averaging import WeightAveragingCallback
-from .callbacks.run_record import RunRecorderCallback
+from .callbacks.run_record import WALL_CLOCK_LOG_KEYS, RunRecorderCallback
 from .callbacks.clipping import ClipStatsWindow
 from .callbacks.data_position import StreamPositionCallback, load_stream_position, stream_dataloader
+from .callbacks.graceful_stop import GracefulStopCallback
 from .callbacks.guard import stability_callbacks
 from .callbacks.mixin import StabilityTrainerMixin
 from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
@@ -41,9 +43,9 @@ __all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
 
 logger = logging.getLogger(__name__)
 
-# Log keys FastTrainer adds with run_record on that measure wall-clock: the only ones (with the Trainer's own
-# *_runtime and *_per_second) in which a resumed run's logs differ from a straight run's.
-WALL_CLOCK_LOG_KEYS = ("train_seconds", "tokens_per_second", "samples_per_second", "mfu")
+# WALL_CLOCK_LOG_KEYS (from the run record): the log keys FastTrainer adds with run_record on that measure
+# wall-clock: the only ones (with the Trainer's own *_runtime and *_per_second) in which a resumed run's logs differ
+# from a straight run's. They are in the logs, not in state.log_history (the run record keeps them per checkpoint).
 
 
 def _model_dims(model) -> tuple[int, int, int]:
@@ -157,6 +159,24 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self.weight_averaging = WeightAveragingCallback.from_args(self.args)
         if self.weight_averaging is not None:
             self.add_callback(self.weight_averaging)
+        # graceful stop (save_on_signal): SIGTERM / Ctrl-C / SIGUSR1 -> finish the step, save, stop, exit 143/130/138
+        self.graceful_stop: Optional[GracefulStopCallback] = None
+        if opt("save_on_signal"):
+            self._replace_jit_checkpoint()
+            self.graceful_stop = GracefulStopCallback(self, exit_process=False)
+            self.add_callback(self.graceful_stop)
+
+    def _replace_jit_checkpoint(self) -> None:
+        """The Trainer's own JIT checkpoint (``enable_jit_checkpoint``) is what GracefulStopCallback extends: drop
+        it and put back the SIGTERM handler it installed, so that one handler decides."""
+        from transformers.trainer_jit_checkpoint import JITCheckpointCallback
+
+        jit = self.pop_callback(JITCheckpointCallback)
+        manager = getattr(jit, "jit_manager", None)
+        if manager is not None and manager._original_sigterm_handler is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, manager._original_sigterm_handler)
 
     def _option(self, name: str):
         """A package option of ``self.args`` (its default when the args are a plain TrainingArguments)."""
@@ -285,11 +305,24 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             block = (self.run_config.get("data") or {}).get("block_size")
             write_run_record(self.args.output_dir, config, run=run_facts(self.model, self.args, block))
         self._last_log_seconds = None
+        resume_dir = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
         if self.weight_averaging is not None:
-            self.weight_averaging.resume_dir = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
-        if self.stream_position is None or not resume_from_checkpoint:
-            return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
-        return self._train_from_stream_position(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+            self.weight_averaging.resume_dir = resume_dir
+        recorder = self.recorder
+        if recorder is not None:
+            recorder.resume_dir = resume_dir
+        try:
+            if self.stream_position is None or not resume_from_checkpoint:
+                output = super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+            else:
+                output = self._train_from_stream_position(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        finally:
+            if self.graceful_stop is not None:  # an exception skipped on_train_end: the handlers go back here
+                self.graceful_stop.jit_manager.restore()
+        if self.graceful_stop is not None and self.graceful_stop.stopped:
+            # a stopped run is not a finished one: the caller's final save and evaluation must not run
+            raise self.graceful_stop.stop(self.is_world_process_zero())
+        return output
 
     def _train_from_stream_position(self, checkpoint, trial, ignore_keys_for_eval, **kwargs):
         """Resume a stream at the position its checkpoint saved; the Trainer then skips nothing (O(1))."""

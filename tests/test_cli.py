@@ -69,13 +69,116 @@ def test_help_refusals_and_recipes_list_import_no_torch():
 def test_refusal_from_the_full_validation_is_one_line_and_exit_2():
     """A refusal that needs the Trainer's own checks (warmup longer than the run): still one line, status 2;
     --debug shows the traceback."""
-    argv = [sys.executable, SCRIPT, "--config", "gpt2_tiny", "--max_steps", "5", "--output_dir", "/nonexistent/x"]
+    argv = [sys.executable, SCRIPT, "--config", "gpt2_tiny", "--max_steps", "5", "--warmup_steps", "20",
+            "--output_dir", "/nonexistent/x"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("error: warmup_steps=20")
+    assert "from the recipe" not in out.stderr  # the user's own flag
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) <= 2
     debug = subprocess.run(argv + ["--debug"], capture_output=True, text=True, timeout=300)
     assert debug.returncode == 1 and "Traceback" in debug.stderr
+
+
+# -- the command line's mistakes: one line, exit 2, before any data work -----------------------------------------
+def test_a_prefix_of_a_flag_is_refused_with_a_suggestion(capsys):
+    from hf_fasttrain.cli import _push_parser, run_recipe
+    from hf_fasttrain.recipes import make_parser, parse_config
+
+    assert run_recipe(["--config", "gpt2_tiny", "--max_step", "30"]) == 2
+    assert capsys.readouterr().err == "error: --max_step: unknown option; did you mean '--max_steps'?\n"
+    with pytest.raises(ValueError, match=r"--max_step: unknown option; did you mean '--max_steps'"):
+        parse_config(["--config", "gpt2_tiny", "--max_step", "30"])  # the API path too, not only the preflight
+    assert make_parser().allow_abbrev is False and _push_parser().allow_abbrev is False
+
+
+def test_a_misplaced_recipe_key_names_its_section(tmp_path, capsys):
+    from hf_fasttrain.cli import run_recipe
+    from hf_fasttrain.recipes import validate_recipe
+
+    for text, expected in (
+        ("model:\n  block_size: 64\n",
+         "block_size: unknown recipe key in section 'model:'; 'block_size' belongs in the data: section"),
+        ("n_layer: 2\n", "n_layer: unknown recipe key at the top level; 'n_layer' belongs in the model: section"),
+        ("data:\n  max_steps: 3\n", "max_steps: unknown recipe key in section 'data:'; 'max_steps' belongs at the top level"),
+    ):
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(text)
+        assert run_recipe(["--config", str(recipe)]) == 2  # the preflight (before torch)
+        assert capsys.readouterr().err == f"error: {expected}\n"
+        with pytest.raises(ValueError) as err:  # the full validation says the same
+            validate_recipe(yaml.safe_load(text))
+        assert str(err.value) == expected
+
+
+def test_none_switches_an_optional_option_off_and_help_says_so(tmp_path, capsys):
+    from hf_fasttrain.cli import run_recipe
+    from hf_fasttrain.recipes import NULL_HELP, make_parser, parse_config, validate_recipe
+
+    for word in ("none", "None", "null", "NULL"):
+        args = parse_config(["--config", "gpt2_tiny", "--seq_len_warmup_min", word, "--min_lr_ratio", word])[2]
+        assert args.seq_len_warmup_min is None and args.min_lr_ratio is None, word
+    assert validate_recipe({"seq_len_warmup_min": "None", "data": {"max_train_samples": "none"}}) == {
+        None: {"seq_len_warmup_min": None}, "model": {}, "data": {"max_train_samples": None}}
+    with pytest.raises(ValueError, match="max_steps"):  # not optional: a word is no number
+        validate_recipe({"max_steps": "none"})
+    helps = {a.dest: a.help for a in make_parser()._actions}
+    assert helps["seq_len_warmup_min"].endswith(NULL_HELP) and NULL_HELP not in helps["max_steps"]
+    assert run_recipe(["--help"], prog="x") == 0
+    assert "switched off with none, None or null, e.g. --seq_len_warmup_min none" in capsys.readouterr().out
+
+
+def test_bundled_recipes_give_warmup_as_a_fraction_so_any_max_steps_works():
+    from hf_fasttrain.recipes import bundled_recipes, load_recipe, parse_config
+
+    for name in bundled_recipes():
+        assert 0 < load_recipe(name)["warmup_steps"] < 1, name
+    args = parse_config(["--config", "gpt2_tiny", "--max_steps", "5"])[2]  # was refused: warmup 20 > 5 steps
+    assert args.max_steps == 5 and args.get_warmup_steps(5) == 1 and args.get_warmup_steps(300) == 20
+
+
+def test_a_refused_recipe_value_says_it_came_from_the_recipe(tmp_path, capsys):
+    from hf_fasttrain.cli import recipe_origin, run_recipe
+
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text("warmup_steps: 20\nlr_decay: cosine\nuse_cpu: true\nreport_to: none\nmodel:\n  n_layer: 2\n")
+    argv = ["--config", str(recipe), "--max_steps", "5", "--output_dir", str(tmp_path / "o")]
+    assert run_recipe(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: warmup_steps=20") and err.count("\n") == 1
+    assert err.rstrip().endswith(f"(warmup_steps: 20 is from the recipe {recipe}; override it with --warmup_steps <value>)")
+    # the user's own value, or a field the recipe does not set: the message is left alone
+    assert recipe_origin("warmup_steps=20 is long", [*argv, "--warmup_steps", "20"]) == "warmup_steps=20 is long"
+    assert recipe_origin("max_steps: got 0; ...", argv) == "max_steps: got 0; ..."
+    assert recipe_origin("model.n_layer: got 'x'; expected int", argv).endswith(
+        "(n_layer: 2 is from the recipe " + str(recipe) + "; override it with --n_layer <value>)")
+
+
+@pytest.mark.parametrize("case", ["under_a_file", "a_file", "read_only", "not_writable"])
+def test_output_dir_mistakes_are_one_line_and_exit_2(case, tmp_path, capsys, monkeypatch):
+    import errno
+    import tempfile
+
+    from hf_fasttrain import cli
+    from hf_fasttrain.data import corpus
+
+    monkeypatch.setattr(corpus, "load_text_datasets", lambda *a, **k: pytest.fail("data work before the check"))
+    note = tmp_path / "notes.txt"
+    note.write_text("x")
+    out = {"under_a_file": note / "run", "a_file": note}.get(case, tmp_path / "run")
+    if case in ("read_only", "not_writable"):
+        code = errno.EROFS if case == "read_only" else errno.EACCES
+
+        def refuse(*a, **k):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    assert cli.run_recipe(["--config", "gpt2_tiny", "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    expected = {"under_a_file": f"{out} is under the file {note}", "a_file": f"{out} is a file, not a folder",
+                "read_only": f"{out} is on a read-only file system",
+                "not_writable": f"{out} is not writable (permission denied)"}[case]
+    assert err == f"error: output_dir: {expected}; give a folder path (new or existing) that you can write to\n"
 
 
 def test_unknown_command_and_debug_switch(capsys, monkeypatch):
@@ -287,3 +390,15 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     assert f"Resuming from checkpoint-5 ({out / 'checkpoint-5'})" in caplog.text
     assert not [m for m in seen if "missing keys" in m or "loss_type" in m], seen
     assert (out / "checkpoint-7").exists()
+
+
+def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    from hf_fasttrain import cli, run
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "train", interrupted)
+    assert cli.run_recipe(["--config", "gpt2_tiny", "--output_dir", str(tmp_path)]) == 130
+    assert capsys.readouterr().err == ("interrupted: exiting without saving; rerun the same command to resume from "
+                                       "the last checkpoint\n")

@@ -1,10 +1,12 @@
 """FastTrainer as a drop-in Trainer: any model, any TrainingArguments, and a neutral mode that is the Trainer.
 
-Neutral mode (plain TrainingArguments, or run_record=False with every option at its default) must give the
+Neutral mode (plain TrainingArguments, or run_record=False and save_on_signal=False with every other option at its
+default) must give the
 Trainer's callbacks, logs, checkpoints and output_dir exactly; with run_record on, a resumed run's logs equal a
 straight run's except the documented wall-clock keys.
 """
 
+import dataclasses
 import json
 import os
 import types
@@ -20,8 +22,8 @@ from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallba
 from hf_fasttrain import FastTrainer, FastTrainingArguments
 from hf_fasttrain.args import FastOptions, fast_option
 from hf_fasttrain.callbacks import RunRecorderCallback
+from hf_fasttrain.callbacks.run_record import RECORD_FILE
 from hf_fasttrain.throughput import BatchCount, ThroughputMeter, count_batch, count_tokens
-from hf_fasttrain.trainer import WALL_CLOCK_LOG_KEYS
 
 from conftest import make_tiny_gpt2
 
@@ -131,7 +133,7 @@ def test_regression_head_trains_with_any_arguments(args_cls, tmp_path):
     losses = _train_losses(trainer)
     assert len(losses) == 4 and losses[-1] < 0.5 * losses[0], losses
     assert all(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters())
-    logs = [e for e in trainer.state.log_history if "loss" in e]
+    logs = [e for e in (trainer.recorder.records if trainer.recorder else trainer.state.log_history) if "loss" in e]
     if args_cls is FastTrainingArguments:  # run_record on: samples counted, no tokens, no MFU
         assert all(e["samples_per_second"] > 0 and "tokens_per_second" not in e and "mfu" not in e for e in logs)
         assert (tmp_path / "metrics.json").exists()
@@ -162,7 +164,7 @@ def test_tiny_vit_trains(tmp_path):
     assert losses[-1] < losses[0] - 0.2, losses
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p.detach(), before[n])]
     assert unchanged == []
-    logs = [e for e in trainer.state.log_history if "loss" in e]
+    logs = [e for e in trainer.recorder.records if "loss" in e]  # the logs as callbacks see them
     assert all(e["samples_per_second"] > 0 and "mfu" not in e and "tokens_per_second" not in e for e in logs)
 
 
@@ -188,7 +190,7 @@ def test_token_model_without_flop_count_logs_tokens_but_no_mfu(tmp_path):
     assert [c for c in trainer.callback_handler.callbacks if isinstance(c, RunRecorderCallback)] == [recorder]
     assert trainer.recorder is recorder  # the user's recorder is the run's, not doubled
     trainer.train()
-    logs = [e for e in trainer.state.log_history if "loss" in e]
+    logs = [e for e in recorder.records if "loss" in e]
     assert len(logs) == 2
     assert all(e["tokens_per_second"] > 0 and e["padding_fraction"] == 0.0 and "mfu" not in e for e in logs)
 
@@ -228,6 +230,7 @@ def _neutral_args(cls, out, **kw):
                 eval_steps=3, **QUIET)
     if cls is FastTrainingArguments:
         base["run_record"] = False
+        base["save_on_signal"] = False
     base.update(kw)
     return cls(**base)
 
@@ -289,12 +292,21 @@ def test_resumed_logs_equal_straight_logs(run_record, tiny_lm, tiny_tokenizer, t
     resumed = _gpt2_trainer(FastTrainer, args(tmp_path / "b"), tiny_tokenizer, tiny_lm)
     resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-3"))
     skip = TRAINER_WALL_CLOCK + ("train_loss",)  # the Trainer's train_loss averages over this train() call only
-    if run_record:
-        skip += WALL_CLOCK_LOG_KEYS
-        assert all("train_seconds" in e for e in resumed.state.log_history)
+    if run_record:  # no wall-clock key to skip: the history holds none
+        assert not any("train_seconds" in e for e in resumed.state.log_history)  # the run record has it
+        assert all("train_seconds" in e for e in resumed.recorder.records)
     a, b = _without(straight.state.log_history, skip), _without(resumed.state.log_history, skip)
     assert [e["step"] for e in b] == [e["step"] for e in a] and len(a) >= 8
     assert b == a
+    # the whole TrainerState, as transformers' own resume tests compare it (log_history apart, as they do)
+    sa, sb = dataclasses.asdict(straight.state), dataclasses.asdict(resumed.state)
+    sa.pop("log_history"), sb.pop("log_history")
+    assert sa == sb
+    # and the checkpointed one: nothing wall-clock in it but the Trainer's own *_runtime keys
+    sa, sb = _state(tmp_path / "a" / "checkpoint-6"), _state(tmp_path / "b" / "checkpoint-6")
+    for st in (sa, sb):
+        st["log_history"] = _without(st["log_history"], skip)
+    assert sa == sb
     # negative control: the run moved between the two checkpoints
     assert a[0]["loss"] != [e for e in a if "loss" in e][-1]["loss"]
 
@@ -318,14 +330,17 @@ def test_recorder_clock_continues_across_resume_in_a_plain_trainer(tiny_lm, tiny
     first = trainer([RunRecorderCallback(write_files=False), _StopAfterSave(3)])
     first.train()
     saved = _state(tmp_path / "checkpoint-3")
-    clock = saved["stateful_callbacks"]["RunRecorderCallback"]["attributes"]["saved_seconds"]
-    before = [e["train_seconds"] for e in saved["log_history"]]  # the recorder wrote the clock into the logs
+    assert "RunRecorderCallback" not in saved["stateful_callbacks"]  # the TrainerState holds no wall clock
+    record = json.loads((tmp_path / "checkpoint-3" / RECORD_FILE).read_text())
+    clock = record["train_seconds"]
+    assert not any("train_seconds" in e for e in saved["log_history"])
+    before = [c["train_seconds"] for c in record["wall_clock"]]  # the clock of each log, in the run record
     assert len(before) == 3 and before == sorted(before) and 0 < before[-1] <= clock
 
     recorder = RunRecorderCallback(write_files=False)
     resumed = trainer([recorder])
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
-    after = [e["train_seconds"] for e in resumed.state.log_history if "loss" in e]
+    after = [e["train_seconds"] for e in recorder.records if "loss" in e]
     assert after[:3] == before  # restored records keep their clock
     assert clock < after[3] < after[4] < after[5]  # continues from the checkpoint's clock, not from 0
     assert [r["step"] for r in recorder.records] == [1, 2, 3, 4, 5, 6]
@@ -340,8 +355,29 @@ def test_recorder_added_on_resume_of_a_checkpoint_without_it(tiny_lm, tiny_token
     trainer([_StopAfterSave(1)]).train()
     assert "RunRecorderCallback" not in _state(tmp_path / "checkpoint-1")["stateful_callbacks"]
     trainer([RunRecorderCallback(write_files=False)]).train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
-    saved = _state(tmp_path / "checkpoint-2")["stateful_callbacks"]["RunRecorderCallback"]
-    assert saved["attributes"]["saved_seconds"] > 0
+    assert json.loads((tmp_path / "checkpoint-2" / RECORD_FILE).read_text())["train_seconds"] > 0
+
+
+def test_recorder_reads_the_clock_of_an_older_checkpoint(tiny_lm, tiny_tokenizer, tmp_path, monkeypatch):
+    """Checkpoints written before the clock moved to run_record.json kept it in stateful_callbacks."""
+    _fake_clock(monkeypatch)
+
+    def trainer(callbacks):
+        args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
+                                 logging_steps=1, save_strategy="steps", save_steps=1, **QUIET)
+        return _gpt2_trainer(Trainer, args, tiny_tokenizer, tiny_lm, callbacks=callbacks)
+
+    trainer([RunRecorderCallback(write_files=False), _StopAfterSave(1)]).train()
+    ckpt = tmp_path / "checkpoint-1"
+    (ckpt / RECORD_FILE).unlink()
+    state = _state(ckpt)
+    state["stateful_callbacks"]["RunRecorderCallback"] = {"args": {}, "attributes": {"saved_seconds": 1000.0}}
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    recorder = RunRecorderCallback(write_files=False)
+    trainer([recorder]).train(resume_from_checkpoint=str(ckpt))
+    assert recorder.saved_seconds == 1000.0
+    assert 1000.0 < json.loads((tmp_path / "checkpoint-2" / RECORD_FILE).read_text())["train_seconds"]
+    assert "RunRecorderCallback" not in _state(tmp_path / "checkpoint-2")["stateful_callbacks"]
 
 
 def test_stability_mixin_with_plain_arguments(tiny_lm, tiny_tokenizer, tmp_path):

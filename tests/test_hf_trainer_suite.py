@@ -77,6 +77,7 @@ def test_plugin_substitutes_trainer_names_in_test_modules(tmp_path):
             assert TrainingArguments.__name__ == expected.get(mode, "TrainingArguments")
             if mode == "fast_neutral":
                 assert TrainingArguments("out").run_record is False
+                assert TrainingArguments("out").save_on_signal is False
     """))
     for mode in suite.MODES:
         env = dict(suite.os.environ, HF_FASTTRAIN_SUITE_MODE=mode, HF_HUB_OFFLINE="1",

@@ -10,7 +10,7 @@ EXPECTED = {
     "FastTrainer", "FastTrainingArguments", "ModelArguments", "DataArguments",
     "optimizer_cls_and_kwargs_for", "LRScheduleCallback", "apply_batch_sampler", "apply_seq_len_warmup",
     "GradientClippingCallback", "DivergenceGuardCallback", "DivergenceError", "StabilityTrainerMixin", "RunRecorderCallback",
-    "WeightAveragingCallback",
+    "WeightAveragingCallback", "GracefulStopCallback",
     "train_with_restarts", "RestartConfig", "RestartOrchestrator",
 }
 

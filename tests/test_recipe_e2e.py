@@ -5,13 +5,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = str(ROOT / "recipes" / "gpt2_small.py")
+INJECT = str(ROOT / "tests" / "_inject.py")  # the recipe with a fault injected at a chosen step
 SMALL = ["--config", "gpt2_tiny", "--max_corpus_files", "40", "--vocab_size", "300", "--block_size", "32",
          "--n_layer", "2", "--n_embd", "32", "--n_head", "2", "--per_device_train_batch_size", "8",
          "--max_eval_samples", "32", "--logging_steps", "5", "--disable_tqdm", "true", "--warmup_steps", "2"]
@@ -50,28 +50,19 @@ def test_killed_recipe_resumes_with_the_same_command(tmp_path):
     log, _ = straight.communicate(timeout=600)
     assert straight.returncode == 0, log[-3000:]
 
+    # SIGKILL at a chosen point, not a chosen time: the process kills itself as step 11 begins, after step 10's
+    # checkpoint is complete (the Trainer's files and every callback's on_save) and before anything of step 11
     out = tmp_path / "b"
-    victim = _run(["--output_dir", str(out), *common], start_new_session=True)
-    deadline = time.time() + 300
-    def saved(step):  # the Trainer writes trainer_state.json last: parsed, the checkpoint is whole
-        try:
-            json.loads((out / f"checkpoint-{step}" / "trainer_state.json").read_text())
-            return True
-        except (OSError, ValueError):
-            return False
-
-    while not saved(10):
-        assert victim.poll() is None, "the run ended before it could be killed"
-        assert time.time() < deadline
-        time.sleep(0.02)
-    os.killpg(victim.pid, signal.SIGKILL)
-    victim.wait()
+    victim = subprocess.run([sys.executable, INJECT, "kill", "10", "--", *SMALL, "--output_dir", str(out), *common],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert victim.returncode == -signal.SIGKILL, victim.stderr[-3000:]
+    assert (out / "checkpoint-10").is_dir() and not (out / "checkpoint-20").exists()
     assert not (out / "metrics.json").exists()  # killed before the end
 
     again = _run(["--output_dir", str(out), *common])  # the same command again
     log, _ = again.communicate(timeout=600)
     assert again.returncode == 0, log[-3000:]
-    assert "Resuming from" in log and "checkpoint-" in log
+    assert "Resuming from checkpoint-10" in log
     a, b = _train_losses(tmp_path / "a"), _train_losses(out)
     assert sorted(a) == sorted(b) == list(range(5, 31, 5))
     for step in a:

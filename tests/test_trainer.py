@@ -5,6 +5,7 @@ import torch
 from datasets import Dataset
 from transformers import DataCollatorForLanguageModeling, TrainerCallback
 
+from hf_fasttrain.callbacks.run_record import WALL_CLOCK_LOG_KEYS
 from hf_fasttrain import FastTrainer
 from hf_fasttrain.throughput import ThroughputMeter, count_tokens, flops_per_token, mfu
 
@@ -32,8 +33,10 @@ def test_training_lowers_eval_loss_and_changes_every_parameter(tiny_lm, tiny_tok
     # run record
     for f in ("config.yaml", "run_info.json", "metrics.json", "loss_curve.png"):
         assert (tmp_path / f).exists(), f
-    logs = [e for e in trainer.state.log_history if "loss" in e]
+    logs = [e for e in trainer.recorder.records if "loss" in e]  # the logs as callbacks and metrics.json see them
     assert [e["step"] for e in logs] == [10, 20, 30, 40]
+    # the TrainerState keeps no wall clock (a resumed run's equals a straight run's); the run record has it
+    assert not {k for e in trainer.state.log_history for k in e} & set(WALL_CLOCK_LOG_KEYS)
     for e in logs:
         assert e["tokens_per_second"] > 0
         assert e["padding_fraction"] == 0.0  # fixed-length chunks have no padding
@@ -48,7 +51,7 @@ def test_mfu_is_logged_with_a_given_peak(tiny_lm, tiny_tokenizer, tmp_path):
     trainer.train()
     n = sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel()
     fpt = flops_per_token(n, 2, 32, 32)
-    for e in [e for e in trainer.state.log_history if "loss" in e]:
+    for e in [e for e in trainer.recorder.records if "loss" in e]:
         # no padding: mfu = tokens/s * flops per token / peak
         assert e["mfu"] == pytest.approx(e["tokens_per_second"] * fpt / 1e9, rel=1e-9)
 
@@ -90,8 +93,8 @@ def test_killed_and_resumed_run_logs_the_same_losses(tiny_lm, tiny_tokenizer, tm
     assert any(not torch.equal(w4[k], w8[k]) for k in w4)
     assert a[5] != a[4]
     # the resumed clock continues from the checkpoint's
-    secs = [e["train_seconds"] for e in resumed.state.log_history if "loss" in e]
-    assert secs == sorted(secs)
+    secs = [e["train_seconds"] for e in resumed.recorder.records if "loss" in e]
+    assert len(secs) == 8 and secs == sorted(secs)  # steps 1-4 from the checkpoint's run record, then 5-8
 
 
 def test_count_tokens_and_meter_exact():

@@ -132,8 +132,9 @@ def test_preflight_refuses_what_the_full_validation_refuses(tmp_path):
     for argv, message in cases:
         with pytest.raises(ConfigError, match=message):
             preflight(argv)
-    # argparse's prefixes are accepted, as the full parser accepts them
-    assert preflight(["--max_step", "5"])["max_steps"] == 5
+    # a prefix is not a flag (the full parser has allow_abbrev=False too): a did-you-mean, never a silent match
+    with pytest.raises(ConfigError, match=r"^--max_step: unknown option; did you mean '--max_steps'\?$"):
+        preflight(["--max_step", "5"])
     assert preflight(["--max-steps", "6", "--n-layer", "3"])["max_steps"] == 6  # dashes, as HfArgumentParser
     with pytest.raises(ConfigError, match=r"--n_layr: unknown option; did you mean '--n_layer'\?"):
         preflight(["--n-layr", "3"])

@@ -13,6 +13,7 @@ from .seqlen import (
 from .clipping import GradientClippingCallback
 from .guard import DivergenceError, DivergenceGuardCallback
 from .mixin import StabilityTrainerMixin
+from .graceful_stop import GracefulStopCallback, TrainingStopped
 from .stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 
 __all__ = [
@@ -31,4 +32,6 @@ __all__ = [
     "StopAtStepCallback",
     "TokenBudgetStopCallback",
     "WeightAveragingCallback",
+    "GracefulStopCallback",
+    "TrainingStopped",
 ]

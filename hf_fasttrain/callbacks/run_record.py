@@ -3,8 +3,9 @@
 Works with a plain ``transformers.Trainer`` (``trainer.add_callback(RunRecorderCallback())``) and is
 built into FastTrainer (``run_record=True``, the FastTrainingArguments default). Wall-clock here is
 *training* time: the time spent in evaluation and in writing checkpoints is excluded, so runs that
-evaluate at different rates compare fairly. The clock is saved with every checkpoint (the Trainer's
-``stateful_callbacks`` in ``trainer_state.json``) and continues from there on a resume.
+evaluate at different rates compare fairly. The clock is saved with every checkpoint, in the checkpoint's
+own ``run_record.json`` (not in ``trainer_state.json``, which stays free of wall-clock values: a resumed
+run's TrainerState equals a straight run's), and continues from there on a resume.
 
 Example:
     ```python
@@ -19,27 +20,86 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from transformers import TrainerCallback
-from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..runinfo import atomic_write_text
-from ._logs import add_to_log
 
-__all__ = ["RunRecorderCallback", "plot_loss_curves"]
+__all__ = ["RunRecorderCallback", "plot_loss_curves", "RECORD_FILE", "WALL_CLOCK_LOG_KEYS", "read_run_record",
+           "read_saved_seconds", "with_wall_clock", "checkpoint_log_history"]
+
+# In each checkpoint: {"train_seconds": <the clock at that step>, "wall_clock": [{"step", "eval", <keys below>}]}
+RECORD_FILE = "run_record.json"
+# Log keys of the run record that measure wall-clock. Training and evaluation logs carry them (printed, in
+# metrics.json, seen by every callback's on_log) but TrainerState.log_history does not: trainer_state.json holds
+# no wall clock, so a resumed run's TrainerState equals a straight run's. RECORD_FILE keeps them instead.
+WALL_CLOCK_LOG_KEYS = ("train_seconds", "tokens_per_second", "samples_per_second", "mfu")
 
 
-class RunRecorderCallback(TrainerCallback, ExportableState):
+def read_run_record(checkpoint_dir: Optional[str]) -> Optional[dict]:
+    """A checkpoint's ``run_record.json`` as a dict, or None (no file, or not readable)."""
+    if not checkpoint_dir:
+        return None
+    try:
+        data = json.loads((Path(checkpoint_dir) / RECORD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_saved_seconds(checkpoint_dir: Optional[str]) -> Optional[float]:
+    """The training clock a checkpoint's ``run_record.json`` holds, or None."""
+    seconds = (read_run_record(checkpoint_dir) or {}).get("train_seconds")
+    return float(seconds) if isinstance(seconds, (int, float)) else None
+
+
+def _clock_key(entry: dict) -> tuple:
+    return entry.get("step"), "eval_loss" in entry or bool(entry.get("eval"))
+
+
+def with_wall_clock(entries: list[dict], wall_clock: Optional[list]) -> list[dict]:
+    """Copies of log ``entries`` with the wall-clock keys of ``wall_clock`` (a run record's) put back, by step and
+    kind (training or evaluation log).
+
+    Example:
+        >>> with_wall_clock([{"loss": 2.0, "step": 5}], [{"step": 5, "eval": False, "train_seconds": 1.5}])
+        [{'loss': 2.0, 'step': 5, 'train_seconds': 1.5}]
+    """
+    clock = {}
+    for c in wall_clock or ():
+        if isinstance(c, dict):
+            clock[_clock_key(c)] = {k: v for k, v in c.items() if k in WALL_CLOCK_LOG_KEYS}
+    out = []
+    for e in entries:
+        extra = clock.get(_clock_key(e)) if ("loss" in e or "eval_loss" in e) else None
+        out.append({**e, **extra} if extra else dict(e))
+    return out
+
+
+def checkpoint_log_history(checkpoint_dir: str) -> list[dict]:
+    """A checkpoint's ``log_history`` (trainer_state.json) with the run record's wall-clock keys put back."""
+    with open(os.path.join(checkpoint_dir, "trainer_state.json"), encoding="utf-8") as f:
+        history = json.load(f)["log_history"]
+    return with_wall_clock(history, (read_run_record(checkpoint_dir) or {}).get("wall_clock"))
+
+
+class RunRecorderCallback(TrainerCallback):
     """Tracks training seconds (excluding eval and checkpointing) and the train/eval loss history.
 
-    Every log gains ``train_seconds`` (in ``state.log_history`` too) unless it has one. The clock is
-    resumable in any Trainer: each checkpoint saves it (``state()``, an ``ExportableState``), and a
-    resumed run continues from the checkpoint's value, whether or not
-    ``restore_callback_states_from_checkpoint`` is set (checkpoints written before it was saved
-    fall back to the last ``train_seconds`` in ``log_history``).
+    Every log gains ``train_seconds`` unless it has one (the logs that callbacks and reporting see; not
+    ``state.log_history``, which keeps no wall clock, see :data:`WALL_CLOCK_LOG_KEYS`). The clock is
+    resumable in any Trainer: each checkpoint gets a ``run_record.json`` holding it (written atomically
+    by the main process in ``on_save``), and a resumed run continues from the checkpoint's value. The
+    checkpoint resumed from is ``resume_dir`` when set (FastTrainer sets it from ``train(resume_from_checkpoint=...)``),
+    else ``output_dir/checkpoint-<step>``. Older checkpoints, which kept the clock in
+    ``trainer_state.json``'s ``stateful_callbacks``, are read too; without either, the last ``train_seconds``
+    in ``log_history`` is used. Nothing of the recorder goes into ``trainer_state.json``, so the
+    TrainerState of a resumed run equals a straight run's.
 
     Args:
         write_files: write ``metrics.json`` and ``loss_curve.png`` into ``output_dir`` at the end.
@@ -47,12 +107,14 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
 
     def __init__(self, write_files: bool = True):
         self.write_files = write_files
+        self.resume_dir: Optional[str] = None  # the checkpoint a resume starts from, if not output_dir/checkpoint-<step>
         self.saved_seconds: Optional[float] = None  # the clock at the checkpoint this run resumed from
         self._t0: Optional[float] = None
         self._offset = 0.0
         self._excluded = 0.0
         self._pause_start: Optional[float] = None
         self.records: list[dict[str, Any]] = []
+        self.wall_clock: list[dict[str, Any]] = []  # the wall-clock keys of each log, by step and kind
 
     # -- clock -------------------------------------------------------------------------------
     def train_seconds(self) -> float:
@@ -67,32 +129,40 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
             self._pause_start = None
 
     # -- checkpointed state ----------------------------------------------------------------------
-    def state(self) -> dict:
-        # called by the Trainer as it writes a checkpoint: the clock is paused for the save (on_step_end)
-        return {"args": {"write_files": self.write_files}, "attributes": {"saved_seconds": self.train_seconds()}}
+    def _resume_record(self, args, state) -> Optional[dict]:
+        default = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        for checkpoint in (self.resume_dir, default):
+            record = read_run_record(checkpoint)
+            if record is not None:
+                return record
+        return None
 
-    def _clock_at_resume(self, state) -> float:
+    def _clock_at_resume(self, state, record: Optional[dict]) -> float:
         if state.global_step == 0:  # a fresh run (train() without a checkpoint starts at step 0)
             return 0.0
-        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
+        seconds = (record or {}).get("train_seconds")
+        if isinstance(seconds, (int, float)):
+            return float(seconds)
+        saved = (state.stateful_callbacks or {}).get(type(self).__name__)  # written by earlier versions
         if isinstance(saved, list):  # several recorders: the Trainer keeps a list; they share one clock
             saved = saved[0] if saved else None
         seconds = saved.get("attributes", {}).get("saved_seconds") if isinstance(saved, dict) else None
         if seconds is not None:
             return float(seconds)
-        for entry in reversed(state.log_history):  # a checkpoint written without the recorder's state
+        for entry in reversed(state.log_history):  # a checkpoint written without the recorder
             if "train_seconds" in entry:
                 return float(entry["train_seconds"])
         return 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._offset = self._clock_at_resume(state)
+        record = self._resume_record(args, state) if state.global_step else None
+        self._offset = self._clock_at_resume(state, record)
         self.saved_seconds = self._offset if state.global_step else None
-        # A checkpoint from a run without this callback has no entry for it, and the Trainer's next save
-        # indexes stateful_callbacks by class name (KeyError): add it.
-        if state.stateful_callbacks is not None:
-            state.stateful_callbacks.setdefault(type(self).__name__, self.state())
-        self.records = [dict(e) for e in state.log_history if _is_record(e, state.log_history)]
+        if state.stateful_callbacks is not None:  # an earlier version's entry: the clock now lives in RECORD_FILE
+            state.stateful_callbacks.pop(type(self).__name__, None)
+        self.wall_clock = [dict(c) for c in (record or {}).get("wall_clock", []) if isinstance(c, dict)]
+        history = [e for e in state.log_history if _is_record(e, state.log_history)]
+        self.records = with_wall_clock(history, self.wall_clock)
         self._t0 = None  # the clock starts with the first step (an eval_on_start is not training)
         self._excluded = 0.0
         self._pause_start = None
@@ -114,6 +184,12 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
             self._pause_start = time.perf_counter()
 
     def on_save(self, args, state, control, **kwargs):
+        # the clock is still paused for the save (on_step_end): its value is the one at the step's end
+        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if state.is_world_process_zero and checkpoint.is_dir():
+            record = {"train_seconds": self.train_seconds(),
+                      "wall_clock": [c for c in self.wall_clock if (c.get("step") or 0) <= state.global_step]}
+            atomic_write_text(checkpoint / RECORD_FILE, json.dumps(record, default=_json_default))
         self._resume_pause()
 
     # -- history -----------------------------------------------------------------------------
@@ -121,12 +197,19 @@ class RunRecorderCallback(TrainerCallback, ExportableState):
         if logs is None:
             return
         if "train_seconds" not in logs:  # a plain Trainer's log (FastTrainer's carry it already)
-            # into log_history too, so a resumed run's records keep the clock
-            add_to_log(state, logs, {"train_seconds": self.train_seconds()})
+            logs["train_seconds"] = self.train_seconds()
+        # the history keeps no wall clock (FastTrainer leaves it out; a plain Trainer's copy never had this key)
+        last = state.log_history[-1] if state.log_history else None
+        if last is not None and last.get("step") == state.global_step:
+            for k in WALL_CLOCK_LOG_KEYS:
+                last.pop(k, None)
         if _is_record(logs, self.records):
             rec = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
             rec["step"] = state.global_step
             self.records.append(rec)
+            clock = {k: rec[k] for k in WALL_CLOCK_LOG_KEYS if k in rec}
+            if clock:
+                self.wall_clock.append({"step": state.global_step, "eval": "eval_loss" in rec, **clock})
 
     def on_train_end(self, args, state, control, **kwargs):
         self._resume_pause()
