@@ -31,7 +31,7 @@ from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .precision import logger as precision_logger
 from .runinfo import run_facts, training_config, write_run_record
 from .schedules import TokenProgress, make_scheduler
-from .throughput import ThroughputMeter, count_batch, device_peak_flops, flops_per_token, mfu
+from .throughput import HostCopy, ThroughputMeter, count_batch, device_peak_flops, flops_per_token, mfu
 from .wiring import SeqLenWiring
 
 __all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
@@ -181,10 +181,14 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         return self.seqlen.adjust_training_values(values) if self.seqlen is not None else values
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        # one token count per micro-batch, left on the device (no host read): the throughput meter sums it
+        # until the next log; the token-counted schedule gets it through a copy that does not wait
+        count = count_batch(inputs, self.throughput.pad_token_id, lazy=True) if (
+            self.run_record or self.token_progress is not None) else None
         if self.run_record:
-            self.throughput.add(inputs)
+            self.throughput.add_count(count)
         if self.token_progress is not None:
-            self.token_progress.add(self._tokens_all_processes(inputs))
+            self.token_progress.add(HostCopy(self._tokens_all_processes(inputs, count)))
         return super().training_step(model, inputs, num_items_in_batch)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
@@ -279,9 +283,10 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
 
     # -- helpers -------------------------------------------------------------------------------
-    def _tokens_all_processes(self, inputs) -> int:
-        """Real (non-pad) tokens of this micro-batch summed over processes: every rank's schedule agrees."""
-        count = count_batch(inputs, self.throughput.pad_token_id)
+    def _tokens_all_processes(self, inputs, count=None):
+        """Real (non-pad) tokens of this micro-batch summed over processes: every rank's schedule agrees.
+        An int, or a 0-d device tensor when ``count`` was counted lazily (the sum stays on the device)."""
+        count = count if count is not None else count_batch(inputs, self.throughput.pad_token_id)
         if not count.total:
             keys = sorted(inputs) if isinstance(inputs, dict) else type(inputs).__name__
             raise ValueError(
@@ -290,8 +295,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             )
         real = count.real
         if self.args.world_size > 1:
-            t = torch.tensor(real, dtype=torch.int64, device=self.args.device)
-            real = int(self.accelerator.reduce(t, reduction="sum").item())
+            t = torch.as_tensor(real, dtype=torch.int64, device=self.args.device)
+            real = self.accelerator.reduce(t, reduction="sum")
         return real
 
     def _default_total_tokens(self, num_training_steps: int) -> int:
