@@ -27,9 +27,10 @@ from .callbacks.guard import stability_callbacks
 from .callbacks.mixin import StabilityTrainerMixin
 from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .clipping import norm_clip_stats
+from .compile_stats import CompileCounter
 from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .precision import logger as precision_logger
-from .runinfo import run_facts, training_config, write_run_record
+from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import HostCopy, ThroughputMeter, count_batch, device_peak_flops, flops_per_token, mfu
 from .wiring import SeqLenWiring
@@ -128,6 +129,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if stop_at:  # a random-restart trial: stop (and checkpoint) early, schedule from max_steps
             self.add_callback(StopAtStepCallback(stop_at))
         self._last_log_seconds = 0.0
+        self._compile_counter: Optional[CompileCounter] = None  # set by train() with torch_compile
         self._dims: Optional[tuple[int, int, int]] = None
         self.token_progress: Optional[TokenProgress] = None  # set by create_scheduler (schedule_unit='tokens')
         if (opt("lr_decay") and opt("schedule_unit") == "tokens" and opt("stop_at_token_budget")
@@ -248,6 +250,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                 logs.update(self._norm_clip_window.pop())
             else:  # evaluation and end-of-training logs carry the clock too (it survives a resume)
                 logs.setdefault("train_seconds", recorder.train_seconds())
+            if self._compile_counter is not None:  # torch_compile: cold compiles so far (see compile_stats)
+                logs.update(self._compile_counter.stats())
         super().log(logs, start_time)
 
     def create_optimizer(self, model=None):
@@ -280,7 +284,12 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self._last_log_seconds = None
         if self.weight_averaging is not None:
             self.weight_averaging.resume_dir = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
-        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        # -- compiles: counted over this train() call, logged and written into run_info.json
+        self._compile_counter = CompileCounter() if self.args.torch_compile else None
+        output = super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+        if self._compile_counter is not None and self.run_record and self.is_world_process_zero():
+            update_run_info(self.args.output_dir, self._compile_counter.stats())
+        return output
 
     # -- helpers -------------------------------------------------------------------------------
     def _tokens_all_processes(self, inputs, count=None):
