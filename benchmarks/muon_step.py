@@ -6,13 +6,15 @@
 For each model it builds the Muon + AdamW hybrid (``create_optimizer("muon", ...)``) twice, ``ns_batched=False``
 and ``ns_batched=True``, gives both the same random gradients and times ``optimizer.step()`` alternately (the
 two arms interleaved, so machine load hits both alike), after one warm-up step each. It also counts the aten
-operators one step dispatches (matmuls, and all of them): on a GPU each is a kernel launch. Writes
-``results/muon_step_<device>.json`` and ``.md``.
+operators one step dispatches (matmuls, and all of them): on a GPU each is a kernel launch. Then it compares
+the two models' weights: equal bit for bit on CPU; on a GPU batched and single matmuls may round differently,
+so the largest difference is reported too. Writes ``results/muon_step_<device>.json`` and ``.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -78,7 +80,9 @@ def measure(spec: str, device: str, repeats: int) -> list[dict]:
             arm["opt"].step()
             _sync(device)
             arm["times"].append(time.perf_counter() - t0)
-    same = all(torch.equal(a, b) for a, b in zip(arms[False]["model"].parameters(), arms[True]["model"].parameters()))
+    pairs = list(zip(arms[False]["model"].parameters(), arms[True]["model"].parameters()))
+    same = all(torch.equal(a, b) for a, b in pairs)
+    max_diff = max(float((a.detach().float() - b.detach().float()).abs().max()) for a, b in pairs)
     rows = []
     for batched in (False, True):
         arm = arms[batched]
@@ -86,7 +90,7 @@ def measure(spec: str, device: str, repeats: int) -> list[dict]:
             "model": f"gpt2-{spec}", "ns": "batched" if batched else "per-matrix", "muon_matrices": arm["matrices"],
             "shapes": arm["shapes"], "aten_ops_per_step": arm["ops"], "matmuls_per_step": arm["matmuls"],
             "step_ms_median": 1e3 * statistics.median(arm["times"]), "step_ms_min": 1e3 * min(arm["times"]),
-            "repeats": repeats, "weights_equal_after": same,
+            "repeats": repeats, "weights_equal_after": same, "weights_max_abs_diff": max_diff,
         })
     return rows
 
@@ -100,15 +104,18 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     rows = [r for spec in args.models for r in measure(spec, args.device, args.repeats)]
     headers = ["model", "ns", "muon_matrices", "shapes", "aten_ops_per_step", "matmuls_per_step",
-               "step_ms_median", "step_ms_min", "weights_equal_after"]
+               "step_ms_median", "step_ms_min", "weights_equal_after", "weights_max_abs_diff"]
     table = markdown_table(headers, [[r[h] for h in headers] for r in rows])
     print(table)
     name = args.out or f"muon_step_{args.device.split(':')[0]}"
     result = {"rows": rows, "machine": machine_info(), "device": args.device, "threads": torch.get_num_threads()}
-    write_json(RESULTS / f"{name}.json", result)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    result["load_average_at_end"] = load
     note = (f"Muon optimizer step (Muon + AdamW hybrid), Newton-Schulz per matrix vs batched by shape, "
             f"{args.repeats} interleaved steps each after a warm-up, device {args.device}, "
-            f"{torch.get_num_threads()} threads.\n\n`python -m benchmarks.muon_step`\n\n")
+            f"{torch.get_num_threads()} threads, load average {load:.1f} at the end.\n\n"
+            f"`python -m benchmarks.muon_step`\n\n")
+    write_json(RESULTS / f"{name}.json", result)
     (RESULTS / f"{name}.md").write_text(note + table + "\n")
     return result
 

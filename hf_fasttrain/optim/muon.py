@@ -198,7 +198,7 @@ def newton_schulz_batched(
         raise ValueError(f"Muon: batched Newton-Schulz needs 2-D matrices of one shape, got shapes {sorted(shapes)}")
     schedule = ns_coefficient_schedule(ns_coefficients, ns_steps)
     safety = _NS_SAFETY.get(ns_coefficients, 1.0) if isinstance(ns_coefficients, str) else 1.0
-    x = torch.stack([u.bfloat16() for u in updates])
+    x = torch.stack(list(updates)).bfloat16()  # one conversion for the stack (element-wise: the same values)
     tall = x.size(1) > x.size(2)
     if tall:
         x = x.mT
