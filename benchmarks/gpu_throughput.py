@@ -301,7 +301,7 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
     args = args_cls(**kwargs)
     timer = StepTimer()
     trainer = trainer_cls(model=model, args=args, train_dataset=dataset, callbacks=[timer])
-    if hasattr(trainer, "recorder"):  # FastTrainer: no metrics.json / loss PNG (matplotlib may be absent)
+    if getattr(trainer, "recorder", None) is not None:  # FastTrainer: no metrics.json / loss PNG (matplotlib may be absent)
         trainer.recorder.write_files = False
     _sync(device)
     compiles = CompileCounter()
