@@ -20,7 +20,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ "${1:-}" = "--dry-run" ]; then
   OUT="${OUT:-$(mktemp -d)}"
   echo "dry run on CPU with tiny models, results in $OUT"
-  timeout 900 python -m benchmarks.gpu_throughput --device cpu --tiny --arms fast-path --steps 2 --warmup 2 \
+  timeout 2400 python -m benchmarks.gpu_throughput --device cpu --tiny --arms fast-path --steps 2 --warmup 2 \
     --out-dir "$OUT" --name gpu_fast_path
   echo "gpu_throughput exit $?"
   timeout 600 python -m benchmarks.muon_step --device cpu --models 2x64 --repeats 1 --out "$OUT/muon_step_cpu"

@@ -11,7 +11,7 @@ from transformers import DataCollatorForLanguageModeling
 
 from hf_fasttrain import FastTrainer
 from hf_fasttrain.compile_stats import CompileCounter
-from hf_fasttrain.data.seqlen import set_batch_sequence_length
+from hf_fasttrain.data.seqlen import PACINGS, set_batch_sequence_length
 
 from conftest import make_tiny_gpt2, tiny_args
 
@@ -54,7 +54,7 @@ def _run(tmp_path, tiny_lm, tiny_tokenizer, compile_: bool, pacing: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pacing", ["linear", "steps"])
+@pytest.mark.parametrize("pacing", PACINGS)
 def test_compiled_warmup_run_compiles_the_model_at_most_2_times(pacing, tiny_lm, tiny_tokenizer, tmp_path):
     _, eager = _run(tmp_path / "eager", tiny_lm, tiny_tokenizer, False, pacing)
     trainer, compiled = _run(tmp_path / "compiled", tiny_lm, tiny_tokenizer, True, pacing)
