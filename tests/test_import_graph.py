@@ -40,6 +40,7 @@ LAYERS = {
     "precision": CORE,
     "restarts": CORE,
     "throughput": CORE,
+    "compile_stats": CORE,
     "guard": CORE,
     "snapshots": CORE,
     "averaging": CORE,
