@@ -37,6 +37,7 @@ def _two_steps(ns_batched: bool):
     return model
 
 
+@pytest.mark.slow  # (the quick suite has it too: test_optim's torch.optim.Muon twin runs the batched default)
 def test_muon_step_batched_equals_per_matrix():
     batched, per_matrix = _two_steps(True), _two_steps(False)
     start = make_tiny_gpt2(64, n_embd=16, n_layer=2)
