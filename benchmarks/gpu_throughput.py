@@ -269,7 +269,7 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from benchmarks._harness import HostReadCounter
-    from hf_fasttrain.compile_stats import CompileCounter
+    from hf_fasttrain.throughput import CompileCounter
 
     reads = HostReadCounter()
 

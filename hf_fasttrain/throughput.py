@@ -1,4 +1,4 @@
-"""Throughput accounting: tokens, padding and model FLOPs utilisation (MFU).
+"""Throughput accounting: tokens, padding, model FLOPs utilisation (MFU) and compiles.
 
 Plain functions; FastTrainer feeds them the batches it trains on and adds the results to its logs.
 
@@ -12,6 +12,7 @@ it has long finished when the scheduler reads it after ``optimizer.step()``).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -19,6 +20,7 @@ import torch
 
 __all__ = [
     "BatchCount",
+    "CompileCounter",
     "HostCopy",
     "count_batch",
     "count_tokens",
@@ -27,6 +29,8 @@ __all__ = [
     "mfu",
     "ThroughputMeter",
     "PEAK_BF16_FLOPS",
+    "compiled_graphs",
+    "compiles_by_function",
 ]
 
 # Dense bf16/fp16 tensor-core peaks from the vendors' datasheets (FLOP/s, no sparsity). Matched by
@@ -256,3 +260,64 @@ class HostCopy:
         v = self._value
         # a host tensor's memory is read as a numpy array: no device is involved
         return int(v.numpy().sum()) if isinstance(v, torch.Tensor) else int(v)
+
+# ---- compiles ------------------------------------------------------------------------------------
+# How often ``torch.compile`` compiled: each compile is a cold start (tens of seconds on a GPU).
+#
+# A compiled function recompiles whenever an input's shape or strides leave what its graphs cover. Under
+# sequence-length warmup the first length gives a static graph and the second a dynamic one that serves every
+# later length, so each compiled function should compile at most 2 times in a run (the data cut keeps strides
+# the same: :func:`hf_fasttrain.data.seqlen.set_batch_sequence_length`). Two numbers, both from dynamo's
+# per-process counters, taken since a :class:`CompileCounter` was made:
+#
+# - ``compiles``: the most times any one function was compiled (2 under warmup; a third means a recompile);
+# - ``graphs``: graphs compiled in all, which also counts the pieces a graph break splits a function into.
+#
+# FastTrainer logs both with every training log (``compiles``, ``compiled_graphs``) when ``torch_compile`` is on,
+# and writes them into ``run_info.json`` at the end of ``train()``.
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far (its ``unique_graphs`` counter; 0 without dynamo)."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # a torch without dynamo
+        return 0
+    return int(counters["stats"]["unique_graphs"])
+
+
+def compiles_by_function() -> Counter:
+    """Compiles so far of each function dynamo compiled (by its frame id; empty when unknown)."""
+    try:
+        from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
+    except Exception:  # a torch without dynamo, or one that moved this counter
+        return Counter()
+    return Counter(dict(FRAME_COMPILE_COUNTER))
+
+
+class CompileCounter:
+    """Compiles since this counter was made (dynamo's counters are per process, not per run).
+
+    Example:
+        >>> counter = CompileCounter()
+        >>> f = torch.compile(lambda x: x * 2, backend="eager")
+        >>> for n in (3, 4, 5, 6):
+        ...     _ = f(torch.ones(n))
+        >>> counter.compiles(), counter.graphs()   # static at length 3, then one dynamic graph for 4, 5 and 6
+        (2, 2)
+    """
+
+    def __init__(self) -> None:
+        self._graphs = compiled_graphs()
+        self._by_function = compiles_by_function()
+
+    def graphs(self) -> int:
+        return compiled_graphs() - self._graphs
+
+    def compiles(self) -> int:
+        """The most compiles of one function since then (0: nothing was compiled)."""
+        now = compiles_by_function()
+        return max((n - self._by_function.get(k, 0) for k, n in now.items()), default=0)
+
+    def stats(self) -> dict[str, int]:
+        return {"compiles": self.compiles(), "compiled_graphs": self.graphs()}

@@ -27,12 +27,11 @@ from .callbacks.guard import stability_callbacks
 from .callbacks.mixin import StabilityTrainerMixin
 from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .clipping import norm_clip_stats
-from .compile_stats import CompileCounter
 from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .precision import logger as precision_logger
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress, make_scheduler
-from .throughput import HostCopy, ThroughputMeter, count_batch, device_peak_flops, flops_per_token, mfu
+from .throughput import CompileCounter, HostCopy, ThroughputMeter, count_batch, device_peak_flops, flops_per_token, mfu
 from .wiring import SeqLenWiring
 
 __all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
@@ -250,7 +249,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                 logs.update(self._norm_clip_window.pop())
             else:  # evaluation and end-of-training logs carry the clock too (it survives a resume)
                 logs.setdefault("train_seconds", recorder.train_seconds())
-            if self._compile_counter is not None:  # torch_compile: cold compiles so far (see compile_stats)
+            if self._compile_counter is not None:  # torch_compile: cold compiles so far (see throughput.CompileCounter)
                 logs.update(self._compile_counter.stats())
         super().log(logs, start_time)
 

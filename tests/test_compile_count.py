@@ -10,7 +10,7 @@ import torch
 from transformers import DataCollatorForLanguageModeling
 
 from hf_fasttrain import FastTrainer
-from hf_fasttrain.compile_stats import CompileCounter
+from hf_fasttrain.throughput import CompileCounter
 from hf_fasttrain.data.seqlen import PACINGS, set_batch_sequence_length
 
 from conftest import make_tiny_gpt2, tiny_args

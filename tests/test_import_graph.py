@@ -40,7 +40,6 @@ LAYERS = {
     "precision": CORE,
     "restarts": CORE,
     "throughput": CORE,
-    "compile_stats": CORE,
     "guard": CORE,
     "snapshots": CORE,
     "averaging": CORE,
