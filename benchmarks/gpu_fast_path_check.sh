@@ -35,7 +35,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 timeout 270 python -m benchmarks.gpu_throughput --arms fast-path --steps 20 --warmup 8 --out-dir "$OUT" \
   --name gpu_fast_path
 echo "gpu_throughput exit $?"
-timeout 45 python -m benchmarks.muon_step --models 12x768 --repeats 10 --out "$PWD/$OUT/muon_step_cuda"
+case "$OUT" in /*) ABS_OUT="$OUT" ;; *) ABS_OUT="$PWD/$OUT" ;; esac
+mkdir -p "$ABS_OUT"
+timeout 45 python -m benchmarks.muon_step --models 12x768 --repeats 10 --out "$ABS_OUT/muon_step_cuda"
 echo "muon_step exit $?"
 timeout 165 python -m benchmarks.scaling --sizes gpu-gpt2-12x768 --seeds 1 --max-extend 0 --step-time-steps 0 \
   --out "$OUT" --name time_to_loss_gpu
