@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["ROOT", "RESULTS", "module_command", "subprocess_env", "machine_info", "write_json", "markdown_table",
-           "display_path", "display_command"]
+__all__ = ["ROOT", "RESULTS", "HostReadCounter", "module_command", "subprocess_env", "machine_info", "write_json",
+           "markdown_table", "display_path", "display_command"]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -117,3 +117,50 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+class HostReadCounter:
+    """Counts host reads while active (``with counter:``): calls of ``Tensor.item``, ``__float__``, ``__int__``,
+    ``__bool__`` and ``tolist``, each of which waits for the device on a GPU (nested calls count once).
+
+    >>> import torch
+    >>> reads = HostReadCounter()
+    >>> with reads:
+    ...     _ = float(torch.ones(())) + torch.ones(2).sum().item()
+    >>> reads.n
+    2
+    """
+
+    METHODS = ("item", "__float__", "__int__", "__bool__", "tolist")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._depth = 0
+        self._originals: dict = {}
+
+    def _wrap(self, fn):
+        def counted(tensor, *args, **kwargs):
+            if self._depth == 0:
+                self.n += 1
+            self._depth += 1
+            try:
+                return fn(tensor, *args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        return counted
+
+    def __enter__(self) -> "HostReadCounter":
+        import torch
+
+        self._originals = {name: getattr(torch.Tensor, name) for name in self.METHODS}
+        for name, fn in self._originals.items():
+            setattr(torch.Tensor, name, self._wrap(fn))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        for name, fn in self._originals.items():
+            setattr(torch.Tensor, name, fn)
+        self._originals = {}

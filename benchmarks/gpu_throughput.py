@@ -15,6 +15,9 @@ Arms (same model, same data, same batch; each in its own process, one after the 
                            fused AdamW, clip 1.0, tf32 (the reference the Trainer arms are held to)
     torch-loop-chunked-ce  torch-loop with the LM head + cross-entropy computed in token chunks
                            (benchmarks.chunked_ce.chunked_lm_head_loss): no full fp32 logits
+    fasttrain-<part>       the recipe with one part changed (no-guard, no-record, token-schedule, ema,
+                           ns-per-matrix): what each part costs per step (`--arms fast-path` runs them all
+                           with hf-default, hf-tuned and fasttrain)
 
 What is measured, per arm: every optimizer step is timed between two `synchronize()` calls (so the
 time includes data loading and the host work of the Trainer); the first `--warmup` steps (compile,
@@ -25,7 +28,9 @@ Chowdhery et al. 2022, "PaLM", appendix B), N = parameters without the position 
 tied token embedding counts once: it is the LM head's matmul), and the peak is the device's dense
 bf16 tensor-core figure for every arm (one scale for all; fp32 arms are compared against it too).
 Peak memory: torch.cuda.max_memory_allocated on GPU; on CPU the process's peak RSS (ru_maxrss),
-which includes the Python and torch runtime.
+which includes the Python and torch runtime. Trainer arms also report compiles (the most times one
+function was compiled; under a fixed shape 1) with compiled graphs in all, and host reads per timed
+step (calls of Tensor.item/__float__/__int__/__bool__/tolist: each waits for the device).
 
 Each arm is one process: this script re-invoked with `--worker ARM`, so compile caches, allocator
 state and memory counters do not leak between arms. The GPU path imports only torch, transformers
@@ -67,10 +72,29 @@ ARMS = {
     "fasttrain": "FastTrainer with the gpt2_small recipe (its run settings aside)",
     "torch-loop": "plain compiled PyTorch loop, bf16 autocast, fused AdamW",
     "torch-loop-chunked-ce": "torch-loop + chunked LM-head cross-entropy",
+    # the recipe with one part changed: what each part costs per step
+    "fasttrain-no-guard": "fasttrain without the divergence guard",
+    "fasttrain-no-record": "fasttrain without the run record (throughput meter, logs' extras)",
+    "fasttrain-token-schedule": "fasttrain with the lr schedule counted in tokens (schedule_unit='tokens')",
+    "fasttrain-ema": "fasttrain with an EMA of the weights (weight_averaging='ema')",
+    "fasttrain-ns-per-matrix": "fasttrain with Muon's Newton-Schulz matrix by matrix (ns_batched=False)",
+}
+# recipe overrides of the fasttrain-* arms
+FASTTRAIN_VARIANTS = {
+    "fasttrain": {},
+    "fasttrain-no-guard": {"divergence_guard": False},
+    "fasttrain-no-record": {"run_record": False},
+    "fasttrain-token-schedule": {"schedule_unit": "tokens"},
+    "fasttrain-ema": {"weight_averaging": "ema", "ema_decay": 0.999},
+    "fasttrain-ns-per-matrix": {"optimizer_kwargs": {"ns_batched": False}},
 }
 DEFAULT_ARMS = {
     "gpu": ["hf-default", "hf-bf16", "hf-tuned", "fasttrain", "torch-loop", "torch-loop-chunked-ce"],
     "tiny": ["hf-default", "hf-tuned", "fasttrain", "torch-loop", "torch-loop-chunked-ce"],
+    # the fast-path check (benchmarks/gpu_fast_path_check.sh): the Trainer, the recipe, the recipe's parts
+    # (run in this order, so a run cut short still has the three main arms; the table keeps ARMS' order)
+    "fast-path": ["fasttrain", "hf-tuned", "hf-default", "fasttrain-no-guard", "fasttrain-no-record",
+                  "fasttrain-token-schedule", "fasttrain-ema", "fasttrain-ns-per-matrix"],
 }
 
 # GPT-2 small: 12 layers x 768 wide, 50,257 BPE vocab, 1024 context (Radford et al. 2019).
@@ -232,8 +256,10 @@ def trainer_arm_setup(arm, kwargs, info, compile_on, opts=None):
         kwargs = apply_precision(kwargs, resolve_precision("bf16", info))
         kwargs.update(torch_compile=compile_on, optim="adamw_torch_fused")
         return None, kwargs, "sdpa", settings
-    if arm == "fasttrain":
+    if arm in FASTTRAIN_VARIANTS:
         trainer_cls, kwargs, settings = _fasttrain_setup(kwargs, compile_on, opts, info)
+        kwargs.update(FASTTRAIN_VARIANTS[arm])
+        settings["changed"] = FASTTRAIN_VARIANTS[arm]
         return trainer_cls, kwargs, "sdpa", settings
     raise ValueError(f"not a Trainer arm: {arm}")
 
@@ -242,11 +268,18 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
     """hf-default, hf-bf16, hf-tuned and fasttrain: the Trainer (or FastTrainer) with a timing callback."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
+    from benchmarks._harness import HostReadCounter
+    from hf_fasttrain.throughput import CompileCounter
+
+    reads = HostReadCounter()
+
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.ends = []
+            self.reads_at = []
 
         def on_step_end(self, args, state, control, **kwargs):
+            self.reads_at.append(reads.n)  # before the timing sync, which is the benchmark's own read
             _sync(device)
             self.ends.append(time.perf_counter())
             if len(self.ends) == opts.warmup:
@@ -268,12 +301,15 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
     args = args_cls(**kwargs)
     timer = StepTimer()
     trainer = trainer_cls(model=model, args=args, train_dataset=dataset, callbacks=[timer])
-    if hasattr(trainer, "recorder"):  # FastTrainer: no metrics.json / loss PNG (matplotlib may be absent)
+    if getattr(trainer, "recorder", None) is not None:  # FastTrainer: no metrics.json / loss PNG (matplotlib may be absent)
         trainer.recorder.write_files = False
     _sync(device)
+    compiles = CompileCounter()
     start = time.perf_counter()
-    out = trainer.train()
+    with reads:
+        out = trainer.train()
     _sync(device)
+    timed_reads = [b - a for a, b in zip(timer.reads_at[opts.warmup - 1 : -1], timer.reads_at[opts.warmup :])]
     ends = [start] + timer.ends
     step_times = [b - a for a, b in zip(ends[opts.warmup : -1], ends[opts.warmup + 1 :])]
     settings.update(
@@ -289,6 +325,9 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
         "n_params_no_pos": _param_count_no_pos(model),
         "settings": settings,
         "steps_run": len(timer.ends),
+        **compiles.stats(),  # compiles (most of one function) and compiled_graphs (in all, graph-break pieces too)
+        # Tensor.item/__float__/__int__/__bool__/tolist calls per timed step (each waits for the device)
+        "host_reads_per_step": statistics.median(timed_reads) if timed_reads else None,
     }
 
 
@@ -478,6 +517,9 @@ def _aggregate(arm_runs: list[dict], peak_flops: float | None) -> dict:
         "peak_mem_kind": first["peak_mem_kind"],
         "final_loss": statistics.median(r["final_loss"] for r in ok),
         "settings": first["settings"],
+        "compiles": first.get("compiles"),
+        "compiled_graphs": first.get("compiled_graphs"),
+        "host_reads_per_step": first.get("host_reads_per_step"),
         "tokens_per_step": first["tokens_per_step"],
         "n_repeats": len(ok),
         "repeats": arm_runs,
@@ -490,18 +532,22 @@ def _fmt_mem(n):
 
 
 def format_table(results: dict) -> str:
-    rows = ["| arm | tokens/s | step ms (median) | MFU | peak memory | mean loss | settings |",
-            "|---|---:|---:|---:|---:|---:|---|"]
+    rows = ["| arm | tokens/s | step ms (median) | MFU | peak memory | mean loss | compiles (graphs) | host reads/step | settings |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for arm, r in results["arms"].items():
         if r.get("status") != "ok":
-            rows.append(f"| {arm} | {r.get('status')}: {r.get('error', '')} | | | | | |")
+            rows.append(f"| {arm} | {r.get('status')}: {r.get('error', '')} | | | | | | | |")
             continue
         s = r["settings"]
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
         knobs = f"{s.get('precision')}, compile={s.get('torch_compile')}, tf32={s.get('tf32')}, {s.get('attn_implementation')}"
+        if s.get("changed"):
+            knobs += ", " + ", ".join(f"{k}={v}" for k, v in s["changed"].items())
+        compiled = "n/a" if r.get("compiles") is None else f"{r['compiles']} ({r['compiled_graphs']})"
+        reads = "n/a" if r.get("host_reads_per_step") is None else f"{r['host_reads_per_step']:g}"
         rows.append(
             f"| {arm} | {r['tokens_per_s']:,.0f} | {1000 * r['step_time_median_s']:.1f} | {mfu} | "
-            f"{_fmt_mem(r['peak_mem_bytes'])} | {r['final_loss']:.3f} | {knobs} |"
+            f"{_fmt_mem(r['peak_mem_bytes'])} | {r['final_loss']:.3f} | {compiled} | {reads} | {knobs} |"
         )
     return "\n".join(rows)
 
@@ -542,7 +588,8 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda if available, else cpu")
     p.add_argument("--tiny", action="store_true", help="tiny GPT-2 (2 x 32, vocab 512, 8 x 64 tokens): CPU smoke run")
-    p.add_argument("--arms", default=None, help=f"comma-separated subset of {', '.join(ARMS)}")
+    p.add_argument("--arms", default=None,
+                   help=f"comma-separated subset of {', '.join(ARMS)}; or a named set: {', '.join(DEFAULT_ARMS)}")
     p.add_argument("--steps", type=int, default=None, help="timed steps per arm (default 30 GPU, 4 tiny)")
     p.add_argument("--warmup", type=int, default=None, help="untimed first steps (default 10 GPU, 2 tiny)")
     p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default 32, tiny 8)")
@@ -574,7 +621,10 @@ def _resolve_defaults(opts):
     opts.warmup = opts.warmup if opts.warmup is not None else (2 if tiny else 10)
     if opts.warmup < 1 or opts.steps < 1:
         raise SystemExit(f"--warmup and --steps must be >= 1; got warmup={opts.warmup}, steps={opts.steps}")
-    arms = opts.arms.split(",") if opts.arms else DEFAULT_ARMS["tiny" if tiny else "gpu"]
+    if opts.arms in DEFAULT_ARMS:  # a named set: --arms fast-path
+        arms = DEFAULT_ARMS[opts.arms]
+    else:
+        arms = opts.arms.split(",") if opts.arms else DEFAULT_ARMS["tiny" if tiny else "gpu"]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise SystemExit(f"--arms: unknown {unknown}; known: {', '.join(ARMS)}")

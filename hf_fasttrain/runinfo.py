@@ -20,6 +20,7 @@ __all__ = [
     "git_revision",
     "environment_info",
     "write_run_record",
+    "update_run_info",
     "training_config",
     "overridden_fields",
     "run_facts",
@@ -126,6 +127,14 @@ def write_run_record(output_dir: str | Path, config: Mapping[str, Any],
     if run:
         info.update(dict(run))
     atomic_write_text(out / "run_info.json", json.dumps(info, indent=2))
+
+
+def update_run_info(output_dir: str | Path, facts: Mapping[str, Any]) -> None:
+    """Add ``facts`` (known only after training, e.g. ``compiled_graphs``) to ``output_dir/run_info.json``."""
+    path = Path(output_dir) / "run_info.json"
+    info = json.loads(path.read_text()) if path.exists() else {}
+    info.update(dict(facts))
+    atomic_write_text(path, json.dumps(info, indent=2))
 
 
 def _plain(v: Any) -> Any:

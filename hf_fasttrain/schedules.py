@@ -202,14 +202,34 @@ class TokenProgress:
         if isinstance(total_tokens, bool) or not isinstance(total_tokens, numbers.Integral) or total_tokens <= 0:
             raise ValueError(f"total_tokens={total_tokens!r} is not allowed; it must be a positive integer")
         self.total_tokens = int(total_tokens)
-        self.tokens_seen = 0
+        self._seen = 0
+        self._pending: list = []
 
-    def add(self, n: int) -> None:
-        """Count `n` more tokens trained on."""
+    def add(self, n) -> None:
+        """Count `n` more tokens trained on: an int, or an object whose ``value()`` gives the int later (a
+        count still being copied from the device, :class:`hf_fasttrain.throughput.HostCopy`); it is read
+        when the count is next needed, at ``scheduler.step()``."""
+        if hasattr(n, "value"):
+            self._pending.append(n)
+            return
         n = int(n)
         if n < 0:
             raise ValueError(f"TokenProgress.add(n={n}): n must be >= 0")
-        self.tokens_seen += n
+        self._seen += n
+
+    @property
+    def tokens_seen(self) -> int:
+        """Tokens trained on so far (reads the counts added as pending values)."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            for p in pending:
+                self.add(p.value())
+        return self._seen
+
+    @tokens_seen.setter
+    def tokens_seen(self, n: int) -> None:
+        self._pending = []
+        self._seen = int(n)
 
     @property
     def fraction(self) -> float:

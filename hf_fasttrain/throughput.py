@@ -1,10 +1,18 @@
-"""Throughput accounting: tokens, padding and model FLOPs utilisation (MFU).
+"""Throughput accounting: tokens, padding, model FLOPs utilisation (MFU) and compiles.
 
 Plain functions; FastTrainer feeds them the batches it trains on and adds the results to its logs.
+
+No host reads per step. A batch's real-token count is a sum over its attention mask (or its ids), a value on
+the device; reading it to the host (``int(...)``) waits for every kernel queued before it. With
+``lazy=True``, :func:`count_batch` leaves that count on the device: :class:`ThroughputMeter` sums it there
+and reads it once per log, and :class:`HostCopy` copies it to pinned host memory without waiting, for a
+schedule that needs the number before the next step (the copy is queued before the step's forward pass, so
+it has long finished when the scheduler reads it after ``optimizer.step()``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -12,6 +20,8 @@ import torch
 
 __all__ = [
     "BatchCount",
+    "CompileCounter",
+    "HostCopy",
     "count_batch",
     "count_tokens",
     "flops_per_token",
@@ -19,6 +29,8 @@ __all__ = [
     "mfu",
     "ThroughputMeter",
     "PEAK_BF16_FLOPS",
+    "compiled_graphs",
+    "compiles_by_function",
 ]
 
 # Dense bf16/fp16 tensor-core peaks from the vendors' datasheets (FLOP/s, no sparsity). Matched by
@@ -42,9 +54,10 @@ PEAK_BF16_FLOPS: dict[str, float] = {
 @dataclass(frozen=True)
 class BatchCount:
     """What one batch holds, for throughput: ``tokens`` (``real`` of ``total``, rows of ``seq_len``) or,
-    for a batch without a token dimension (images, features), ``samples``."""
+    for a batch without a token dimension (images, features), ``samples``. ``real`` is a 0-d device tensor
+    when counted with ``lazy=True`` from a mask or ids (the shapes, and so ``total``, are known on the host)."""
 
-    real: int = 0
+    real: "int | torch.Tensor" = 0
     total: int = 0
     seq_len: int = 0
     samples: int = 0
@@ -86,9 +99,11 @@ def _num_samples(batch) -> int:
     return 0
 
 
-def count_batch(batch, pad_token_id: Optional[int] = None) -> BatchCount:
+def count_batch(batch, pad_token_id: Optional[int] = None, lazy: bool = False) -> BatchCount:
     """Tokens of a batch when it has a token dimension (see ``count_tokens``), else its samples. Never raises:
     any model's batch (token ids, ``inputs_embeds``, ``pixel_values``, regression features, a tuple) is counted.
+    ``lazy``: a count that needs the batch's values (a mask or pad ids) stays a 0-d int64 tensor on the
+    batch's device (no host read); counts from shapes alone are ints either way.
 
     Example:
         >>> count_batch({"input_ids": torch.ones(2, 4, dtype=torch.long)})
@@ -104,16 +119,17 @@ def count_batch(batch, pad_token_id: Optional[int] = None) -> BatchCount:
     ids = _tensor(batch, "input_ids")
     mask = _tensor(batch, "attention_mask")
     positions = _tensor(batch, "position_ids")
+    read = (lambda t: t.to(torch.int64)) if lazy else int
     if mask is not None and mask.numel() == total:
-        real = int(mask.sum())
+        real = read(mask.sum())
     elif ids is None or pad_token_id is None:
         real = total
     elif positions is None or positions.shape != ids.shape:
-        real = int((ids != pad_token_id).sum())
+        real = read((ids != pad_token_id).sum())
     else:
         labels = _tensor(batch, "labels")
         labels = labels if labels is not None and labels.shape == ids.shape else None
-        real = total - _packed_tail_padding(ids, positions, labels, pad_token_id)
+        real = total - read(_packed_tail_padding(ids, positions, labels, pad_token_id))
     return BatchCount(real=real, total=total, seq_len=int(seq_len))
 
 
@@ -132,7 +148,7 @@ def count_tokens(batch: Mapping[str, torch.Tensor], pad_token_id: Optional[int] 
 
 
 def _packed_tail_padding(ids: torch.Tensor, positions: torch.Tensor, labels, pad_token_id: int) -> int:
-    """Tokens in the padded tails of packed rows (see ``count_tokens``); vectorised, one host sync."""
+    """Tokens in the padded tails of packed rows (see ``count_tokens``), as a 0-d device tensor; vectorised."""
     width = ids.shape[-1]
     ids2, pos2 = ids.reshape(-1, width), positions.reshape(-1, width)
     cols = torch.arange(width, device=pos2.device).expand_as(pos2)
@@ -141,7 +157,7 @@ def _packed_tail_padding(ids: torch.Tensor, positions: torch.Tensor, labels, pad
     if labels is not None:
         is_pad &= labels.reshape(-1, width) == -100
     tail_is_padding = (is_pad | (cols < start)).all(dim=-1, keepdim=True)
-    return int(((width - start) * tail_is_padding).sum())
+    return ((width - start) * tail_is_padding).sum()
 
 
 def flops_per_token(n_params: int, n_layer: int, d_model: int, seq_len: int) -> float:
@@ -183,21 +199,27 @@ class ThroughputMeter:
     """
 
     pad_token_id: Optional[int] = None
-    real: int = 0
+    real: "int | torch.Tensor" = 0
     total: int = 0
     seq_len: int = 0
     samples: int = 0
 
     def add(self, batch) -> None:
-        count = count_batch(batch, self.pad_token_id)
-        self.real += count.real
+        """Count a batch (its real tokens stay on the device until :meth:`flush`)."""
+        self.add_count(count_batch(batch, self.pad_token_id, lazy=True))
+
+    def add_count(self, count: BatchCount) -> None:
+        """Add a batch counted elsewhere (``count_batch``, lazy or not): one count serves several users."""
+        self.real = self.real + count.real
         self.total += count.total
         self.samples += count.samples
         if count.total:
             self.seq_len = count.seq_len
 
     def flush(self) -> dict:
-        """Counts since the last flush; ``samples`` are those of batches without tokens."""
+        """Counts since the last flush (one host read); ``samples`` are those of batches without tokens."""
+        if isinstance(self.real, torch.Tensor):
+            self.real = int(self.real)
         out = {
             "real_tokens": self.real,
             "total_tokens": self.total,
@@ -207,3 +229,95 @@ class ThroughputMeter:
         }
         self.real = self.total = self.samples = 0
         return out
+
+
+class HostCopy:
+    """A device value copied to the host without waiting for the device; :meth:`value` reads it later.
+
+    On a GPU the copy goes into pinned host memory, queued on the current stream behind the kernels that make
+    the value, and a CUDA event marks its end; :meth:`value` waits for that event only, not for the kernels
+    queued after it. Elsewhere (CPU tensors, ints) the value is already on the host.
+
+    Example:
+        >>> HostCopy(torch.tensor(7)).value(), HostCopy(5).value()
+        (7, 5)
+    """
+
+    def __init__(self, value: "int | torch.Tensor"):
+        self._event = None
+        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+            host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+            host.copy_(value.detach(), non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+            value = host
+        self._value = value
+
+    def value(self) -> int:
+        if self._event is not None:
+            self._event.synchronize()  # the copy's own end, queued before the step's forward pass
+            self._event = None
+        v = self._value
+        # a host tensor's memory is read as a numpy array: no device is involved
+        return int(v.numpy().sum()) if isinstance(v, torch.Tensor) else int(v)
+
+# ---- compiles ------------------------------------------------------------------------------------
+# How often ``torch.compile`` compiled: each compile is a cold start (tens of seconds on a GPU).
+#
+# A compiled function recompiles whenever an input's shape or strides leave what its graphs cover. Under
+# sequence-length warmup the first length gives a static graph and the second a dynamic one that serves every
+# later length, so each compiled function should compile at most 2 times in a run (the data cut keeps strides
+# the same: :func:`hf_fasttrain.data.seqlen.set_batch_sequence_length`). Two numbers, both from dynamo's
+# per-process counters, taken since a :class:`CompileCounter` was made:
+#
+# - ``compiles``: the most times any one function was compiled (2 under warmup; a third means a recompile);
+# - ``graphs``: graphs compiled in all, which also counts the pieces a graph break splits a function into.
+#
+# FastTrainer logs both with every training log (``compiles``, ``compiled_graphs``) when ``torch_compile`` is on,
+# and writes them into ``run_info.json`` at the end of ``train()``.
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far (its ``unique_graphs`` counter; 0 without dynamo)."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # a torch without dynamo
+        return 0
+    return int(counters["stats"]["unique_graphs"])
+
+
+def compiles_by_function() -> Counter:
+    """Compiles so far of each function dynamo compiled (by its frame id; empty when unknown)."""
+    try:
+        from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
+    except Exception:  # a torch without dynamo, or one that moved this counter
+        return Counter()
+    return Counter(dict(FRAME_COMPILE_COUNTER))
+
+
+class CompileCounter:
+    """Compiles since this counter was made (dynamo's counters are per process, not per run).
+
+    Example:
+        >>> counter = CompileCounter()
+        >>> f = torch.compile(lambda x: x * 2, backend="eager")
+        >>> for n in (3, 4, 5, 6):
+        ...     _ = f(torch.ones(n))
+        >>> counter.compiles(), counter.graphs()   # static at length 3, then one dynamic graph for 4, 5 and 6
+        (2, 2)
+    """
+
+    def __init__(self) -> None:
+        self._graphs = compiled_graphs()
+        self._by_function = compiles_by_function()
+
+    def graphs(self) -> int:
+        return compiled_graphs() - self._graphs
+
+    def compiles(self) -> int:
+        """The most compiles of one function since then (0: nothing was compiled)."""
+        now = compiles_by_function()
+        return max((n - self._by_function.get(k, 0) for k, n in now.items()), default=0)
+
+    def stats(self) -> dict[str, int]:
+        return {"compiles": self.compiles(), "compiled_graphs": self.graphs()}

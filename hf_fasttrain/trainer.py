@@ -34,9 +34,9 @@ from .data.streaming import StreamPosition, TokenStream
 from .modeling import is_causal_lm
 from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .precision import logger as precision_logger
-from .runinfo import run_facts, training_config, write_run_record
+from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress, make_scheduler
-from .throughput import ThroughputMeter, count_batch, device_peak_flops, flops_per_token, mfu
+from .throughput import CompileCounter, HostCopy, ThroughputMeter, count_batch, device_peak_flops, flops_per_token, mfu
 from .wiring import SeqLenWiring
 
 __all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
@@ -133,6 +133,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if stop_at:  # a random-restart trial: stop (and checkpoint) early, schedule from max_steps
             self.add_callback(StopAtStepCallback(stop_at))
         self._last_log_seconds = 0.0
+        self._compile_counter: Optional[CompileCounter] = None  # set by train() with torch_compile
         self._dims: Optional[tuple[int, int, int]] = None
         self.token_progress: Optional[TokenProgress] = None  # set by create_scheduler (schedule_unit='tokens')
         if (opt("lr_decay") and opt("schedule_unit") == "tokens" and opt("stop_at_token_budget")
@@ -212,10 +213,14 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         return self.seqlen.adjust_training_values(values) if self.seqlen is not None else values
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        # one token count per micro-batch, left on the device (no host read): the throughput meter sums it
+        # until the next log; the token-counted schedule gets it through a copy that does not wait
+        count = count_batch(inputs, self.throughput.pad_token_id, lazy=True) if (
+            self.run_record or self.token_progress is not None) else None
         if self.run_record:
-            self.throughput.add(inputs)
+            self.throughput.add_count(count)
         if self.token_progress is not None:
-            self.token_progress.add(self._tokens_all_processes(inputs))
+            self.token_progress.add(HostCopy(self._tokens_all_processes(inputs, count)))
         return super().training_step(model, inputs, num_items_in_batch)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
@@ -275,6 +280,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                 logs.update(self._norm_clip_window.pop())
             else:  # evaluation and end-of-training logs carry the clock too (it survives a resume)
                 logs.setdefault("train_seconds", recorder.train_seconds())
+            if self._compile_counter is not None:  # torch_compile: cold compiles so far (see throughput.CompileCounter)
+                logs.update(self._compile_counter.stats())
         super().log(logs, start_time)
 
     def create_optimizer(self, model=None):
@@ -311,6 +318,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         recorder = self.recorder
         if recorder is not None:
             recorder.resume_dir = resume_dir
+        # -- compiles: counted over this train() call, logged and written into run_info.json
+        self._compile_counter = CompileCounter() if self.args.torch_compile else None
         try:
             if self.stream_position is None or not resume_from_checkpoint:
                 output = super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
@@ -322,6 +331,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if self.graceful_stop is not None and self.graceful_stop.stopped:
             # a stopped run is not a finished one: the caller's final save and evaluation must not run
             raise self.graceful_stop.stop(self.is_world_process_zero())
+        if self._compile_counter is not None and self.run_record and self.is_world_process_zero():
+            update_run_info(self.args.output_dir, self._compile_counter.stats())
         return output
 
     def _train_from_stream_position(self, checkpoint, trial, ignore_keys_for_eval, **kwargs):
@@ -343,9 +354,10 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.args.ignore_data_skip = skip
 
     # -- helpers -------------------------------------------------------------------------------
-    def _tokens_all_processes(self, inputs) -> int:
-        """Real (non-pad) tokens of this micro-batch summed over processes: every rank's schedule agrees."""
-        count = count_batch(inputs, self.throughput.pad_token_id)
+    def _tokens_all_processes(self, inputs, count=None):
+        """Real (non-pad) tokens of this micro-batch summed over processes: every rank's schedule agrees.
+        An int, or a 0-d device tensor when ``count`` was counted lazily (the sum stays on the device)."""
+        count = count if count is not None else count_batch(inputs, self.throughput.pad_token_id)
         if not count.total:
             keys = sorted(inputs) if isinstance(inputs, dict) else type(inputs).__name__
             raise ValueError(
@@ -354,8 +366,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             )
         real = count.real
         if self.args.world_size > 1:
-            t = torch.tensor(real, dtype=torch.int64, device=self.args.device)
-            real = int(self.accelerator.reduce(t, reduction="sum").item())
+            t = torch.as_tensor(real, dtype=torch.int64, device=self.args.device)
+            real = self.accelerator.reduce(t, reduction="sum")
         return real
 
     def _default_total_tokens(self, num_training_steps: int) -> int:

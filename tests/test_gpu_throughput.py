@@ -129,3 +129,21 @@ def test_arm_settings_on_a_mocked_h200():
     assert settings["recipe"] == "gpt2_small" and attn == "sdpa"
     with pytest.raises(ValueError, match="not a Trainer arm: torch-loop"):
         gt.trainer_arm_setup("torch-loop", base, h200, compile_on=True)
+
+
+def test_fast_path_arms_change_one_part_of_the_recipe():
+    """Each fasttrain-<part> arm is the recipe with exactly its own change; --arms fast-path names them all."""
+    from hf_fasttrain.precision import DeviceInfo
+
+    h200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0),
+                      bf16_supported=True, fp16_supported=True, tf32_supported=True)
+    base = {"output_dir": "o", "per_device_train_batch_size": 32, "use_cpu": False}
+    _, recipe, _, _ = gt.trainer_arm_setup("fasttrain", base, h200, compile_on=True)
+    assert recipe["divergence_guard"] is True and recipe.get("weight_averaging") in (None, "none")
+    for arm, change in gt.FASTTRAIN_VARIANTS.items():
+        _, kw, attn, settings = gt.trainer_arm_setup(arm, base, h200, compile_on=True)
+        assert {k: v for k, v in kw.items() if recipe.get(k, "absent") != v} == change, arm
+        assert settings["changed"] == change and attn == "sdpa"
+    opts = gt._resolve_defaults(gt.make_parser().parse_args(["--device", "cpu", "--arms", "fast-path"]))
+    assert opts.arm_list[:3] == ["fasttrain", "hf-tuned", "hf-default"]
+    assert set(opts.arm_list) == {"hf-default", "hf-tuned", *gt.FASTTRAIN_VARIANTS}

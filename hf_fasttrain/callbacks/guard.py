@@ -231,13 +231,15 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
             grad_norm = global_grad_norm([p.grad for p in optimizer_params(optimizer) if p.grad is not None])
         has_loss = loss is not None
         device = loss.device if has_loss else grad_norm.device
-        # one small reduction so every rank takes the same decision, then one host sync
+        # one small reduction so every rank takes the same decision, then the guard's one host read per step:
+        # the decision to skip must come before optimizer.step(), so it cannot wait for a later, free read
         values = torch.stack([loss.to(device) if has_loss else torch.zeros((), device=device), grad_norm.to(device)])
         bad = (~torch.isfinite(values)).any().float().reshape(1)
         values = torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
         summed = all_reduce(torch.cat([values[:1], bad]), "sum")
         gmax = all_reduce(values[1:].clone(), "max")
-        loss_v, n_bad, gnorm_v = float(summed[0]) / world_size(), float(summed[1]), float(gmax[0])
+        loss_sum, n_bad, gnorm_v = torch.cat([summed, gmax]).tolist()
+        loss_v = loss_sum / world_size()
         nonfinite = n_bad > 0
         obs = StepObservation(
             step=step,

@@ -176,7 +176,9 @@ def set_batch_sequence_length(
     ]
     if mode == "truncate":
         for k in seq_keys:
-            out[k] = batch[k][:, :seq_len]
+            # contiguous: a compiled model then sees the same strides at every length (a sliced [B, L] row
+            # is strided by L, a full-length batch by its own length), so one dynamic graph serves them all
+            out[k] = batch[k][:, :seq_len].contiguous()
         return out
 
     pieces = -(-length // seq_len)
@@ -194,7 +196,7 @@ def set_batch_sequence_length(
         out[k] = v.reshape(bsz * pieces, seq_len, *v.shape[2:])
     if "position_ids" in out and "position_ids" in seq_keys:
         pos = out["position_ids"]
-        out["position_ids"] = torch.arange(seq_len, dtype=pos.dtype, device=pos.device).expand(bsz * pieces, seq_len)
+        out["position_ids"] = torch.arange(seq_len, dtype=pos.dtype, device=pos.device).repeat(bsz * pieces, 1)
     return out
 
 

@@ -25,6 +25,7 @@ from .muon import (
     conv1d_lr_multiplier,
     muon_routing,
     newton_schulz,
+    newton_schulz_batched,
     ns_coefficient_schedule,
 )
 from .registry import (

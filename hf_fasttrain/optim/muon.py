@@ -77,6 +77,7 @@ __all__ = [
     "conv1d_lr_multiplier",
     "muon_routing",
     "newton_schulz",
+    "newton_schulz_batched",
     "ns_coefficient_schedule",
 ]
 
@@ -171,6 +172,52 @@ def newton_schulz(
         poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
         x = torch.addmm(x, poly, x, beta=a)  # a X + (b A + c A^2) X
     return x.T if tall else x
+
+
+def newton_schulz_batched(
+    updates: Sequence[torch.Tensor], ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = _NS_EPS
+) -> torch.Tensor:
+    """:func:`newton_schulz` of several 2-D matrices of one shape at once: stacked into ``[N, A, B]`` and
+    iterated with batched matmuls (``baddbmm``), as modded-nanogpt does. Each step then launches 3 kernels
+    for the whole stack instead of 3 per matrix (GPT-2 small: 48 matrices in 4 shapes, so 60 matmul
+    launches per step instead of 720). Returns the ``[N, A, B]`` bf16 results, in order.
+
+    The arithmetic per matrix is :func:`newton_schulz`'s; on CPU the results are bit-identical to it.
+
+    Example:
+        >>> import torch
+        >>> from hf_fasttrain.optim import newton_schulz, newton_schulz_batched
+        >>> g = torch.Generator().manual_seed(0)
+        >>> xs = [torch.randn(64, 32, generator=g) for _ in range(3)]
+        >>> out = newton_schulz_batched(xs)
+        >>> out.shape, all(torch.equal(o, newton_schulz(x)) for o, x in zip(out, xs))
+        (torch.Size([3, 64, 32]), True)
+    """
+    shapes = {tuple(u.shape) for u in updates}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise ValueError(f"Muon: batched Newton-Schulz needs 2-D matrices of one shape, got shapes {sorted(shapes)}")
+    schedule = ns_coefficient_schedule(ns_coefficients, ns_steps)
+    safety = _NS_SAFETY.get(ns_coefficients, 1.0) if isinstance(ns_coefficients, str) else 1.0
+    x = torch.stack(list(updates)).bfloat16()  # one conversion for the stack (element-wise: the same values)
+    tall = x.size(1) > x.size(2)
+    if tall:
+        x = x.mT
+    norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
+    if safety != 1.0:
+        norm = norm * safety
+    x = x / norm
+    for a, b, c in schedule:
+        gram = x @ x.mT
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
+        x = torch.baddbmm(x, poly, x, beta=a)  # a X + (b A + c A^2) X
+    return x.mT if tall else x
+
+
+def _ns_key(update: torch.Tensor, group: dict) -> tuple:
+    """Matrices that can share one batched Newton-Schulz: same shape, dtype, device and settings."""
+    coeffs = group["ns_coefficients"]
+    return (tuple(update.shape), update.dtype, str(update.device), coeffs if isinstance(coeffs, str) else repr(coeffs),
+            group["ns_steps"], group["eps"])
 
 
 def _adjust_lr(lr: float, adjust_lr_fn: Optional[str], shape: Sequence[int]) -> float:
@@ -277,6 +324,10 @@ class Muon(Optimizer):
     orthogonalises all of them; "round_robin" gathers each matrix to one owner rank and scatters
     the result's rows back: per rank 2/W of the bytes and 1/W of the Newton-Schulz work (see
     `hf_fasttrain.optim.muon_communication_bytes`). Both give the single-process update.
+
+    `ns_batched` (default True): matrices of one shape are orthogonalised together
+    (:func:`newton_schulz_batched`, a few batched matmuls instead of many small ones); False runs
+    :func:`newton_schulz` matrix by matrix. The results are the same (bit-identical on CPU).
     """
 
     def __init__(
@@ -291,11 +342,14 @@ class Muon(Optimizer):
         ns_steps: int = 5,
         adjust_lr_fn: Optional[str] = None,
         ns_sharding: str = "all_gather",
+        ns_batched: bool = True,
     ):
         ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises on bad values
         if ns_sharding not in NS_SHARDING:
             raise ValueError(f"Muon: ns_sharding must be one of {list(NS_SHARDING)}, got {ns_sharding!r}")
+        check_bool("Muon", "ns_batched", ns_batched)
         self._ns_sharding = ns_sharding
+        self._ns_batched = ns_batched
         defaults = {
             "lr": lr,
             "weight_decay": weight_decay,
@@ -329,6 +383,8 @@ class Muon(Optimizer):
             shared = [w for w in work if _round_robin_ok(w[0])]
             if shared:
                 done = _round_robin_newton_schulz(shared)
+        if self._ns_batched:
+            done.update(self._batched_newton_schulz([w for w in work if w[0] not in done]))
         for p, group, update in work:
             ortho = done.get(p)
             if ortho is None:
@@ -338,6 +394,26 @@ class Muon(Optimizer):
             p.mul_(1 - lr * group["weight_decay"])
             p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
         return loss
+
+
+    @staticmethod
+    def _batched_newton_schulz(items: list) -> dict:
+        """{param: orthogonalised update laid out as the param} for (param, group, update) items, one
+        batched Newton-Schulz per shape (a shape held by one matrix only runs alone)."""
+        by_key: dict[tuple, list] = {}
+        for p, group, update in items:
+            full = _full(update)
+            by_key.setdefault(_ns_key(full, group), []).append((p, group, full))
+        done = {}
+        for batch in by_key.values():
+            if len(batch) < 2:
+                continue
+            group = batch[0][1]
+            out = newton_schulz_batched([full for _, _, full in batch], group["ns_coefficients"], group["ns_steps"],
+                                        group["eps"])
+            for (p, _, _), ortho in zip(batch, out.unbind(0)):
+                done[p] = _like(ortho, p)
+        return done
 
 
 def _conv1d_type():
@@ -421,6 +497,7 @@ class MuonWithAdamW(Optimizer):
         betas, eps: AdamW's.
         cautious: cautious AdamW part (Liang et al. 2024, see `hf_fasttrain.optim.AdamW`).
         ns_sharding: under FSDP2, "all_gather" (default) or "round_robin" (see `Muon`).
+        ns_batched: orthogonalise matrices of one shape together (default True; see `Muon`).
         fused: AdamW's fused kernel; None: fused when every AdamW param is on CUDA, else foreach.
             Not with `cautious` (that AdamW has no fused kernel).
 
@@ -453,6 +530,7 @@ class MuonWithAdamW(Optimizer):
         ns_coefficients: Any = "jordan",
         cautious: bool = False,
         ns_sharding: str = "all_gather",
+        ns_batched: bool = True,
     ):
         if not hasattr(torch.optim, "Muon"):
             raise ImportError(f"MuonWithAdamW needs torch.optim.Muon (torch >= 2.9), found torch {torch.__version__}")
@@ -481,7 +559,9 @@ class MuonWithAdamW(Optimizer):
             "ns_coefficients": ns_coefficients,
         }
         self._cautious = cautious
+        check_bool("Muon", "ns_batched", ns_batched)
         self._ns_sharding = ns_sharding
+        self._ns_batched = ns_batched
         self._adamw_defaults = {"lr": lr, "weight_decay": weight_decay, "betas": betas, "eps": eps}
         self._fused = fused
         self._muon: Optional[Optimizer] = None
@@ -510,7 +590,8 @@ class MuonWithAdamW(Optimizer):
                         f"{tuple(tensor.shape)}; route it to AdamW (use_muon=False)"
                     )
             if self._muon is None:
-                self._muon = Muon([param_group], **self._muon_defaults, ns_sharding=self._ns_sharding)
+                self._muon = Muon([param_group], **self._muon_defaults, ns_sharding=self._ns_sharding,
+                                  ns_batched=self._ns_batched)
             else:
                 self._muon.add_param_group(param_group)
         else:

@@ -166,6 +166,7 @@ def create_muon(
     ns_coefficients: Any = "jordan",
     cautious: bool = False,
     ns_sharding: str = "all_gather",
+    ns_batched: bool = True,
 ) -> MuonWithAdamW:
     """Muon on the hidden matrices, AdamW on the rest (see `muon_routing`), as one optimizer.
 
@@ -176,7 +177,8 @@ def create_muon(
     decay and no-decay groups; every group carries `use_muon` and `param_names`.
     `ns_coefficients` ("jordan", "polar_express" or (a, b, c) triples) and `ns_steps` set the
     Newton-Schulz iteration; `cautious` makes the AdamW part cautious (Liang et al. 2024);
-    `ns_sharding` ("all_gather" or "round_robin") how FSDP2-sharded matrices are orthogonalised.
+    `ns_sharding` ("all_gather" or "round_robin") how FSDP2-sharded matrices are orthogonalised;
+    `ns_batched` (default True) orthogonalises matrices of one shape in one batched Newton-Schulz.
     """
     lr = 1e-3 if lr is None else lr
     weight_decay = 0.1 if weight_decay is None else weight_decay
@@ -220,6 +222,7 @@ def create_muon(
         ns_coefficients=ns_coefficients,
         cautious=cautious,
         ns_sharding=ns_sharding,
+        ns_batched=ns_batched,
     )
 
 
