@@ -17,7 +17,7 @@ from typing import Any, Optional
 from datasets import DatasetDict
 
 from .corpus import PROSE_CORPUS, get_tokenizer, load_text_datasets, load_tokenizer, tokenize_and_chunk
-from .pretokenized import TOKENIZER_DIR, check_manifest, read_manifest, write_pretokenized
+from .pretokenized import TOKENIZER_DIR, check_manifest, check_out_folder, read_manifest, write_pretokenized
 from .sources import DataError, check_text_column, load_source, with_validation
 
 __all__ = ["PreparedData", "load_documents", "prepare_lm_data", "pretokenize", "drop_empty_documents"]
@@ -61,23 +61,33 @@ def drop_empty_documents(raw: DatasetDict, num_proc: Optional[int] = None) -> tu
 
 
 def load_documents(args, seed: int = 0, trust_remote_code: bool = False):
-    """``(DatasetDict train/validation, kind)``: ``kind`` is ``"text"`` (a ``text`` column of documents) or
-    ``"input_ids"`` (rows already tokenized, taken as they are)."""
+    """``(DatasetDict train/validation, kind, empty documents dropped)``: ``kind`` is ``"text"`` (a ``text``
+    column of non-empty documents) or ``"input_ids"`` (rows already tokenized, taken as they are).
+
+    Empty documents go before the validation split is cut, so they never shift which documents are held out.
+    """
     dataset = args.dataset
     if dataset is None or dataset == PROSE_CORPUS:
-        return load_text_datasets(dataset, validation_fraction=args.validation_fraction,
-                                  max_files=args.max_corpus_files, seed=seed), "text"
+        raw = load_text_datasets(dataset, validation_fraction=args.validation_fraction,
+                                 max_files=args.max_corpus_files, seed=seed)
+        raw, dropped = drop_empty_documents(raw, num_proc=args.preprocessing_num_workers)
+        return raw, "text", dropped
     dd = load_source(dataset, args.dataset_config, **_source_kwargs(args, trust_remote_code))
     kind = check_text_column(dd["train"].column_names, args.text_column, dataset)
-    dd = with_validation(dd, args.validation_fraction, seed)
     if kind == "input_ids":
-        return DatasetDict({k: v.select_columns(["input_ids"]) for k, v in dd.items()}), kind
+        dd = DatasetDict({k: v.select_columns(["input_ids"]) for k, v in dd.items()})
+        return with_validation(dd, args.validation_fraction, seed), kind, 0
     feature = dd["train"].features[args.text_column]
     if getattr(feature, "dtype", None) not in ("string", "large_string"):
         raise DataError("text_column", args.text_column, problem=f"column {args.text_column!r} of {dataset!r} holds "
                         f"{getattr(feature, 'dtype', type(feature).__name__)}, not text; its columns are "
                         f"{dd['train'].column_names}", allowed="name the column of strings with --text_column")
-    return DatasetDict({k: _text_only(v, args.text_column) for k, v in dd.items()}), kind
+    dd = DatasetDict({k: _text_only(v, args.text_column) for k, v in dd.items()})
+    dd, dropped = drop_empty_documents(dd, num_proc=args.preprocessing_num_workers)
+    if len(dd["train"]) == 0:
+        raise DataError("dataset", dataset, problem=f"no documents left in {dataset!r} after dropping {dropped:,} "
+                        "empty ones", allowed="give data whose text column holds text")
+    return with_validation(dd, args.validation_fraction, seed), kind, dropped
 
 
 def _text_only(ds, column: str):
@@ -134,7 +144,7 @@ def prepare_lm_data(args, trust_remote_code: bool = False, seed: int = 0) -> Pre
                                     args.validation_fraction, seed), args)
         _require_rows(lm, args)
         return PreparedData(tokenizer, lm, name, pretokenized=True, manifest=manifest)
-    raw, kind = load_documents(args, seed=seed, trust_remote_code=trust_remote_code)
+    raw, kind, dropped = load_documents(args, seed=seed, trust_remote_code=trust_remote_code)
     if kind == "input_ids":
         if args.tokenizer is None:
             raise DataError("tokenizer", None, problem=f"{name!r} holds input_ids (pre-tokenized) and no "
@@ -145,10 +155,6 @@ def prepare_lm_data(args, trust_remote_code: bool = False, seed: int = 0) -> Pre
         lm = _limit(raw, args)
         _require_rows(lm, args)
         return PreparedData(tokenizer, lm, name, pretokenized=True)
-    raw, dropped = drop_empty_documents(raw, num_proc=args.preprocessing_num_workers)
-    if len(raw["train"]) == 0:
-        raise DataError("dataset", name, problem=f"no documents left in {name!r} after dropping {dropped:,} empty ones",
-                        allowed="give data whose text column holds text")
     tokenizer = get_tokenizer(args.tokenizer, args.vocab_size, corpus=raw, trust_remote_code=trust_remote_code)
     lm = _limit(tokenize_and_chunk(raw, tokenizer, args.block_size, num_proc=args.preprocessing_num_workers), args)
     _require_rows(lm, args)
@@ -170,6 +176,7 @@ def pretokenize(args, out: str, trust_remote_code: bool = False, seed: int = 0,
                 shard_tokens: Optional[int] = None) -> dict:
     """``hf-fasttrain tokenize``: tokenize ``args.dataset`` once (``datasets.map`` over
     ``args.preprocessing_num_workers`` processes, cached) and write the rows to ``out``; returns the manifest."""
+    check_out_folder(out)  # before any work
     if read_manifest(args.dataset) is not None:
         raise DataError("dataset", args.dataset, problem=f"{args.dataset!r} is already pre-tokenized",
                         allowed="train on it with --dataset, or tokenize the text it came from")

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Optional
 from .corpus import tokenizer_fingerprint
 from .sources import MANIFEST, PRETOKENIZED_FORMAT, DataError, _pretokenized_manifest
 
-__all__ = ["MANIFEST", "TOKENIZER_DIR", "read_manifest", "check_manifest", "write_pretokenized", "shard_plan"]
+__all__ = ["MANIFEST", "TOKENIZER_DIR", "read_manifest", "check_manifest", "check_out_folder", "write_pretokenized", "shard_plan"]
 
 TOKENIZER_DIR = "tokenizer"
 MANIFEST_VERSION = 1
@@ -68,6 +68,15 @@ def shard_plan(rows: int, block_size: int, shard_tokens: int = DEFAULT_SHARD_TOK
     return [(i * per, min(rows, (i + 1) * per)) for i in range(n)]
 
 
+def check_out_folder(out: str) -> Path:
+    """``out`` as a Path, refused (one line) when it exists and is not an empty folder."""
+    final = Path(os.path.expanduser(out))
+    if final.exists() and (not final.is_dir() or any(final.iterdir())):
+        raise DataError("out", out, problem=f"{out!r} already exists and is not empty",
+                        allowed="give a new folder (the output is written whole, never over another)")
+    return final
+
+
 def write_pretokenized(lm, out: str, tokenizer, block_size: int, source: Mapping[str, Any],
                        shard_tokens: int = DEFAULT_SHARD_TOKENS) -> dict:
     """Write ``lm`` (DatasetDict of ``input_ids`` rows of ``block_size``) as parquet shards + manifest.
@@ -80,10 +89,7 @@ def write_pretokenized(lm, out: str, tokenizer, block_size: int, source: Mapping
 
     from .._version import __version__
 
-    final = Path(os.path.expanduser(out))
-    if final.exists() and (not final.is_dir() or any(final.iterdir())):
-        raise DataError("out", out, problem=f"{out!r} already exists and is not empty",
-                        allowed="give a new folder (the output is written whole, never over another)")
+    final = check_out_folder(out)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:

@@ -431,12 +431,32 @@ def load_source(
             raise _hub_error(dataset, exc) from exc
         raise DataError("dataset", dataset, problem=f"could not load the save_to_disk folder: {_first_line(exc)}",
                         allowed="check the folder (it must be written by Dataset/DatasetDict.save_to_disk)") from exc
+    if source.kind == "files" and builder == "json" and not streaming and not _valid_utf8(loaded):
+        # pyarrow's JSON reader keeps invalid UTF-8 in strings (the error would come at tokenization): find it
+        raise _diagnose(source, UnicodeError("invalid UTF-8 in a string column"))
     if isinstance(loaded, (datasets.Dataset, datasets.IterableDataset)):
         cls = datasets.IterableDatasetDict if isinstance(loaded, datasets.IterableDataset) else datasets.DatasetDict
         loaded = cls({"train": loaded})
     if not streaming and sum(d.num_rows for d in loaded.values()) == 0:
         raise DataError("dataset", dataset, problem=f"{dataset!r} has no rows", allowed="give data with some text")
     return loaded
+
+
+def _valid_utf8(loaded) -> bool:
+    """Whether every string column of a loaded (map-style) source is valid UTF-8 (a C++ pass, no Python)."""
+    import pyarrow as pa
+
+    parts = loaded.values() if hasattr(loaded, "values") else [loaded]
+    for ds in parts:
+        table = ds.data.table
+        for column in table.columns:
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                for chunk in column.chunks:
+                    try:
+                        chunk.validate(full=True)
+                    except pa.ArrowInvalid:
+                        return False
+    return True
 
 
 @contextlib.contextmanager
