@@ -119,7 +119,7 @@ def measure_rss(files: list[str], tokenizer_dir: str, block_size: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-TINY = {"max_files": 12, "vocab_size": 300, "block_size": 64, "batch_size": 4, "max_batches": 4, "repeats": 1,
+TINY = {"max_files": 40, "vocab_size": 300, "block_size": 64, "batch_size": 4, "max_batches": 4, "repeats": 1,
         "shards": 2, "factor": 3}
 
 
