@@ -288,3 +288,12 @@ def test_an_input_ids_dataset_is_taken_as_it_is(tok_dir, tmp_path, monkeypatch):
     Dataset.from_dict({"input_ids": [[1, 2], [99999, 3]]}).to_json("big.jsonl")
     with pytest.raises(DataError, match=r"^tokenizer: .*token id 99999, outside this tokenizer's"):
         prepare_lm_data(DataArguments(dataset="big.jsonl", tokenizer=str(tok_dir), block_size=4))
+
+
+def test_dataset_split_picks_one_split(corpus, monkeypatch):
+    monkeypatch.chdir(corpus)
+    for spec in ("split", "saved_dd"):
+        dd = load_source(spec, dataset_split="validation")
+        assert list(dd) == ["train"] and dd["train"]["text"][:] == make_docs()[100:]
+        with pytest.raises(DataError, match=r"^dataset_split: 'dev' is not a split of .*; one of \['train', 'validation'\]"):
+            load_source(spec, dataset_split="dev")

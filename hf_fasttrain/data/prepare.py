@@ -64,14 +64,15 @@ def load_documents(args, seed: int = 0, trust_remote_code: bool = False):
     """``(DatasetDict train/validation, kind, empty documents dropped)``: ``kind`` is ``"text"`` (a ``text``
     column of non-empty documents) or ``"input_ids"`` (rows already tokenized, taken as they are).
 
-    Empty documents go before the validation split is cut, so they never shift which documents are held out.
+    Empty documents of a user's data go before the validation split is cut, so they never shift which
+    documents are held out.
     """
     dataset = args.dataset
     if dataset is None or dataset == PROSE_CORPUS:
-        raw = load_text_datasets(dataset, validation_fraction=args.validation_fraction,
-                                 max_files=args.max_corpus_files, seed=seed)
-        raw, dropped = drop_empty_documents(raw, num_proc=args.preprocessing_num_workers)
-        return raw, "text", dropped
+        # the embedded corpora stay as they are (an empty __init__.py is one EOS): their rows, and every figure
+        # measured on them, do not move
+        return load_text_datasets(dataset, validation_fraction=args.validation_fraction,
+                                  max_files=args.max_corpus_files, seed=seed), "text", 0
     dd = load_source(dataset, args.dataset_config, **_source_kwargs(args, trust_remote_code))
     kind = check_text_column(dd["train"].column_names, args.text_column, dataset)
     if kind == "input_ids":

@@ -421,7 +421,10 @@ def load_source(
             with _quiet_datasets(source.kind == "files"):  # its error logs: the diagnosis below says it in one line
                 loaded = datasets.load_dataset(builder, **kwargs, streaming=streaming)
             if source.kind == "files" and dataset_split is not None:
-                loaded = loaded[dataset_split] if dataset_split in loaded else loaded
+                if dataset_split not in loaded:
+                    raise DataError("dataset_split", dataset_split, problem=f"{dataset_split!r} is not a split of "
+                                    f"{dataset!r}", allowed=f"one of {sorted(loaded)}")
+                loaded = loaded[dataset_split]
     except DataError:
         raise
     except Exception as exc:
