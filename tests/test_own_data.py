@@ -172,11 +172,12 @@ def test_recipe_trains_on_a_parquet_folder_then_on_its_pretokenized_rows(tmp_pat
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_FASTTRAIN_CACHE": str(tmp_path / "cache"),
            "HF_DATASETS_CACHE": str(tmp_path / "hf")}
     common = ["--config", "gpt2_tiny", "--max_steps", "30", "--eval_steps", "15", "--save_steps", "30",
-              "--vocab_size", "512", "--max_eval_samples", "32", "--disable_tqdm", "true"]
+              "--vocab_size", "512", "--max_eval_samples", "16", "--disable_tqdm", "true", "--n_layer", "1",
+              "--n_embd", "64", "--n_head", "2", "--per_device_train_batch_size", "8", "--block_size", "64"]
 
     def train(dataset: str, out: str) -> dict:
         proc = subprocess.run([sys.executable, "recipes/gpt2_small.py", *common, "--dataset", dataset,
-                               "--output_dir", out], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                               "--output_dir", out], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
         assert proc.returncode == 0, proc.stderr[-3000:]
         metrics = json.loads((Path(out) / "metrics.json").read_text())
         evals = [h["eval_loss"] for h in metrics["history"] if "eval_loss" in h]
@@ -186,7 +187,7 @@ def test_recipe_trains_on_a_parquet_folder_then_on_its_pretokenized_rows(tmp_pat
     text_run = train(str(tmp_path / "pq"), str(tmp_path / "run_text"))
     assert "documents (3 empty dropped) -> " in text_run["stderr"]
     tok = subprocess.run([sys.executable, "-m", "hf_fasttrain.cli", "tokenize", "--dataset", str(tmp_path / "pq"),
-                          "--tokenizer", str(tmp_path / "run_text"), "--block_size", "128", "--out",
+                          "--tokenizer", str(tmp_path / "run_text"), "--block_size", "64", "--out",
                           str(tmp_path / "rows")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert tok.returncode == 0, tok.stderr[-3000:]
     rows_run = train(str(tmp_path / "rows"), str(tmp_path / "run_rows"))
