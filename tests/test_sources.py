@@ -297,3 +297,14 @@ def test_dataset_split_picks_one_split(corpus, monkeypatch):
         assert list(dd) == ["train"] and dd["train"]["text"][:] == make_docs()[100:]
         with pytest.raises(DataError, match=r"^dataset_split: 'dev' is not a split of .*; one of \['train', 'validation'\]"):
             load_source(spec, dataset_split="dev")
+
+
+def test_the_same_resolution_streams(corpus, monkeypatch):
+    """load_source(..., streaming=True): an IterableDatasetDict over the same documents (files and save_to_disk)."""
+    from datasets import IterableDataset
+
+    monkeypatch.chdir(corpus)
+    for spec in ("pq", "c.jsonl.gz", "saved_ds"):
+        stream = load_source(spec, streaming=True)["train"]
+        assert isinstance(stream, IterableDataset), spec
+        assert [r["text"] for r in stream if r["text"].strip()] == make_docs(), spec

@@ -67,6 +67,7 @@ FORMATS: dict[str, tuple[str, dict[str, Any]]] = {
     ".txt": ("text", {"sample_by": "paragraph"}),
     ".text": ("text", {"sample_by": "paragraph"}),
 }
+_BUILDERS = {b for b, _ in FORMATS.values()}
 TEXT_FORMATS = (".csv", ".tsv", ".json", ".jsonl", ".txt", ".text")
 COMPRESSIONS = (".gz", ".zst", ".bz2", ".xz")
 LOAD_FROM_DISK = "load_from_disk"  # the "builder" of a save_to_disk folder
@@ -97,7 +98,10 @@ class Source(NamedTuple):
         """``"disk"`` (save_to_disk), ``"files"`` (local files, one format) or ``"hub"`` (a name)."""
         if self.builder == LOAD_FROM_DISK:
             return "disk"
-        return "files" if self.kwargs.get("_local") else "hub"
+        files = self.kwargs.get("data_files")
+        local = (self.builder in _BUILDERS and isinstance(files, dict) and files
+                 and all(os.path.isabs(f) for fs in files.values() for f in fs))
+        return "files" if local else "hub"
 
     @property
     def files(self) -> list[str]:
@@ -208,8 +212,7 @@ def resolve_source(
 
     Only the file system is read (which paths exist, what a folder holds); nothing is loaded, so the same
     answer serves ``load_dataset(builder, **kwargs, streaming=True)``. Local files come back absolute under
-    ``kwargs["data_files"]`` as ``{split: [files]}``; ``kwargs["_local"]`` marks them (``load_source`` drops
-    it). Raises :class:`DataError` for a missing path, a glob that matches nothing, a folder with no data,
+    ``kwargs["data_files"]`` as ``{split: [files]}`` (``Source.kind`` is then ``"files"``). Raises :class:`DataError` for a missing path, a glob that matches nothing, a folder with no data,
     mixed formats or a compressed binary format.
     """
     if not isinstance(dataset, str) or not dataset.strip():
@@ -231,7 +234,7 @@ def resolve_source(
             manifest = _pretokenized_manifest(p)
             if manifest is not None:
                 splits = {s: [str((p / f).resolve()) for f in fs] for s, fs in manifest.get("shards", {}).items()}
-                return Source("parquet", {"data_files": splits, "_local": True})
+                return Source("parquet", {"data_files": splits})
             files = _folder_files(p)
             splits = _split_folder(p, [str(Path(f).resolve()) for f in files])
             return _file_source(splits)
@@ -269,7 +272,7 @@ def _file_source(splits: dict[str, list[str]]) -> Source:
         raise DataError("dataset", ", ".join(found), problem=f"files of {len(kinds)} formats ({', '.join(found)})",
                         allowed="give files of one format (.json and .jsonl count as one); convert the others")
     (builder, extra), = kinds.keys()
-    return Source(builder, {"data_files": splits, **dict(extra), "_local": True})
+    return Source(builder, {"data_files": splits, **dict(extra)})
 
 
 # -- loading --------------------------------------------------------------------------------------
@@ -401,7 +404,7 @@ def load_source(
 
     source = resolve_source(dataset, dataset_config, dataset_split, dataset_revision, data_files, data_dir)
     builder, kwargs = source
-    kwargs = {k: v for k, v in kwargs.items() if k != "_local"}
+    kwargs = dict(kwargs)
     if source.kind == "files":
         _check_files_readable(source.files)
     try:
