@@ -21,7 +21,9 @@ Each rate is set against what one H200 consumes on GPT-2 small (about 350k token
 torch.compile, about 900k at the hardware limit): workers needed = ceil(consumption / rate).
 
 Memory: the streaming path (b) is run to the end in a fresh process over the corpus and over a corpus
-`--factor` times larger; its peak RSS must stay flat (within 20%), where a map-style load grows with the data.
+`--factor` times larger (written as `--factor` times as many shards of the same size, as large corpora are
+sharded); its peak RSS must stay flat (within 20%): a stream holds a shard's block and a map batch, never
+the corpus.
 
 Writes benchmarks/results/data_pipeline.json, .md (table) and .png. The machine is shared: figures are
 from one run, paths interleaved in one process; rates on a quiet machine are higher.
@@ -145,7 +147,7 @@ def main(args) -> dict:
     tokenizer.save_pretrained(tok_dir)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
     files = write_corpus(work / "corpus", docs, 1, args.shards)
-    big = write_corpus(work / "corpus_x", docs, args.factor, args.shards)
+    big = write_corpus(work / "corpus_x", docs, args.factor, args.shards * args.factor)  # shards of the same size
     text_mb = sum(os.path.getsize(f) for f in files) / 1e6
     block, batch = args.block_size, args.batch_size
     data_args = DataArguments(dataset=",".join(files), tokenizer=tok_dir, block_size=block, validation_fraction=0.01)
@@ -252,7 +254,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--block-size", type=int, default=1024)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-batches", type=int, default=100, help="batches timed per path per repeat")
+    p.add_argument("--max-batches", type=int, default=60, help="batches timed per path per repeat")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--shards", type=int, default=8, help=".jsonl files the corpus is written as")
     p.add_argument("--factor", type=int, default=10, help="the larger streamed corpus is this many times the corpus")
