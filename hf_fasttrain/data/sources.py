@@ -21,8 +21,7 @@ Example:
     >>> import os, tempfile
     >>> from datasets import Dataset
     >>> d = tempfile.mkdtemp()
-    >>> Dataset.from_dict({"text": ["a b", "c d"]}).to_parquet(os.path.join(d, "part-0.parquet"))  # doctest: +ELLIPSIS
-    ...
+    >>> _ = Dataset.from_dict({"text": ["a b", "c d"]}).to_parquet(os.path.join(d, "part-0.parquet"))
     >>> builder, kwargs = resolve_source(d)
     >>> builder, [os.path.basename(f) for f in kwargs["data_files"]["train"]]
     ('parquet', ['part-0.parquet'])
