@@ -54,6 +54,7 @@ from benchmarks._harness import RESULTS, machine_info, markdown_table, module_co
 GPU_MEASURED = 350_000  # tokens/s one H200 consumes on GPT-2 small, compiled (HF_TRAINER_5X.md: 349k-355k)
 GPU_LIMIT = 900_000  # the same at the hardware limit
 RSS_TOLERANCE = 1.2
+STREAM_BATCH = 32  # documents per map batch of the stream
 
 
 def write_corpus(folder: Path, docs: list[str], copies: int, shards: int) -> list[str]:
@@ -80,8 +81,11 @@ def stream_rows(files: list[str], tokenizer, block_size: int):
     from hf_fasttrain.data.corpus import _group_fn, _tokenize_fn
 
     stream = datasets.load_dataset("json", data_files={"train": files}, streaming=True)["train"]
-    tokenized = stream.map(_tokenize_fn(tokenizer, add_eos=True), batched=True, remove_columns=["text"])
-    return tokenized.map(_group_fn(block_size), batched=True, batch_size=1000)
+    # a map batch of STREAM_BATCH documents bounds what the stream holds (datasets' default, 1000 documents,
+    # would hold the whole small corpus at once and hide any growth)
+    tokenized = stream.map(_tokenize_fn(tokenizer, add_eos=True), batched=True, batch_size=STREAM_BATCH,
+                           remove_columns=["text"])
+    return tokenized.map(_group_fn(block_size), batched=True, batch_size=STREAM_BATCH)
 
 
 def time_loader(dataset, collator, batch_size: int, max_batches: int) -> dict:
