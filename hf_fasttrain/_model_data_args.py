@@ -149,15 +149,30 @@ class DataArguments:
 
     dataset: Optional[str] = field(
         default=None,
-        metadata={"help": "Hub dataset name, or comma-separated local .txt/.json/.jsonl files. "
-                  "Default: the embedded corpus (this Python's stdlib sources; works offline)."},
+        metadata={"help": "The text to train on: a file, comma list, glob or folder of .parquet, .csv, .tsv, .arrow, "
+                  ".json, .jsonl or .txt files (text formats also .gz/.zst), a save_to_disk folder, a folder "
+                  "written by `hf-fasttrain tokenize`, or a Hub dataset name. Default: the embedded corpus (this "
+                  "Python's stdlib sources; works offline)."},
     )
     dataset_config: Optional[str] = field(default=None, metadata={"help": "Hub dataset config name."})
-    text_column: str = field(default="text", metadata={"help": "Column holding the raw text."})
+    dataset_split: Optional[str] = field(
+        default=None, metadata={"help": "Train on this split only (e.g. 'train'); the validation split is then cut "
+                                "from it. Default: the source's train split, and its validation split when it has one."})
+    dataset_revision: Optional[str] = field(
+        default=None, metadata={"help": "Hub dataset revision (branch, tag or commit)."})
+    data_files: Optional[str] = field(
+        default=None, metadata={"help": "Files of a Hub or local dataset to load, passed to datasets.load_dataset "
+                                "(comma-separated patterns, e.g. 'data/train-0000*.parquet')."})
+    data_dir: Optional[str] = field(
+        default=None, metadata={"help": "Folder of a Hub or local dataset to load (datasets.load_dataset data_dir)."})
+    text_column: str = field(
+        default="text", metadata={"help": "Column holding the raw text. A dataset with an input_ids column and "
+                                  "no text column is taken as pre-tokenized rows."})
     tokenizer: Optional[str] = field(
         default=None,
-        metadata={"help": "Hub name or local path of a tokenizer. Default: a byte-level BPE trained on "
-                  "the train split and cached (see vocab_size)."},
+        metadata={"help": "A save_pretrained folder, a tokenizer.json file (or a folder holding one), a folder "
+                  "with vocab.json + merges.txt, or a Hub name. Default: a byte-level BPE trained on the train "
+                  "split and cached (see vocab_size); for a `hf-fasttrain tokenize` folder, its own tokenizer."},
     )
     vocab_size: int = field(
         default=8192, metadata={"help": "Vocabulary size of the trained BPE tokenizer (embedded default)."}
@@ -213,3 +228,10 @@ class DataArguments:
             v = getattr(self, name)
             if v is not None:
                 _check(isinstance(v, int) and v >= 1, name, v, "must be a positive integer or null")
+        for name in ("dataset", "dataset_config", "dataset_split", "dataset_revision", "data_dir", "tokenizer"):
+            v = getattr(self, name)
+            _check(v is None or isinstance(v, str) and v.strip() != "", name, v, "must be a non-empty string or null")
+        if isinstance(self.data_files, (list, tuple)):  # a YAML list: the same as the comma-separated string
+            self.data_files = ",".join(str(f) for f in self.data_files)
+        _check(self.data_files is None or isinstance(self.data_files, str) and self.data_files.strip() != "",
+               "data_files", self.data_files, "must be a comma-separated string (or a YAML list) of files or patterns")

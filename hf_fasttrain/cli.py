@@ -1,6 +1,7 @@
 """``hf-fasttrain``: the console entry point.
 
     hf-fasttrain train --config gpt2_tiny [--<field> <value> ...]   # same as recipes/gpt2_small.py
+    hf-fasttrain tokenize --dataset <files> --block_size N --out DIR  # pre-tokenized shards + manifest
     hf-fasttrain recipes list                                      # the bundled recipes
     hf-fasttrain push-recipe <recipe> --repo <owner>/<repo> [--dry-run] [--run-dir <output_dir>]
     hf-fasttrain restarts --config gpt2_tiny --num-seeds 4 --explore-fraction 0.1 [--<field> <value> ...]
@@ -24,6 +25,8 @@ USAGE = """usage: hf-fasttrain <command> [options]
 commands:
   train        train a causal LM from a recipe (--config <path, bundled name or hf://owner/repo>);
                --help lists the options by technique, --help-all adds the Trainer's
+  tokenize     tokenize a dataset once into packed parquet shards + manifest.json (--dataset, --tokenizer,
+               --block_size, --out); train on them with --dataset <out>
   recipes      recipes list: the bundled recipes
   push-recipe  upload a recipe and a model card with a run's results to the Hub (--dry-run to preview)
   restarts     random restart: train --num-seeds seeds for --explore-fraction of the run, continue
@@ -181,10 +184,16 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
     if training_args.restart_num_seeds > 1:  # random restart: explore N seeds, continue the best
         return _run_restarts(model_args, data_args, training_args)
     from . import run
+    from .data.sources import DataError
     from .snapshots import NoSpaceError
 
     try:
         run.train(model_args, data_args, training_args)
+    except DataError as exc:  # the data, the tokenizer or the output folder refused before any training
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except NoSpaceError as exc:  # a full disk while saving a checkpoint: say where and what to do, in one line
         if debug:
             raise
@@ -266,6 +275,61 @@ def _run_restarts(model_args, data_args, training_args) -> int:
         with open(os.path.join(training_args.output_dir, SUMMARY_MD), encoding="utf-8") as f:
             print(f.read(), end="")
     return 0 if summary["winner"] else 1
+
+
+def _tokenize_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hf-fasttrain tokenize",
+        description="Tokenize a dataset once and write packed rows of --block_size token ids as parquet shards, "
+        "with manifest.json (tokenizer hash, block size, tokens, source) and the tokenizer. Train on the folder "
+        "with --dataset DIR: no tokenizer work, the manifest checked against the run's tokenizer and block size.",
+    )
+    p.add_argument("--dataset", required=True, help="what --dataset of a run takes: files, a glob, a folder, a "
+                   "save_to_disk folder or a Hub name")
+    p.add_argument("--out", required=True, help="the folder to write (must be new or empty)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer (save_pretrained folder, tokenizer.json, "
+                   "vocab.json + merges.txt folder, Hub name); default: a byte-level BPE trained on the data")
+    p.add_argument("--block_size", type=int, required=True, help="tokens per row")
+    p.add_argument("--vocab_size", type=int, default=8192, help="vocabulary of the trained BPE (no --tokenizer)")
+    p.add_argument("--text_column", default="text")
+    p.add_argument("--num_proc", type=int, default=None, help="processes for tokenization (datasets.map num_proc)")
+    p.add_argument("--validation_fraction", type=float, default=0.05,
+                   help="share of documents held out when the data has no validation split")
+    for name in ("dataset_config", "dataset_split", "dataset_revision", "data_files", "data_dir"):
+        p.add_argument(f"--{name}", default=None)
+    p.add_argument("--shard_tokens", type=int, default=None, help="tokens per parquet shard (default 2^25)")
+    p.add_argument("--trust_remote_code", action="store_true")
+    return p
+
+
+def _tokenize(argv: Sequence[str]) -> int:
+    """``hf-fasttrain tokenize``: refusals are one line and exit 2, as for ``train``."""
+    debug, argv = _debug(argv)
+    args = _tokenize_parser().parse_args(list(argv))
+    try:
+        from .args import DataArguments
+        from .data.prepare import pretokenize
+
+        data_args = DataArguments(
+            dataset=args.dataset, dataset_config=args.dataset_config, dataset_split=args.dataset_split,
+            dataset_revision=args.dataset_revision, data_files=args.data_files, data_dir=args.data_dir,
+            text_column=args.text_column, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+            block_size=args.block_size, validation_fraction=args.validation_fraction,
+            preprocessing_num_workers=args.num_proc,
+        )
+        if args.shard_tokens is not None and args.shard_tokens < 1:
+            raise ValueError(f"shard_tokens: got {args.shard_tokens}; must be a positive integer")
+        manifest = pretokenize(data_args, args.out, trust_remote_code=args.trust_remote_code,
+                               shard_tokens=args.shard_tokens)
+    except ValueError as exc:  # DataError and ConfigError are ValueErrors
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    tokens = manifest["tokens"]
+    print(f"wrote {args.out}: {tokens['train']:,} train tokens, {tokens['validation']:,} validation tokens in rows of "
+          f"{manifest['block_size']}; train on it with --dataset {args.out} --block_size {manifest['block_size']}")
+    return 0
 
 
 def _version(argv: Sequence[str]) -> int:
@@ -366,8 +430,8 @@ def _push_recipe(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "recipes": _recipes, "push-recipe": _push_recipe, "restarts": _restarts,
-            "version": _version}
+COMMANDS = {"train": _train, "tokenize": _tokenize, "recipes": _recipes, "push-recipe": _push_recipe,
+            "restarts": _restarts, "version": _version}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -21,7 +21,8 @@ from .args import DataArguments, FastTrainingArguments, ModelArguments, fast_opt
 from .callbacks.averaging import AVERAGE_FILE
 from .callbacks.data_position import STREAM_POSITION_FILE
 from .callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
-from .data.corpus import get_tokenizer, load_text_datasets, tokenize_and_chunk
+from .data.prepare import prepare_lm_data
+from .data.sources import DataError
 from .data.from_args import planned_optimizer_steps
 from .data.streaming import check_stream_args, stream_datasets
 from .metrics import make_compute_metrics, preprocess_logits_for_metrics
@@ -31,7 +32,7 @@ from .runinfo import run_facts
 from .trainer import FastTrainer
 
 __all__ = ["setup_logging", "prepare_data", "train", "find_resume_checkpoint", "last_complete_checkpoint",
-           "finished_checkpoint", "run_facts", "start_line", "end_summary"]
+           "finished_checkpoint", "run_facts", "start_line", "end_summary", "other_run_in", "RUN_IDENTITY"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,26 +69,51 @@ def setup_logging(training_args: FastTrainingArguments) -> None:
 
 
 def prepare_data(data_args: DataArguments, model_args: Optional[ModelArguments] = None, seed: int = 0):
-    """(tokenizer, DatasetDict of fixed-length ``input_ids`` rows with train/validation)."""
-    raw = load_text_datasets(
-        data_args.dataset,
-        data_args.dataset_config,
-        data_args.text_column,
-        data_args.validation_fraction,
-        data_args.max_corpus_files,
-        seed=seed,
-    )
-    trust = bool(model_args and model_args.trust_remote_code)
-    tokenizer = get_tokenizer(data_args.tokenizer, data_args.vocab_size, corpus=raw, trust_remote_code=trust)
-    lm = tokenize_and_chunk(raw, tokenizer, data_args.block_size, num_proc=data_args.preprocessing_num_workers)
-    for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples)):
-        if limit is not None and len(lm[split]) > limit:
-            lm[split] = lm[split].select(range(limit))
-    if len(lm["train"]) == 0:
-        raise ValueError(
-            f"block_size={data_args.block_size} leaves no training rows: the corpus is shorter than one block"
-        )
-    return tokenizer, lm
+    """(tokenizer, DatasetDict of fixed-length ``input_ids`` rows with train/validation).
+
+    :func:`hf_fasttrain.data.prepare.prepare_lm_data` does the work (any source, pre-tokenized folders,
+    the one-line data errors); this keeps the pair that benchmarks use.
+    """
+    prepared = prepare_lm_data(data_args, trust_remote_code=bool(model_args and model_args.trust_remote_code),
+                               seed=seed)
+    return prepared.tokenizer, prepared.lm
+
+
+# what makes a run "the same run": a finished output_dir met with other values of these is another run
+RUN_IDENTITY = {
+    "data": ("dataset", "dataset_config", "dataset_split", "dataset_revision", "data_files", "data_dir",
+             "text_column", "max_corpus_files", "tokenizer", "vocab_size", "block_size"),
+    "model": ("model_name_or_path", "model_type", "n_layer", "n_head", "n_embd", "num_key_value_heads",
+              "intermediate_size", "n_positions", "model_config"),
+}
+
+
+def other_run_in(output_dir: str, model_args: ModelArguments, data_args: DataArguments) -> Optional[str]:
+    """The first difference between this run and the one recorded in ``output_dir/config.yaml``, as
+    ``"dataset 'a.parquet' (this run: 'b.parquet')"``; None when they agree or nothing is recorded."""
+    import yaml
+
+    try:
+        with open(os.path.join(output_dir, "config.yaml"), encoding="utf-8") as f:
+            recorded = yaml.safe_load(f) or {}
+    except (OSError, ValueError):
+        return None
+    if not isinstance(recorded, dict):
+        return None
+    current = {"data": data_args, "model": model_args}
+    for section, keys in RUN_IDENTITY.items():
+        before = recorded.get(section)
+        if not isinstance(before, dict):
+            continue
+        for key in keys:
+            if key not in before:  # recorded by a version without that option: no evidence either way
+                continue
+            if key == "vocab_size" and (data_args.tokenizer or before.get("tokenizer")):
+                continue  # only the trained BPE reads it
+            now = getattr(current[section], key, None)
+            if before[key] != now and not (before[key] in (None, {}) and now in (None, {})):
+                return f"{key} {before[key]!r} (this run: {now!r})"
+    return None
 
 
 def find_resume_checkpoint(training_args: FastTrainingArguments, data_args: Optional[DataArguments] = None) -> Optional[str]:
@@ -175,8 +201,11 @@ def _fmt_count(n: float) -> str:
     return f"{n:.0f}"
 
 
-def start_line(name: str, facts: Mapping[str, Any], output_dir: str) -> str:
-    """``gpt2_tiny: 0.82M parameters; 2,048 tokens/step (16 rows x 128 tokens); 300 steps (614k tokens); ...``"""
+def start_line(name: str, facts: Mapping[str, Any], output_dir: str, data: Optional[str] = None) -> str:
+    """``gpt2_tiny: 0.82M parameters; 2,048 tokens/step (16 rows x 128 tokens); 300 steps (614k tokens); ...``
+
+    ``data`` (what was loaded, e.g. ``data c.parquet: 1,998 documents (2 empty dropped) -> ...``) goes before
+    the output folder."""
     tps, steps = facts["tokens_per_step"] or 0, facts["max_steps"]
     rows = facts["global_batch"]
     per_row = tps // rows if rows else 0
@@ -187,7 +216,8 @@ def start_line(name: str, facts: Mapping[str, Any], output_dir: str) -> str:
     if steps and steps > 0 and planned and planned != steps:  # a token-counted sequence-length warmup
         length = f"the tokens of {length} in {planned:,} optimizer steps (shorter rows first)"
     return (f"{name}: {_fmt_count(facts['parameters'])} parameters; {tps:,} tokens/step ({rows} rows x "
-            f"{per_row} tokens{procs}); {length}; {facts['device']}, {facts['precision']}; output {output_dir}")
+            f"{per_row} tokens{procs}); {length}; {facts['device']}, {facts['precision']}; "
+            + (f"{data}; " if data else "") + f"output {output_dir}")
 
 
 def end_summary(summary: Mapping[str, Any], output_dir: str, facts: Optional[Mapping[str, Any]] = None,
@@ -317,6 +347,12 @@ def train(
     check_stream_args(data_args, training_args)
     checkpoint = find_resume_checkpoint(training_args, data_args)
     done_at = finished_checkpoint(training_args, checkpoint, data_args.block_size)
+    if done_at is not None or (checkpoint and not training_args.resume_from_checkpoint):
+        differs = other_run_in(out, model_args, data_args)
+        if differs is not None:  # the folder holds another run: refuse to resume or report it as this one
+            state = "a finished run" if done_at is not None else "a run"
+            raise DataError("output_dir", out, problem=f"{out!r} holds {state} with {differs} (its config.yaml)",
+                            allowed="use a new --output_dir for this run")
     if done_at is not None:
         final = _final_outputs_present(out)
         if final is not None:
@@ -328,9 +364,11 @@ def train(
     with training_args.main_process_first(desc="dataset and tokenizer"):
         if data_args.streaming:  # rows tokenized and packed as training reads them; a held-out eval set
             tokenizer, train_set, eval_set = stream_datasets(data_args, training_args, model_args)
+            data_line = f"data {data_args.dataset}: streamed, {len(eval_set):,} held-out validation rows"
         else:  # the held-out split must not move with the training seed (random restart compares seeds on it)
-            tokenizer, lm = prepare_data(data_args, model_args, seed=0)
-            train_set, eval_set = lm["train"], lm["validation"]
+            prepared = prepare_lm_data(data_args, trust_remote_code=model_args.trust_remote_code, seed=0)
+            tokenizer, train_set, eval_set = prepared.tokenizer, prepared.lm["train"], prepared.lm["validation"]
+            data_line = prepared.summary()
     set_seed(training_args.seed)  # the model's initialisation depends on the seed alone
     model = build_model(model_args, tokenizer, data_args.block_size)
     _quiet_known_warnings(model)
@@ -358,7 +396,7 @@ def train(
     facts = run_facts(model, training_args, data_args.block_size)
     facts["optimizer_steps"] = planned_optimizer_steps(training_args, data_args.block_size)
     if is_main:
-        logger.info(start_line(name, facts, out))
+        logger.info(start_line(name, facts, out, data=data_line))
     if done_at is not None:  # complete, but killed before its final save: finish from the checkpoint
         if is_main:
             logger.info("%s reached max_steps at %s; writing the final model and evaluation without training",

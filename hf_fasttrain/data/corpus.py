@@ -51,6 +51,9 @@ __all__ = [
     "build_prose_corpus",
     "load_text_datasets",
     "get_tokenizer",
+    "load_tokenizer",
+    "tokenizer_fingerprint",
+    "TOKENIZER_FORMS",
     "tokenize_and_chunk",
     "tokenize_documents",
 ]
@@ -241,11 +244,6 @@ def build_prose_corpus(
     return datasets.load_from_disk(str(target))
 
 
-def _looks_like_files(spec: str) -> bool:
-    parts = [p.strip() for p in spec.split(",")]
-    return all(p.endswith((".txt", ".text", ".json", ".jsonl")) for p in parts)
-
-
 def load_text_datasets(
     dataset: Optional[str] = None,
     dataset_config: Optional[str] = None,
@@ -253,43 +251,34 @@ def load_text_datasets(
     validation_fraction: float = 0.05,
     max_files: Optional[int] = None,
     seed: int = 0,
+    **source,
 ) -> DatasetDict:
     """Raw text as a ``DatasetDict`` with ``train`` and ``validation`` splits and a ``text`` column.
 
     ``dataset`` is None for the embedded stdlib corpus, ``"embedded:prose"`` for the English-prose one
-    (:func:`build_prose_corpus`), a comma-separated list of local ``.txt`` /
-    ``.json`` / ``.jsonl`` files, or a Hub dataset name (``datasets.load_dataset``; needs network or
-    the datasets cache). A missing validation split is cut from train with a fixed seed.
+    (:func:`build_prose_corpus`), else anything :func:`hf_fasttrain.data.sources.resolve_source` takes:
+    local files of any format ``datasets`` reads (a file, comma list, glob or folder), a ``save_to_disk``
+    folder, or a Hub dataset name (needs network or the datasets cache). ``source`` passes
+    ``dataset_split``, ``dataset_revision``, ``data_files``, ``data_dir`` and ``trust_remote_code`` on.
+    A missing validation split is cut from train with a fixed seed. Bad data raises a one-line
+    :class:`~hf_fasttrain.data.sources.DataError`.
     """
+    from .sources import check_text_column, load_source, with_validation
+
     if dataset is None:
         return build_stdlib_corpus(validation_fraction=validation_fraction, max_files=max_files)
     if dataset == PROSE_CORPUS:
         return build_prose_corpus(validation_fraction=validation_fraction, max_files=max_files)
-    if _looks_like_files(dataset):
-        files = [p.strip() for p in dataset.split(",")]
-        for f in files:
-            if not Path(f).exists():
-                raise FileNotFoundError(f"dataset: file {f!r} does not exist")
-        builder = "text" if files[0].endswith((".txt", ".text")) else "json"
-        dd = datasets.load_dataset(builder, data_files={"train": files})
-    else:
-        dd = datasets.load_dataset(dataset, dataset_config)
-    if not isinstance(dd, DatasetDict):
-        dd = DatasetDict({"train": dd})
-    if "validation" not in dd:
-        if "test" in dd:
-            dd["validation"] = dd.pop("test")
-        else:
-            split = dd["train"].train_test_split(test_size=validation_fraction, seed=seed)
-            dd = DatasetDict({"train": split["train"], "validation": split["test"]})
-    if text_column not in dd["train"].column_names:
-        raise ValueError(
-            f"text_column={text_column!r} is not a column of the dataset; "
-            f"columns are {dd['train'].column_names}"
-        )
-    if text_column != "text":
-        dd = dd.rename_column(text_column, "text")
-    return DatasetDict({"train": dd["train"], "validation": dd["validation"]})
+    dd = with_validation(load_source(dataset, dataset_config, **source), validation_fraction, seed)
+    if text_column not in dd["train"].column_names:  # raw text wanted: a pre-tokenized input_ids column is no answer
+        check_text_column([c for c in dd["train"].column_names if c != "input_ids"], text_column, dataset)
+    return DatasetDict({k: _only_text(v, text_column) for k, v in dd.items()})
+
+
+def _only_text(ds: Dataset, text_column: str) -> Dataset:
+    """``ds`` with its ``text_column`` alone, named ``text``."""
+    ds = ds.select_columns([text_column])
+    return ds.rename_column(text_column, "text") if text_column != "text" else ds
 
 
 def _train_bpe(texts: Iterable[str], vocab_size: int):
@@ -317,6 +306,90 @@ def _corpus_fingerprint(train: Dataset) -> str:
     return h.hexdigest()[:16]
 
 
+TOKENIZER_FORMS = ("a save_pretrained folder, a tokenizer.json file (or a folder holding one), a folder with "
+                   "vocab.json + merges.txt (byte-level BPE), or a Hub tokenizer name")
+
+
+def _tokenizer_error(name_or_path: str, why: str):
+    from .sources import DataError
+
+    return DataError("tokenizer", name_or_path, problem=f"{name_or_path!r} could not be loaded ({why})",
+                     allowed=f"give {TOKENIZER_FORMS}")
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """A tokenizer with ``eos`` and ``pad`` tokens, from any of the forms users have:
+
+    - a ``save_pretrained`` folder or a Hub name (``AutoTokenizer``);
+    - a ``tokenizer.json`` file of the ``tokenizers`` library, or a folder holding only one;
+    - a folder (or its ``vocab.json``) with ``vocab.json`` + ``merges.txt``: a byte-level BPE.
+
+    A tokenizer without an end-of-text token gets ``<|endoftext|>`` (its own when its vocabulary has one),
+    and one without a padding token gets ``<|pad|>`` (pad = eos for a tokenizer that has an eos, as GPT-2's
+    is used), and a one-line warning says which ids were added. Anything else: a one-line ``DataError``
+    naming the forms that work.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(os.path.expanduser(name_or_path))
+    raw = None  # a bare `tokenizers` tokenizer: its specials are ours to add
+    try:
+        if path.is_file() and path.name.endswith(".json") and path.name != "vocab.json":
+            raw = PreTrainedTokenizerFast(tokenizer_file=str(path))
+        elif path.is_file() and path.name == "vocab.json" or path.is_dir() and (path / "vocab.json").is_file() \
+                and (path / "merges.txt").is_file() and not (path / "tokenizer_config.json").is_file() \
+                and not (path / "tokenizer.json").is_file():
+            folder = path.parent if path.is_file() else path
+            if not (folder / "merges.txt").is_file():
+                raise _tokenizer_error(name_or_path, f"no merges.txt beside {path.name}")
+            from tokenizers import ByteLevelBPETokenizer
+
+            bpe = ByteLevelBPETokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+            raw = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer)
+        elif path.is_dir() and (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+            raw = PreTrainedTokenizerFast(tokenizer_file=str(path / "tokenizer.json"))
+        elif path.exists() and not path.is_dir():
+            raise _tokenizer_error(name_or_path, f"{path.name} is not a tokenizer file")
+        else:
+            tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        from .sources import DataError
+
+        if isinstance(exc, DataError):
+            raise
+        lines = str(exc).strip().splitlines()
+        raise _tokenizer_error(name_or_path, f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")) from exc
+    if raw is not None:
+        tok = raw
+        tok.model_max_length = 1_000_000  # chunking, not the tokenizer, decides lengths
+    added = []
+    if tok.eos_token is None:
+        tok.add_special_tokens({"eos_token": EOS_TOKEN})
+        added.append(f"eos {EOS_TOKEN!r} (id {tok.eos_token_id})")
+    if tok.pad_token is None:
+        if raw is None:  # GPT-2 style tokenizers ship without one: pad with eos, the vocabulary unchanged
+            tok.pad_token = tok.eos_token
+        else:
+            tok.add_special_tokens({"pad_token": PAD_TOKEN})
+            added.append(f"pad {PAD_TOKEN!r} (id {tok.pad_token_id})")
+    if added:
+        logger.warning("tokenizer %s has no %s token: added %s; the vocabulary is now %d", name_or_path,
+                       " or ".join(a.split()[0] for a in added), " and ".join(added), len(tok))
+    return tok
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of what a tokenizer maps text to (its ``tokenizers`` serialisation, specials included),
+    the same for a tokenizer and its ``save_pretrained`` copy; a different vocabulary, merges or normaliser
+    gives another."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        text = backend.to_str()
+    else:
+        text = json.dumps(sorted(tokenizer.get_vocab().items()))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
 def get_tokenizer(
     name_or_path: Optional[str] = None,
     vocab_size: int = 8192,
@@ -325,17 +398,14 @@ def get_tokenizer(
 ):
     """A ``PreTrainedTokenizerFast`` with ``eos`` and ``pad`` tokens set.
 
-    With ``name_or_path`` it is loaded by ``AutoTokenizer`` (Hub name or local directory). Otherwise a
+    With ``name_or_path`` it is loaded by :func:`load_tokenizer` (every form it takes). Otherwise a
     byte-level BPE of ``vocab_size`` is trained on ``corpus['train']`` (default: the embedded stdlib
     corpus) and cached; a second call with the same corpus and vocab size loads it from the cache.
     """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     if name_or_path is not None:
-        tok = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
-        if tok.pad_token is None:  # GPT-2 style tokenizers ship without one
-            tok.pad_token = tok.eos_token
-        return tok
+        return load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
     if not isinstance(vocab_size, int) or vocab_size < 260:
         raise ValueError(f"vocab_size must be an integer >= 260 (256 bytes + specials), got: {vocab_size}")
     corpus = corpus if corpus is not None else build_stdlib_corpus()

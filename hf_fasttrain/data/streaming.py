@@ -27,13 +27,12 @@ Held-out rows. `holdout_rows` cuts the first rows of a stream for evaluation, fr
 unsplit pass, and returns the hashes of the documents they used; a `TokenStream` given those hashes
 (``exclude``) skips the documents on every rank and epoch, so the held-out text is never trained on.
 
-The source: `open_stream` (a Hub name, or local files read by the ``datasets`` builder of their
-extension, both with ``streaming=True``).
+The source: `open_stream`, the map-style path's sources (`hf_fasttrain.data.sources`) read with
+``streaming=True``.
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
@@ -46,7 +45,6 @@ __all__ = [
     "STREAM_KEY",
     "DEFAULT_WINDOW",
     "open_stream",
-    "local_builder",
     "document_hash",
     "holdout_rows",
     "TokenStream",
@@ -59,75 +57,22 @@ __all__ = [
 STREAM_KEY = "_stream"
 DEFAULT_WINDOW = 64  # documents read (and tokenized) at a time when nothing is shuffled
 
-_BUILDERS = {".txt": "text", ".text": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet",
-             ".csv": "csv", ".tsv": "csv", ".arrow": "arrow"}
-_COMPRESSION = (".gz", ".zst", ".bz2", ".xz")
-
-
 # ---- the source ---------------------------------------------------------------------------------
 
 
-def _extension(path: str) -> str:
-    name = path.lower()
-    for c in _COMPRESSION:
-        if name.endswith(c):
-            name = name[: -len(c)]
-    return os.path.splitext(name)[1]
+def open_stream(dataset: str, dataset_config: Optional[str] = None, split: str = "train", **source_options):
+    """A `datasets.IterableDataset` of documents from anything :func:`hf_fasttrain.data.sources.resolve_source`
+    takes (local files of any format by extension, ``save_to_disk`` folders, Hub names), read with
+    ``streaming=True``; ``source_options`` are ``load_source``'s (``dataset_split``, ``dataset_revision``,
+    ``data_files``, ``data_dir``, ``trust_remote_code``).
 
-
-def _local_files(spec: str) -> Optional[list[str]]:
-    """The files a local ``dataset`` names (comma list, globs, folders), or None for a Hub name."""
-    parts = [p.strip() for p in spec.split(",") if p.strip()]
-    files: list[str] = []
-    for p in parts:
-        if os.path.isdir(p):
-            files += sorted(f for f in glob.glob(os.path.join(p, "**", "*"), recursive=True)
-                            if os.path.isfile(f) and _extension(f) in _BUILDERS)
-        elif any(ch in p for ch in "*?["):
-            files += sorted(glob.glob(p))
-        elif os.path.exists(p) or _extension(p) in _BUILDERS:
-            files.append(p)
-        else:
-            return None
-    return files
-
-
-def local_builder(files: Sequence[str]) -> str:
-    """The ``datasets`` builder for local files, chosen by extension (``.gz``/``.zst`` looked through)."""
-    kinds = {_BUILDERS.get(_extension(f)) for f in files}
-    if None in kinds:
-        bad = next(f for f in files if _BUILDERS.get(_extension(f)) is None)
-        raise ValueError(f"dataset: {bad!r} has an extension streaming cannot read; use one of {sorted(_BUILDERS)}")
-    if len(kinds) != 1:
-        raise ValueError(f"dataset: files of several formats ({sorted(kinds)}); stream one format at a time")
-    return kinds.pop()
-
-
-def open_stream(dataset: str, dataset_config: Optional[str] = None, split: str = "train"):
-    """A `datasets.IterableDataset` of documents: local files (builder by extension) or a Hub name.
-
-    Returns None when ``split`` does not exist (e.g. no ``validation`` split).
+    Returns None when ``split`` does not exist (e.g. no ``validation`` split). Errors with the user's data are
+    one-line :class:`~hf_fasttrain.data.sources.DataError`\ s.
     """
-    import datasets
+    from .sources import load_source
 
-    files = _local_files(dataset)
-    if files is not None:
-        if split != "train":
-            return None
-        for f in files:
-            if not os.path.isfile(f):
-                raise FileNotFoundError(f"dataset: file {f!r} does not exist")
-        if not files:
-            raise FileNotFoundError(f"dataset: {dataset!r} holds no file streaming can read ({sorted(_BUILDERS)})")
-        builder = local_builder(files)
-        kwargs = {"delimiter": "\t"} if builder == "csv" and _extension(files[0]) == ".tsv" else {}
-        return datasets.load_dataset(builder, data_files={"train": files}, split="train", streaming=True, **kwargs)
-    try:
-        return datasets.load_dataset(dataset, dataset_config, split=split, streaming=True)
-    except ValueError as exc:  # an unknown split
-        if split != "train" and "split" in str(exc).lower():
-            return None
-        raise
+    loaded = load_source(dataset, dataset_config, streaming=True, **source_options)
+    return loaded[split] if split in loaded else None
 
 
 # ---- tokenizing and packing ---------------------------------------------------------------------
@@ -452,8 +397,11 @@ def stream_datasets(data_args, training_args, model_args=None):
         source, validation = _embedded_stream(data_args, seed=0)
         column = "text"
     else:
-        source = open_stream(data_args.dataset, data_args.dataset_config)
-        validation = open_stream(data_args.dataset, data_args.dataset_config, split="validation")
+        options = dict(dataset_split=data_args.dataset_split, dataset_revision=data_args.dataset_revision,
+                       data_files=data_args.data_files, data_dir=data_args.data_dir,
+                       trust_remote_code=bool(model_args and model_args.trust_remote_code))
+        source = open_stream(data_args.dataset, data_args.dataset_config, **options)
+        validation = open_stream(data_args.dataset, data_args.dataset_config, split="validation", **options)
     names = source.column_names
     if names is not None and column not in names:
         raise ValueError(f"text_column: {column!r} is not a column of the stream; its columns are {names}")
