@@ -685,15 +685,24 @@ def test_resume_of_a_state_file_written_by_the_first_orchestrator(tmp_path, monk
     assert [list(c) for c in runner.calls] == expected_calls
     assert summary["winner"] == "seed-1" and summary["total_steps"] == 92
     assert (tmp_path / "search" / SUMMARY_MD).read_text() == (V1 / "restarts_summary.md").read_text()
-    assert json.loads((tmp_path / "search" / SUMMARY_JSON).read_text()) == json.loads(
-        (V1 / "restarts_summary.json").read_text()
-    )
+    written = json.loads((tmp_path / "search" / SUMMARY_JSON).read_text())
+    # what the summary gained since (failed trials, the backend settings) holds nothing for this search
+    assert written.pop("num_failed") == 0
+    assert [(r.pop("failed"), r.pop("failed_reason")) for r in written["trials"]] == [(False, None)] * 9
+    assert {k: written["config"].pop(k) for k in ("backend", "ray_address", "trial_resources", "max_concurrent")} \
+        == {"backend": "local", "ray_address": None, "trial_resources": None, "max_concurrent": None}
+    assert written == json.loads((V1 / "restarts_summary.json").read_text())
+    # resumed, the state was upgraded: version 2, paths relative to output_dir, this driver's generation
+    state = json.loads((tmp_path / "search" / STATE_FILE).read_text())
+    assert (state["version"], state["generation"]) == (2, 1)
+    assert state["trials"]["seed-3"]["output_dir"] == "trials/seed-3"
+    assert state["trials"]["seed-3"]["results"]["4"]["checkpoint_dir"] == "trials/seed-3/checkpoint-4"
 
 
 def test_state_file_of_another_version_is_refused(tmp_path):
     raw = json.loads((V1 / "restarts_state_killed.json").read_text())
-    (tmp_path / STATE_FILE).write_text(json.dumps(dict(raw, version=2)))
-    with pytest.raises(ValueError, match=r"has state version 2; expected 1"):
+    (tmp_path / STATE_FILE).write_text(json.dumps(dict(raw, version=3)))
+    with pytest.raises(ValueError, match=r"has state version 3; expected one of \[1, 2\]"):
         _search(RestartConfig(**V1_CONFIG), _v1_runner(), tmp_path, 40)
 
 
