@@ -1,10 +1,12 @@
 """Random restart on one machine: the local backend against the Ray backend, for the same search.
 
-    python -m benchmarks.restarts_backends               # 2 runs of each, interleaved: ~10 minutes on 2 cores
-    python -m benchmarks.restarts_backends --repeats 1   # a quick look
+    python -m benchmarks.restarts_backends               # 1 run of each: ~5 minutes on 2 quiet cores
+    python -m benchmarks.restarts_backends --repeats 3   # 3 of each, interleaved
 
-The search is the tiny recipe's (``--config gpt2_tiny``): 4 seeds, 3 successive-halving rungs at steps 20, 40
-and 80, the winner continued to 160 (``--max_steps 160 --restart_explore_fraction 0.5 --restart_rungs 3``).
+The search is the tiny recipe's (``--config gpt2_tiny``) shortened to 60 steps: 4 seeds, 2 successive-halving
+rungs, the winner continued to the end (``--max_steps 60 --restart_explore_fraction 0.5 --restart_rungs 2``;
+the recipe's token-counted sequence-length warmup turns that into rungs at 17 and 34 of 68 optimizer steps),
+evaluating on 64 held-out rows at the rungs and at the end only.
 Each run is one ``hf-fasttrain restarts`` process in a fresh output directory, ``--backend local`` (trials
 one after another in that process) or ``--backend ray`` (a local Ray cluster started by the driver; each
 stage one task asking for one CPU, so two run at once on two cores). Runs alternate local, ray, local, ...
@@ -33,8 +35,9 @@ from pathlib import Path
 
 from ._harness import RESULTS, machine_info, markdown_table, subprocess_env, write_json
 
-SEARCH = ["--config", "gpt2_tiny", "--max_steps", "160", "--num-seeds", "4", "--explore-fraction", "0.5",
-          "--rungs", "3", "--disable_tqdm", "true", "--save_strategy", "no"]
+SEARCH = ["--config", "gpt2_tiny", "--max_steps", "60", "--num-seeds", "4", "--explore-fraction", "0.5",
+          "--rungs", "2", "--disable_tqdm", "true", "--save_strategy", "no", "--eval_on_start", "false",
+          "--eval_steps", "1000", "--max_eval_samples", "64"]
 
 
 def measure(cmd: list[str], env: dict, period: float = 0.2) -> dict:
@@ -118,7 +121,8 @@ def report(runs: list[dict], stem: str) -> str:
             f"and {dm:+.0f} MB of peak memory over the local backend here (medians).\n")
     (RESULTS / f"{stem}.md").write_text(
         "# Random restart: local backend vs Ray backend, one machine\n\n"
-        "`python -m benchmarks.restarts_backends` - the tiny recipe, 4 seeds, rungs at 20, 40, 80, winner to 160; "
+        "`python -m benchmarks.restarts_backends` - the tiny recipe shortened to 60 steps, 4 seeds, 2 rungs, the "
+        "winner to the end; "
         "each run a `hf-fasttrain restarts` process measured with its whole process tree.\n\n" + text
         + f"\nMachine: {machine_note()}\n", encoding="utf-8")
     plot(by, RESULTS / f"{stem}.png")
@@ -148,7 +152,7 @@ def plot(by: dict, path: Path) -> None:
         ax.set_xticks(range(len(by)))
         ax.set_xticklabels(list(by))
         ax.set_title(label)
-    fig.suptitle("random restart, tiny recipe, 4 seeds: local vs Ray on one machine (loaded 2-core CPU)")
+    fig.suptitle("random restart, tiny recipe (60 steps), 4 seeds: local vs Ray, one loaded 2-core CPU")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -156,7 +160,7 @@ def plot(by: dict, path: Path) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=2, help="runs of each backend, interleaved")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each backend, interleaved")
     p.add_argument("--work", default=None, help="folder for the runs (default: a temporary one, removed)")
     p.add_argument("--stem", default="restarts_backends", help="results file name, without extension")
     a = p.parse_args(argv)

@@ -924,3 +924,30 @@ def test_the_package_does_not_import_ray():
     code = "import sys, hf_fasttrain, hf_fasttrain.restarts, hf_fasttrain.recipe_restarts; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_cli_restarts_refuses_bad_backend_settings_and_a_missing_ray_in_one_line(tmp_path, capsys, monkeypatch):
+    import builtins
+
+    from hf_fasttrain.cli import main as cli_main
+
+    base = ["restarts", "--config", "gpt2_tiny", "--num-seeds", "2", "--output_dir", str(tmp_path / "out")]
+    assert cli_main(base + ["--backend", "ray", "--max-concurrent", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: restart_max_concurrent: got 0; must be an integer >= 1 or null"]
+    assert cli_main(base + ["--max-concurrent", "2"]) == 2  # a Ray setting without the Ray backend
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: restart_max_concurrent=2 is invalid: it must be None with backend='local' (it is a "
+                   "setting of backend='ray').")
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    assert cli_main(base + ["--backend", "ray"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: restart_backend='ray' needs Ray, which is not installed") and "\n" not in err
+    assert not (tmp_path / "out" / "trials").exists()  # refused before any trial
