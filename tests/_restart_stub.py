@@ -3,8 +3,9 @@
 Eval values come from a table (eval_loss of trial i at step s = a_i + b_i / s); each stage sleeps ``delay``
 seconds, checks the fence, then writes ``checkpoint-<step>/marker.json`` (trial, seed, step, generation) and
 appends a line to ``stages.log`` in the trial's directory. Faults are files in the search directory:
-``crash-<trial>-<step>`` makes that stage's next run raise (the file is removed: once), and
-``crash-always-<trial>-<step>`` makes it raise every time.
+``crash-<trial>-<step>`` makes that stage's next run raise (the file is removed: once),
+``crash-always-<trial>-<step>`` makes it raise every time, and ``kill-<trial>-<step>`` makes the process
+running that stage kill itself with SIGKILL once (a worker lost).
 
 Run as a driver: ``python tests/_restart_stub.py OUT --backend ray --address HOST:PORT [--delay S]``.
 """
@@ -12,6 +13,7 @@ Run as a driver: ``python tests/_restart_stub.py OUT --backend ray --address HOS
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -37,6 +39,10 @@ class TableRunner:
         return ["eval_loss"]
 
     def _crash(self, trial, until_step):
+        kill = os.path.join(self.search_dir, f"kill-{trial.trial_id}-{until_step}")
+        if os.path.exists(kill):
+            os.remove(kill)
+            os.kill(os.getpid(), signal.SIGKILL)
         once = os.path.join(self.search_dir, f"crash-{trial.trial_id}-{until_step}")
         if os.path.exists(os.path.join(self.search_dir, f"crash-always-{trial.trial_id}-{until_step}")):
             raise InjectedCrash(f"{trial.trial_id} crashed on its way to step {until_step}")

@@ -184,7 +184,7 @@ def test_doctests_pass():
     import importlib
 
     attempted = 0
-    for name in ("config", "ranking", "state", "orchestrator", "report"):
+    for name in ("config", "ranking", "state", "orchestrator", "report", "ray_backend"):
         result = doctest.testmod(importlib.import_module(f"hf_fasttrain.restarts.{name}"))
         assert result.failed == 0, name
         attempted += result.attempted

@@ -102,9 +102,13 @@ def test_stub_search_on_ray_equals_the_local_search(cluster, local_summary, tmp_
 
 def test_a_crashed_stage_is_retried_from_its_checkpoint(cluster, local_summary, tmp_path):
     (tmp_path / "crash-seed-3-8").touch()  # seed-3's stage 4 -> 8 raises once in its worker
+    (tmp_path / "kill-seed-2-8").touch()  # the worker running seed-2's stage 4 -> 8 is killed (SIGKILL) once
     summary = stub.search(str(tmp_path), "ray")
     assert _comparable(summary) == _comparable(local_summary)
-    assert not (tmp_path / "crash-seed-3-8").exists()
+    assert not (tmp_path / "crash-seed-3-8").exists() and not (tmp_path / "kill-seed-2-8").exists()
+    killed = {r["trial_id"]: r for r in summary["trials"]}["seed-2"]
+    assert killed["starts"] == 3 and not killed["failed"]
+    assert [line.split()[0] for line in (tmp_path / "trials/seed-2/stages.log").open()] == ["4", "8"]
     row = {r["trial_id"]: r for r in summary["trials"]}["seed-3"]
     assert row["starts"] == 3 and row["status"] == "dropped" and not row["failed"]  # 0 -> 4, 4 -> 8 twice
     # the retry resumed from checkpoint-4 (the stub asserts it), so it ran the stage to 8 once, after the crash

@@ -23,11 +23,12 @@ Ray is imported only here, and only when a search asks for ``backend="ray"`` (``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .orchestrator import StageFailed, TrialResult, TrialSpec, check_stage_current
 
@@ -215,20 +216,14 @@ class RayTrialRunner:
         self._owns_ray = False
         self._task = self._runner_ref = None
 
-    def started(self, output_dir: str):
+    @contextlib.contextmanager
+    def started(self, output_dir: str) -> Iterator["RayTrialRunner"]:
         """``with runner.started(output_dir):`` :meth:`start`, then :meth:`close` on the way out."""
-        runner = self
-
-        class _Started:
-            def __enter__(self):
-                runner.start(output_dir)
-                return runner
-
-            def __exit__(self, *exc):
-                runner.close()
-                return False
-
-        return _Started()
+        self.start(output_dir)
+        try:
+            yield self
+        finally:
+            self.close()
 
     # -- stages --------------------------------------------------------------------------------
     def run(self, trial: TrialSpec, until_step: int, resume_from: Optional[str]) -> TrialResult:
