@@ -771,8 +771,9 @@ def test_a_failed_stage_is_retried_once_then_the_trial_is_marked_failed(tmp_path
     assert rows["seed-1"]["status"] == "failed" and rows["seed-1"]["starts"] == 4 and not rows["seed-1"]["chosen"]
     assert rows["seed-1"]["failed_reason"] == "stage to step 16 failed twice: worker lost on seed-1"
     assert straight["winner"] == "seed-1" and summary["winner"] == "seed-0" and summary["num_failed"] == 1
-    assert "| failed (stage to step 16 failed twice: worker lost on seed-1) |" in (tmp_path / "b" / SUMMARY_MD).read_text()
-    assert "1 failed." in (tmp_path / "b" / SUMMARY_MD).read_text()
+    md = (tmp_path / "b" / SUMMARY_MD).read_text()
+    assert "| failed (stage to step 16 failed twice: worker lost on seed-1) |" in md
+    assert "1 failed." in md
 
 
 def test_a_failure_before_a_driver_restart_counts_toward_the_retry(tmp_path):
@@ -793,7 +794,11 @@ def test_each_driver_raises_the_generation_and_hands_it_to_its_stages(tmp_path):
     runner = StubRunner(hyperbolic(SH_COEFFS), 8, kill_at_call=2)
     seen = []
     orig = runner.run
-    runner.run = lambda trial, until, resume: (seen.append((trial.generation, trial.state_path)), orig(trial, until, resume))[1]
+    def run(trial, until, resume):
+        seen.append((trial.generation, trial.state_path))
+        return orig(trial, until, resume)
+
+    runner.run = run
     with pytest.raises(SimulatedKill):
         _search(cfg, runner, tmp_path, 8)
     runner.kill_at_call = None
@@ -886,7 +891,8 @@ def test_shared_storage_check_refuses_a_node_that_does_not_see_output_dir(tmp_pa
     with pytest.raises(ValueError) as e:
         check_shared_storage(str(tmp_path / "out"), other_disk)
     msg = str(e.value)
-    assert "\n" not in msg and msg.startswith(f"output_dir={str(tmp_path / 'out')!r} is not shared with the Ray workers")
+    assert "\n" not in msg
+    assert msg.startswith(f"output_dir={str(tmp_path / 'out')!r} is not shared with the Ray workers")
     assert "cannot read the driver's file" in msg and "mounts at the same path" in msg
 
     # a node that reads the driver's file but writes somewhere the driver cannot see

@@ -101,7 +101,9 @@ class TrialRunner(Protocol):
     evaluates there, saves a checkpoint there and returns a :class:`TrialResult`.
 
     A runner may also define ``available_metrics() -> Iterable[str]``; the orchestrator then checks the
-    configured metric against it before any trial starts.
+    configured metric against it before any trial starts. A runner whose stage failed on its own (a worker
+    lost) raises :class:`StageFailed`: the stage is retried once, then the trial is marked failed; any other
+    exception stops the search (as a killed driver would), which resumes when run again.
 
     Example:
 
@@ -114,6 +116,7 @@ class TrialRunner(Protocol):
     """
 
     def run(self, trial: TrialSpec, until_step: int, resume_from: Optional[str]) -> TrialResult: ...
+
 
 def _out(t: TrialState) -> bool:
     """Out of the search for good: diverged, or failed twice."""
