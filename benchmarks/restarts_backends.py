@@ -5,7 +5,7 @@
 
 The search is the tiny recipe's (``--config gpt2_tiny``) shortened to 60 steps: 4 seeds, 2 successive-halving
 rungs, the winner continued to the end (``--max_steps 60 --restart_explore_fraction 0.5 --restart_rungs 2``;
-the recipe's token-counted sequence-length warmup turns that into rungs at 17 and 34 of 68 optimizer steps),
+the recipe's token-counted sequence-length warmup turns that into rungs at 17 and 35 of 69 optimizer steps),
 evaluating on 64 held-out rows at the rungs and at the end only.
 Each run is one ``hf-fasttrain restarts`` process in a fresh output directory, ``--backend local`` (trials
 one after another in that process) or ``--backend ray`` (a local Ray cluster started by the driver; each
