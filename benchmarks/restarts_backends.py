@@ -117,8 +117,9 @@ def report(runs: list[dict], stem: str) -> str:
                             "winner", "winner's final eval_loss"], rows)
     dl = rows[1][2] - rows[0][2]
     dm = rows[1][4] - rows[0][4]
-    text = (f"{table}\n\nSame winner in every run: {'yes' if same else 'NO'}. Ray costs {dl:+.1f} s of wall-clock "
-            f"and {dm:+.0f} MB of peak memory over the local backend here (medians).\n")
+    text = (f"{table}\n\nSame winner in every run: {'yes' if same else 'NO'}. Ray backend minus local backend "
+            f"(medians): {dl:+.1f} s of wall-clock, {dm:+.0f} MB of peak memory. The Ray backend runs two stages at "
+            "once here (one CPU and one torch thread each), the local one a stage at a time (two threads).\n")
     (RESULTS / f"{stem}.md").write_text(
         "# Random restart: local backend vs Ray backend, one machine\n\n"
         "`python -m benchmarks.restarts_backends` - the tiny recipe shortened to 60 steps, 4 seeds, 2 rungs, the "
@@ -174,7 +175,7 @@ def main(argv=None) -> None:
         if not a.work:
             shutil.rmtree(work, ignore_errors=True)
     write_json(RESULTS / f"{a.stem}.json", {
-        "command": "python -m benchmarks.restarts_backends " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": f"python -m benchmarks.restarts_backends --repeats {a.repeats}",
         "search": SEARCH,
         "machine": machine_info(),
         "machine_note": machine_note(),
