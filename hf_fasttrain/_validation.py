@@ -208,6 +208,7 @@ TRAINING_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "guard_max_rollbacks": (_int_at_least(0), "must be an integer >= 0"),
     "guard_grad_norm_ceiling": (_optional(_number_above(0)), "must be a finite number > 0 or null"),
     "restart_stop_at_step": (_optional(_int_at_least(1)), "must be an integer >= 1 or null"),
+    "restart_max_concurrent": (_optional(_int_at_least(1)), "must be an integer >= 1 or null"),
     "warmup_start_factor": (lambda v: finite(v) and 0 <= v <= 1, "must be in [0, 1]"),
     "min_lr": (_optional(_number_at_least(0)), "must be a finite number >= 0 or null"),
     "min_lr_ratio": (_optional(lambda v: finite(v) and 0 <= v <= 1), "must be in [0, 1] or null"),

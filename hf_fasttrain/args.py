@@ -346,6 +346,27 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "Random restart: 'no' (trials one after another in this process) or 'per_gpu' (one "
                   "subprocess per visible GPU, CUDA_VISIBLE_DEVICES set per trial)."},
     )
+    restart_backend: str = field(
+        default="local",
+        metadata={"help": "Random restart: where the trials run. 'local' (this machine, see restart_parallel) or "
+                  "'ray' (each stage a Ray task on a cluster, pip install 'hf_fasttrain[ray]'); the search and "
+                  "its state file stay in this process either way."},
+    )
+    restart_ray_address: Optional[str] = field(
+        default=None,
+        metadata={"help": "Random restart on Ray: the cluster, 'auto' (the one this machine joined), "
+                  "'ray://host:port' or 'host:port'; null starts a local cluster on 127.0.0.1."},
+    )
+    restart_trial_resources: dict | str | None = field(
+        default=None,
+        metadata={"help": "Random restart on Ray: resources of one stage, a mapping (YAML) or JSON (CLI), e.g. "
+                  "'{\"num_gpus\": 1, \"num_cpus\": 8}'; null: one CPU."},
+    )
+    restart_max_concurrent: Optional[int] = field(
+        default=None,
+        metadata={"help": "Random restart on Ray: most stages running at once; null: all of a rung (Ray queues "
+                  "what its resources cannot place)."},
+    )
     restart_stop_at_step: Optional[int] = field(
         default=None,
         metadata={"help": "Stop after this optimizer step, saving checkpoint-<step>, with the schedule still "

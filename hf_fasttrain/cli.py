@@ -31,7 +31,8 @@ commands:
   push-recipe  upload a recipe and a model card with a run's results to the Hub (--dry-run to preview)
   restarts     random restart: train --num-seeds seeds for --explore-fraction of the run, continue
                the best (also --rungs, --keep-fraction, --metric, --direction, --divergence-threshold,
-               --replace-diverged, --vary, --parallel, or any --restart_<name>); summary in --output_dir
+               --replace-diverged, --vary, --parallel, or any --restart_<name>); summary in --output_dir;
+               --backend ray runs each stage as a Ray task (--ray-address, --trial-resources, --max-concurrent)
   version      print the package version
 """
 
@@ -213,7 +214,8 @@ def _train(argv: Sequence[str]) -> int:
 
 
 RESTART_FLAGS = ("num-seeds", "explore-fraction", "rungs", "keep-fraction", "metric", "direction",
-                 "divergence-threshold", "replace-diverged", "vary", "parallel")
+                 "divergence-threshold", "replace-diverged", "vary", "parallel", "backend", "ray-address",
+                 "trial-resources", "max-concurrent")
 
 
 def restarts_help(width: int = 100) -> str:
@@ -262,15 +264,23 @@ def _restarts(argv: Sequence[str]) -> int:
             raise
         print(f"error: {recipe_origin(str(exc), args)}", file=sys.stderr)
         return 2
-    return _run_restarts(model_args, data_args, training_args)
+    return _run_restarts(model_args, data_args, training_args, debug)
 
 
-def _run_restarts(model_args, data_args, training_args) -> int:
-    """Run the search and print its summary table; 1 when no seed survived."""
+def _run_restarts(model_args, data_args, training_args, debug: bool = False) -> int:
+    """Run the search and print its summary table; 1 when no seed survived. A refusal before any trial (a
+    backend that is missing, an output_dir the Ray workers do not share) is one line and exit 2."""
     from .restarts import SUMMARY_MD
     from .recipe_restarts import train_with_restarts
 
-    summary = train_with_restarts(model_args, data_args, training_args)
+    starts = _stage_starts(training_args.output_dir)
+    try:
+        summary = train_with_restarts(model_args, data_args, training_args)
+    except ValueError as exc:
+        if debug or _stage_starts(training_args.output_dir) != starts:  # a trial failed: the traceback
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if _is_main_process():
         with open(os.path.join(training_args.output_dir, SUMMARY_MD), encoding="utf-8") as f:
             print(f.read(), end="")
@@ -330,6 +340,17 @@ def _tokenize(argv: Sequence[str]) -> int:
     print(f"wrote {args.out}: {tokens['train']:,} train tokens, {tokens['validation']:,} validation tokens in rows of "
           f"{manifest['block_size']}; train on it with --dataset {args.out} --block_size {manifest['block_size']}")
     return 0
+def _stage_starts(output_dir: str) -> int:
+    """Stages started so far by the search in output_dir (0 without a state file)."""
+    import json
+
+    from .restarts import STATE_FILE
+
+    try:
+        with open(os.path.join(output_dir, STATE_FILE), encoding="utf-8") as f:
+            return sum(int(t.get("starts", 0)) for t in json.load(f)["trials"].values())
+    except (OSError, ValueError, KeyError, AttributeError):
+        return 0
 
 
 def _version(argv: Sequence[str]) -> int:

@@ -10,6 +10,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from ._files import atomic_write_text, last_complete_checkpoint
+from .callbacks.stop_at_step import StageFenceCallback
 from .data.from_args import planned_optimizer_steps
 from .recipes import resolved_config
 from .restarts import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec, restart_config_from_args
@@ -91,7 +92,11 @@ class RecipeTrialRunner:
         if self.subprocess:
             metrics = self._run_subprocess(trial, args)
         else:
-            metrics = train(self.model_args, self.data_args, args, callbacks=list(self.callbacks))
+            callbacks = list(self.callbacks)
+            if trial.state_path is not None and trial.generation is not None:
+                # a stage left running by a killed driver stops before it writes (see StageFenceCallback)
+                callbacks.append(StageFenceCallback(trial.state_path, trial.generation))
+            metrics = train(self.model_args, self.data_args, args, callbacks=callbacks)
         ckpt = os.path.join(trial.output_dir, f"checkpoint-{until_step}")
         log_history = checkpoint_log_history(ckpt)  # with the run record's clock (train_seconds) put back
         history = [dict(e) for e in log_history if "step" in e and any(k.startswith("eval_") for k in e)]
@@ -148,7 +153,10 @@ def train_with_restarts(model_args, data_args, training_args, callbacks: Optiona
             Extra callbacks for every trial's Trainer.
         runner (`TrialRunner`, *optional*, defaults to `None`):
             Trains the trials; ``None`` builds a ``RecipeTrialRunner`` (in this process, or one subprocess
-            per GPU with ``restart_parallel="per_gpu"``).
+            per GPU with ``restart_parallel="per_gpu"``). With ``restart_backend="ray"`` the runner (given or
+            built) is wrapped in a :class:`~hf_fasttrain.restarts.ray_backend.RayTrialRunner`: each stage
+            is a Ray task on ``restart_ray_address`` asking for ``restart_trial_resources``, at most
+            ``restart_max_concurrent`` at once.
         **config_overrides:
             ``RestartConfig`` fields that replace those read from ``training_args``.
 
@@ -183,4 +191,11 @@ def train_with_restarts(model_args, data_args, training_args, callbacks: Optiona
     if runner is None:
         runner = RecipeTrialRunner(model_args, data_args, training_args, subprocess=config.parallel == "per_gpu",
                                    callbacks=callbacks)
-    return RestartOrchestrator(config, runner, training_args.output_dir, total_steps).run()
+    if config.backend == "local":
+        return RestartOrchestrator(config, runner, training_args.output_dir, total_steps).run()
+    from .restarts.ray_backend import RayTrialRunner
+
+    runner = RayTrialRunner(runner, address=config.ray_address, resources=config.trial_resources)
+    search = RestartOrchestrator(config, runner, training_args.output_dir, total_steps)  # checks settings first
+    with runner.started(training_args.output_dir):
+        return search.run()

@@ -313,6 +313,10 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             write_run_record(self.args.output_dir, config, run=run_facts(self.model, self.args, block))
         self._last_log_seconds = None
         resume_dir = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
+        # per-train() counters start empty: hyperparameter_search reuses this Trainer for every trial (its
+        # callbacks reset in on_train_begin unless resuming; see HF_TRAINER_5X.md)
+        self.throughput = ThroughputMeter(pad_token_id=self.throughput.pad_token_id)
+        self._norm_clip_window = ClipStatsWindow()
         if self.weight_averaging is not None:
             self.weight_averaging.resume_dir = resume_dir
         recorder = self.recorder

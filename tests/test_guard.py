@@ -241,3 +241,19 @@ def test_guard_and_value_clipping_refused_under_sharding_before_any_work(monkeyp
     with pytest.raises(ConfigError, match=f"clip_mode: not supported under {shown}"):
         FastTrainingArguments(output_dir=str(tmp_path / "o"), clip_mode="value", use_cpu=True)
     assert not (tmp_path / "o").exists()
+
+
+def test_guard_memory_starts_fresh_at_a_train_that_is_not_a_resume():
+    """hyperparameter_search calls train() again on the same Trainer and callbacks: the statistics of the
+    previous trial must not judge the next one (its first losses would all look like spikes)."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from hf_fasttrain.callbacks.guard import DivergenceGuardCallback
+    from hf_fasttrain.guard import GuardMemory
+
+    guard = DivergenceGuardCallback(spike_window=4, rollback="checkpoint")
+    guard.memory = GuardMemory(loss_history=[1.0, 1.1, 0.9, 1.0], num_skipped_spike=3)
+    args = TrainingArguments(output_dir="unused", report_to="none", use_cpu=True)
+    guard.on_train_begin(args, TrainerState(global_step=0), TrainerControl())
+    assert guard.memory == GuardMemory()
+    assert guard.pop_log_stats() == {"guard_skipped_nonfinite": 0, "guard_skipped_spike": 0, "guard_rollbacks": 0}

@@ -9,6 +9,8 @@ import doctest
 import json
 import math
 import os
+import re
+import shutil
 import statistics
 import threading
 import time
@@ -187,7 +189,7 @@ def test_doctests_pass():
             return super().get_doctest(string, globs, name, filename, lineno)
 
     attempted = 0
-    for name in ("config", "ranking", "state", "orchestrator", "report"):
+    for name in ("config", "ranking", "state", "orchestrator", "report", "ray_backend"):
         module = importlib.import_module(f"hf_fasttrain.restarts.{name}")
         runner = doctest.DocTestRunner()
         for test in doctest.DocTestFinder(parser=FencedParser()).find(module):
@@ -694,15 +696,24 @@ def test_resume_of_a_state_file_written_by_the_first_orchestrator(tmp_path, monk
     assert [list(c) for c in runner.calls] == expected_calls
     assert summary["winner"] == "seed-1" and summary["total_steps"] == 92
     assert (tmp_path / "search" / SUMMARY_MD).read_text() == (V1 / "restarts_summary.md").read_text()
-    assert json.loads((tmp_path / "search" / SUMMARY_JSON).read_text()) == json.loads(
-        (V1 / "restarts_summary.json").read_text()
-    )
+    written = json.loads((tmp_path / "search" / SUMMARY_JSON).read_text())
+    # what the summary gained since (failed trials, the backend settings) holds nothing for this search
+    assert written.pop("num_failed") == 0
+    assert [(r.pop("failed"), r.pop("failed_reason")) for r in written["trials"]] == [(False, None)] * 9
+    assert {k: written["config"].pop(k) for k in ("backend", "ray_address", "trial_resources", "max_concurrent")} \
+        == {"backend": "local", "ray_address": None, "trial_resources": None, "max_concurrent": None}
+    assert written == json.loads((V1 / "restarts_summary.json").read_text())
+    # resumed, the state was upgraded: version 2, paths relative to output_dir, this driver's generation
+    state = json.loads((tmp_path / "search" / STATE_FILE).read_text())
+    assert (state["version"], state["generation"]) == (2, 1)
+    assert state["trials"]["seed-3"]["output_dir"] == "trials/seed-3"
+    assert state["trials"]["seed-3"]["results"]["4"]["checkpoint_dir"] == "trials/seed-3/checkpoint-4"
 
 
 def test_state_file_of_another_version_is_refused(tmp_path):
     raw = json.loads((V1 / "restarts_state_killed.json").read_text())
-    (tmp_path / STATE_FILE).write_text(json.dumps(dict(raw, version=2)))
-    with pytest.raises(ValueError, match=r"has state version 2; expected 1"):
+    (tmp_path / STATE_FILE).write_text(json.dumps(dict(raw, version=3)))
+    with pytest.raises(ValueError, match=r"has state version 3; expected one of \[1, 2\]"):
         _search(RestartConfig(**V1_CONFIG), _v1_runner(), tmp_path, 40)
 
 
@@ -729,3 +740,231 @@ def test_divergence_check_sets_the_typed_status(tmp_path, history, value, thresh
     assert t.status == expected
     on_disk = json.loads((tmp_path / STATE_FILE).read_text())["trials"]["seed-0"]["status"]
     assert on_disk == ("diverged" if expected == "diverged" else "pending")  # saved at once, only on a change
+
+
+# ----------------------------------------------------------------------------------------------------------
+# execution backends: failed stages, fencing, a moved search directory, the Ray settings (no Ray needed)
+# ----------------------------------------------------------------------------------------------------------
+
+
+class FailingRunner(StubRunner):
+    """A StubRunner whose stages in ``fail`` (trial_id, until_step) -> times raise StageFailed first."""
+
+    def __init__(self, *args, fail=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fail = dict(fail or {})
+
+    def run(self, trial, until_step, resume_from):
+        key = (trial.trial_id, until_step)
+        if self.fail.get(key, 0) > 0:
+            self.fail[key] -= 1
+            with self.lock:
+                self.calls.append((trial.trial_id, until_step, resume_from, trial.device))
+            raise restarts.StageFailed(f"worker lost on {trial.trial_id}")
+        return super().run(trial, until_step, resume_from)
+
+
+def test_a_failed_stage_is_retried_once_then_the_trial_is_marked_failed(tmp_path):
+    cfg = RestartConfig(num_seeds=8, explore_fraction=0.4, rungs=3)
+    straight = _search(cfg, StubRunner(hyperbolic(SH_COEFFS), 40), tmp_path / "a", 40)
+    # seed-3 fails once on its way to step 8 (retried from checkpoint-4); seed-1, the leader, fails twice at 16
+    runner = FailingRunner(hyperbolic(SH_COEFFS), 40, fail={("seed-3", 8): 1, ("seed-1", 16): 2})
+    summary = _search(cfg, runner, tmp_path / "b", 40)
+    rows = {r["trial_id"]: r for r in summary["trials"]}
+    ckpt4 = os.path.join(str(tmp_path / "b"), "trials", "seed-3", "checkpoint-4")
+    assert [c[:3] for c in runner.calls if c[0] == "seed-3"] == [("seed-3", 4, None), ("seed-3", 8, ckpt4),
+                                                                  ("seed-3", 8, ckpt4)]
+    assert rows["seed-3"]["rung_metrics"][:2] == {r["trial_id"]: r for r in straight["trials"]}["seed-3"][
+        "rung_metrics"][:2]
+    assert (rows["seed-3"]["starts"], rows["seed-3"]["failed"]) == (3, False)
+    assert rows["seed-1"]["status"] == "failed" and rows["seed-1"]["starts"] == 4 and not rows["seed-1"]["chosen"]
+    assert rows["seed-1"]["failed_reason"] == "stage to step 16 failed twice: worker lost on seed-1"
+    assert straight["winner"] == "seed-1" and summary["winner"] == "seed-0" and summary["num_failed"] == 1
+    md = (tmp_path / "b" / SUMMARY_MD).read_text()
+    assert "| failed (stage to step 16 failed twice: worker lost on seed-1) |" in md
+    assert "1 failed." in md
+
+
+def test_a_failure_before_a_driver_restart_counts_toward_the_retry(tmp_path):
+    cfg = RestartConfig(num_seeds=2, explore_fraction=0.5)
+    first = FailingRunner(hyperbolic(SH_COEFFS), 8, fail={("seed-0", 4): 1}, kill_at_call=2)
+    with pytest.raises(SimulatedKill):  # seed-0 failed once, then the driver died during its retry
+        _search(cfg, first, tmp_path, 8)
+    state = json.loads((tmp_path / STATE_FILE).read_text())
+    assert state["trials"]["seed-0"]["failures"] == 1 and state["generation"] == 1
+    second = FailingRunner(hyperbolic(SH_COEFFS), 8, fail={("seed-0", 4): 1})
+    summary = _search(cfg, second, tmp_path, 8)
+    assert {r["trial_id"]: r["status"] for r in summary["trials"]} == {"seed-0": "failed", "seed-1": "chosen"}
+    assert json.loads((tmp_path / STATE_FILE).read_text())["generation"] == 2
+
+
+def test_each_driver_raises_the_generation_and_hands_it_to_its_stages(tmp_path):
+    cfg = RestartConfig(num_seeds=2, explore_fraction=0.5)
+    runner = StubRunner(hyperbolic(SH_COEFFS), 8, kill_at_call=2)
+    seen = []
+    orig = runner.run
+    def run(trial, until, resume):
+        seen.append((trial.generation, trial.state_path))
+        return orig(trial, until, resume)
+
+    runner.run = run
+    with pytest.raises(SimulatedKill):
+        _search(cfg, runner, tmp_path, 8)
+    runner.kill_at_call = None
+    _search(cfg, runner, tmp_path, 8)
+    path = os.path.abspath(tmp_path / STATE_FILE)
+    assert seen == [(1, path), (1, path), (2, path), (2, path)]
+    assert restarts.state.read_generation(path) == 2
+    restarts.state.check_generation(path, 2)
+    with pytest.raises(restarts.state.StaleStageError, match="launched by generation 1 .* now holds generation 2"):
+        restarts.state.check_generation(path, 1)
+    restarts.state.check_generation(None, 1)  # a stage with no fence: nothing to check
+
+
+def test_a_search_directory_moved_elsewhere_resumes_there(tmp_path):
+    cfg = RestartConfig(num_seeds=4, explore_fraction=0.5, rungs=2)
+    first = StubRunner(hyperbolic(SH_COEFFS), 8, kill_at_call=5)
+    with pytest.raises(SimulatedKill):
+        _search(cfg, first, tmp_path / "here", 8)
+    state = json.loads((tmp_path / "here" / STATE_FILE).read_text())
+    assert state["version"] == 2 and state["trials"]["seed-0"]["output_dir"] == "trials/seed-0"
+    assert state["trials"]["seed-0"]["results"]["2"]["checkpoint_dir"] == "trials/seed-0/checkpoint-2"
+    shutil.move(str(tmp_path / "here"), str(tmp_path / "there"))
+    second = StubRunner(hyperbolic(SH_COEFFS), 8)
+    summary = _search(cfg, second, tmp_path / "there", 8)
+    straight = _search(cfg, StubRunner(hyperbolic(SH_COEFFS), 8), tmp_path / "straight", 8)
+    assert summary["winner"] == straight["winner"]
+    # resumed from the moved checkpoints (the stub reads each marker)
+    assert all(c[2] is None or c[2].startswith(str(tmp_path / "there")) for c in second.calls)
+    assert len(first.calls) - 1 + len(second.calls) == len(straight["trials"]) + 2 + 1  # 4 + 2 at rung 1 + winner
+
+
+class _ConcurrencyProbe(StubRunner):
+    def run(self, trial, until_step, resume_from):
+        with self.lock:
+            self.active_n = getattr(self, "active_n", 0) + 1
+            self.peak = max(getattr(self, "peak", 0), self.active_n)
+        try:
+            return super().run(trial, until_step, resume_from)
+        finally:
+            with self.lock:
+                self.active_n -= 1
+
+
+@pytest.mark.parametrize("max_concurrent, peak", [(2, 2), (None, 4), (1, 1)])
+def test_max_concurrent_bounds_the_stages_in_flight(tmp_path, max_concurrent, peak):
+    cfg = RestartConfig(num_seeds=4, explore_fraction=1.0, backend="ray", max_concurrent=max_concurrent)
+    runner = _ConcurrencyProbe(hyperbolic(SH_COEFFS), 4, delay=0.4)
+    _search(cfg, runner, tmp_path, 4)
+    assert runner.peak == peak
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(backend="slurm"), "backend='slurm' is invalid: it must be one of ['local', 'ray']"),
+        (dict(backend="ray", ray_address="somewhere"), "ray_address='somewhere' is invalid"),
+        (dict(backend="ray", trial_resources={"num_gpus": -1}), "trial_resources={'num_gpus': -1} is invalid"),
+        (dict(backend="ray", trial_resources="{not json"), "trial_resources='{not json' is invalid"),
+        (dict(backend="ray", max_concurrent=0), "max_concurrent=0 is invalid"),
+        (dict(max_concurrent=2), "max_concurrent=2 is invalid: it must be None with backend='local'"),
+        (dict(ray_address="auto"), "ray_address='auto' is invalid: it must be None with backend='local'"),
+        (dict(backend="ray", parallel="per_gpu"), "parallel='per_gpu' is invalid: it must be False with backend='ray'"),
+    ],
+)
+def test_backend_settings_fail_naming_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RestartConfig(**kwargs)
+
+
+def test_backend_settings_are_parsed_and_do_not_change_the_search():
+    cfg = RestartConfig(backend="ray", ray_address="ray://10.0.0.1:10001", trial_resources='{"num_gpus": 1}',
+                        max_concurrent=4)
+    assert cfg.trial_resources == {"num_gpus": 1} and cfg.ray_address == "ray://10.0.0.1:10001"
+    assert RestartConfig(backend="ray", ray_address="none").ray_address is None
+    assert cfg.search_dict() == RestartConfig().search_dict()  # a search may resume on the other backend
+
+
+def test_shared_storage_check_refuses_a_node_that_does_not_see_output_dir(tmp_path):
+    from hf_fasttrain.restarts.ray_backend import _probe, check_shared_storage
+
+    # a node that shares the directory
+    check_shared_storage(str(tmp_path / "out"), lambda d, f, t: [_probe(d, f, t)])
+    assert os.listdir(tmp_path / "out") == []  # the probe files are removed
+    # a node with its own disk at the same path: it cannot read the driver's file
+    elsewhere = tmp_path / "node-disk"
+
+    def other_disk(d, f, t):
+        return [_probe(str(elsewhere / os.path.basename(d)), f, t)]
+
+    with pytest.raises(ValueError) as e:
+        check_shared_storage(str(tmp_path / "out"), other_disk)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"output_dir={str(tmp_path / 'out')!r} is not shared with the Ray workers")
+    assert "cannot read the driver's file" in msg and "mounts at the same path" in msg
+
+    # a node that reads the driver's file but writes somewhere the driver cannot see
+    def writes_elsewhere(d, f, t):
+        host, problem, name = _probe(d, f, t)
+        os.remove(os.path.join(d, name))
+        return [(host, problem, name)]
+
+    with pytest.raises(ValueError, match="wrote a file that the driver cannot read"):
+        check_shared_storage(str(tmp_path / "out"), writes_elsewhere)
+
+
+def test_ray_backend_without_ray_is_one_line(monkeypatch):
+    import builtins
+
+    from hf_fasttrain.restarts import ray_backend
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(ValueError, match=r"restart_backend='ray' needs Ray, which is not installed; pip install "
+                                         r"'hf_fasttrain\[ray\]'"):
+        ray_backend.import_ray()
+
+
+def test_the_package_does_not_import_ray():
+    import subprocess
+    import sys
+
+    # the search core, its Ray adapter module and the command line (which imports the rest lazily)
+    code = ("import sys, hf_fasttrain.restarts, hf_fasttrain.restarts.ray_backend, hf_fasttrain.cli; "
+            "print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_cli_restarts_refuses_bad_backend_settings_and_a_missing_ray_in_one_line(tmp_path, capsys, monkeypatch):
+    import builtins
+
+    from hf_fasttrain.cli import main as cli_main
+
+    base = ["restarts", "--config", "gpt2_tiny", "--num-seeds", "2", "--output_dir", str(tmp_path / "out")]
+    assert cli_main(base + ["--backend", "ray", "--max-concurrent", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: restart_max_concurrent: got 0; must be an integer >= 1 or null"]
+    assert cli_main(base + ["--max-concurrent", "2"]) == 2  # a Ray setting without the Ray backend
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: restart_max_concurrent=2 is invalid: it must be None with backend='local' (it is a "
+                   "setting of backend='ray').")
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    assert cli_main(base + ["--backend", "ray"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: restart_backend='ray' needs Ray, which is not installed") and "\n" not in err
+    assert not (tmp_path / "out" / "trials").exists()  # refused before any trial

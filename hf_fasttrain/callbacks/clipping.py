@@ -191,6 +191,7 @@ class GradientClippingCallback(TrainerCallback, ExportableState):
             # AGC clipping alone do not (a x1e6 gradient clipped by value still moves every weight by
             # clip_value in the direction of its sign)
             logger.info(f"max_grad_norm={trainer_clip} clips by norm before GradientClippingCallback(mode={self.mode!r})")
+        self._window = ClipStatsWindow()  # a fresh train() (e.g. a hyperparameter_search trial) logs its own
         if self.mode == "agc" and model is not None:
             self._agc_dims = {id(p): dims for p, dims in agc_unit_dims(model, clip_output_layer=self.agc_clip_output_layer)}
 

@@ -202,6 +202,8 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
             raise ValueError(f"DivergenceGuardCallback supports one process and DDP, not {unsupported}")
         if state.global_step > 0:
             self._restore_memory(state)
+        else:  # a fresh run: nothing of an earlier train() on this Trainer (a hyperparameter_search trial)
+            self._memory = GuardMemory()
         mode = self.config.rollback
         if mode == "auto":
             param_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) if model is not None else 0

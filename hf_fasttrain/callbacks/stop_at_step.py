@@ -12,9 +12,13 @@ Example:
 
 from __future__ import annotations
 
+import os
+
 from transformers import TrainerCallback
 
-__all__ = ["StopAtStepCallback", "TokenBudgetStopCallback"]
+from ..restarts.state import check_generation
+
+__all__ = ["StopAtStepCallback", "TokenBudgetStopCallback", "StageFenceCallback"]
 
 
 class StopAtStepCallback(TrainerCallback):
@@ -79,3 +83,37 @@ class TokenBudgetStopCallback(TrainerCallback):
                 control.should_evaluate = True
             control.should_log = True
         return control
+
+
+class StageFenceCallback(TrainerCallback):
+    """Stops a random-restart stage launched by a driver that is no longer the search's.
+
+    A stage running away from its driver (a Ray task) carries the generation of the driver that launched it.
+    When that driver is killed and started again, the new one raises the generation in the state file and runs
+    the stage itself; the old task, still training, must not write a checkpoint into the trial. This callback
+    reads the state file's generation (only when the file changed) at the start and at the end of every
+    optimizer step, before the Trainer saves, and raises
+    :class:`~hf_fasttrain.restarts.state.StaleStageError` once it is newer.
+
+    Args:
+        state_path (`str`): the search's ``restarts_state.json``.
+        generation (`int`): the generation that launched this stage.
+    """
+
+    def __init__(self, state_path: str, generation: int):
+        self.state_path = state_path
+        self.generation = generation
+        self._seen = None  # (mtime_ns, size) of the state file when last read
+
+    def check(self) -> None:
+        st = os.stat(self.state_path)
+        key = (st.st_mtime_ns, st.st_size)
+        if key != self._seen:
+            check_generation(self.state_path, self.generation)
+            self._seen = key
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.check()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.check()  # the Trainer saves right after this event

@@ -23,12 +23,13 @@ same directory, it resumes without rerunning any trial recorded as finished.
 
 Layout: ``config`` (settings), ``ranking`` (pure functions), ``state`` (typed resumable state),
 ``orchestrator`` (the search behind the :class:`TrialRunner` Protocol) and ``report`` form the core, which
-imports nothing of the package but ``hf_fasttrain._files``. The recipe adapter (trials as recipe runs,
+imports nothing of the package but ``hf_fasttrain._files``. ``ray_backend`` runs each stage as a Ray task
+(``restart_backend="ray"``; Ray is imported there only, when asked for). The recipe adapter (trials as recipe runs,
 :func:`~hf_fasttrain.recipe_restarts.train_with_restarts`) is ``hf_fasttrain/recipe_restarts.py``, on the top floor.
 """
 
 from .config import ARG_FIELDS, RestartConfig, restart_config_from_args
-from .orchestrator import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec
+from .orchestrator import RestartOrchestrator, StageFailed, TrialResult, TrialRunner, TrialSpec, check_stage_current
 from .ranking import (
     compute_rung_steps,
     derive_seeds,
@@ -39,7 +40,7 @@ from .ranking import (
     seed_statistics,
 )
 from .report import CURVES_PNG, SUMMARY_JSON, SUMMARY_MD, search_time_curve
-from .state import STATE_FILE
+from .state import STATE_FILE, StaleStageError
 
 __all__ = [
     "RestartConfig",
@@ -47,6 +48,9 @@ __all__ = [
     "TrialResult",
     "TrialRunner",
     "RestartOrchestrator",
+    "StageFailed",
+    "StaleStageError",
+    "check_stage_current",
     "compute_rung_steps",
     "derive_seeds",
     "rank_trials",

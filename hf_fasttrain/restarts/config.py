@@ -10,11 +10,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
 
-__all__ = ["RestartConfig", "ARG_FIELDS", "restart_config_from_args", "DIRECTIONS", "VARY"]
+__all__ = ["RestartConfig", "ARG_FIELDS", "restart_config_from_args", "DIRECTIONS", "VARY", "BACKENDS",
+           "EXECUTION_FIELDS"]
 
 DIRECTIONS = ("min", "max")
 VARY = ("both", "model", "data")
+BACKENDS = ("local", "ray")
 _PARALLEL = (False, "per_gpu")
+# settings of how the trials run, not of which ones run or win: a search may resume with other values
+EXECUTION_FIELDS = ("parallel", "devices", "backend", "ray_address", "trial_resources", "max_concurrent")
 
 
 @dataclass
@@ -59,6 +63,18 @@ class RestartConfig:
             one per device in ``devices``.
         devices (`list[str]`, *optional*, defaults to `None`):
             Device ids handed to the runner under ``"per_gpu"`` (``None``: the visible GPUs).
+        backend (`str`, *optional*, defaults to `"local"`):
+            ``"local"`` runs the trials on this machine (see ``parallel``); ``"ray"`` runs each stage as a Ray
+            task (``hf_fasttrain[ray]``), on a cluster or a local one; the search itself stays here.
+        ray_address (`str`, *optional*, defaults to `None`):
+            With ``backend="ray"``: ``"auto"`` (the cluster this machine belongs to), ``"ray://host:port"`` (Ray
+            Client), ``"host:port"`` (a head node's address), or ``None`` to start a local cluster.
+        trial_resources (`dict`, *optional*, defaults to `None`):
+            With ``backend="ray"``: the Ray resources one stage asks for, e.g. ``{"num_gpus": 1, "num_cpus": 8}``
+            (``None``: one CPU).
+        max_concurrent (`int`, *optional*, defaults to `None`):
+            With ``backend="ray"``: most stages running at once (``None``: every stage of a rung; Ray queues
+            those its resources cannot place yet).
 
     Example:
         ```python
@@ -87,6 +103,10 @@ class RestartConfig:
     vary: str = "both"
     parallel: Union[bool, str] = False
     devices: Optional[List[str]] = None
+    backend: str = "local"
+    ray_address: Optional[str] = None
+    trial_resources: Optional[Dict[str, float]] = None
+    max_concurrent: Optional[int] = None
 
     def __post_init__(self):
         def bad(name, allowed):
@@ -139,17 +159,66 @@ class RestartConfig:
             self.devices = [str(d).strip() for d in self.devices]
             if not self.devices or len(set(self.devices)) != len(self.devices):
                 raise bad("devices", "None or a non-empty list of distinct device ids")
+        if self.backend not in BACKENDS:
+            raise bad("backend", f"one of {list(BACKENDS)}")
+        if isinstance(self.ray_address, str) and self.ray_address.strip().lower() in ("", "none", "null", "local"):
+            self.ray_address = None
+        if self.ray_address is not None and not _is_ray_address(self.ray_address):
+            raise bad("ray_address", "None (a local cluster), 'auto', 'ray://host:port' or 'host:port'")
+        if isinstance(self.trial_resources, str):
+            self.trial_resources = _parse_resources(self.trial_resources)
+        if self.trial_resources is not None and not _good_resources(self.trial_resources):
+            raise bad("trial_resources", "None or a mapping of resource names to numbers >= 0, e.g. "
+                      "{'num_gpus': 1, 'num_cpus': 8}")
+        if self.max_concurrent is not None and (
+            isinstance(self.max_concurrent, bool) or not isinstance(self.max_concurrent, int) or self.max_concurrent < 1
+        ):
+            raise bad("max_concurrent", "None or an integer >= 1")
+        if self.backend == "local":
+            for name in ("ray_address", "trial_resources", "max_concurrent"):
+                if getattr(self, name) is not None:
+                    raise bad(name, "None with backend='local' (it is a setting of backend='ray')")
+        elif self.parallel:
+            raise bad("parallel", "False with backend='ray' (Ray places the stages; use trial_resources)")
 
     def search_dict(self) -> Dict[str, Any]:
-        """The settings that decide which trials run and which one wins (``parallel``/``devices`` do not)."""
+        """The settings that decide which trials run and which one wins (how they run, e.g. ``parallel``,
+        ``devices``, ``backend``, does not)."""
         d = dataclasses.asdict(self)
-        d.pop("parallel")
-        d.pop("devices")
+        for name in EXECUTION_FIELDS:
+            d.pop(name)
         return d
 
 
 def _is_real(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(float(x))
+
+
+def _is_ray_address(a) -> bool:
+    if not isinstance(a, str):
+        return False
+    a = a.strip()
+    if a == "auto":
+        return True
+    rest = a[len("ray://"):] if a.startswith("ray://") else a
+    host, _, port = rest.rpartition(":")
+    return bool(host) and port.isdigit()
+
+
+def _parse_resources(text: str):
+    """A JSON object (the command line's form of ``trial_resources``); anything else is left to the check."""
+    import json
+
+    try:
+        return json.loads(text) if text.strip().lower() not in ("", "none", "null") else None
+    except ValueError:
+        return text
+
+
+def _good_resources(r) -> bool:
+    return isinstance(r, dict) and all(
+        isinstance(k, str) and k and _is_real(v) and math.isfinite(v) and v >= 0 for k, v in r.items()
+    )
 
 
 # FastTrainingArguments field -> RestartConfig field
@@ -164,13 +233,17 @@ ARG_FIELDS = {
     "restart_replace_diverged": "replace_diverged",
     "restart_vary": "vary",
     "restart_parallel": "parallel",
+    "restart_backend": "backend",
+    "restart_ray_address": "ray_address",
+    "restart_trial_resources": "trial_resources",
+    "restart_max_concurrent": "max_concurrent",
 }
 
 
 def restart_config_from_args(training_args, **overrides) -> RestartConfig:
     """The :class:`RestartConfig` described by a ``FastTrainingArguments``' ``restart_*`` fields; the base seeds
     are its ``seed`` and ``data_seed``. Errors name the ``restart_*`` field."""
-    kwargs = {cfg: getattr(training_args, arg) for arg, cfg in ARG_FIELDS.items()}
+    kwargs = {cfg: getattr(training_args, arg) for arg, cfg in ARG_FIELDS.items() if hasattr(training_args, arg)}
     kwargs.update(seed=training_args.seed, data_seed=getattr(training_args, "data_seed", None), **overrides)
     try:
         return RestartConfig(**kwargs)

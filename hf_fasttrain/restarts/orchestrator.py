@@ -14,9 +14,25 @@ from typing import Any, Dict, List, Optional, Protocol, runtime_checkable
 from .config import RestartConfig
 from .ranking import compute_rung_steps, derive_seeds, divergence_reason, num_to_keep, rank_trials
 from .report import CURVES_PNG, SUMMARY_MD, build_summary, plot_curves, summary_markdown, write_summary
-from .state import STATE_FILE, Continuation, RungState, SearchState, StageResult, TrialState
+from .state import (
+    STATE_FILE,
+    Continuation,
+    RungState,
+    SearchState,
+    StageResult,
+    TrialState,
+    check_generation,
+    relative_to,
+)
 
-__all__ = ["TrialSpec", "TrialResult", "TrialRunner", "RestartOrchestrator"]
+__all__ = ["TrialSpec", "TrialResult", "TrialRunner", "RestartOrchestrator", "StageFailed", "check_stage_current"]
+
+
+class StageFailed(RuntimeError):
+    """Raised by a runner when one stage of a trial failed on its own (a worker lost, its process killed, an
+    error inside the task), as opposed to the driver itself dying. The orchestrator retries the stage once
+    (the runner resumes it from the trial's last complete checkpoint), then marks the trial ``failed``: it is
+    reported in the summary and never chosen, and the search goes on with the others."""
 
 
 @dataclass(frozen=True)
@@ -26,7 +42,9 @@ class TrialSpec:
     ``max_steps`` is the FULL run's step count: the runner must build its LR schedule from it and stop at the
     ``until_step`` it is given, so every exploration is an exact prefix of the full run. ``output_dir`` is
     this trial's own directory; ``device`` is set under ``parallel="per_gpu"`` (e.g. for
-    ``CUDA_VISIBLE_DEVICES``).
+    ``CUDA_VISIBLE_DEVICES``). ``state_path`` and ``generation`` name the search's state file and the
+    generation of the driver that launched this stage: a runner that trains away from the driver (a Ray task)
+    calls :func:`check_stage_current` before it writes, so a stage left running by a killed driver stops.
 
     Example:
         ```python
@@ -43,6 +61,14 @@ class TrialSpec:
     max_steps: int
     output_dir: str
     device: Optional[str] = None
+    state_path: Optional[str] = None
+    generation: Optional[int] = None
+
+
+def check_stage_current(trial: TrialSpec) -> None:
+    """Raises :class:`~hf_fasttrain.restarts.state.StaleStageError` when the driver that launched this stage
+    is no longer the search's (the state file holds a newer generation); nothing when the spec carries none."""
+    check_generation(trial.state_path, trial.generation)
 
 
 @dataclass
@@ -77,7 +103,9 @@ class TrialRunner(Protocol):
     evaluates there, saves a checkpoint there and returns a :class:`TrialResult`.
 
     A runner may also define ``available_metrics() -> Iterable[str]``; the orchestrator then checks the
-    configured metric against it before any trial starts.
+    configured metric against it before any trial starts. A runner whose stage failed on its own (a worker
+    lost) raises :class:`StageFailed`: the stage is retried once, then the trial is marked failed; any other
+    exception stops the search (as a killed driver would), which resumes when run again.
 
     Example:
         ```python
@@ -91,6 +119,12 @@ class TrialRunner(Protocol):
     """
 
     def run(self, trial: TrialSpec, until_step: int, resume_from: Optional[str]) -> TrialResult: ...
+
+
+def _out(t: TrialState) -> bool:
+    """Out of the search for good: diverged, or failed twice."""
+    return t.status in ("diverged", "failed")
+
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -194,7 +228,12 @@ class RestartOrchestrator:
                 f"{self.state_path} was made with other settings ({diffs}); resume with the same settings "
                 "or use a new output_dir."
             )
+        state.upgrade(self.output_dir)  # a version-1 file: paths relative to output_dir from now on
         self.state = state
+
+    def _path(self, rel: Optional[str]) -> Optional[str]:
+        """A path of the state (relative to ``output_dir``) as this driver sees it."""
+        return None if rel is None else os.path.join(self.output_dir, rel)
 
     def _save(self) -> None:
         with self._lock:
@@ -203,26 +242,40 @@ class RestartOrchestrator:
     def _add_trial(self, index: int, replaces: Optional[str]) -> str:
         model_seed, data_seed = derive_seeds(index, self.config.seed, self.config.data_seed, self.config.vary)
         tid = f"seed-{index}"
-        out = os.path.join(self.output_dir, "trials", tid)
+        out = os.path.join("trials", tid)  # relative to output_dir: the search directory can move
         self.state.trials[tid] = TrialState(index, model_seed, data_seed, out, replaces=replaces)
         self.state.order.append(tid)
         return tid
 
     def _spec(self, tid: str, device: Optional[str] = None) -> TrialSpec:
         t = self.state.trials[tid]
-        return TrialSpec(tid, t.index, t.model_seed, t.data_seed, self.max_steps, t.output_dir, device)
+        return TrialSpec(tid, t.index, t.model_seed, t.data_seed, self.max_steps, self._path(t.output_dir), device,
+                         os.path.abspath(self.state_path), self.state.generation)
 
     # -- running trials ----------------------------------------------------------------------------------
 
     def _execute(self, tid: str, until_step: int, device: Optional[str]) -> None:
-        """Runs one trial stage and records it; the only place that calls the runner."""
+        """Runs one trial stage and records it; the only place that calls the runner. A :class:`StageFailed`
+        is retried once (a stage that had failed before a driver restart counts), then marks the trial failed."""
         t = self.state.trials[tid]
-        resume_from = t.last_checkpoint(until_step)
-        with self._lock:
-            t.status = "running"
-            t.starts += 1
-            self._save()
-        result = self.runner.run(self._spec(tid, device), until_step, resume_from)
+        while True:
+            resume_from = self._path(t.last_checkpoint(until_step))
+            with self._lock:
+                t.status = "running"
+                t.starts += 1
+                self._save()
+            try:
+                result = self.runner.run(self._spec(tid, device), until_step, resume_from)
+                break
+            except StageFailed as e:
+                with self._lock:
+                    t.failures += 1
+                    if t.failures >= 2:
+                        t.status = "failed"
+                        t.failed_reason = f"stage to step {until_step} failed twice: {e}"
+                    self._save()
+                if t.status == "failed":
+                    return
         metric = self.config.metric
         if metric not in result.final_eval:
             raise ValueError(
@@ -236,19 +289,31 @@ class RestartOrchestrator:
                     t.history[int(entry["step"])] = float(entry[metric])
             t.history[until_step] = value
             final = {k: float(v) for k, v in result.final_eval.items() if _is_number(v)}
-            t.results[until_step] = StageResult(value, final, result.checkpoint_dir, bool(result.diverged))
+            ckpt = relative_to(result.checkpoint_dir, self.output_dir)
+            t.results[until_step] = StageResult(value, final, ckpt, bool(result.diverged))
             t.status = "alive"
+            t.failures = 0
             self._save()
+
+    def _slots(self, n: int) -> List[Optional[str]]:
+        """Stages that may run at once: one per device under ``per_gpu``; with the Ray backend
+        ``max_concurrent`` (or all ``n``); else one."""
+        if self.devices:
+            return list(self.devices)
+        if self.config.backend == "ray":
+            return [None] * max(1, min(n, self.config.max_concurrent or n))
+        return [None]
 
     def _execute_many(self, tids: List[str], until_step: int) -> None:
         if not tids:
             return
-        if not self.devices or len(tids) == 1:
+        slots = self._slots(len(tids))
+        if len(slots) == 1 or len(tids) == 1:
             for tid in tids:
-                self._execute(tid, until_step, self.devices[0] if self.devices else None)
+                self._execute(tid, until_step, slots[0])
             return
-        free: "queue.Queue[str]" = queue.Queue()
-        for d in self.devices:
+        free: "queue.Queue[Optional[str]]" = queue.Queue()
+        for d in slots:
             free.put(d)
 
         def work(tid):
@@ -259,7 +324,7 @@ class RestartOrchestrator:
                 free.put(device)
 
         errors = []
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(self.devices)) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(slots)) as pool:
             for fut in [pool.submit(work, tid) for tid in tids]:
                 try:
                     fut.result()
@@ -270,7 +335,7 @@ class RestartOrchestrator:
 
     def _check_divergence(self, tid: str, step: int) -> bool:
         t = self.state.trials[tid]
-        if t.status == "diverged":
+        if t.status in ("diverged", "failed"):
             return True
         res = t.results[step]
         reason = "the runner reported divergence" if res.diverged else None
@@ -297,11 +362,11 @@ class RestartOrchestrator:
             for tid in list(rung.entrants):
                 if step in trials[tid].results and self._check_divergence(tid, step):
                     self._maybe_replace(tid, rung)
-            todo = [t for t in rung.entrants if step not in trials[t].results and trials[t].status != "diverged"]
+            todo = [t for t in rung.entrants if step not in trials[t].results and not _out(trials[t])]
             if not todo:
                 break
             self._execute_many(todo, step)
-        alive = [t for t in rung.entrants if trials[t].status != "diverged"]
+        alive = [t for t in rung.entrants if not _out(trials[t])]
         values = {t: trials[t].results[step].value for t in alive}
         ranking = rank_trials(values, self.config.direction, self.state.order)
         last = r == len(self.rung_steps) - 1
@@ -335,13 +400,15 @@ class RestartOrchestrator:
             cont = self.state.continuation = Continuation(list(self.state.rungs[-1].ranking))
             self._save()
         for tid in cont.candidates:
-            if trials[tid].status == "diverged":
+            if _out(trials[tid]):
                 continue
             if explore_step < self.max_steps and self.max_steps not in trials[tid].results:
                 if tid not in cont.tried:
                     cont.tried.append(tid)
                     self._save()
                 self._execute_many([tid], self.max_steps)
+            if _out(trials[tid]):
+                continue  # its continuation failed twice: fall back to the next best explored seed
             if explore_step < self.max_steps and self._check_divergence(tid, self.max_steps):
                 continue  # a diverged seed is never chosen: fall back to the next best explored seed
             self.state.winner = tid
@@ -362,6 +429,9 @@ class RestartOrchestrator:
         self._load_or_init()
         state = self.state
         if not state.done:
+            # this driver's generation: stages that a killed driver left running see it and stop (fencing)
+            state.generation += 1
+            self._save()
             for r in range(len(self.rung_steps)):
                 if r == len(state.rungs):
                     if r == 0:
@@ -377,7 +447,7 @@ class RestartOrchestrator:
         self.write_summary(summary)
         if summary["winner"] is None:
             raise RuntimeError(
-                f"all {len(state.trials)} trials diverged; see {os.path.join(self.output_dir, SUMMARY_MD)}"
+                f"all {len(state.trials)} trials diverged or failed; see {os.path.join(self.output_dir, SUMMARY_MD)}"
             )
         return summary
 
@@ -385,7 +455,7 @@ class RestartOrchestrator:
 
     def summary(self) -> Dict[str, Any]:
         """Per-seed table, statistics over seeds at each rung, and the winner (a JSON-ready dict)."""
-        return build_summary(self.state, self.config)
+        return build_summary(self.state, self.config, root=self.output_dir)
 
     def markdown(self, summary: Dict[str, Any]) -> str:
         return summary_markdown(summary)

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from .._files import atomic_write_text
 from .config import RestartConfig
@@ -30,9 +30,14 @@ SUMMARY_MD = "restarts_summary.md"
 CURVES_PNG = "restarts_curves.png"
 
 
-def build_summary(state: SearchState, config: RestartConfig) -> Dict[str, Any]:
-    """Per-seed table, statistics over seeds at each rung, and the winner (a JSON-ready dict)."""
+def build_summary(state: SearchState, config: RestartConfig, root: Optional[str] = None) -> Dict[str, Any]:
+    """Per-seed table, statistics over seeds at each rung, and the winner (a JSON-ready dict). Paths are
+    joined to ``root`` (the search's ``output_dir``; a version-2 state holds them relative to it)."""
     rung_steps, max_steps = list(state.rung_steps), state.max_steps
+
+    def path(p):
+        return os.path.join(root, p) if root is not None and p is not None else p
+
     rows = []
     for tid in state.order:
         t = state.trials[tid]
@@ -49,18 +54,20 @@ def build_summary(state: SearchState, config: RestartConfig) -> Dict[str, Any]:
                 "chosen": tid == state.winner,
                 "diverged": t.status == "diverged",
                 "diverged_reason": t.diverged_reason,
+                "failed": t.status == "failed",
+                "failed_reason": t.failed_reason,
                 "dropped_at_rung": t.dropped_at_rung,
                 "replaces": t.replaces,
                 "stage_evals": {s: dict(r.final_eval) for s, r in t.results.items()},
                 "steps_trained": t.steps_trained,
                 "starts": t.starts,
                 "history": sorted(t.history.items()),
-                "output_dir": t.output_dir,
+                "output_dir": path(t.output_dir),
             }
         )
     rung_stats = []
     for r, s in enumerate(rung_steps):
-        vals = [row["rung_metrics"][r] for row in rows if not row["diverged"]]
+        vals = [row["rung_metrics"][r] for row in rows if not row["diverged"] and not row["failed"]]
         rung_stats.append({"rung": r, "step": s, **seed_statistics(vals)})
     w = state.trials[state.winner] if state.winner else None
     w_final = w.results.get(max_steps) if w else None
@@ -74,11 +81,12 @@ def build_summary(state: SearchState, config: RestartConfig) -> Dict[str, Any]:
         "rung_stats": rung_stats,
         "num_trials": len(rows),
         "num_diverged": sum(row["diverged"] for row in rows),
+        "num_failed": sum(row["failed"] for row in rows),
         "winner": state.winner,
         "winner_model_seed": w.model_seed if w else None,
         "winner_data_seed": w.data_seed if w else None,
         "winner_final_metric": w_final.value if w_final else None,
-        "winner_checkpoint": w_final.checkpoint_dir if w_final else None,
+        "winner_checkpoint": path(w_final.checkpoint_dir) if w_final else None,
         "total_steps": sum(row["steps_trained"] for row in rows),
         "compute_ratio": sum(row["steps_trained"] for row in rows) / max_steps,
         "planned_steps": planned_steps(config.num_seeds, rung_steps, max_steps, config.keep_fraction),
@@ -102,6 +110,8 @@ def summary_markdown(summary: Dict[str, Any]) -> str:
             status = "**chosen**"
         elif row["diverged"]:
             status = f"diverged ({row['diverged_reason']})"
+        elif row.get("failed"):
+            status = f"failed ({row['failed_reason']})"
         elif row["dropped_at_rung"] is not None:
             status = f"dropped at rung {row['dropped_at_rung']}"
         else:
@@ -124,11 +134,13 @@ def summary_markdown(summary: Dict[str, Any]) -> str:
             f"{summary['max_steps']}."
         )
     else:
-        lines.append("No winner: every seed diverged.")
+        lines.append("No winner: every seed diverged or failed." if summary.get("num_failed")
+                     else "No winner: every seed diverged.")
     lines.append(
         f"Compute: {summary['total_steps']} optimizer steps over all trials = {summary['compute_ratio']:.2f}x "
         f"one run of {summary['max_steps']} steps; "
-        f"{summary['num_diverged']} of {summary['num_trials']} trials diverged."
+        f"{summary['num_diverged']} of {summary['num_trials']} trials diverged"
+        + (f", {summary['num_failed']} failed." if summary.get("num_failed") else ".")
     )
     return "\n".join(lines) + "\n"
 

@@ -1,15 +1,27 @@
 """The orchestrator's resumable state as typed dataclasses, and its JSON file (``restarts_state.json``).
 
-In memory, steps are ``int`` keys and metric values are ``float``. On disk the layout is version 1's, the
-one the first orchestrator wrote: step keys are strings and non-finite floats are the strings ``"nan"``,
-``"inf"`` and ``"-inf"`` (valid JSON that ``float()`` reads back). A state file written by that version is
-read by :meth:`SearchState.from_json` and written back unchanged by :meth:`SearchState.to_json`.
+In memory, steps are ``int`` keys and metric values are ``float``. On disk step keys are strings and
+non-finite floats are the strings ``"nan"``, ``"inf"`` and ``"-inf"`` (valid JSON that ``float()`` reads back).
+
+Version 2 (written now) adds to version 1's layout:
+
+- trial and checkpoint paths relative to the search's ``output_dir``, so a search directory can move (to
+  another machine, or a shared filesystem mounted elsewhere) and still resume;
+- ``generation``: raised by one each time a driver (re)starts the search; a stage carries the generation
+  that launched it and must not write once the file holds a newer one (:func:`check_generation`), which
+  fences off tasks left running by a killed driver;
+- per trial, ``failures`` (failed attempts of its current stage) and ``failed_reason``; status ``failed``.
+
+A version-1 file (paths as its writer gave them, relative to its working directory or absolute) is read by
+:meth:`SearchState.from_json` and written back unchanged by :meth:`SearchState.to_json`; the orchestrator
+upgrades it to version 2 (:meth:`SearchState.upgrade`) when it resumes it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Literal, Optional
 
@@ -25,14 +37,55 @@ __all__ = [
     "Continuation",
     "SearchState",
     "jsonable",
+    "StaleStageError",
+    "read_generation",
+    "check_generation",
+    "relative_to",
 ]
 
 STATE_FILE = "restarts_state.json"
-STATE_VERSION = 1
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 # pending: not started; running: a stage is in progress; alive: its last stage finished; dropped: ranked out;
-# diverged: never chosen; chosen: the winner.
-TrialStatus = Literal["pending", "running", "alive", "dropped", "diverged", "chosen"]
+# diverged: never chosen; failed: a stage failed twice (the second try resumed from its last checkpoint),
+# never chosen; chosen: the winner.
+TrialStatus = Literal["pending", "running", "alive", "dropped", "diverged", "failed", "chosen"]
+
+
+class StaleStageError(RuntimeError):
+    """A stage launched by an older generation of the search (a driver since killed and restarted) tried to go
+    on: it must not write into the trial, whose current stage belongs to the newer driver."""
+
+
+def read_generation(state_path: str) -> int:
+    """The ``generation`` in a state file (0 for a version-1 file, which has none)."""
+    with open(state_path, encoding="utf-8") as f:
+        return int(json.load(f).get("generation", 0))
+
+
+def check_generation(state_path: Optional[str], generation: Optional[int]) -> None:
+    """Raises :class:`StaleStageError` when the state file holds a newer generation than ``generation`` (the
+    one that launched the stage). ``None`` for either: no fencing (a stage run in the driver's own process).
+
+    >>> import json, os, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "restarts_state.json")
+    >>> with open(path, "w") as f:
+    ...     json.dump({"version": 2, "generation": 3}, f)
+    >>> check_generation(path, 3)
+    >>> check_generation(path, 2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    hf_fasttrain.restarts.state.StaleStageError: this stage was launched by generation 2 of the search, but ...
+    """
+    if state_path is None or generation is None:
+        return
+    current = read_generation(state_path)
+    if current != generation:
+        raise StaleStageError(
+            f"this stage was launched by generation {generation} of the search, but the state file now holds "
+            f"generation {current} (a newer driver runs it): stopping without writing"
+        )
 
 
 def jsonable(obj):
@@ -81,6 +134,8 @@ class TrialState:
     dropped_at_rung: Optional[int] = None
     replaces: Optional[str] = None
     replaced_by: Optional[str] = None
+    failures: int = 0  # failed attempts of the current stage (version 2)
+    failed_reason: Optional[str] = None  # version 2
 
     def last_checkpoint(self, before_step: int) -> Optional[str]:
         """The checkpoint of the latest finished stage before ``before_step`` (``None``: start fresh)."""
@@ -91,8 +146,8 @@ class TrialState:
     def steps_trained(self) -> int:
         return max(self.results, default=0)
 
-    def to_json(self) -> Dict[str, Any]:
-        return {
+    def to_json(self, version: int = STATE_VERSION) -> Dict[str, Any]:
+        d = {
             "index": self.index,
             "model_seed": self.model_seed,
             "data_seed": self.data_seed,
@@ -106,6 +161,9 @@ class TrialState:
             "replaces": self.replaces,
             "replaced_by": self.replaced_by,
         }
+        if version >= 2:
+            d.update(failures=self.failures, failed_reason=self.failed_reason)
+        return d
 
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "TrialState":
@@ -122,6 +180,8 @@ class TrialState:
             dropped_at_rung=d["dropped_at_rung"],
             replaces=d["replaces"],
             replaced_by=d["replaced_by"],
+            failures=int(d.get("failures", 0)),
+            failed_reason=d.get("failed_reason"),
         )
 
 
@@ -183,27 +243,32 @@ class SearchState:
     winner: Optional[str] = None
     done: bool = False
     version: int = STATE_VERSION
+    generation: int = 0
 
     def to_json(self) -> Dict[str, Any]:
-        """The version-1 JSON layout (non-finite floats as strings)."""
-        return jsonable({
+        """The JSON layout of ``self.version`` (non-finite floats as strings)."""
+        d = {
             "version": self.version,
             "search": dict(self.search),
             "max_steps": self.max_steps,
             "rung_steps": list(self.rung_steps),
-            "trials": {tid: t.to_json() for tid, t in self.trials.items()},
+            "trials": {tid: t.to_json(self.version) for tid, t in self.trials.items()},
             "order": list(self.order),
             "rungs": [r.to_json() for r in self.rungs],
             "replacements_used": self.replacements_used,
             "continuation": self.continuation.to_json() if self.continuation else None,
             "winner": self.winner,
             "done": self.done,
-        })
+        }
+        if self.version >= 2:
+            d["generation"] = self.generation
+        return jsonable(d)
 
     @classmethod
     def from_json(cls, d: Dict[str, Any], source: str = "state") -> "SearchState":
-        if d.get("version") != STATE_VERSION:
-            raise ValueError(f"{source} has state version {d.get('version')!r}; expected {STATE_VERSION}.")
+        if d.get("version") not in READABLE_VERSIONS:
+            raise ValueError(f"{source} has state version {d.get('version')!r}; expected one of "
+                             f"{list(READABLE_VERSIONS)}.")
         return cls(
             search=dict(d["search"]),
             max_steps=int(d["max_steps"]),
@@ -216,7 +281,19 @@ class SearchState:
             winner=d["winner"],
             done=bool(d["done"]),
             version=int(d["version"]),
+            generation=int(d.get("generation", 0)),
         )
+
+    def upgrade(self, output_dir: str) -> None:
+        """A version-1 state becomes version 2: its paths (as written, relative to the working directory or
+        absolute) become relative to ``output_dir``. A version-2 state is left as it is."""
+        if self.version >= 2:
+            return
+        for t in self.trials.values():
+            t.output_dir = relative_to(t.output_dir, output_dir)
+            for r in t.results.values():
+                r.checkpoint_dir = relative_to(r.checkpoint_dir, output_dir)
+        self.version = 2
 
     def save(self, path: str) -> None:
         """Rewrites ``path`` atomically (a kill leaves the old file or the new one)."""
@@ -226,3 +303,14 @@ class SearchState:
     def load(cls, path: str) -> "SearchState":
         with open(path, encoding="utf-8") as f:
             return cls.from_json(json.load(f), source=path)
+
+
+def relative_to(path: Optional[str], root: str) -> Optional[str]:
+    """``path`` relative to ``root`` (``None`` stays ``None``).
+
+    >>> relative_to("/runs/search/trials/seed-0", "/runs/search"), relative_to(None, "/runs")
+    ('trials/seed-0', None)
+    """
+    if path is None:
+        return None
+    return os.path.relpath(os.path.abspath(path), os.path.abspath(root))
