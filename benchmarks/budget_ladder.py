@@ -439,6 +439,7 @@ def main(argv=None) -> dict[str, Any]:
                 while True:
                     runs = list(ledger.data["runs"].values())
                     points: set[tuple[str, float]] = set()
+                    centre: dict[str, float] = {}
                     for o in OPTIMIZERS:
                         if corpus == "unique":  # the stdlib budget's best lr
                             lr = best_lr(runs, rung_name(multiple), o)
@@ -448,9 +449,12 @@ def main(argv=None) -> dict[str, Any]:
                         seed0 = [r for r in runs if r["seed"] == 0]
                         prev = [m for m in multiples if m < multiple and best_lr(seed0, rung_name(m), o)]
                         grid = centred_grid(best_lr(seed0, rung_name(max(prev)), o)) if prev else grids[o]
+                        centre[o] = grid[len(grid) // 2]
                         have = {float(r["lr"]) for r in runs if r["rung"] == rung and r["optimizer"] == o}
                         points |= {(o, lr) for lr in have | set(grid)}
-                    jobs = [(rung, o, lr, seed) for o, lr in sorted(points)
+                    # each optimizer's expected best first, so a ladder cut short has the pair that matters
+                    order = sorted(points, key=lambda p: (abs(math.log2(p[1] / centre.get(p[0], p[1]))), p))
+                    jobs = [(rung, o, lr, seed) for o, lr in order
                             if ledger_key(rung, o, lr, seed) not in ledger.data["runs"]]
                     if seed > 0:  # later seeds: only at the lrs seed 0 ran
                         seed0 = {(r["optimizer"], float(r["lr"])) for r in runs if r["rung"] == rung and r["seed"] == 0}
