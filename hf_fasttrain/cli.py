@@ -139,6 +139,7 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
     if training_args.restart_num_seeds > 1:  # random restart: explore N seeds, continue the best
         return _run_restarts(model_args, data_args, training_args)
     from . import run
+    from ._validation import ConfigError
     from .snapshots import NoSpaceError
 
     try:
@@ -148,6 +149,11 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except ConfigError as exc:  # found on reading the data (a missing column, a chat template): before training
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

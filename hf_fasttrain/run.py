@@ -66,7 +66,14 @@ def setup_logging(training_args: FastTrainingArguments) -> None:
 
 
 def prepare_data(data_args: DataArguments, model_args: Optional[ModelArguments] = None, seed: int = 0):
-    """(tokenizer, DatasetDict of fixed-length ``input_ids`` rows with train/validation)."""
+    """(tokenizer, DatasetDict of fixed-length ``input_ids`` rows with train/validation).
+
+    Fine-tuning (``data_format`` other than ``'text'``): one ``input_ids``/``labels`` example per row instead
+    (:func:`hf_fasttrain.data.sft_sources.prepare_sft_data`)."""
+    if data_args.data_format != "text":  # fine-tuning rows
+        from .data.sft_sources import prepare_sft_data
+
+        return prepare_sft_data(data_args, model_args, seed=seed)
     raw = load_text_datasets(
         data_args.dataset,
         data_args.dataset_config,
@@ -86,6 +93,15 @@ def prepare_data(data_args: DataArguments, model_args: Optional[ModelArguments] 
             f"block_size={data_args.block_size} leaves no training rows: the corpus is shorter than one block"
         )
     return tokenizer, lm
+
+
+def _collator(data_args: DataArguments, tokenizer):
+    """Pretraining rows: the LM collator; fine-tuning examples: right padding that keeps their labels."""
+    if data_args.data_format != "text":
+        from .data.sft_sources import sft_collator
+
+        return sft_collator(tokenizer)
+    return DataCollatorForLanguageModeling(tokenizer, mlm=False)
 
 
 def find_resume_checkpoint(training_args: FastTrainingArguments) -> Optional[str]:
@@ -329,7 +345,7 @@ def train(
         args=training_args,
         train_dataset=lm["train"],
         eval_dataset=lm["validation"],
-        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+        data_collator=_collator(data_args, tokenizer),
         processing_class=tokenizer,
         compute_metrics=make_compute_metrics(),
         preprocess_logits_for_metrics=preprocess_logits_for_metrics,

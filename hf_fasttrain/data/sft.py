@@ -207,11 +207,12 @@ def _tokenize_text(tokenizer, text: str) -> list[int]:
 
 def tokenize_sft(dataset, tokenizer, max_length: Optional[int] = None, prompt_column: str = "prompt",
                  completion_column: str = "completion", messages_column: str = "messages",
-                 num_proc: Optional[int] = None):
+                 completion_only: bool = True, num_proc: Optional[int] = None):
     """A ``datasets.Dataset`` (or ``DatasetDict``) of prompt/completion or chat rows -> ``input_ids``/``labels``.
 
     Every original column is removed; examples left with no trained token after the cut at ``max_length``
-    are dropped. The EOS of a prompt/completion example is the tokenizer's ``eos_token_id``.
+    are dropped. The EOS of a prompt/completion example is the tokenizer's ``eos_token_id``. With
+    ``completion_only=False`` every token is trained (labels = ``input_ids``), prompts included.
     """
     splits = dataset.values() if hasattr(dataset, "keys") else [dataset]
     columns = next(iter(splits)).column_names
@@ -219,6 +220,10 @@ def tokenize_sft(dataset, tokenizer, max_length: Optional[int] = None, prompt_co
     eos = tokenizer.eos_token_id
 
     def one(row):
+        out = _one(row)
+        return out if completion_only else {"input_ids": out["input_ids"], "labels": list(out["input_ids"])}
+
+    def _one(row):
         if fmt == "prompt_completion":
             for col in (prompt_column, completion_column):
                 if not isinstance(row[col], str):
