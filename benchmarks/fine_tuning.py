@@ -1,7 +1,7 @@
 """Fine-tuning: which parts speed up supervised fine-tuning (completion-only loss) of a pretrained model.
 
-    python -m benchmarks.fine_tuning                  # bases, sweeps, every arm, 3 seeds (about 1 CPU-hour)
-    python -m benchmarks.fine_tuning --seeds 2        # fewer seeds
+    python -m benchmarks.fine_tuning                  # bases, sweeps, every arm, 3 seeds (about 10 CPU-minutes)
+    python -m benchmarks.fine_tuning --seeds 2        # fewer seeds (the table is rewritten after each seed)
     python -m benchmarks.fine_tuning --quick          # a smoke run (tiny everything)
 
 **Bases.** A tiny GPT-2 (2 layers, 64 wide, vocabulary 4096, 128 positions) pretrained on the embedded
@@ -25,7 +25,7 @@ on a fixed sample of the functions of those 5% files (other modules). Labels are
   ``+guard`` (divergence guard);
 - ``muon@adamw-base``, ``muon@muon-base`` (Muon + AdamW, its lr swept) and ``hf-tuned@muon-base`` (AdamW on the
   Muon base, its comparison);
-- ``best``: hf-tuned with every part that beat it on tokens to target (decided on the first seeds, frozen);
+- ``best``: hf-tuned with every part that beat it on tokens to target (decided on seed 0, then frozen);
 - ``trl-sft``: TRL's ``SFTTrainer`` with the best parts as callbacks, when TRL imports (an optional extra).
 
 Each run is saved as it ends (``--out/fine_tuning_runs/<arm>-seed<k>.json``, keyed by its settings); a rerun
@@ -85,11 +85,11 @@ class Setup:
     n_embd: int = 64
     vocab_size: int = 4096
     max_length: int = 128  # positions of the model; fine-tuning examples are cut here
-    base_steps: int = 250  # pretraining steps of each base (16 rows x 128 tokens)
+    base_steps: int = 120  # pretraining steps of each base (16 rows x 128 tokens = 2,048 tokens a step)
     base_batch: int = 16
     batch_size: int = 8  # fine-tuning examples per step for the padded arms
-    tokens: int = 40_000  # fine-tuning budget: real (non-padding) input tokens per run
-    evals: int = 6  # evaluations per run (plus one at the start)
+    tokens: int = 30_000  # fine-tuning budget: real (non-padding) input tokens per run
+    evals: int = 5  # evaluations per run (plus one at the start)
     eval_examples: int = 96
     max_corpus_files: Optional[int] = None
 
@@ -361,9 +361,9 @@ def main(argv=None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="tiny smoke setup")
-    p.add_argument("--lrs", default="1e-3,2e-3,4e-3,8e-3", help="AdamW peak lrs swept for hf-tuned (seed 0)")
+    p.add_argument("--lrs", default="1e-3,3e-3,1e-2", help="AdamW peak lrs swept for hf-tuned (seed 0)")
     p.add_argument("--muon-lrs", default="4e-3,1.6e-2", help="Muon peak lrs swept on each base (seed 0)")
-    p.add_argument("--combo-seeds", type=int, default=2, help="seeds of the parts that decide the best combination")
+    p.add_argument("--combo-seeds", type=int, default=1, help="seeds of the parts that decide the best combination")
     p.add_argument("--no-trl", action="store_true", help="leave out the TRL arm even when TRL imports")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--name", default="fine_tuning")
