@@ -58,7 +58,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import datasets  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments, set_seed  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments, set_seed)
 
 from hf_fasttrain import DataArguments, FastTrainer, FastTrainingArguments, ModelArguments  # noqa: E402
 from hf_fasttrain.callbacks import RunRecorderCallback  # noqa: E402
@@ -198,8 +199,9 @@ PARTS = {  # each alone on top of hf-tuned; the values that are not plain settin
 }
 DESCRIPTIONS = {
     "hf-tuned": "Trainer, AdamW at the swept lr, 2% warmup, cosine to 10%, wd 0.1, clip 1; random batches padded to the longest",
-    "+token-budget": "hf-tuned + token-budget batches (max_tokens_per_batch, padded tokens per step)",
-    "+packing": "hf-tuned + row packing (rows of 128 tokens, restarting positions, no cross-attention)",
+    "+token-budget": "hf-tuned + token-budget batches (max_tokens_per_batch padded tokens; as many real tokens a step)",
+    "+packing": "hf-tuned + row packing (rows of 128 tokens, restarting positions, no cross-attention; as many real "
+                "tokens a step)",
     "+ema": "hf-tuned + EMA of the weights (decay 0.98), evaluated and kept",
     "+wsd": "hf-tuned with warmup-stable-decay (1-sqrt cooldown over the last 20%, floor 10%) instead of cosine",
     "+guard": "hf-tuned + the divergence guard (skip or roll back on NaN and loss spikes)",
@@ -207,7 +209,8 @@ DESCRIPTIONS = {
     "hf-tuned@muon-base": "hf-tuned (Trainer, AdamW) on the Muon-pretrained base",
     "muon@muon-base": "FastTrainer, Muon+AdamW (lr swept) on the Muon-pretrained base",
     "best": "hf-tuned with every part that beat it on tokens to target (chosen on the first seeds)",
-    "trl-sft": "TRL SFTTrainer (completion-only loss, its padding) with the best parts' callbacks",
+    "trl-sft": "TRL SFTTrainer (completion-only loss, its own padding collator) with the best combination's parts: "
+               "callbacks and the optimizer by name (batching left to TRL)",
 }
 
 
@@ -228,12 +231,20 @@ def plans(train: datasets.Dataset, setup: Setup, seed: int = 0) -> tuple[dict[st
     real = sum(int(lengths[b].sum()) for b in batches)
     computed = sum(len(b) * int(lengths[b].max()) for b in batches)
     out = {"padded": Plan(real / len(batches), 1 - real / computed)}
-    # token budget: as many padded tokens per step as a random batch computes on average, so a step costs the same
-    budget = max(int(computed / len(batches)), int(lengths.max()))
-    tb = list(TokenBudgetBatchSampler(lengths, budget, seed=seed))
-    real = sum(int(lengths[b].sum()) for b in tb)
-    out["token_budget"] = Plan(real / len(tb), 1 - real / sum(len(b) * int(lengths[b].max()) for b in tb))
-    rows = max(1, round(budget / setup.max_length))
+    # Token budget and packing hold as many real tokens per step as a padded random batch (the same number of
+    # optimizer steps over the budget, so the optimisation is alike) and compute fewer padded ones: what they change
+    # is the cost of a step. The budget is corrected once for the padding the sampler still leaves.
+    target = out["padded"].real_per_step
+
+    def token_budget_plan(budget: int) -> Plan:
+        tb = list(TokenBudgetBatchSampler(lengths, budget, seed=seed))
+        real = sum(int(lengths[b].sum()) for b in tb)
+        return Plan(real / len(tb), 1 - real / sum(len(b) * int(lengths[b].max()) for b in tb))
+
+    budget = max(round(target), int(lengths.max()))
+    budget = max(round(budget * target / token_budget_plan(budget).real_per_step), int(lengths.max()))
+    out["token_budget"] = token_budget_plan(budget)
+    rows = max(1, round(target / setup.max_length / 0.98))  # packed rows are ~98% full
     pk = list(PackedBatchSampler(lengths, setup.max_length, rows_per_batch=rows, seed=seed))
     real = sum(int(lengths[b].sum()) for b in pk)
     out["packed"] = Plan(real / len(pk), 1 - real / (len(pk) * rows * setup.max_length))
@@ -268,6 +279,27 @@ def common_args(setup: Setup, seed: int, out: Path, steps: int) -> dict[str, Any
                 remove_unused_columns=False)
 
 
+class CpuClock(TrainerCallback):
+    """CPU seconds of this (single-threaded) process spent training, evaluation excluded, at each evaluation:
+    on a machine shared with other jobs, steadier than wall-clock (which other jobs' load stretches)."""
+
+    def __init__(self):
+        self.at_evals: list[float] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = self.mark = time.process_time()
+        self.eval_cpu = 0.0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.mark = time.process_time()
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        now = time.process_time()
+        self.eval_cpu += now - self.mark  # evaluation ran since the last step ended
+        self.mark = now
+        self.at_evals.append(now - self.start - self.eval_cpu)
+
+
 def run_one(spec: dict[str, Any], seed: int, setup: Setup, base: Path, tokenizer, train, ev, workdir: Path) -> dict[str, Any]:
     """Fine-tune ``base`` as ``spec`` says; returns the held-out completion-loss curve."""
     out = workdir / f"{spec['arm']}-seed{seed}"
@@ -276,31 +308,37 @@ def run_one(spec: dict[str, Any], seed: int, setup: Setup, base: Path, tokenizer
     set_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(base))
     collator = CompletionCollator(tokenizer.pad_token_id)
+    clock = CpuClock()
     if spec["client"] == "trl":
-        return run_trl(spec, seed, setup, model, tokenizer, train, ev, common)
+        return run_trl(spec, seed, setup, model, tokenizer, train, ev, common, clock)
     if spec["fast"]:
         args = FastTrainingArguments(**{**common, "auto_resume": False, **spec["settings"]})
         trainer = FastTrainer(model=model, args=args, train_dataset=train, eval_dataset=ev, data_collator=collator,
-                              processing_class=tokenizer)
+                              processing_class=tokenizer, callbacks=[clock])
         trainer.recorder.write_files = False
         recorder = trainer.recorder
     else:
         recorder = RunRecorderCallback(write_files=False)
         args = TrainingArguments(**{**common, **spec["settings"]})
         trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=ev, data_collator=collator,
-                          processing_class=tokenizer, callbacks=[recorder])
+                          processing_class=tokenizer, callbacks=[recorder, clock])
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
-    return _result(spec, seed, recorder, wall)
+    return _result(spec, seed, recorder, wall, clock)
 
 
-def _result(spec, seed, recorder, wall) -> dict[str, Any]:
+def _result(spec, seed, recorder, wall, clock) -> dict[str, Any]:
     curve = [{"step": r["step"], "tokens": r.get("num_input_tokens_seen", 0), "seconds": r["train_seconds"],
               "eval_loss": r["eval_loss"]} for r in recorder.records if "eval_loss" in r]
+    if len(clock.at_evals) != len(curve):
+        raise RuntimeError(f"{len(clock.at_evals)} CPU-clock readings for {len(curve)} evaluations")
+    for point, cpu in zip(curve, clock.at_evals):
+        point["cpu_seconds"] = cpu
     secs = recorder.train_seconds()
-    return {"arm": spec["arm"], "seed": seed, "curve": curve, "final_eval_loss": curve[-1]["eval_loss"],
+    return {"cpu_seconds": clock.at_evals[-1], "real_tokens_per_cpu_s": curve[-1]["tokens"] / clock.at_evals[-1],
+            "arm": spec["arm"], "seed": seed, "curve": curve, "final_eval_loss": curve[-1]["eval_loss"],
             "train_seconds": secs, "process_seconds": wall, "real_tokens": curve[-1]["tokens"],
             "real_tokens_per_s": curve[-1]["tokens"] / secs if secs else math.nan, "padding": spec["padding"]}
 
@@ -313,7 +351,7 @@ def trl_version() -> Optional[str]:
     return trl.__version__
 
 
-def run_trl(spec, seed, setup, model, tokenizer, train, ev, common) -> dict[str, Any]:
+def run_trl(spec, seed, setup, model, tokenizer, train, ev, common, clock) -> dict[str, Any]:
     """TRL's SFTTrainer on the same tokenized data (``completion_mask`` from the labels), its own collator
     (completion-only loss, padding to the longest), the best combination's parts added as our callbacks."""
     from trl import SFTConfig, SFTTrainer
@@ -325,25 +363,31 @@ def run_trl(spec, seed, setup, model, tokenizer, train, ev, common) -> dict[str,
                       remove_columns=["labels"])
 
     settings = dict(spec["settings"])
-    callbacks: list = [RunRecorderCallback(write_files=False)]
+    callbacks: list = [RunRecorderCallback(write_files=False), clock]
     recorder = callbacks[0]
     if settings.pop("weight_averaging", None) == "ema":
         callbacks.append(WeightAveragingCallback("ema", decay=settings.pop("ema_decay", 0.98)))
     if settings.pop("divergence_guard", False):
         callbacks.append(DivergenceGuardCallback())
+    optimizer = settings.pop("optimizer", None)
     if "lr_decay" in settings:  # our schedule over the Trainer's constant one
         callbacks.append(LRScheduleCallback(settings.pop("lr_decay"), min_lr_ratio=settings.pop("min_lr_ratio", 0.0),
                                             warmup_steps=settings.pop("warmup_steps")))
         settings["lr_scheduler_type"] = "constant"
     args = SFTConfig(**{**common, **settings, "completion_only_loss": True, "max_length": setup.max_length,
                         "remove_unused_columns": True})
+    extra = {}
+    if optimizer is not None:  # e.g. Muon: the package's optimizer by name, in TRL's trainer
+        from hf_fasttrain.optim import optimizer_cls_and_kwargs_for
+
+        extra["optimizer_cls_and_kwargs"] = optimizer_cls_and_kwargs_for(optimizer, args)
     trainer = SFTTrainer(model=model, args=args, train_dataset=with_mask(train), eval_dataset=with_mask(ev),
-                         processing_class=tokenizer, callbacks=callbacks)
+                         processing_class=tokenizer, callbacks=callbacks, **extra)
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
     shutil.rmtree(common["output_dir"], ignore_errors=True)
-    return _result(spec, seed, recorder, wall)
+    return _result(spec, seed, recorder, wall, clock)
 
 
 # ---- driver -------------------------------------------------------------------------------------
@@ -365,6 +409,8 @@ def main(argv=None) -> dict[str, Any]:
     p.add_argument("--muon-lrs", default="4e-3,1.6e-2", help="Muon peak lrs swept on each base (seed 0)")
     p.add_argument("--combo-seeds", type=int, default=1, help="seeds of the parts that decide the best combination")
     p.add_argument("--no-trl", action="store_true", help="leave out the TRL arm even when TRL imports")
+    p.add_argument("--no-train", action="store_true",
+                   help="train nothing: write the table from the saved runs (those of seed 0 must be there)")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--name", default="fine_tuning")
     p.add_argument("--cache", default=None, help="where the pretrained bases are kept (default: the package cache)")
@@ -397,6 +443,9 @@ def main(argv=None) -> dict[str, Any]:
             saved = None
         if saved and saved.get("key") == key:
             r = saved
+        elif ns.no_train and key not in done:
+            print(f"[fine_tuning] {spec['arm']:>20s} seed {seed}: no saved run, left out", flush=True)
+            return None
         elif key in done:
             r = {**done[key], "arm": spec["arm"], "same_run_as": done[key]["arm"]}
             write_json(path, r)
@@ -440,7 +489,9 @@ def main(argv=None) -> dict[str, Any]:
         for spec in arm_specs.values():
             run(spec, seed)
     # 2. the best combination: the parts (and Muon) that reached hf-tuned's final loss in fewer tokens
-    early = summarise([r for r in runs if r["seed"] in decide], list(arm_specs), "hf-tuned")["arms"]
+    first = [r for r in runs if r["seed"] in decide]
+    early = summarise(first, list(arm_specs), "hf-tuned", target=statistics.median_high(
+        r["final_eval_loss"] for r in first if r["arm"] == "hf-tuned"))["arms"]
     winners = [p for p in PARTS if early[p]["tokens_ratio_vs_reference"] < 0.97]
     if "+token-budget" in winners and "+packing" in winners:  # one batching: the one with fewer tokens to target
         winners.remove(max(("+token-budget", "+packing"), key=lambda p: early[p]["tokens_ratio_vs_reference"]))
@@ -454,8 +505,7 @@ def main(argv=None) -> dict[str, Any]:
     version = None if ns.no_trl else trl_version()
     if version:
         trl_settings = {k: v for k, v in settings.items() if k not in ("max_tokens_per_batch", "packing",
-                                                                        "packing_row_length", "optimizer")}
-        trl_settings["learning_rate"] = lr
+                                                                        "packing_row_length")}
         if "per_device_train_batch_size" in trl_settings:
             del trl_settings["per_device_train_batch_size"]
         arm_specs["trl-sft"] = make_spec("trl-sft", "adamw-base", False, trl_settings, "padded", plans_, setup, client="trl")
@@ -481,15 +531,28 @@ def report(runs, arm_specs, specs, lr, muon_lr, combo, version, bases_info, data
            argv) -> dict[str, Any]:
     arms = list(arm_specs)
     main_runs = [r for r in runs if r["arm"] in arms]
-    summary = summarise(main_runs, arms, "hf-tuned")
+    # the target: hf-tuned's median final loss (the higher middle one for an even count of seeds, so that every
+    # hf-tuned seed but the worst reaches it and its time to target is finite)
+    target = statistics.median_high(r["final_eval_loss"] for r in main_runs if r["arm"] == "hf-tuned")
+    summary = summarise(main_runs, arms, "hf-tuned", target=target)
     muon_base = summarise(main_runs, ["hf-tuned@muon-base", "muon@muon-base"], "hf-tuned@muon-base")
     sweeps = {r["arm"]: r["final_eval_loss"] for r in runs if "@" in r["arm"] and r["arm"].count("@") >= 1
               and r["arm"] not in arms}
+    target = summary["target_eval_loss"]
+    ref_cpu = None
     for a, row in summary["arms"].items():
         rs = [r for r in main_runs if r["arm"] == a]
+        timed = all("cpu_seconds" in r for r in rs)  # runs saved before the CPU clock was added have none
+        row["cpu_seconds_to_target"] = (statistics.median(crossing(r["curve"], target, "cpu_seconds") for r in rs)
+                                        if timed else math.nan)
+        row["real_tokens_per_cpu_s"] = statistics.median(r["real_tokens_per_cpu_s"] for r in rs) if timed else math.nan
         row["real_tokens_per_s"] = statistics.median(r["real_tokens_per_s"] for r in rs)
         row["padding"] = arm_specs[a]["padding"]
         row["steps"] = arm_specs[a]["steps"]
+    ref_cpu = summary["arms"].get("hf-tuned", {}).get("cpu_seconds_to_target", math.nan)
+    for row in summary["arms"].values():
+        row["cpu_ratio_vs_reference"] = (row["cpu_seconds_to_target"] / ref_cpu if 0 < ref_cpu < math.inf
+                                         else math.nan)
     command = "python -m benchmarks.fine_tuning " + " ".join(argv if argv is not None else sys.argv[1:])
     machine = machine_info()
     record = {"command": command.strip(), "setup": dataclasses.asdict(setup), "data": data_info, "bases": bases_info,
@@ -517,8 +580,10 @@ def _f(x, digits=3) -> str:
 def verdict(row: dict[str, Any]) -> str:
     """Tokens to target against hf-tuned's: within 3% either way is no measurable gain."""
     t = row["tokens_ratio_vs_reference"]
-    if not (isinstance(t, float) and math.isfinite(t)):
+    if not math.isfinite(row["tokens_to_target"]):
         return "does not help (the median seed does not reach the target)"
+    if not (isinstance(t, float) and math.isfinite(t)):
+        return "n/a"
     if t < 0.97:
         return "helps"
     if t <= 1.03:
@@ -538,7 +603,8 @@ def markdown(record) -> str:
     lines = [
         f"Command: `{record['command']}`  ",
         f"Machine: a {m.get('cpu_count', '?')}-core x86_64 CPU, 1 torch thread, shared with other jobs (loaded: "
-        "wall-clock figures are noisy; tokens are exact); "
+        "wall-clock figures are noisy and runs are sequential, not side by side; CPU seconds of the training process, "
+        "evaluation excluded, are the steadier cost; tokens are exact); "
         f"torch {m.get('torch')}, transformers {m.get('transformers')}, TRL {record['trl']}.",
         "",
         f"Task: {d['train_examples']} stdlib functions (signature + docstring -> body) from {d['train_files']} modules "
@@ -550,16 +616,18 @@ def markdown(record) -> str:
         f"Best combination: {' + '.join(record['combination']['parts']) or 'no part'}"
         f"{' + Muon' if record['combination']['muon'] else ''} (decided on seeds {record['combination']['decided_on_seeds']}).",
         "",
-        f"Target: held-out completion loss {s['target_eval_loss']:.4f} (hf-tuned's median final).",
+        f"Target: held-out completion loss {s['target_eval_loss']:.4f} (hf-tuned's median final loss; the higher "
+        "middle one for an even number of seeds).",
         "",
-        "| arm | final loss | tokens to target | vs hf-tuned | train s to target | vs hf-tuned | real tokens/s | "
-        "padding | steps | seeds reaching | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | final loss | tokens to target | vs hf-tuned | CPU s to target | vs hf-tuned | wall s to target | "
+        "real tokens per CPU-s | real tokens/s (wall) | padding | steps | seeds reaching | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for a, r in s["arms"].items():
         lines.append(f"| {a} | {r['final_eval_loss']:.4f} | {_f(r['tokens_to_target'])} | "
-                     f"{_f(r['tokens_ratio_vs_reference'])} | {_f(r['seconds_to_target'])} | "
-                     f"{_f(r['time_ratio_vs_reference'])} | {r['real_tokens_per_s']:.0f} | {100 * r['padding']:.0f}% | "
+                     f"{_f(r['tokens_ratio_vs_reference'])} | {_f(r['cpu_seconds_to_target'])} | "
+                     f"{_f(r['cpu_ratio_vs_reference'])} | {_f(r['seconds_to_target'])} | "
+                     f"{_f(r['real_tokens_per_cpu_s'], 4)} | {r['real_tokens_per_s']:.0f} | {100 * r['padding']:.0f}% | "
                      f"{r['steps']} | {r['reached']}/{r['seeds']} | {_verdict_cell(a, r)} |")
     mb = record["muon_base"]
     lines += ["", f"On the Muon-pretrained base (target {mb['target_eval_loss']:.4f}, AdamW fine-tuning's median final):",
