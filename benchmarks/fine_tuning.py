@@ -409,6 +409,8 @@ def main(argv=None) -> dict[str, Any]:
     p.add_argument("--muon-lrs", default="4e-3,1.6e-2", help="Muon peak lrs swept on each base (seed 0)")
     p.add_argument("--combo-seeds", type=int, default=1, help="seeds of the parts that decide the best combination")
     p.add_argument("--no-trl", action="store_true", help="leave out the TRL arm even when TRL imports")
+    p.add_argument("--retime", action="store_true",
+                   help="run again the saved runs of the table's arms that have no CPU-seconds clock (saved before it)")
     p.add_argument("--no-train", action="store_true",
                    help="train nothing: write the table from the saved runs (those of seed 0 must be there)")
     p.add_argument("--out", default=str(RESULTS))
@@ -441,12 +443,12 @@ def main(argv=None) -> dict[str, Any]:
             saved = json.loads(path.read_text())
         except (OSError, ValueError):
             saved = None
-        if saved and saved.get("key") == key:
+        if saved and saved.get("key") == key and not (ns.retime and "cpu_seconds" not in saved and "@" not in spec["arm"]):
             r = saved
         elif ns.no_train and key not in done:
             print(f"[fine_tuning] {spec['arm']:>20s} seed {seed}: no saved run, left out", flush=True)
             return None
-        elif key in done:
+        elif key in done and not (ns.retime and "cpu_seconds" not in done[key]):
             r = {**done[key], "arm": spec["arm"], "same_run_as": done[key]["arm"]}
             write_json(path, r)
         else:
