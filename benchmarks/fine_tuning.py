@@ -43,6 +43,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -75,6 +76,7 @@ from benchmarks._harness import RESULTS, machine_info, write_json  # noqa: E402
 from benchmarks.time_to_loss import HF_TUNED, MUON_RECIPE, crossing, summarise  # noqa: E402
 
 HOLDOUT = 0.3  # share of stdlib files kept out of the bases' pretraining (and tokenizer): the fine-tuning source
+SWEEP_NAME = re.compile(r"@[0-9.e-]+$")  # arms of the lr sweeps: <arm>@<lr>
 EVAL_FILES = 0.05  # of those, the corpus's own validation files: the fine-tuning evaluation modules
 
 
@@ -443,7 +445,8 @@ def main(argv=None) -> dict[str, Any]:
             saved = json.loads(path.read_text())
         except (OSError, ValueError):
             saved = None
-        if saved and saved.get("key") == key and not (ns.retime and "cpu_seconds" not in saved and "@" not in spec["arm"]):
+        if saved and saved.get("key") == key and not (ns.retime and "cpu_seconds" not in saved
+                                                        and not SWEEP_NAME.search(spec["arm"])):
             r = saved
         elif ns.no_train and key not in done:
             print(f"[fine_tuning] {spec['arm']:>20s} seed {seed}: no saved run, left out", flush=True)
