@@ -16,7 +16,9 @@ from ._validation import ConfigError
 from ._validation import check as _check
 from .decoders import check_model_config, check_model_type
 
-__all__ = ["ModelArguments", "DataArguments", "SIZE_ALIASES", "SIZE_DEFAULTS"]
+__all__ = ["ModelArguments", "DataArguments", "SIZE_ALIASES", "SIZE_DEFAULTS", "DATA_FORMATS"]
+
+DATA_FORMATS = ("text", "prompt_completion", "messages")  # DataArguments.data_format
 
 
 # Size keys of the model: section under both spellings: GPT-2's (n_layer) = the common HF name (num_hidden_layers).
@@ -210,6 +212,26 @@ class DataArguments:
         metadata={"help": "Streaming: documents per shuffle window; each window is permuted with the data seed "
                   "(a resume reads one window again, not the stream before it). 0 keeps the file order."},
     )
+    # -- fine-tuning (hf_fasttrain.data.sft): one example per row instead of concatenated text --------------
+    data_format: str = field(
+        default="text",
+        metadata={"help": "'text': pretraining rows (documents concatenated and cut into block_size tokens). "
+                  "'prompt_completion' or 'messages': supervised fine-tuning, one example per row cut at "
+                  "block_size tokens, from prompt/completion columns or chat turns (rendered with the "
+                  "tokenizer's chat template, else a plain '<|role|>' template); the tokenizer is the "
+                  "model's (model_name_or_path) unless tokenizer is set. 'embedded:functions' is an offline "
+                  "set (stdlib signatures + docstrings -> bodies)."},
+    )
+    prompt_column: str = field(default="prompt", metadata={"help": "Column of the prompts (data_format='prompt_completion')."})
+    completion_column: str = field(
+        default="completion", metadata={"help": "Column of the completions (data_format='prompt_completion')."})
+    messages_column: str = field(
+        default="messages", metadata={"help": "Column of the chat turns, lists of {role, content} (data_format='messages')."})
+    completion_only_loss: bool = field(
+        default=True,
+        metadata={"help": "Fine-tuning: train on the completion (assistant) tokens only, labels -100 on the "
+                  "prompt. false: on every token."},
+    )
 
     def __post_init__(self):
         _check(isinstance(self.vocab_size, int) and self.vocab_size >= 260, "vocab_size", self.vocab_size,
@@ -224,6 +246,12 @@ class DataArguments:
                "must be an integer >= 0 (documents per shuffle window; 0 keeps the file order)")
         _check(self.shuffle_buffer == 0 or self.streaming, "shuffle_buffer", self.shuffle_buffer,
                "only used with streaming: true (map-style data is shuffled whole)")
+        _check(self.data_format in DATA_FORMATS, "data_format", self.data_format,
+               f"allowed: {', '.join(repr(f) for f in DATA_FORMATS)}")
+        _check(isinstance(self.completion_only_loss, bool), "completion_only_loss", self.completion_only_loss,
+               "must be true or false")
+        _check(not (self.streaming and self.data_format != "text"), "streaming", self.streaming,
+               f"streams hold pretraining text only (data_format 'text'), not data_format={self.data_format!r}")
         for name in ("max_corpus_files", "max_train_samples", "max_eval_samples", "preprocessing_num_workers"):
             v = getattr(self, name)
             if v is not None:

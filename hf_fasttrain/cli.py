@@ -185,12 +185,13 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
     if training_args.restart_num_seeds > 1:  # random restart: explore N seeds, continue the best
         return _run_restarts(model_args, data_args, training_args)
     from . import run
-    from .data.sources import DataError
+    from ._validation import ConfigError
     from .snapshots import NoSpaceError
 
     try:
         run.train(model_args, data_args, training_args)
-    except DataError as exc:  # the data, the tokenizer or the output folder refused before any training
+    except ConfigError as exc:  # the data (a missing file or column, a chat template), the tokenizer or the
+        # output folder, refused before any training (DataError is a ConfigError)
         if debug:
             raise
         print(f"error: {exc}", file=sys.stderr)

@@ -72,17 +72,33 @@ def prepare_data(data_args: DataArguments, model_args: Optional[ModelArguments] 
     """(tokenizer, DatasetDict of fixed-length ``input_ids`` rows with train/validation).
 
     :func:`hf_fasttrain.data.prepare.prepare_lm_data` does the work (any source, pre-tokenized folders,
-    the one-line data errors); this keeps the pair that benchmarks use.
+    the one-line data errors); this keeps the pair that benchmarks use. Fine-tuning (``data_format`` other
+    than ``'text'``): one ``input_ids``/``labels`` example per row instead
+    (:func:`hf_fasttrain.data.sft_sources.prepare_sft_data`).
     """
+    if data_args.data_format != "text":  # fine-tuning rows
+        from .data.sft_sources import prepare_sft_data
+
+        return prepare_sft_data(data_args, model_args, seed=seed)
     prepared = prepare_lm_data(data_args, trust_remote_code=bool(model_args and model_args.trust_remote_code),
                                seed=seed)
     return prepared.tokenizer, prepared.lm
 
 
+def _collator(data_args: DataArguments, tokenizer):
+    """Pretraining rows: the LM collator; fine-tuning examples: right padding that keeps their labels."""
+    if data_args.data_format != "text":
+        from .data.sft_sources import sft_collator
+
+        return sft_collator(tokenizer)
+    return DataCollatorForLanguageModeling(tokenizer, mlm=False)
+
+
 # what makes a run "the same run": a finished output_dir met with other values of these is another run
 RUN_IDENTITY = {
     "data": ("dataset", "dataset_config", "dataset_split", "dataset_revision", "data_files", "data_dir",
-             "text_column", "max_corpus_files", "tokenizer", "vocab_size", "block_size"),
+             "text_column", "max_corpus_files", "tokenizer", "vocab_size", "block_size", "data_format",
+             "prompt_column", "completion_column", "messages_column", "completion_only_loss"),
     "model": ("model_name_or_path", "model_type", "n_layer", "n_head", "n_embd", "num_key_value_heads",
               "intermediate_size", "n_positions", "model_config"),
 }
@@ -365,6 +381,11 @@ def train(
         if data_args.streaming:  # rows tokenized and packed as training reads them; a held-out eval set
             tokenizer, train_set, eval_set = stream_datasets(data_args, training_args, model_args)
             data_line = f"data {data_args.dataset}: streamed, {len(eval_set):,} held-out validation rows"
+        elif data_args.data_format != "text":  # fine-tuning: one prompt/completion example per row
+            tokenizer, lm = prepare_data(data_args, model_args, seed=0)
+            train_set, eval_set = lm["train"], lm["validation"]
+            data_line = (f"data {data_args.dataset}: {data_args.data_format}, {len(train_set):,} train examples, "
+                         f"{len(eval_set):,} validation examples")
         else:  # the held-out split must not move with the training seed (random restart compares seeds on it)
             prepared = prepare_lm_data(data_args, trust_remote_code=model_args.trust_remote_code, seed=0)
             tokenizer, train_set, eval_set = prepared.tokenizer, prepared.lm["train"], prepared.lm["validation"]
@@ -377,7 +398,7 @@ def train(
         args=training_args,
         train_dataset=train_set,
         eval_dataset=eval_set,
-        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+        data_collator=_collator(data_args, tokenizer),
         processing_class=tokenizer,
         compute_metrics=make_compute_metrics(),
         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
