@@ -24,7 +24,7 @@ import datasets
 from datasets import Dataset, DatasetDict
 
 from .._validation import ConfigError
-from .corpus import _atomic_dir, _looks_like_files, _publish_dir, cache_root, get_tokenizer, is_validation_path
+from .corpus import _atomic_dir, _publish_dir, cache_root, get_tokenizer, is_validation_path
 from .corpus import list_stdlib_sources, stdlib_root
 from .sft import CompletionCollator, tokenize_sft
 
@@ -95,23 +95,14 @@ def load_sft_datasets(data_args, seed: int = 0) -> DatasetDict:
         return build_function_corpus(data_args.validation_fraction, data_args.max_corpus_files)
     if not spec:
         raise ConfigError("dataset", None, f"data_format={data_args.data_format!r} needs fine-tuning rows: "
-                          f"'{EMBEDDED_FUNCTIONS}' (offline), local .json/.jsonl files or a Hub dataset name")
-    if _looks_like_files(spec):
-        files = [p.strip() for p in spec.split(",")]
-        for f in files:
-            if not Path(f).exists():
-                raise ConfigError("dataset", f, "a file that exists")
-        dd = datasets.load_dataset("json", data_files={"train": files})
-    else:
-        dd = datasets.load_dataset(spec, data_args.dataset_config)
-    if not isinstance(dd, DatasetDict):
-        dd = DatasetDict({"train": dd})
-    if "validation" not in dd:
-        if "test" in dd:
-            dd["validation"] = dd.pop("test")
-        else:
-            split = dd["train"].train_test_split(test_size=data_args.validation_fraction, seed=seed)
-            dd = DatasetDict({"train": split["train"], "validation": split["test"]})
+                          f"'{EMBEDDED_FUNCTIONS}' (offline), local files (.jsonl, .parquet, ...), a save_to_disk folder or a "
+                          "Hub dataset name")
+    from .sources import load_source, with_validation  # every format by path, save_to_disk, Hub names
+
+    dd = load_source(spec, data_args.dataset_config, dataset_split=getattr(data_args, "dataset_split", None),
+                     dataset_revision=getattr(data_args, "dataset_revision", None),
+                     data_files=getattr(data_args, "data_files", None), data_dir=getattr(data_args, "data_dir", None))
+    dd = with_validation(dd, data_args.validation_fraction, seed)
     return DatasetDict({"train": dd["train"], "validation": dd["validation"]})
 
 
