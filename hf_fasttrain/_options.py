@@ -401,10 +401,12 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
     col = 34
     lines = [f"usage: {prog} [--config RECIPE] [--<option> VALUE ...]", ""]
     lines += textwrap.wrap(description, width) + [""]
+    bundled = ", ".join(find_recipes(default_recipe_dirs()))
+    lines += textwrap.wrap(f"a YAML path, hf://<owner>/<repo> or a bundled name ({bundled}); without it: gpt2_small "
+                           "on a GPU, gpt2_tiny on CPU", width, initial_indent=f"  {'--config RECIPE':<{col - 2}}",
+                           subsequent_indent=" " * col)
     lines += [
-        f"  {'--config RECIPE':<{col - 2}}a YAML path, a bundled name ({', '.join(find_recipes(default_recipe_dirs()))})",
-        f"  {'':<{col - 2}}or hf://<owner>/<repo>; without it: gpt2_small on a GPU, gpt2_tiny on CPU",
-        f"  {'--help-all':<{col - 2}}this list with every Trainer option (about 200) and the full help texts"
+        f"  {'--help-all':<{col - 2}}this list, every Trainer option (about 200) and full help texts"
         if not full else f"  {'--help':<{col - 2}}the short list: the main options, first sentences only",
         f"  {'--debug':<{col - 2}}a refusal shows its traceback (or HF_FASTTRAIN_DEBUG=1)",
     ]
@@ -443,14 +445,13 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
             lines.extend(textwrap.wrap(names + " (see --help-all)", width, initial_indent="  ", break_on_hyphens=False,
                                        subsequent_indent="  "))
 
+    off = ("Every option is also a recipe key; one that can be off ([null]) is switched off with none, None or "
+           "null, e.g. --seq_len_warmup_min none.")
     if recipe_name:
-        lines += ["", f"Values in [brackets] are recipe {recipe_name}'s. Every option is also a recipe key."]
+        lines += [""] + textwrap.wrap(f"Values in [brackets] are recipe {recipe_name}'s. {off}", width)
     else:
         lines += [""] + textwrap.wrap("Values in [brackets] are the built-in defaults; a run without --config "
-                                      "takes its recipe's (see --help --config gpt2_tiny). Every option is also "
-                                      "a recipe key.", width)
-    lines += textwrap.wrap("An option that can be off ([null]) is switched off with none, None or null, e.g. "
-                           "--seq_len_warmup_min none.", width)
+                                      f"takes its recipe's (see --help --config gpt2_tiny). {off}", width)
     groups: dict[str, list[Option]] = {}
     for o in schema.values():
         if o.section is None and not o.trainer:

@@ -477,6 +477,9 @@ CLI_COMMANDS = [
      "`TrainingArguments` field as well (about 200). Every option is described on [All options](options.md)."),
     ("hf-fasttrain restarts --help", ["restarts", "--help"],
      "Random restart from the command line ([Random restart](techniques/random-restart.md))."),
+    ("hf-fasttrain tokenize --help", ["tokenize", "--help"],
+     "Tokenize a dataset once into packed parquet shards with a manifest; train on the folder with "
+     "`--dataset <out>` ([Your own data](own-data.md#pre-tokenized-data))."),
     ("hf-fasttrain recipes list", ["recipes", "list"],
      "The bundled recipes (paths shown relative to a checkout; an installed wheel shows its own)."),
     ("hf-fasttrain push-recipe --help", ["push-recipe", "--help"],

@@ -396,7 +396,9 @@ def test_stability_mixin_with_plain_arguments(tiny_lm, tiny_tokenizer, tmp_path)
 
 
 def test_data_holds_no_trainer_wiring():
-    """data/ is a core: no import of callbacks, args, the wiring or the trainer, not even inside a function."""
+    """data/ is a core: no import of callbacks, args, the wiring or the trainer, not even inside a function. The
+    modules above it that it may import are the leaves _validation (ConfigError, the one-line refusal) and
+    _version (written into a pre-tokenized folder's manifest), which import nothing of the package."""
     import ast
 
     import hf_fasttrain.data as data
@@ -405,6 +407,6 @@ def test_data_holds_no_trainer_wiring():
 
     for path in Path(data.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level >= 2:
+            if isinstance(node, ast.ImportFrom) and node.level >= 2 and node.module not in ("_validation", "_version"):
                 assert False, f"{path.name} imports {'.' * node.level}{node.module} from above data/"
     assert not hasattr(data, "batch_sampler_dataloader")

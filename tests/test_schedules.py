@@ -724,6 +724,7 @@ def test_tiny_recipe_uses_a_named_schedule(tmp_path):
     from hf_fasttrain.recipes import parse_config
 
     _, _, t = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "o")])
-    assert (t.lr_decay, t.min_lr_ratio, t.warmup_steps) == ("cosine", 0.1, 20)
+    assert (t.lr_decay, t.min_lr_ratio) == ("cosine", 0.1)
+    assert t.warmup_steps == pytest.approx(1 / 15)  # a fraction of the run: 20 of its 300 steps
     _, _, t = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "o"), "--lr_decay", "sqrt"])
     assert t.lr_decay == "sqrt"
