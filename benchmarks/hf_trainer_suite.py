@@ -22,11 +22,12 @@ on a rerun unless ``--rerun`` is given; a ``tests/_deps`` folder, if present, go
 ``benchmarks/results/`` and prints the table. ``--package DIR`` tests the ``hf_fasttrain`` in ``DIR``
 instead of this checkout (``git archive <commit> hf_fasttrain | tar -x -C DIR``: a before/after check).
 
-The copy used (``SOURCES``): ``tests/__init__.py`` from the transformers 5.24.0 sdist, an empty
-``tests/trainer/__init__.py``, and the files below from huggingface/transformers at the commits named,
-trimmed to the tests that can run on a CPU offline (each file's header says what was left out); the sdist
-holds no ``tests/trainer``. ``pip install --target <tests>/_deps parameterized pytest-timeout`` (then
-remove the pytest it pulls in) gives the two test dependencies without touching the environment.
+The copy used (``SOURCES``): an empty ``tests/__init__.py`` (the transformers 5.24.0 sdist ships ``tests/``
+without one, nor ``tests/trainer``), an empty ``tests/trainer/__init__.py``, and the files below from
+huggingface/transformers at the commits named, trimmed to the tests that can run on a CPU offline (each
+file's header says what was left out; the saved per-file results list the test ids each file keeps).
+``pip install --target <tests>/_deps parameterized pytest-timeout`` (then remove the pytest it pulls in)
+gives the two test dependencies without touching the environment.
 """
 
 from __future__ import annotations
