@@ -276,6 +276,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for corpus, marker in (("stdlib", "o"), ("unique", "s")):
@@ -288,6 +289,11 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axvline(CHINCHILLA_TOKENS_PER_PARAM, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log")
+    ax.set_xticks([1, 2, 5, 10, 20, 50])
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlim(1, 50)
+    ax.set_ylim(0, 1.1)
     ax.set_xlabel("training tokens per non-embedding parameter")
     ax.set_ylabel("recipe's tokens to AdamW's best loss / budget")
     ax.set_title("Recipe vs tuned AdamW, each at its best lr (lower is better)")
