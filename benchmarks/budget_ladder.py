@@ -61,7 +61,7 @@ from scaling import (Ledger, _fmt, edge_extension, fit_line, interpolated_best_l
 from time_to_loss import ARMS, QUICK, RESULTS, Setup, crossing, load_saved_run, run_arm  # noqa: E402
 from time_to_loss import run_key as saved_run_key  # noqa: E402
 
-from benchmarks._harness import display_command  # noqa: E402
+from benchmarks._harness import display_command, display_path  # noqa: E402
 from hf_fasttrain import DataArguments  # noqa: E402
 from hf_fasttrain.run import prepare_data  # noqa: E402
 from hf_fasttrain.runinfo import environment_info  # noqa: E402
@@ -417,7 +417,9 @@ def main(argv=None) -> dict[str, Any]:
             print(f"[budget_ladder] imported {n} earlier 1x runs", flush=True)
     _init_worker(ns.threads)
     ledger.data["command"] = display_command("python -m benchmarks.budget_ladder", argv if argv is not None else sys.argv[1:])
-    ledger.data["environment"] = environment_info()
+    env = environment_info()
+    env["argv"] = [display_path(a) if Path(a).is_absolute() else a for a in env.get("argv", [])]
+    ledger.data["environment"] = env
     ledger.data["setups"] = {r: dataclasses.asdict(s) for r, s in setups.items()}
     ledger.save()
     first = next(iter(setups.values()))
