@@ -21,13 +21,14 @@ Two optimizers, each at its own swept peak lr:
 
 Per budget and optimizer: 3 peak lrs a factor 2 apart, centred on the previous budget's best (the
 first budget on the time-to-loss sweeps' best), extended by a factor 2 when the best is at an edge;
-``--seeds`` seeds per lr (seed 0 of every budget first, then seed 1: a cut-short ladder still spans
-every budget). Reported per budget: each optimizer's best lr and final eval loss (median over
+``--seeds`` seeds per lr. Order (a ladder cut short keeps what matters most): seed 0 of every budget;
+then the later seeds at each budget's best lrs; then the corpus that does not repeat; then the later
+seeds at the other lrs. Reported per budget: each optimizer's best lr and final eval loss (median over
 seeds), and the recipe's tokens to AdamW's best final loss divided by the budget. Then two fits:
 log(ratio) against log(tokens per parameter), and log(best lr) against log(budget) per optimizer.
 
 Repeated data: the stdlib corpus holds about 3.6M training tokens, so 4x (2.5M) reads it once and 16x
-(9.8M) about 2.7 times. The ``unique`` corpus (``--corpus unique``) adds Python sources of the installed
+(9.8M) about 2.7 times. The ``unique`` corpus (``--unique-budgets``) adds Python sources of the installed
 packages (transformers, torch, ...) until the budget is covered without repeats; the tokenizer and the
 held-out rows are the stdlib corpus's, so losses stay comparable. It runs each optimizer at the best
 lr of the same budget on the stdlib corpus (``--unique-budgets``, default 16).
@@ -101,6 +102,18 @@ def centred_grid(best: float) -> list[float]:
 def best_lr(runs: list[dict[str, Any]], rung: str, optimizer: str) -> Optional[float]:
     losses = sweep_losses(runs, rung, optimizer)
     return min(losses, key=losses.get) if losses else None
+
+
+def phase_order(stdlib_rungs: list[str], unique_rungs: list[str], seeds: int) -> list[tuple[str, int, str]]:
+    """(rung, seed, which) in run order; ``which`` is ``all`` (the sweep), ``best`` or ``rest`` (of seed 0's lrs).
+
+    Seed 0 of every budget first (a ladder cut short still spans the budgets), then the later seeds at each
+    budget's best lrs, then the corpus that does not repeat, then the later seeds at the other lrs."""
+    later = range(1, seeds)
+    return ([(r, 0, "all") for r in stdlib_rungs]
+            + [(r, s, "best") for s in later for r in stdlib_rungs]
+            + [(r, s, "all") for s in range(seeds) for r in unique_rungs]
+            + [(r, s, "rest") for s in later for r in stdlib_rungs])
 
 
 # --- The corpus that does not repeat -------------------------------------------------------------------
@@ -435,15 +448,14 @@ def main(argv=None) -> dict[str, Any]:
              for o in OPTIMIZERS}
     # (rung, seed) phases: seed 0 of every budget first, so a ladder cut short still spans the budgets
     stdlib_rungs = [r for r, (_, c) in rungs.items() if c == "stdlib"]
-    phases = [(r, s) for s in range(ns.seeds) for r in stdlib_rungs]
-    phases += [(r, s) for s in range(ns.seeds) for r, (_, c) in rungs.items() if c == "unique"]
+    phases = phase_order(stdlib_rungs, [r for r, (_, c) in rungs.items() if c == "unique"], ns.seeds)
     with tempfile.TemporaryDirectory(prefix="budget-ladder-") as work:  # before the pool forks: workers inherit it
         _SHARED.update(setups=setups, work=work)
         ctx = multiprocessing.get_context("fork")
         pool = (concurrent.futures.ProcessPoolExecutor(ns.jobs, mp_context=ctx, initializer=_init_worker,
                                                        initargs=(ns.threads,)) if ns.jobs > 1 else None)
         try:
-            for rung, seed in phases:
+            for rung, seed, which in phases:
                 multiple, corpus = rungs[rung]
                 while True:
                     runs = list(ledger.data["runs"].values())
@@ -465,9 +477,12 @@ def main(argv=None) -> dict[str, Any]:
                     order = sorted(points, key=lambda p: (abs(math.log2(p[1] / centre.get(p[0], p[1]))), p))
                     jobs = [(rung, o, lr, seed) for o, lr in order
                             if ledger_key(rung, o, lr, seed) not in ledger.data["runs"]]
-                    if seed > 0:  # later seeds: only at the lrs seed 0 ran
-                        seed0 = {(r["optimizer"], float(r["lr"])) for r in runs if r["rung"] == rung and r["seed"] == 0}
-                        jobs = [j for j in jobs if (j[1], j[2]) in seed0]
+                    if seed > 0 and corpus == "stdlib":  # later seeds: only at the lrs seed 0 ran
+                        seed0 = [r for r in runs if r["rung"] == rung and r["seed"] == 0]
+                        keep = {(r["optimizer"], float(r["lr"])) for r in seed0}
+                        if which == "best":
+                            keep = {(o, best_lr(seed0, rung, o)) for o in OPTIMIZERS}
+                        jobs = [j for j in jobs if (j[1], j[2]) in keep]
                     futures = [pool.submit(_run_one, j) for j in jobs] if pool else None
                     done = concurrent.futures.as_completed(futures) if pool else (None for _ in jobs)
                     for i, f in enumerate(done):

@@ -42,6 +42,16 @@ def test_centred_grid_and_names():
     assert bl.arm_for("adamw", 1e-3).fast is False
 
 
+def test_phase_order_keeps_what_matters_first():
+    bl = _load()
+    assert bl.phase_order(["1x", "4x"], ["4x-unique"], seeds=2) == [
+        ("1x", 0, "all"), ("4x", 0, "all"),           # every budget's sweep, seed 0
+        ("1x", 1, "best"), ("4x", 1, "best"),         # the second seed where it decides the ratio
+        ("4x-unique", 0, "all"), ("4x-unique", 1, "all"),
+        ("1x", 1, "rest"), ("4x", 1, "rest")]         # the second seed at the other lrs last
+    assert bl.phase_order(["1x"], [], seeds=1) == [("1x", 0, "all")]
+
+
 def _run(opt, lr, seed, losses, rung="4x", step_tokens=100):
     curve = [{"step": i, "tokens": i * step_tokens, "seconds": float(i), "eval_loss": v} for i, v in enumerate(losses)]
     return {"rung": rung, "optimizer": opt, "lr": lr, "seed": seed, "curve": curve, "final_eval_loss": losses[-1],
