@@ -27,8 +27,8 @@ seeds at the other lrs. Reported per budget: each optimizer's best lr and final 
 seeds), and the recipe's tokens to AdamW's best final loss divided by the budget. Then two fits:
 log(ratio) against log(tokens per parameter), and log(best lr) against log(budget) per optimizer.
 
-Repeated data: the stdlib corpus holds about 3.6M training tokens, so 4x (2.5M) reads it once and 16x
-(9.8M) about 2.7 times. The ``unique`` corpus (``--unique-budgets``) adds Python sources of the installed
+Repeated data: the stdlib corpus holds about 3.3M training tokens, so 4x (2.5M) reads 0.75 of it and 16x
+(9.8M) reads it about 3 times. The ``unique`` corpus (``--unique-budgets``) adds Python sources of the installed
 packages (transformers, torch, ...) until the budget is covered without repeats; the tokenizer and the
 held-out rows are the stdlib corpus's, so losses stay comparable. It runs each optimizer at the best
 lr of the same budget on the stdlib corpus (``--unique-budgets``, default 16).
@@ -355,7 +355,7 @@ def report(ledger: Ledger, rungs: dict[str, tuple[int, str]], setups: dict[str, 
               f"x 2048 tokens. Loss = median over seeds of the final eval loss; ratio = the recipe's tokens to AdamW's "
               f"best final loss (median over seeds, at the recipe's best lr) / the budget; * marks the best lr; (~x): "
               f"the vertex of a parabola through the best lr and its neighbours in log(lr). The stdlib corpus holds "
-              f"about 3.6M training tokens: 16x reads it about 2.7 times; `-unique` rows train on it plus package "
+              f"about 3.3M training tokens: 16x reads it about 3 times; `-unique` rows train on it plus package "
               f"sources, with no repeats.\n\n")
     ledger.save()
     (out / f"{name}.md").write_text(header + table)

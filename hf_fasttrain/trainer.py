@@ -24,7 +24,8 @@ from .args import fast_option
 from .callbacks.averaging import WeightAveragingCallback
 from .callbacks.run_record import WALL_CLOCK_LOG_KEYS, RunRecorderCallback
 from .callbacks.clipping import ClipStatsWindow
-from .callbacks.data_position import StreamPositionCallback, load_stream_position, stream_dataloader
+from .callbacks.data_position import (ResumedEpochCallback, StreamPositionCallback, load_stream_position,
+                                      stream_dataloader)
 from .callbacks.graceful_stop import GracefulStopCallback
 from .callbacks.guard import stability_callbacks
 from .callbacks.mixin import StabilityTrainerMixin
@@ -352,10 +353,13 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self.train_dataset.load_state_dict(position)
         self.stream_position.restore(position)
         skip, self.args.ignore_data_skip = self.args.ignore_data_skip, True
+        epochs = ResumedEpochCallback()
+        self.add_callback(epochs)
         try:
             return super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
         finally:
             self.args.ignore_data_skip = skip
+            self.remove_callback(epochs)
 
     # -- helpers -------------------------------------------------------------------------------
     def _tokens_all_processes(self, inputs, count=None):

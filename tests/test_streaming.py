@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerFast, TrainerCallback
 
 from hf_fasttrain import FastTrainer
-from hf_fasttrain.callbacks.data_position import load_stream_position
+from hf_fasttrain.callbacks.data_position import ResumedEpochCallback, load_stream_position
 from hf_fasttrain.data.from_args import planned_optimizer_steps
 from hf_fasttrain.data.streaming import STREAM_KEY, TokenStream, holdout_rows
 
@@ -189,6 +189,26 @@ def test_fasttrainer_stream_resumed_equals_straight_bit_exact(tiny_tokenizer, tm
     assert not torch.equal(first.model.transformer.wte.weight, resumed.model.transformer.wte.weight)
     losses = lambda t: [e["loss"] for e in t.state.log_history if "loss" in e]  # noqa: E731
     assert losses(resumed)[-3:] == losses(straight)[-3:]
+    # the logged epoch continues from the checkpoint's instead of restarting at 0
+    epochs = lambda t: [e["epoch"] for e in t.state.log_history if "loss" in e]  # noqa: E731
+    assert epochs(resumed)[-3:] == pytest.approx(epochs(straight)[-3:]) and epochs(straight)[-1] == 1.0
+    assert not any(isinstance(c, ResumedEpochCallback) for c in resumed.callback_handler.callbacks)
+
+
+def test_resumed_epoch_continues_across_passes(tiny_tokenizer, tmp_path):
+    _write_docs(tmp_path / "docs.jsonl", n=12)  # the first pass ends in step 6: the resumed steps 5-6 cross it
+    straight, _ = _stream_trainer(tiny_tokenizer, tmp_path / "straight", save_steps=4)
+    straight.train()
+    first, _ = _stream_trainer(tiny_tokenizer, tmp_path / "resumed", save_steps=4)
+    first.add_callback(_StopAt(4))
+    first.train()
+    resumed, _ = _stream_trainer(tiny_tokenizer, tmp_path / "resumed", save_steps=4)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "resumed" / "checkpoint-4"))
+    epochs = lambda t: [e["epoch"] for e in t.state.log_history if "loss" in e]  # noqa: E731
+    assert epochs(straight)[-2] < 1 < epochs(straight)[-1]  # the straight run crossed into its second pass
+    assert epochs(resumed)[-2:] == pytest.approx(epochs(straight)[-2:])
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_seq_len_warmup_on_a_stream(tiny_tokenizer, tmp_path):

@@ -5,6 +5,8 @@
   rank and worker its own documents.
 - `StreamPositionCallback`: at every save, writes this rank's trained position into the checkpoint
   (``stream_position_rank<r>.json``); `load_stream_position` reads it back for a resume.
+- `ResumedEpochCallback`: during a resume from that position, the logged and saved ``epoch`` continue the
+  straight run's (the Trainer, having skipped nothing, counts its epoch loop from 0 again).
 
 FastTrainer uses both (see its ``get_train_dataloader``, ``get_batch_samples`` and ``train``): a resumed run
 restores the position and sets ``ignore_data_skip`` for that ``train()`` call, so the Trainer does not
@@ -14,6 +16,7 @@ re-read and drop the batches trained before (which, for a stream, means reading 
 from __future__ import annotations
 
 import json
+import math
 import os
 from functools import partial
 from typing import Optional
@@ -24,7 +27,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from ..data.streaming import StreamCollator, StreamPosition, TokenStream
 
 __all__ = ["STREAM_POSITION_FILE", "position_file", "stream_dataloader", "StreamPositionCallback",
-           "load_stream_position"]
+           "ResumedEpochCallback", "load_stream_position"]
 
 STREAM_POSITION_FILE = "stream_position_rank{rank}.json"
 
@@ -82,6 +85,29 @@ class StreamPositionCallback(TrainerCallback):
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f)
         os.replace(tmp, path)
+
+
+class ResumedEpochCallback(TrainerCallback):
+    """Adds the checkpoint's epoch back to ``state.epoch`` after a resume that skipped no batches.
+
+    For a dataset without a length the Trainer sets ``state.epoch = pass + (micro_step + 1) / (max_steps x
+    accumulation)``. Resumed at the stream's position it starts its pass and micro-step counters at 0 again,
+    so without this the logged epoch would restart at 0. The checkpoint's epoch (pass k plus the fraction
+    trained) is added during the first pass, and k alone during later ones, which gives the straight run's
+    values.
+    """
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.offset = float(state.epoch or 0.0)  # restored from the checkpoint's trainer_state.json
+
+    def on_step_end(self, args, state, control, **kwargs):
+        state.epoch += self.offset  # the Trainer set it afresh before this call: the shift does not pile up
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.offset = float(math.floor(self.offset))  # later passes start at a whole epoch
 
 
 def load_stream_position(checkpoint: str, rank: int) -> Optional[dict]:
