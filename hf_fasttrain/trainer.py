@@ -201,13 +201,41 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         return loader if loader is not None else super().get_train_dataloader()
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self.stream_position is not None and self.args.world_size > 1:
+            batches = self._stream_batches_every_rank_has(epoch_iterator, num_batches)
+            num_items = self._get_num_items_in_batch(batches, device)
+        else:
+            batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self.stream_position is not None:  # the loop took these batches: their position is the trained one
             batches = [self.stream_position.take(b) for b in batches]
         if self.seqlen is not None and self.seqlen.cutter is not None:  # sequence-length warmup
             batches = self.seqlen.cut(batches)
             num_items = self._get_num_items_in_batch(batches, device)
         return batches, num_items
+
+    def _stream_batches_every_rank_has(self, epoch_iterator, num_batches: int) -> list:
+        """This step's micro-batches, as many as the rank with the fewest has: every rank ends its pass together.
+
+        Each rank reads its own part of a stream, so their passes end at different rows. Left alone, the rank
+        whose pass ended starts its next one (or skips a step) while the others still step: their collectives
+        pair up wrongly. One all-reduce (min) per optimizer step keeps them in step; the other ranks' last rows
+        of that pass are not trained (as ``drop_last`` would across ranks), and when any rank has none left,
+        every rank ends the pass."""
+        batches = []
+        for _ in range(num_batches):
+            try:
+                batches.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        have = torch.tensor(len(batches), dtype=torch.int64, device=self.args.device)
+        torch.distributed.all_reduce(have, op=torch.distributed.ReduceOp.MIN)
+        common = int(have.item())
+        if common < len(batches):
+            logger.info("rank %d: another rank's stream pass ended; %d of this step's %d micro-batches not trained",
+                        self.args.process_index, len(batches) - common, len(batches))
+        if common == 0:
+            self.control.should_epoch_stop = True  # every rank, together: the next pass starts on all of them
+        return batches[:common]
 
     def set_initial_training_values(self, args, dataloader):
         values = super().set_initial_training_values(args, dataloader)

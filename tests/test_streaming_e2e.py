@@ -107,6 +107,80 @@ def test_two_processes_read_every_document_exactly_once_and_train(tmp_path):
         assert (tmp_path / "run" / "checkpoint-6" / f"stream_position_rank{r['rank']}.json").exists()
 
 
+@pytest.mark.slow
+def test_two_processes_whose_streams_end_apart_stay_in_step(tmp_path):
+    # rank 0 reads the even documents (long), rank 1 the odd ones (short): rank 1's pass ends after a few steps
+    # while rank 0's goes on. Every rank must end each pass together, or one waits for a step the other never takes.
+    rng = random.Random(0)
+    words = "the of and to in a is that for it as was with be by on not this are or from at which".split()
+    with open(tmp_path / "docs.jsonl", "w") as f:
+        for i in range(240):
+            n = 60 if i % 2 == 0 else 4
+            f.write(json.dumps({"text": f"doc{i} " + " ".join(rng.choice(words) for _ in range(n))}) + "\n")
+    script = tmp_path / "ddp_uneven.py"
+    script.write_text(DDP_UNEVEN)
+    args = [*SMALL, "--dataset", str(tmp_path / "docs.jsonl"), "--output_dir", str(tmp_path / "run"),
+            "--max_steps", "12", "--save_steps", "12", "--eval_steps", "12", "--gradient_accumulation_steps", "3",
+            "--per_device_train_batch_size", "4"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
+           str(tmp_path), *args]
+    # a rank left waiting for a collective hangs: fail after 300 s, and end the launcher and both ranks with it
+    proc = subprocess.Popen(cmd, env={**_env(), "ACCELERATE_USE_CPU": "true"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        import psutil  # (accelerate's own dependency) the ranks run in sessions of their own: find them by parent
+
+        for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+            p.kill()
+        proc.communicate()
+        pytest.fail("the two ranks hung (a collective one of them never reached)")
+    assert proc.returncode == 0, stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    short, long_ = sorted(ranks, key=lambda r: r["rows"])
+    assert short["rows"] * 4 < long_["rows"]  # the passes really end apart
+    assert short["rows"] < 12 * 3 * 4 and short["rows"] % (3 * 4)  # passes cross, and end inside a step
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] >= 12  # (a token budget: short warmup rows add steps)
+    # every rank trained as many micro-batches, and they are in the same pass: the short rank's pass ended it for all
+    assert ranks[0]["micro_batches"] == ranks[1]["micro_batches"], ranks
+    assert ranks[0]["epoch"] == ranks[1]["epoch"] > 2, ranks
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # and stepped together
+
+
+DDP_UNEVEN = r'''
+import hashlib, json, sys
+from transformers import TrainerCallback
+from hf_fasttrain import run
+from hf_fasttrain.data.streaming import stream_datasets
+from hf_fasttrain.recipes import parse_config
+
+class Digest(TrainerCallback):
+    micro_batches = 0
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        self.micro_batches += 1
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.micro_batches += 1
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        self.step, self.epoch = state.global_step, state.epoch
+        self.weights = hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()
+
+out = sys.argv[1]
+model_args, data_args, training_args = parse_config(sys.argv[2:])
+tokenizer, stream, _ = stream_datasets(data_args, training_args, model_args)
+rows = sum(1 for _ in stream)  # this rank's rows in one pass
+digest = Digest()
+run.train(model_args, data_args, training_args, callbacks=[digest])
+json.dump({"rows": rows, "global_step": digest.step, "epoch": digest.epoch, "weights": digest.weights,
+           "micro_batches": digest.micro_batches},
+          open(f"{out}/rank{training_args.process_index}.json", "w"))
+'''
+
+
 DDP_COUNT = r'''
 import json, re, sys
 import torch
