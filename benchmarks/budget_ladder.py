@@ -505,8 +505,10 @@ def main(argv=None) -> dict[str, Any]:
                             extra.append((rung, o, new, 0))
                     if not extra:
                         break
-                    for j in extra:  # run the extension now (the next loop picks it up from the ledger)
-                        r = pool.submit(_run_one, j).result() if pool else _run_one(j)
+                    # run the extensions now, side by side (the next loop picks them up from the ledger)
+                    results = ([f.result() for f in [pool.submit(_run_one, j) for j in extra]] if pool
+                               else [_run_one(j) for j in extra])
+                    for r in results:
                         ledger.data["runs"][ledger_key(rung, r["optimizer"], r["lr"], r["seed"])] = r
                         ledger.save()
                         print(f"[budget_ladder] {rung} {r['optimizer']:>6s} lr {r['lr']:<8g} seed 0 (edge): final "
