@@ -7,7 +7,9 @@ ACTION (sent by the process to itself, from a callback):
   included) are complete;
 - ``term`` / ``int`` / ``usr1``: SIGTERM / SIGINT / SIGUSR1 in the middle of step STEP (before its optimizer
   update), so a graceful stop ends that step and saves ``checkpoint-STEP``;
-- ``int2``: SIGINT twice in the middle of step STEP (Ctrl-C pressed again).
+- ``int2``: SIGINT twice in the middle of step STEP (Ctrl-C pressed again);
+- ``intpg``: SIGINT to the whole process group in the middle of step STEP, as a terminal's Ctrl-C does: the
+  DataLoader's worker processes get it too (run the recipe in a session of its own).
 
 RANK (default: every process) limits the injection to the process of that rank. The steps each process
 ended are written, one per line, to ``$INJECT_STEPS_FILE.rank<R>`` when that variable is set.
@@ -51,6 +53,8 @@ class Inject(TrainerCallback):
         if ACTION in SIGNALS and state.global_step == STEP - 1 and self._mine():
             for s in SIGNALS[ACTION]:
                 os.kill(os.getpid(), s)
+        if ACTION == "intpg" and state.global_step == STEP - 1 and self._mine():
+            os.killpg(os.getpgid(0), signal.SIGINT)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.log is not None:

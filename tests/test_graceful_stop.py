@@ -199,6 +199,24 @@ def test_recipe_stopped_by_a_signal_says_so_and_the_same_command_resumes(action,
 
 
 @pytest.mark.slow
+def test_ctrl_c_in_a_terminal_reaches_the_dataloader_workers_too_and_the_run_resumes(tmp_path):
+    # a terminal's Ctrl-C signals the whole foreground process group: the main process and its DataLoader workers
+    common = ["--max_steps", "12", "--save_steps", "5", "--eval_steps", "6", "--dataloader_num_workers", "2"]
+    straight = _recipe("none", 0, ["--output_dir", str(tmp_path / "a"), *common])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    out = tmp_path / "b"
+    first = _recipe("intpg", 8, ["--output_dir", str(out), *common], start_new_session=True)
+    assert first.returncode == 130, first.stderr[-3000:]
+    assert first.stderr.strip().splitlines()[-1] == stop_message(8) and "Traceback" not in first.stderr
+    assert (out / "checkpoint-8" / "trainer_state.json").exists() and not (out / "model.safetensors").exists()
+    again = _recipe("none", 0, ["--output_dir", str(out), *common])
+    assert again.returncode == 0, again.stderr[-3000:]
+    a, b = _metrics(tmp_path / "a"), _metrics(out)
+    assert [h["loss"] for h in a["history"] if "loss" in h] == [h["loss"] for h in b["history"] if "loss" in h]
+    assert a["final_eval_loss"] == b["final_eval_loss"]
+
+
+@pytest.mark.slow
 def test_second_ctrl_c_exits_at_once_without_a_traceback(tmp_path):
     out = tmp_path / "run"
     p = _recipe("int2", 3, ["--output_dir", str(out), "--max_steps", "12", "--save_steps", "100"])
