@@ -218,6 +218,13 @@ def summarise_budget(runs: list[dict[str, Any]], rung: str, n_params: int) -> Op
             row["tokens_to_target"] = statistics.median(toks)
             row["seeds_reaching_target"] = sum(math.isfinite(t) for t in toks)
             row["token_ratio_vs_adamw"] = row["tokens_to_target"] / tokens  # AdamW reaches its own loss at the budget
+            # the lr (of those swept) that reaches the target first: not always the one with the best final loss
+            by_lr = {}
+            for lr in {r["lr"] for r in mine if r["optimizer"] == opt}:
+                runs_lr = [r for r in mine if r["optimizer"] == opt and r["lr"] == lr]
+                by_lr[lr] = statistics.median(crossing(r["curve"], target, "tokens") for r in runs_lr)
+            fastest = min(by_lr, key=by_lr.get)
+            row["fastest_lr"], row["fastest_token_ratio"] = fastest, by_lr[fastest] / tokens
     return out
 
 
@@ -269,9 +276,12 @@ def markdown(summary: dict[str, Any], tr: dict[str, Any]) -> str:
         seeds = min(row["seeds_at_best"] for row in s["optimizers"].values())
         ratio = m.get("token_ratio_vs_adamw", math.nan) if m else math.nan
         speed = 1 / ratio if ratio and math.isfinite(ratio) and ratio > 0 else math.nan
+        fastest = ""  # another of the recipe's lrs gets there sooner, though it ends higher
+        if m and m.get("fastest_lr") is not None and m["fastest_lr"] != m["best_lr"]:
+            fastest = f" (at {m['fastest_lr']:g}: {_fmt(m['fastest_token_ratio'])})"
         lines.append(f"| {name} ({seeds} seed{'s' if seeds != 1 else ''}) | {s['tokens'] / 1e6:.2f}M "
                      f"| {s['tokens_per_param']:.1f} | {lr_cell(a)} | {_fmt(a['final_eval_loss'], 4) if a else 'n/a'} "
-                     f"| {lr_cell(m)} | {_fmt(m['final_eval_loss'], 4) if m else 'n/a'} | {_fmt(ratio)} "
+                     f"| {lr_cell(m)} | {_fmt(m['final_eval_loss'], 4) if m else 'n/a'} | {_fmt(ratio)}{fastest} "
                      f"| {_fmt(speed)}x | {sweeps} |")
     text = "\n".join(lines) + "\n"
     if "ratio_change_per_4x_budget" in tr:
@@ -353,7 +363,8 @@ def report(ledger: Ledger, rungs: dict[str, tuple[int, str]], setups: dict[str, 
               f"Command: `{ledger.data.get('command', 'python -m benchmarks.budget_ladder')}`\n\n"
               f"Model: GPT-2 2x128 ({n_params / 1e6:.2f}M non-embedding parameters); budget = multiple x {BASE_STEPS} steps "
               f"x 2048 tokens. Loss = median over seeds of the final eval loss; ratio = the recipe's tokens to AdamW's "
-              f"best final loss (median over seeds, at the recipe's best lr) / the budget; * marks the best lr; (~x): "
+              f"best final loss (median over seeds, at the recipe's best lr) / the budget, and in brackets the ratio at "
+              f"the recipe's lr that gets there first when that is another; * marks the best lr; (~x): "
               f"the vertex of a parabola through the best lr and its neighbours in log(lr). The stdlib corpus holds "
               f"about 3.3M training tokens: 16x reads it about 3 times; `-unique` rows train on it plus package "
               f"sources, with no repeats.\n\n")

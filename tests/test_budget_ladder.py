@@ -68,6 +68,11 @@ def test_summary_ratio_and_trend():
     assert s4["tokens"] == 400 and s4["tokens_per_param"] == 4.0
     assert s4["optimizers"]["adamw"]["best_lr"] == 1e-3 and s4["target_eval_loss"] == 4.0
     assert s4["optimizers"]["recipe"]["token_ratio_vs_adamw"] == pytest.approx(0.75)
+    # a second recipe lr ends worse (3.9) but reaches 4.0 sooner (step 1): the fastest lr is reported beside the best
+    s4b = bl.summarise_budget(runs + [_run("recipe", 2e-2, 0, [8, 4.0, 3.95, 3.92, 3.9])], "4x", n_params=100)
+    rec = s4b["optimizers"]["recipe"]
+    assert rec["best_lr"] == 1e-2 and rec["token_ratio_vs_adamw"] == pytest.approx(0.75)
+    assert rec["fastest_lr"] == 2e-2 and rec["fastest_token_ratio"] == pytest.approx(0.25)
     s16 = bl.summarise_budget(runs, "16x", n_params=25)
     assert s16["optimizers"]["recipe"]["token_ratio_vs_adamw"] == pytest.approx(0.5)
     s4.update(multiple=4, corpus="stdlib")
