@@ -1,0 +1,343 @@
+#!/usr/bin/env python
+"""Long horizons: the strongest Trainer-only baseline (``hf-best``) and the recipe's long-run candidates,
+each found by coordinate descent at one budget of the budget ladder.
+
+    nice -n 10 python -m benchmarks.hf_best --budget 16 --jobs 2     # the search (resumable: rerun to continue)
+    python -m benchmarks.hf_best --budget 16 --report                # table from the JSON, no training
+    python -m benchmarks.hf_best --quick --out /tmp/x                # a smoke run (the test suite uses it)
+
+Model, data and budget are the budget ladder's (benchmarks/budget_ladder.py): GPT-2 2x128 on the stdlib
+corpus, ``multiple x 300`` steps of 16 x 128 tokens, 2% warmup, eval 12 times. Two families:
+
+- ``hf-best``: plain ``transformers.Trainer`` with AdamW and only the Trainer's own options. It starts at
+  ``hf-tuned``'s best at that budget (cosine to 10%, weight decay 0.1, beta2 0.95, its swept best lr) and
+  tries, one knob at a time: the schedule (cosine to 1%, linear to 0, warmup-stable-decay with a 20%
+  linear or 1-sqrt cooldown to 0), beta2 (0.99, 0.999), weight decay by its timescale
+  ``lr x wd x steps`` (0.5, 1, 4, 8; Wang & Aitchison 2024), the peak lr (x0.5, x2, weight decay's
+  timescale kept) and ``optim="schedule_free_adamw"`` (constant lr, its own warmup; at x1 and x2 the lr).
+- ``recipe``: FastTrainer as the ladder's recipe (Muon + AdamW, divergence guard, EMA 0.98, sequence-length
+  warmup 16 -> 128 over 30%) from its best lr at that budget; knobs: the schedule (linear to 0, 1-sqrt WSD
+  to 0 over the last 20%), beta2 of Muon's AdamW part (0.99, 0.999), the EMA (off), sequence-length warmup
+  (off), weight decay's timescale (x2, x4: Muon's matrices decay too) and the peak lr (x0.5, x2).
+
+Coordinate descent: knob by knob, from the current best, every other value of the knob is run (seed 0); the
+best of them replaces the current setting only if it lowers the final eval loss by more than the family's
+seed noise (``NOISE``: measured at 4x and 16x on the ladder's 2-seed best lrs). A second seed then runs at
+the winner. The search is a pure generator (``coordinate_descent``): it asks for a batch of settings and is
+told their losses, so a rerun replays its decisions from the JSON and runs only what is missing; the two
+families' batches run side by side (``--jobs``).
+
+Writes hf_best.json (every run, every decision) and hf_best.md into --out (benchmarks/results); the budget
+ladder's report reads hf_best.json for its hf-best rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import math
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Generator, Optional
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # this checkout
+from budget_ladder import BASE_STEPS, budget_setup, data_args  # noqa: E402
+from scaling import Ledger  # noqa: E402
+from time_to_loss import ARMS, RESULTS, Arm, run_arm  # noqa: E402
+
+from benchmarks._harness import display_command  # noqa: E402
+from hf_fasttrain.runinfo import environment_info  # noqa: E402
+
+FAMILIES = ("hf-best", "recipe")
+# Seed noise of the final eval loss at the ladder's best lrs (|seed 0 - seed 1|, 4x and 16x): AdamW 0.026 and
+# 0.000, recipe 0.003 and 0.048. A change is kept only if it gains more than this.
+NOISE = {"hf-best": 0.015, "recipe": 0.025}
+WARMUP = 0.02
+
+# Knobs and the values tried, in the order the search visits them (what the literature expects to matter
+# most at long horizons first).
+KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
+    "hf-best": [("schedule", ["linear0", "wsd-1-sqrt", "cosine1", "wsd-linear"]),
+                ("beta2", [0.99, 0.999]),
+                ("wd_timescale", [0.5, 1.0, 4.0, 8.0]),
+                ("lr_scale", [0.5, 2.0]),
+                ("optim", ["schedule_free_adamw"])],
+    "recipe": [("schedule", ["linear0", "wsd-1-sqrt"]),
+               ("beta2", [0.99, 0.999]),
+               ("ema", [False]),
+               ("seq_len_warmup", [False]),
+               ("wd_timescale", [4.0, 8.0]),
+               ("lr_scale", [0.5, 2.0])],
+}
+
+
+def start_config(family: str, lr: float, steps: int) -> dict[str, Any]:
+    """hf-tuned's (or the recipe's) settings at its swept best lr: the search's first point."""
+    base = {"lr": lr, "schedule": "cosine10", "beta2": 0.95, "wd_timescale": round(lr * 0.1 * steps, 3),
+            "lr_scale": 1.0}
+    if family == "hf-best":
+        return {**base, "optim": "adamw_torch"}
+    return {**base, "ema": True, "seq_len_warmup": True}
+
+
+def config_key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def trainer_schedule(schedule: str, steps: int) -> dict[str, Any]:
+    """The Trainer's own ``lr_scheduler_type`` (and kwargs) for a schedule name."""
+    decay = round(0.2 * steps)
+    return {
+        "cosine10": dict(lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1}),
+        "cosine1": dict(lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.01}),
+        "linear0": dict(lr_scheduler_type="linear", lr_scheduler_kwargs={}),
+        "wsd-linear": dict(lr_scheduler_type="warmup_stable_decay",
+                           lr_scheduler_kwargs={"num_decay_steps": decay, "decay_type": "linear", "min_lr_ratio": 0.0}),
+        "wsd-1-sqrt": dict(lr_scheduler_type="warmup_stable_decay",
+                           lr_scheduler_kwargs={"num_decay_steps": decay, "decay_type": "1-sqrt", "min_lr_ratio": 0.0}),
+    }[schedule]
+
+
+def recipe_schedule(schedule: str) -> dict[str, Any]:
+    """hf_fasttrain.schedules settings (FastTrainingArguments) for a schedule name."""
+    return {"cosine10": dict(lr_decay="cosine", min_lr_ratio=0.1),
+            "linear0": dict(lr_decay="linear", min_lr_ratio=0.0),
+            "wsd-1-sqrt": dict(lr_decay="1-sqrt", min_lr_ratio=0.0, decay_fraction=0.2)}[schedule]
+
+
+def arm_for(family: str, config: dict[str, Any], steps: int) -> Arm:
+    """The time-to-loss arm that trains ``config``."""
+    lr = config["lr"] * config["lr_scale"]
+    wd = config["wd_timescale"] / (lr * steps)
+    name = f"{family}@" + ",".join(f"{k}={v}" for k, v in sorted(config.items()))
+    if family == "hf-best":
+        args: dict[str, Any] = dict(learning_rate=lr, warmup_steps=WARMUP, weight_decay=wd, adam_beta2=config["beta2"],
+                                    max_grad_norm=1.0)
+        if config["optim"] == "schedule_free_adamw":
+            # schedule-free keeps its own warmup (the Trainer hands it warmup_steps as given: whole steps here)
+            args.update(optim="schedule_free_adamw", lr_scheduler_type="constant", warmup_steps=round(WARMUP * steps))
+        else:
+            args.update(trainer_schedule(config["schedule"], steps))
+        return Arm(name, "Trainer + AdamW, " + name, fast=False, args=args)
+    base = ARMS["fasttrain"].args
+    args = {k: v for k, v in base.items() if k not in ("lr_decay", "min_lr_ratio", "weight_averaging", "ema_decay",
+                                                        "seq_len_warmup_min", "seq_len_warmup_fraction")}
+    args.update(learning_rate=lr, weight_decay=wd, adam_beta2=config["beta2"],
+                optimizer_kwargs={"betas": [0.9, config["beta2"]]}, **recipe_schedule(config["schedule"]))
+    if config["ema"]:
+        args.update(weight_averaging="ema", ema_decay=base["ema_decay"])
+    if config["seq_len_warmup"]:
+        args.update(seq_len_warmup_min=base["seq_len_warmup_min"], seq_len_warmup_fraction=base["seq_len_warmup_fraction"])
+    return Arm(name, "FastTrainer recipe, " + name, fast=True, args=args)
+
+
+# --- The search ----------------------------------------------------------------------------------------
+def coordinate_descent(start: dict[str, Any], knobs: list[tuple[str, list[Any]]], noise: float,
+                       decisions: Optional[list] = None,
+                       ) -> Generator[list[dict[str, Any]], dict[str, float], dict[str, Any]]:
+    """Knob by knob from ``start``: yields the settings to run (a list of configs), is sent their final
+    losses (``config_key -> loss``), and returns ``{"best", "loss", "decisions"}``.
+
+    The first batch is ``[start]``. For each knob, every value other than the current one is run; the best
+    replaces the current value only if its loss is lower by more than ``noise``. ``decisions`` (a list)
+    receives each decision as it is made, so a search cut short still shows them."""
+    losses = yield [start]
+    best, best_loss = dict(start), losses[config_key(start)]
+    decisions = [] if decisions is None else decisions
+    for knob, values in knobs:
+        trial = [{**best, knob: v} for v in values if v != best[knob]]
+        if not trial:
+            continue
+        losses = yield trial
+        scored = sorted(((losses[config_key(c)], i, c) for i, c in enumerate(trial)))
+        loss, _, cand = scored[0]
+        accepted = loss < best_loss - noise
+        decisions.append({"knob": knob, "from": best[knob], "tried": {str(c[knob]): losses[config_key(c)] for c in trial},
+                          "current_loss": best_loss, "best_value": cand[knob], "best_loss": loss, "accepted": accepted})
+        if accepted:
+            best, best_loss = cand, loss
+    return {"best": best, "loss": best_loss, "decisions": decisions}
+
+
+# --- Runs ----------------------------------------------------------------------------------------------
+_SHARED: dict[str, Any] = {}
+
+
+def run_key(rung: str, family: str, config: dict[str, Any], seed: int) -> str:
+    return f"{rung}|{family}|{config_key(config)}|{seed}"
+
+
+def _run_one(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
+    rung, family, config, seed = job
+    setup = _SHARED["setup"]
+    tokenizer, lm = _SHARED["data"]
+    cpu0 = time.process_time()
+    r = run_arm(arm_for(family, config, setup.max_steps), seed, setup, tokenizer, lm, Path(_SHARED["work"]))
+    r.update(rung=rung, family=family, config=config, cpu_seconds=time.process_time() - cpu0,
+             max_steps=setup.max_steps, tokens_per_step=setup.tokens_per_step)
+    return r
+
+
+def ladder_best_lr(ladder: dict[str, Any], rung: str, optimizer: str) -> Optional[float]:
+    """The budget ladder's best lr (median over seeds) of ``optimizer`` ("adamw"/"recipe") at ``rung``."""
+    row = (ladder.get("summary", {}).get(rung) or {}).get("optimizers", {}).get(optimizer)
+    return row["best_lr"] if row else None
+
+
+def import_ladder_starts(ledger: Ledger, ladder: dict[str, Any], rung: str, starts: dict[str, dict[str, Any]]) -> int:
+    """The ladder's runs of hf-tuned / the recipe at the start lr are the searches' start points (the same
+    settings): taken over with ``imported_from``, so they are not trained twice."""
+    added = 0
+    for family, opt in (("hf-best", "adamw"), ("recipe", "recipe")):
+        if family not in starts:
+            continue
+        for r in ladder.get("runs", {}).values():
+            if r["rung"] == rung and r["optimizer"] == opt and r["lr"] == starts[family]["lr"]:
+                key = run_key(rung, family, starts[family], r["seed"])
+                if key not in ledger.data["runs"]:
+                    ledger.data["runs"][key] = {**r, "family": family, "config": starts[family],
+                                                "imported_from": "budget_ladder.json"}
+                    added += 1
+    return added
+
+
+def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, seeds: int, log=print) -> dict[str, Any]:
+    """Both families' coordinate descents, their batches run side by side; then later seeds at each winner."""
+    runs = ledger.data["runs"]
+
+    def run_batch(jobs: list[tuple[str, str, dict[str, Any], int]]) -> None:
+        todo = [j for j in jobs if run_key(*j) not in runs]
+        futures = [pool.submit(_run_one, j) for j in todo] if pool else None
+        results = (r.result() for r in concurrent.futures.as_completed(futures)) if pool else (_run_one(j) for j in todo)
+        for r in results:
+            runs[run_key(rung, r["family"], r["config"], r["seed"])] = r
+            ledger.save()  # each run is kept as soon as it ends
+            log(f"[hf_best] {rung} {r['family']:>7s} {config_key(r['config'])} seed {r['seed']}: "
+                f"final eval loss {r['final_eval_loss']:.4f} ({r['cpu_seconds']:.0f} CPU-s)")
+
+    traces: dict[str, list] = {f: [] for f in starts}
+    gens = {f: coordinate_descent(starts[f], KNOBS[f], NOISE[f], traces[f]) for f in starts}
+    pending = {f: next(g) for f, g in gens.items()}
+    outcome: dict[str, Any] = {}
+    while pending:
+        ledger.data.setdefault("progress", {})[rung] = {f: {"decisions": traces[f], "running": pending.get(f)}
+                                                       for f in starts}
+        ledger.save()
+        run_batch([(rung, f, c, 0) for f, batch in pending.items() for c in batch])
+        nxt = {}
+        for f, batch in pending.items():
+            losses = {config_key(c): runs[run_key(rung, f, c, 0)]["final_eval_loss"] for c in batch}
+            try:
+                nxt[f] = gens[f].send(losses)
+            except StopIteration as stop:
+                outcome[f] = stop.value
+        pending = nxt
+    run_batch([(rung, f, o["best"], s) for s in range(1, seeds) for f, o in outcome.items()])
+    ledger.data.setdefault("searches", {})[rung] = outcome
+    ledger.save()
+    return outcome
+
+
+def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
+    """Per family: the winner, its final loss (median over seeds) and every decision."""
+    out = {}
+    for family, o in (ledger.data.get("searches", {}).get(rung) or {}).items():
+        finals = [r["final_eval_loss"] for r in ledger.data["runs"].values()
+                  if r["rung"] == rung and r["family"] == family and config_key(r["config"]) == config_key(o["best"])]
+        out[family] = {"best": o["best"], "final_eval_loss": statistics.median(finals), "seeds": len(finals),
+                       "decisions": o["decisions"]}
+    return out
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = ["| family | knob | from | tried: final eval loss (seed 0) | kept |", "|---|---|---|---|---|"]
+    for family, s in summary.items():
+        for d in s["decisions"]:
+            tried = ", ".join(f"{v}: {loss:.3f}" for v, loss in d["tried"].items())
+            lines.append(f"| {family} | {d['knob']} | {d['from']} ({d['current_loss']:.3f}) | {tried} | "
+                         f"{d['best_value'] if d['accepted'] else 'no change'} |")
+    lines += ["", "| family | winner | final eval loss (median) | seeds |", "|---|---|---|---|"]
+    for family, s in summary.items():
+        settings = ", ".join(f"{k} {v}" for k, v in s["best"].items())
+        lines.append(f"| {family} | {settings} | {s['final_eval_loss']:.3f} | {s['seeds']} |")
+    return "\n".join(lines) + "\n"
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument("--budget", type=int, default=16, help="multiple of the 1x budget (300 steps) to search at")
+    p.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
+    p.add_argument("--seeds", type=int, default=2, help="seeds at each family's winner (the search runs seed 0)")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (results do not depend on it)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
+    p.add_argument("--report", action="store_true", help="only rebuild the table from the JSON")
+    p.add_argument("--quick", action="store_true", help="tiny smoke search (the quick setup, 2-step budget)")
+    p.add_argument("--out", default=str(RESULTS))
+    p.add_argument("--name", default="hf_best", help="basename of the output files")
+    return p
+
+
+def main(argv=None) -> dict[str, Any]:
+    import torch
+
+    ns = make_parser().parse_args(argv)
+    families = [f for f in ns.families.split(",") if f]
+    bad = [f for f in families if f not in FAMILIES]
+    if bad or not families:
+        raise SystemExit(f"--families: {ns.families!r}: each of {', '.join(FAMILIES)}")
+    if ns.budget < 1 or ns.seeds < 1 or ns.jobs < 1 or ns.threads < 1:
+        raise SystemExit("--budget, --seeds, --jobs and --threads must be >= 1")
+    out = Path(ns.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(out / f"{ns.name}.json")
+    rung = f"{ns.budget}x"
+    if not ns.report:
+        base_steps = 2 if ns.quick else BASE_STEPS
+        setup = budget_setup(ns.budget, ns.quick, base_steps)
+        ladder_path = RESULTS / "budget_ladder.json"
+        ladder = json.loads(ladder_path.read_text()) if ladder_path.exists() and not ns.quick else {}
+        firsts = {"hf-best": ladder_best_lr(ladder, rung, "adamw") or 2e-3,
+                  "recipe": ladder_best_lr(ladder, rung, "recipe") or 1.6e-2}
+        starts = {f: start_config(f, firsts[f], setup.max_steps) for f in families}
+        if import_ladder_starts(ledger, ladder, rung, starts):
+            print(f"[hf_best] the budget ladder's {rung} runs at the start lrs are the start points", flush=True)
+        ledger.data.update(command=display_command("python -m benchmarks.hf_best", argv if argv is not None else sys.argv[1:]),
+                           environment=environment_info())
+        ledger.data.setdefault("setups", {})[rung] = dataclasses.asdict(setup)
+        if not torch.cuda.is_available():
+            torch.set_num_threads(ns.threads)
+        from hf_fasttrain.run import prepare_data
+
+        _SHARED.update(setup=setup, data=prepare_data(data_args(setup)))
+        with tempfile.TemporaryDirectory(prefix="hf-best-") as work:
+            _SHARED["work"] = work
+            ctx = multiprocessing.get_context("fork")
+            pool = (concurrent.futures.ProcessPoolExecutor(ns.jobs, mp_context=ctx,
+                                                           initializer=torch.set_num_threads, initargs=(ns.threads,))
+                    if ns.jobs > 1 else None)
+            try:
+                search(ledger, rung, starts, pool, ns.seeds, log=lambda m: print(m, flush=True))
+            finally:
+                if pool:
+                    pool.shutdown(wait=True, cancel_futures=True)
+    summary = summarise(ledger, rung)
+    ledger.data.setdefault("summary", {})[rung] = summary
+    ledger.save()
+    env = ledger.data.get("environment") or {}
+    text = (f"Machine: {env.get('cpu_count', '?')}-core x86_64 CPU (token counts and losses do not depend on load). "
+            f"Command: `{ledger.data.get('command', 'python -m benchmarks.hf_best')}`. Budget {rung}; seed noise "
+            f"thresholds {NOISE}.\n\n" + markdown(summary))
+    (out / f"{ns.name}.md").write_text(text)
+    print(text)
+    return {"summary": summary}
+
+
+if __name__ == "__main__":
+    main()
