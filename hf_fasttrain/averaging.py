@@ -201,6 +201,13 @@ class WeightAverage:
             self.window.append({n: snap[n].to(device=self.device or ref[n].device, dtype=torch.float32)
                                 for n in self.names})
 
+    def finite(self) -> bool:
+        """Whether every averaged value is finite (one host read)."""
+        tensors = list(self.average().values())
+        if not tensors:
+            return True
+        return bool(torch.stack([torch.isfinite(t).all().to(tensors[0].device) for t in tensors]).all())
+
     def nbytes(self) -> int:
         """Memory held by the average (the EMA copy, or the LAWA window)."""
         tensors = list(self.ema.values()) + [t for snap in self.window for t in snap.values()]

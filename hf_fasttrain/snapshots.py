@@ -12,10 +12,12 @@ import copy
 import errno
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from .trainables import ADAPTER_WEIGHT_FILES, saves_adapter_only, trainable_parameters
 
 __all__ = [
     "TrainingSnapshot",
@@ -48,6 +50,9 @@ def _clone_tensors(obj: Any, device: str | torch.device | None = None) -> Any:
 class TrainingSnapshot:
     """An in-memory copy of the training state after optimizer step ``step`` (tensors on CPU).
 
+    ``model`` holds the trainable parameters and the buffers only: frozen parameters (a LoRA model's base)
+    never change, so they are neither copied nor restored.
+
     ``step`` is also the data position: the Trainer had consumed ``step`` optimizer steps of batches.
     A rollback restores model, optimizer, scheduler and learning rates; the data position then moves
     on past the batches that led to the spike (they are skipped, not replayed).
@@ -58,13 +63,17 @@ class TrainingSnapshot:
     optimizer: dict
     scheduler: dict | None
     lrs: list[float]
+    # other parts' state at the same step (e.g. a weight average), by the id of the part that owns it
+    extra: dict = field(default_factory=dict)
 
 
 def take_snapshot(model: torch.nn.Module, optimizer: Any, scheduler: Any, step: int) -> TrainingSnapshot:
-    """Copy model weights and buffers, optimizer state, scheduler state and param-group lrs to CPU."""
+    """Copy the trainable parameters and the buffers, optimizer state, scheduler state and param-group lrs
+    to CPU."""
+    weights = {**trainable_parameters(model), **dict(model.named_buffers())}
     return TrainingSnapshot(
         step=step,
-        model=_clone_tensors(model.state_dict(), "cpu"),
+        model=_clone_tensors(weights, "cpu"),
         optimizer=_clone_tensors(optimizer.state_dict(), "cpu"),
         scheduler=copy.deepcopy(scheduler.state_dict()) if scheduler is not None else None,
         lrs=[g["lr"] for g in optimizer.param_groups],
@@ -81,7 +90,13 @@ def restore_scheduler(scheduler: Any, optimizer: Any, sched_state: dict | None, 
 
 def restore_snapshot(snapshot: TrainingSnapshot, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> None:
     """Copy a snapshot back in place (parameters keep their identity, so the optimizer still owns them)."""
-    model.load_state_dict(snapshot.model)
+    current = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    missing = sorted(set(snapshot.model) - set(current))
+    if missing:
+        raise ValueError(f"the snapshot of step {snapshot.step} does not match the model: it has no {missing[:5]}")
+    with torch.no_grad():
+        for name, saved in snapshot.model.items():
+            current[name].copy_(saved)
     # Optimizer.load_state_dict keeps tensors that are already on the right device: clone so that the
     # next optimizer steps cannot write into the snapshot.
     optimizer.load_state_dict(_clone_tensors(snapshot.optimizer))
@@ -92,8 +107,9 @@ def load_checkpoint_state(checkpoint_dir: str, model: torch.nn.Module, optimizer
     """Load model weights, optimizer and scheduler in place from a Trainer checkpoint directory.
 
     Reads what ``Trainer._save_checkpoint`` writes for one process or DDP: ``model.safetensors``, or a
-    sharded ``model.safetensors.index.json`` (through transformers' ``load_sharded_checkpoint``), then
-    ``optimizer.pt`` and ``scheduler.pt``. Weights tied to a loaded one (GPT-2's ``lm_head`` = ``wte``)
+    sharded ``model.safetensors.index.json`` (through transformers' ``load_sharded_checkpoint``), or for a
+    peft model ``adapter_model.safetensors`` (its trainable tensors: adapters and ``modules_to_save``),
+    then ``optimizer.pt`` and ``scheduler.pt``. Weights tied to a loaded one (GPT-2's ``lm_head`` = ``wte``)
     may be absent from the files; any other mismatch is an error.
     """
     import json
@@ -101,6 +117,10 @@ def load_checkpoint_state(checkpoint_dir: str, model: torch.nn.Module, optimizer
     import safetensors.torch
     from transformers.trainer_utils import load_sharded_checkpoint
 
+    if saves_adapter_only(model):
+        _load_adapter_weights(checkpoint_dir, model)
+        _load_optimizer_scheduler(checkpoint_dir, model, optimizer, scheduler)
+        return
     single = os.path.join(checkpoint_dir, "model.safetensors")
     index = os.path.join(checkpoint_dir, "model.safetensors.index.json")
     if os.path.isfile(single):
@@ -121,6 +141,34 @@ def load_checkpoint_state(checkpoint_dir: str, model: torch.nn.Module, optimizer
     missing = [k for k in missing if current[k].data_ptr() not in loaded]
     if missing or unexpected:
         raise ValueError(f"checkpoint {checkpoint_dir!r} does not match the model: missing {missing}, unexpected {unexpected}")
+    _load_optimizer_scheduler(checkpoint_dir, model, optimizer, scheduler)
+
+
+def _load_adapter_weights(checkpoint_dir: str, model: torch.nn.Module) -> None:
+    """Copy a peft checkpoint's adapter weights into ``model`` in place; every trainable tensor must be there."""
+    import safetensors.torch
+
+    path = next((os.path.join(checkpoint_dir, f) for f in ADAPTER_WEIGHT_FILES
+                 if os.path.isfile(os.path.join(checkpoint_dir, f))), None)
+    if path is None:
+        raise FileNotFoundError(f"no {' or '.join(ADAPTER_WEIGHT_FILES)} in checkpoint {checkpoint_dir!r}")
+    state = (safetensors.torch.load_file(path, device="cpu") if path.endswith(".safetensors")
+             else torch.load(path, map_location="cpu", weights_only=True))
+    from peft.utils import set_peft_model_state_dict
+
+    peft_model = getattr(model, "module", model)
+    adapter = getattr(peft_model, "active_adapter", "default")
+    adapter = adapter[0] if isinstance(adapter, (list, tuple)) else adapter
+    result = set_peft_model_state_dict(peft_model, state, adapter_name=adapter)
+    unexpected = list(getattr(result, "unexpected_keys", []))
+    # a trainable tensor the file did not hold would keep its bad values: refuse rather than half-restore
+    missing = sorted(set(getattr(result, "missing_keys", [])) & set(trainable_parameters(peft_model)))
+    if unexpected or missing:
+        raise ValueError(f"adapter checkpoint {checkpoint_dir!r} does not match the model: unexpected {unexpected[:5]}, "
+                         f"trainable tensors missing {missing[:5]}")
+
+
+def _load_optimizer_scheduler(checkpoint_dir: str, model: torch.nn.Module, optimizer: Any, scheduler: Any) -> None:
     device = next(model.parameters()).device
     optimizer.load_state_dict(torch.load(os.path.join(checkpoint_dir, "optimizer.pt"), map_location=device, weights_only=True))
     sched_file = os.path.join(checkpoint_dir, "scheduler.pt")
@@ -131,8 +179,10 @@ def load_checkpoint_state(checkpoint_dir: str, model: torch.nn.Module, optimizer
 
 
 def params_finite(model: torch.nn.Module) -> bool:
-    """Whether every parameter of ``model`` is finite (one host sync)."""
-    flags = [torch.isfinite(p.detach()).all() for p in model.parameters()]
+    """Whether every trainable parameter of ``model`` is finite (one host sync); frozen ones never change,
+    so a model with none trainable is judged on all of them."""
+    params = list(trainable_parameters(model).values()) or list(model.parameters())
+    flags = [torch.isfinite(p.detach()).all() for p in params]
     return bool(torch.stack([f.to(flags[0].device) for f in flags]).all()) if flags else True
 
 
@@ -176,15 +226,17 @@ def _tensor_bytes(obj: Any, seen: set[int]) -> int:
 
 
 def checkpoint_bytes(model: torch.nn.Module, optimizer: Any = None, model_only: bool = False) -> int:
-    """An estimate of a checkpoint's size: the model's tensors (shared ones once) plus the optimizer's
-    state tensors, with 5% and 1 MiB for headers, scheduler, RNG and trainer state.
+    """An estimate of a checkpoint's size: the model's tensors (shared ones once; for a peft model only its
+    trainable tensors, which are what the Trainer writes) plus the optimizer's state tensors, with 5% and
+    1 MiB for headers, scheduler, RNG and trainer state.
 
     Example:
         >>> m = torch.nn.Linear(256, 256)                   # 65,792 float32 values
         >>> checkpoint_bytes(m) == int(65792 * 4 * 1.05) + 2**20
         True
     """
-    total = _tensor_bytes(model.state_dict(), set())
+    weights = trainable_parameters(model) if saves_adapter_only(model) else model.state_dict()
+    total = _tensor_bytes(weights, set())
     if optimizer is not None and not model_only:
         state = getattr(optimizer, "state", {})
         total += _tensor_bytes(list(state.values()) if isinstance(state, dict) else [], set())

@@ -42,6 +42,7 @@ LAYERS = {
     "throughput": CORE,
     "guard": CORE,
     "snapshots": CORE,
+    "trainables": CORE,
     "averaging": CORE,
     "_validation": CORE,
     "_options": CORE,

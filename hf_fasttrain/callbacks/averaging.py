@@ -6,7 +6,10 @@
 - each checkpoint holds the iterate as the model (so a resume continues the same run) and the average in
   ``weight_average.pt``; a resume loads it, so a resumed run's average equals an uninterrupted one's;
 - at the end of training the average is written into the model: ``trainer.save_model()``, a final
-  ``trainer.evaluate()`` and a push use it.
+  ``trainer.evaluate()`` and a push use it;
+- only the trainable parameters are averaged (a LoRA model's average holds its adapters, not the frozen
+  base), and with a :class:`~hf_fasttrain.callbacks.guard.DivergenceGuardCallback` in the same Trainer the
+  average rolls back with the weights: after a rollback it holds no update the guard undid.
 
 Example:
     ```python
@@ -26,6 +29,8 @@ import torch
 from transformers import TrainerCallback
 
 from ..averaging import WeightAverage, check_averaging_settings, load_average_file, save_average_file
+from ..trainables import trainable_parameters
+from ._rollback import register_participant
 
 __all__ = ["WeightAveragingCallback", "AVERAGE_FILE"]
 
@@ -66,6 +71,7 @@ class WeightAveragingCallback(TrainerCallback):
         self.resume_dir: Optional[str] = None
         self.average: Optional[WeightAverage] = None
         self._backup: Optional[dict[str, torch.Tensor]] = None
+        self._updated_step: Optional[int] = None  # the optimizer step last folded in
         self.finalized = False
 
     @classmethod
@@ -81,7 +87,9 @@ class WeightAveragingCallback(TrainerCallback):
     # -- events --------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.finalized = False
-        self.average = WeightAverage(dict(model.named_parameters()), **self.settings)
+        self._updated_step = state.global_step  # the average at the start already holds this step
+        self.average = self._new_average(model)
+        register_participant(state, self)
         if state.global_step > 0:  # a resume: the average comes from the checkpoint
             ckpt = self.resume_dir or os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             path = os.path.join(ckpt, AVERAGE_FILE)
@@ -93,7 +101,7 @@ class WeightAveragingCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        self.average.update(dict(model.named_parameters()), state.global_step)
+        self._fold_in(model, state.global_step)
         if self.swap_for_eval and control.should_evaluate:  # the Trainer evaluates right after this event
             self.swap_in(model)
         return control
@@ -112,9 +120,54 @@ class WeightAveragingCallback(TrainerCallback):
     def on_train_end(self, args, state, control, model=None, **kwargs):
         self.swap_out(model)
         if self.average is not None and not self.finalized:
-            self.average.copy_to(model)  # the average is the model from here on
+            if self.average.finite():
+                self.average.copy_to(model)  # the average is the model from here on
+            else:  # never ship NaN: keep the iterate (a guard in the same Trainer rolls the average back first)
+                logger.error("the weight average holds non-finite values at the end of training: the model keeps its "
+                             "last weights instead of the average (add divergence_guard to roll both back)")
             self.finalized = True
         return control
+
+    # -- rolling back with the divergence guard (callbacks/_rollback.py) -------------------------
+    def rollback_state(self, model, step: int):
+        """The average after optimizer step ``step``, copied to CPU (folded in first if not yet)."""
+        if self.average is None:
+            return None
+        self._fold_in(model, step)
+        return _cpu_copy(self.average.state_dict())
+
+    def rollback_restore(self, model, saved=None, checkpoint: Optional[str] = None) -> None:
+        """Go back to ``saved`` (from :meth:`rollback_state`), else to the average in ``checkpoint``, else
+        start the average again from the (just restored) weights."""
+        if self.average is None:
+            return
+        path = os.path.join(checkpoint, AVERAGE_FILE) if checkpoint else None
+        if self._backup is not None:  # the average was swapped in for an evaluation: the restored weights are the iterate
+            params = dict(model.named_parameters())
+            self._backup = {n: params[n].detach().clone() for n in self.average.names}
+        fresh = self._new_average(model)
+        if saved is not None:
+            fresh.load_state_dict(saved)
+            how = "the guard's snapshot"
+        elif path and os.path.isfile(path):
+            fresh.load_state_dict(load_average_file(path))
+            how = path
+        else:
+            how = "the restored weights (no saved average)"
+        self.average = fresh
+        self._updated_step = None
+        if self._backup is not None:
+            self.average.copy_to(model)
+        logger.warning("the weight average rolled back with the weights: from %s", how)
+
+    def _new_average(self, model) -> WeightAverage:
+        return WeightAverage(trainable_parameters(model), **self.settings)
+
+    def _fold_in(self, model, step: int) -> None:
+        if self.average is not None and self._updated_step != step:
+            weights = self._backup if self._backup is not None else trainable_parameters(model)
+            self.average.update(weights, step)
+            self._updated_step = step
 
     def finish_from(self, checkpoint: str, model) -> bool:
         """Make ``model`` the average saved in ``checkpoint`` (a finished run whose final save was lost: the
@@ -122,7 +175,7 @@ class WeightAveragingCallback(TrainerCallback):
         path = os.path.join(checkpoint, AVERAGE_FILE)
         if not os.path.isfile(path):
             return False
-        self.average = WeightAverage(dict(model.named_parameters()), **self.settings)
+        self.average = self._new_average(model)
         self.average.load_state_dict(load_average_file(path))
         self.average.copy_to(model)
         self.finalized = True
@@ -146,3 +199,13 @@ class WeightAveragingCallback(TrainerCallback):
             for n, t in self._backup.items():
                 params[n].copy_(t)
         self._backup = None
+
+
+def _cpu_copy(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_cpu_copy(v) for v in obj]
+    return obj

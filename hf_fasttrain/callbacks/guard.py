@@ -49,6 +49,8 @@ from ..snapshots import (
     restore_snapshot,
     take_snapshot,
 )
+from ..trainables import trainable_bytes
+from ._rollback import participants
 from .clipping import GradientClippingCallback
 from .mixin import all_reduce, ensure_unscaled, merge_in_on_log, optimizer_params, unsupported_parallelism, world_size
 
@@ -79,6 +81,8 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
       after its update (plain Trainer without the mixin), or a loss that stays a spike for
       ``rollback_after_spikes`` steps in a row. Model, optimizer, scheduler and lrs come back from the
       last good state; the batches since then are skipped (PaLM, Chowdhery et al. 2022, section 5.1).
+      A :class:`~hf_fasttrain.callbacks.averaging.WeightAveragingCallback` in the same Trainer rolls back
+      with them, so the average saved at the end holds no update the guard undid.
     - **stop** after more than ``max_rollbacks`` rollbacks within ``rollback_window`` steps, or when
       there is nothing to roll back to: the last good state is restored and saved, and
       :class:`DivergenceError` is raised at the end of ``train()`` (``raise_on_divergence=False`` only
@@ -87,9 +91,10 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
     The last good state. ``rollback="memory"`` copies model, optimizer and scheduler state to CPU every
     ``snapshot_every`` healthy steps; a copy becomes the rollback target once the loss of a later step
     was healthy too (the copy holds the update of its own step, which only a later loss can vouch for).
-    ``rollback="checkpoint"`` uses the Trainer's checkpoints the same way (set ``save_steps``).
-    ``"auto"`` picks memory when model + optimizer state (estimated as 3 x parameter bytes) fits in
-    ``max_snapshot_bytes``, else checkpoint.
+    ``rollback="checkpoint"`` uses the Trainer's checkpoints the same way (set ``save_steps``), a peft
+    model's adapter checkpoints included. ``"auto"`` picks memory when the trainable parameters and their
+    optimizer state (estimated as 3 x trainable parameter bytes) fit in ``max_snapshot_bytes``, else
+    checkpoint. A snapshot holds the trainable parameters and the buffers, never a frozen base.
 
     Resume. The guard's memory (recent healthy losses and gradient norms, the ``guard_*`` counters,
     events) is saved in every checkpoint's ``trainer_state.json`` and read back at ``on_train_begin``
@@ -138,6 +143,8 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
 
         # per run, in memory
         self._mode: str | None = None  # the effective rollback mode
+        self._trainer_state = None  # the run's TrainerState: where the rollback participants register
+        self._initial_snapshot_pending = False
         self._pending_loss: torch.Tensor | None = None
         self._pending_grad_norm: torch.Tensor | None = None
         self._candidate: TrainingSnapshot | tuple[int, str] | None = None
@@ -206,8 +213,8 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
             self._memory = GuardMemory()
         mode = self.config.rollback
         if mode == "auto":
-            param_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) if model is not None else 0
-            mode = "memory" if 3 * param_bytes <= self.config.max_snapshot_bytes else "checkpoint"
+            mode = "memory" if 3 * (trainable_bytes(model) if model is not None else 0) <= self.config.max_snapshot_bytes \
+                else "checkpoint"
         self._mode = mode
         self._pending_loss = self._pending_grad_norm = None
         self._candidate = self._good = None
@@ -216,8 +223,15 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
         self._save_on_stop = True
         self._saw_step_loss = False
         self._skipped_since_log = False
-        if mode == "memory" and model is not None and optimizer is not None:
-            self._candidate = take_snapshot(model, optimizer, lr_scheduler, state.global_step)
+        self._trainer_state = state
+        # the first good state is taken before the first step, once every callback's on_train_begin has run
+        # (a weight average registers there and loads its resumed state)
+        self._initial_snapshot_pending = mode == "memory" and model is not None and optimizer is not None
+
+    def on_step_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        if self._initial_snapshot_pending:
+            self._initial_snapshot_pending = False
+            self._candidate = self._snapshot(model, optimizer, lr_scheduler, state.global_step)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
         if optimizer is None:
@@ -265,7 +279,7 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
             and state.global_step % self.config.snapshot_every == 0
             and model is not None
         ):
-            self._candidate = take_snapshot(model, optimizer, lr_scheduler, state.global_step)
+            self._candidate = self._snapshot(model, optimizer, lr_scheduler, state.global_step)
         self._before_save(args, state, control, model, optimizer, lr_scheduler)
 
     def on_epoch_end(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
@@ -345,10 +359,14 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
         if isinstance(good, TrainingSnapshot):
             restore_snapshot(good, model, optimizer, lr_scheduler)
             sched, lrs = good.scheduler, good.lrs
+            for part in participants(self._trainer_state):
+                part.rollback_restore(model, good.extra.get(id(part)))
         else:
             load_checkpoint_state(good[1], model, optimizer, lr_scheduler)
             sched = copy.deepcopy(lr_scheduler.state_dict()) if lr_scheduler is not None else None
             lrs = [g["lr"] for g in optimizer.param_groups]
+            for part in participants(self._trainer_state):
+                part.rollback_restore(model, None, checkpoint=good[1])
         if not after_step:
             for p in optimizer_params(optimizer):
                 p.grad = None
@@ -360,6 +378,12 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
         self._event(step, "rollback", f"{reason}; restored step {good_step}, skipping the batches of steps {good_step + 1}-{step}")
 
     # ---- internals ----
+    def _snapshot(self, model, optimizer, lr_scheduler, step: int) -> TrainingSnapshot:
+        """The training state after ``step``, with the rollback participants' (a weight average) at that step."""
+        snap = take_snapshot(model, optimizer, lr_scheduler, step)
+        snap.extra = {id(p): p.rollback_state(model, step) for p in participants(self._trainer_state)}
+        return snap
+
     def _trainer_clipped(self, args) -> bool:
         """Whether the Trainer clipped the gradients by norm before this callback (without the mixin)."""
         clipped = (getattr(args, "max_grad_norm", 0.0) or 0.0) > 0 and fast_option(args, "clip_mode") == "norm"
