@@ -424,6 +424,20 @@ def _conv1d_type():
     return (Conv1D,)
 
 
+def _wrapped_modules(module: nn.Module) -> list[nn.Module]:
+    """`module`, and for a peft `ModulesToSaveWrapper` also the module it wraps and its trainable copies.
+
+    Detected by duck typing (a `modules_to_save` ModuleDict and an `original_module`), so peft is not
+    imported here: `get_output_embeddings()` of a model with `modules_to_save=["lm_head"]` returns the
+    wrapper, which holds no parameter itself; the head being trained is `modules_to_save["default"]`.
+    """
+    copies = getattr(module, "modules_to_save", None)
+    original = getattr(module, "original_module", None)
+    if isinstance(copies, nn.ModuleDict) and isinstance(original, nn.Module):
+        return [module, original, *copies.values()]
+    return [module]
+
+
 def muon_routing(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> dict[str, str]:
     """Route every trainable parameter of `model` to "muon" or "adamw".
 
@@ -431,6 +445,10 @@ def muon_routing(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> dict[s
     the output embedding (the LM head, tied or not) and whose name matches none of the regexes in
     `adamw_patterns`. "adamw": everything else (embeddings, LM head, biases, norms, other tensors).
     Tied weights appear once, under their first name (as in `model.named_parameters()`).
+
+    With peft, an embedding or head listed in `modules_to_save` is routed by what it wraps: its
+    trainable copy (`...lm_head.modules_to_save.default.weight`) goes to AdamW like the head itself.
+    LoRA's `lora_A` / `lora_B` are `nn.Linear` weights of the hidden layers and go to Muon.
 
     Example:
         >>> import torch
@@ -448,8 +466,8 @@ def muon_routing(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> dict[s
             module = getattr(model, getter)() if hasattr(model, getter) else None
         except NotImplementedError:
             module = None
-        if module is not None:
-            embeddings.update(id(p) for p in module.parameters(recurse=False))
+        for part in _wrapped_modules(module) if module is not None else ():
+            embeddings.update(id(p) for p in part.parameters(recurse=False))
 
     hidden_types = (nn.Linear, *_conv1d_type())
     hidden = {id(m.weight) for m in model.modules() if isinstance(m, hidden_types)}
