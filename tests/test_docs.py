@@ -782,14 +782,22 @@ def test_public_docstring_examples_run(name, obj, tmp_path, monkeypatch):
 PROCESS_WORDS = re.compile(
     r"\bissue[- ]?#?\d+|(?<![\w/#&])#\d{1,4}\b|\bsessions?\b|\bagents?\b|\breshape\b|development box|\blent\b"
     r"|\bthis branch\b|\bother branch(?:es)?\b|\bbranch (?:is|was) merged|\bthis project'?s?\b"
-    r"|\bnot installed here\b|\bmachine here\b|<this repository>|\bno GPU so far\b",
+    r"|\bnot installed here\b|\bmachine here\b|<this repository>|\bno GPU so far\b"
+    # the package's own past: "`fasttrain` until now", "the arm of that time", "an earlier version" (of the
+    # package; a dependency's earlier versions are a fact about that dependency)
+    r"|\buntil now\b|\bof that time\b"
+    r"|\bearlier versions?\b(?! of (?:transformers|torch|pytorch|accelerate|trl|peft|datasets|tokenizers|python)\b)",
     re.I)
+# A command pinned to one commit (`--before dea2a7c`) reads as a record of how the figure was made; a page
+# writes `--before <revision>` and says what that revision is. Flagged in code as well as in prose.
+PINNED = re.compile(r"--before[ =]+[0-9a-f]{7,40}\b")
 ABSOLUTE_PATH = re.compile(r"(?<![\w.~/])/(?:work|root|home|Users)/")
 HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 
 
 def process_problems(text: str, where: str, prose: bool = True) -> list[str]:
-    """Process words, absolute machine paths and (in prose, outside code) commit hashes in `text`.
+    """Process words, absolute machine paths, commands pinned to a commit and (in prose, outside code) commit
+    hashes in `text`.
 
     >>> process_problems("Measured before this session's reshape (commit dea2a7c), issue-18, /work/x.", "x")  # doctest: +NORMALIZE_WHITESPACE
     ["x: 'session' ...", "x: 'reshape' ...", "x: 'issue-18' ...", "x: '/work/' (an absolute path of one machine)",
@@ -799,6 +807,7 @@ def process_problems(text: str, where: str, prose: bool = True) -> list[str]:
     """
     problems = [f"{where}: {m.group(0)!r} ..." for m in PROCESS_WORDS.finditer(text)]
     problems += [f"{where}: {m.group(0)!r} (an absolute path of one machine)" for m in ABSOLUTE_PATH.finditer(text)]
+    problems += [f"{where}: {m.group(0)!r} (a command pinned to a commit)" for m in PINNED.finditer(text)]
     if prose:
         plain = re.sub(r"`[^`\n]*`", "", text)
         problems += [f"{where}: {m.group(0)!r} (a commit hash in prose)" for m in HASH.finditer(plain)]
@@ -815,6 +824,38 @@ def test_the_checks_own_examples():
         for test in doctest.DocTestFinder().find(obj, globs=vars(module)):
             runner.run(test)
     assert runner.summarize(verbose=False).failed == 0
+
+
+# (text, what the check reports in it or None). Prose is checked as prose; a command pinned to a commit is
+# flagged inside code too, a hash in code is not (`git rev-parse <hash>` shows a command, not a record).
+PROCESS_CASES = [
+    ("the recipe's optimizer = `fasttrain` until now", "'until now'"),
+    ("Until now the guard never fired.", "'Until now'"),
+    ("the `fasttrain` arm of that time, before the recipe moved", "'of that time'"),
+    ("The same run against an earlier version of the package found 99 failures", "'earlier version'"),
+    ("Earlier versions wrote the clock into trainer_state.json.", "'Earlier versions'"),
+    ("`python -m benchmarks.startup --before dea2a7c --repeats 3`", "'--before dea2a7c' (a command pinned"),
+    ("run `startup.py --before=3f9c2ab1e0`", "'--before=3f9c2ab1e0' (a command pinned"),
+    ("measured at 3f9c2ab on a 2-core CPU", "'3f9c2ab' (a commit hash in prose)"),
+    ("the committed figure of 0123456789abcdef0123456789abcdef01234567", "(a commit hash in prose)"),
+    # near misses
+    ("trains until the loss reaches 4.716, or until nothing is left", None),
+    ("the clock of that timer restarts at each resume", None),
+    ("earlier versions of transformers lack `processing_class`", None),
+    ("an earlier checkpoint, the earlier rung, a version earlier than 5.0", None),
+    ("`python -m benchmarks.startup --before <revision> --repeats 3`; `--before main`", None),
+    ("`git rev-parse dea2a7c` prints the full hash", None),
+    ("124439808 parameters, 1.89e+05 tokens, a deadbeef pattern, 6.14e5, x86_64, sha256", None),
+]
+
+
+@pytest.mark.parametrize("text, found", PROCESS_CASES, ids=[t[:40] for t, _ in PROCESS_CASES])
+def test_process_check_table(text, found):
+    problems = process_problems(text, "x")
+    if found is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and found in problems[0], problems
 
 
 def test_pages_speak_only_of_the_package():
@@ -882,10 +923,14 @@ def check_site(site: Path) -> list[str]:
         unknown = page.tags - HTML_TAGS
         if unknown:
             problems.append(f"{where}: unknown HTML tags {sorted(unknown)} (a <placeholder> outside code?)")
+        html = path.read_text(encoding="utf-8")
         if not where.startswith("results"):
             problems += process_problems(text, where)
-        problems += [p for p in process_problems(path.read_text(encoding="utf-8"), where, prose=False)
-                     if "absolute path" in p]
+            # code included: a command pinned to a commit in a code block (tags dropped, so a highlighted
+            # `--before <hash>` reads whole)
+            problems += [p for p in process_problems(re.sub(r"<[^>]+>", "", html), where, prose=False)
+                         if "pinned to a commit" in p and p not in problems]
+        problems += [p for p in process_problems(html, where, prose=False) if "absolute path" in p]
     return problems
 
 
@@ -911,13 +956,21 @@ def test_site_check_finds_each_kind_of_problem(tmp_path):
     (tmp_path / "bad.html").write_text(
         "<html><body><pre><code>&gt;&gt;&gt; ok()</code></pre><p>&gt;&gt;&gt; bad()</p>"
         "<blockquote><blockquote><p>from x import y</p></blockquote></blockquote>"
-        "<p>see :func:<code>f</code>, saved as checkpoint-<step>, in /work/main by an agent</p></body></html>",
+        "<p>see :func:<code>f</code>, saved as checkpoint-<step>, in /work/main by an agent</p>"
+        "<p>the arm of that time, `fasttrain` until now, an earlier version, measured at 3f9c2ab</p>"
+        '<pre><code><span class="o">--</span><span>before</span> <span>dea2a7c</span></code></pre>'
+        "</body></html>",
+        encoding="utf-8")
+    (tmp_path / "fine.html").write_text(
+        "<html><body><p>until the loss is reached, an earlier checkpoint</p>"
+        "<pre><code>git rev-parse dea2a7c; startup.py --before &lt;revision&gt;</code></pre></body></html>",
         encoding="utf-8")
     found = "\n".join(check_site(tmp_path))
     for what in (">>> example outside", "blockquote", "raw role", "unknown HTML tags ['step']", "'agent'",
-                 "absolute path"):
+                 "absolute path", "'of that time'", "'until now'", "'earlier version'",
+                 "'3f9c2ab' (a commit hash in prose)", "'--before dea2a7c' (a command pinned to a commit)"):
         assert what in found, what
-    assert "p0.html" not in found
+    assert "p0.html" not in found and "fine.html" not in found
 
 
 def test_results_pages_keep_machine_and_command_lines_and_leave_search():
