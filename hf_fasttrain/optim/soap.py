@@ -22,10 +22,20 @@ As in the paper's reference implementation (github.com/nikhilvyas/SOAP):
   factor per dimension.
 Differences from that implementation: weight decay is applied before the update (as AdamW) rather
 than after; M is kept in the original space and projected each step (the same numbers, one
-projection fewer); no `merge_dims`, `normalize_grads` or optional bias correction.
+projection fewer); no `merge_dims`, `normalize_grads` or optional bias correction; and by default
+the long side of a skinny tensor is not rotated either (`skinny_ratio`, below).
+
+Skinny tensors (`skinny_ratio`, default 16; None turns it off): a dimension of size s is also left
+unrotated, exactly as one over `max_precond_dim`, when s > skinny_ratio x (the product of the other
+dims), i.e. when its s x s factor would hold more than skinny_ratio times the tensor's own numbers.
+A LoRA matrix (r x d_in or d_out x r) then keeps only its r x r factor and costs about AdamW's state;
+with both sides, Llama-2-7B's r=8 LoRA on every linear layer would hold about 44 GiB of fp32 factors
+(GG and Q of every 4096-long side; the 11008-long ones exceed max_precond_dim) against AdamW's 0.15 GiB. Hidden layers of transformers have ratios up to about 8 (MLP 4,
+Llama's 11008 / 4096, grouped-query k/v projections 4 or 8), so 16 leaves them as the paper has them.
 
 Defaults from the paper: lr 3e-3, betas (0.95, 0.95), precondition_frequency 10, weight decay 0.01,
-eps 1e-8, max_precond_dim 10000. State for an m x n matrix: 2mn + 2(m^2 + n^2) numbers.
+eps 1e-8, max_precond_dim 10000. State for an m x n matrix: 2mn + 2(m^2 + n^2) numbers, less 2n^2
+for each side n left unrotated (a 4 x 512 LoRA matrix: 2 * 2048 + 32, AdamW's 2 * 2048).
 """
 
 from __future__ import annotations
@@ -56,14 +66,39 @@ _SHARDED = (
     "ademamix or muon"
 )
 
-__all__ = ["SOAP", "soap_preconditioned_dims"]
+__all__ = ["DEFAULT_SKINNY_RATIO", "SOAP", "soap_preconditioned_dims"]
+
+# A side longer than this times the rest of the tensor gets no factor (see the module docstring).
+DEFAULT_SKINNY_RATIO = 16.0
 
 
-def soap_preconditioned_dims(shape: tuple[int, ...], max_precond_dim: int, precondition_1d: bool) -> list[int]:
-    """The dimensions of a tensor of `shape` that SOAP rotates (gets an L/R factor for)."""
-    if len(shape) == 1 and not precondition_1d:
-        return []
-    return [d for d, size in enumerate(shape) if size <= max_precond_dim]
+def soap_preconditioned_dims(
+    shape: tuple[int, ...],
+    max_precond_dim: int,
+    precondition_1d: bool,
+    skinny_ratio: Optional[float] = DEFAULT_SKINNY_RATIO,
+) -> list[int]:
+    """The dimensions of a tensor of `shape` that SOAP rotates (gets an L/R factor for).
+
+    A dim of size s is skipped when s > `max_precond_dim`, or (2+ dims, `skinny_ratio` not None) when
+    s > skinny_ratio x the product of the other dims. A 1-D tensor is rotated only with `precondition_1d`.
+
+    Example:
+        >>> from hf_fasttrain.optim import soap_preconditioned_dims
+        >>> soap_preconditioned_dims((4, 512), 10000, False)  # LoRA's lora_A: only the 4 x 4 factor
+        [0]
+        >>> soap_preconditioned_dims((4, 512), 10000, False, skinny_ratio=None)
+        [0, 1]
+        >>> soap_preconditioned_dims((768, 3072), 10000, False)  # an MLP matrix keeps both
+        [0, 1]
+    """
+    if len(shape) == 1:
+        return [0] if precondition_1d and shape[0] <= max_precond_dim else []
+    numel = math.prod(shape)
+    return [
+        d for d, size in enumerate(shape)
+        if size <= max_precond_dim and (skinny_ratio is None or size * size <= skinny_ratio * numel)
+    ]
 
 
 def _rotate(x: torch.Tensor, qs: list[Optional[torch.Tensor]], back: bool = False) -> torch.Tensor:
@@ -111,6 +146,10 @@ class SOAP(FP32StateOptimizer):
         precondition_frequency: refresh the eigenbases every this many steps.
         max_precond_dim: dimensions larger than this are not rotated.
         precondition_1d: also rotate 1-D params (off: plain Adam for them, as the paper).
+        skinny_ratio: a dimension longer than this times the product of the others is not rotated
+            either (default 16): a LoRA matrix keeps only its r x r factor, so its state is about
+            AdamW's instead of a d x d factor per side. None: every dimension up to
+            `max_precond_dim` is rotated, as the paper's code does.
 
     State per param: `step`, `exp_avg` (M), `exp_avg_sq` (V, rotated basis) and for each rotated
     dim d `GG_d` (L or R) and `Q_d` (its eigenbasis); fp32 when the param is fp16/bf16.
@@ -138,6 +177,7 @@ class SOAP(FP32StateOptimizer):
         precondition_frequency: int = 10,
         max_precond_dim: int = 10000,
         precondition_1d: bool = False,
+        skinny_ratio: Optional[float] = DEFAULT_SKINNY_RATIO,
     ):
         check_nonnegative("SOAP", "lr", lr)
         betas = check_betas("SOAP", betas, 2)
@@ -148,6 +188,11 @@ class SOAP(FP32StateOptimizer):
         check_positive_int("SOAP", "precondition_frequency", precondition_frequency)
         check_positive_int("SOAP", "max_precond_dim", max_precond_dim)
         check_bool("SOAP", "precondition_1d", precondition_1d)
+        if skinny_ratio is not None and (
+            not isinstance(skinny_ratio, (int, float)) or isinstance(skinny_ratio, bool)
+            or not math.isfinite(skinny_ratio) or skinny_ratio < 1
+        ):
+            raise ValueError(f"SOAP: skinny_ratio must be a finite number >= 1 or None (off), got {skinny_ratio!r}")
         defaults = {
             "lr": lr,
             "betas": betas,
@@ -157,6 +202,7 @@ class SOAP(FP32StateOptimizer):
             "precondition_frequency": precondition_frequency,
             "max_precond_dim": max_precond_dim,
             "precondition_1d": precondition_1d,
+            "skinny_ratio": skinny_ratio,
         }
         super().__init__(params, defaults)
         if any(is_dtensor(p) for g in self.param_groups for p in g["params"]):
@@ -182,7 +228,10 @@ class SOAP(FP32StateOptimizer):
                 if "step" not in state:
                     # First gradient: build L, R and their eigenbases only; no update.
                     zero_state(state, grad, ("exp_avg", "exp_avg_sq"))
-                    for d in soap_preconditioned_dims(tuple(p.shape), group["max_precond_dim"], group["precondition_1d"]):
+                    # A group saved before skinny_ratio existed has no such key: off, as it was then.
+                    dims = soap_preconditioned_dims(tuple(p.shape), group["max_precond_dim"],
+                                                    group["precondition_1d"], group.get("skinny_ratio"))
+                    for d in dims:
                         state[f"GG_{d}"] = _gram(grad, d).mul_(1.0 - shampoo_beta)
                         state[f"Q_{d}"] = _eigenbasis(state[f"GG_{d}"])
                     continue
