@@ -26,6 +26,13 @@ SIZE_ALIASES: dict[str, str] = {"n_layer": "num_hidden_layers", "n_head": "num_a
 SIZE_DEFAULTS: dict[str, int] = {"n_layer": 12, "n_head": 12, "n_embd": 768}  # GPT-2 small
 
 
+# the `peft:` section of a recipe: these ModelArguments fields (lora_r first)
+PEFT_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save", "lora_use_dora",
+               "lora_merge", "lora_load_in_4bit")
+_PEFT_DEFAULTS = {"lora_r": None, "lora_alpha": None, "lora_dropout": 0.0, "lora_target_modules": "all-linear",
+                  "lora_modules_to_save": None, "lora_use_dora": False, "lora_merge": False, "lora_load_in_4bit": False}
+
+
 @dataclass
 class ModelArguments:
     """The ``model:`` section of a recipe: a pretrained checkpoint, or a decoder built from scratch.
@@ -90,6 +97,38 @@ class ModelArguments:
         metadata={"help": "Allow model/tokenizer code from the Hub to run. Only ever set by the user: "
                   "recipes cannot switch it on."},
     )
+    # --- LoRA adapters with peft (recipe section `peft:`; needs `pip install peft`) -------------------
+    lora_r: Optional[int] = field(
+        default=None,
+        metadata={"help": "LoRA rank: train low-rank adapters (peft) on the frozen model_name_or_path instead "
+                  "of every weight; checkpoints and the final output hold the adapter only "
+                  "(PeftModel.from_pretrained loads it). Default: null, full training."},
+    )
+    lora_alpha: Optional[float] = field(
+        default=None, metadata={"help": "LoRA scale numerator (the update is scaled by alpha / r). Default: 2 x lora_r."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA branch's input."})
+    lora_target_modules: str = field(
+        default="all-linear",
+        metadata={"help": "Modules that get adapters: 'all-linear' (every linear layer but the output head; "
+                  "GPT-2's Conv1D included) or comma-separated module names, e.g. 'q_proj,v_proj'."},
+    )
+    lora_modules_to_save: Optional[str] = field(
+        default=None,
+        metadata={"help": "Comma-separated modules trained in full beside the adapters and saved with them "
+                  "(e.g. 'lm_head'). Default: none."},
+    )
+    lora_use_dora: bool = field(
+        default=False, metadata={"help": "DoRA (weight-decomposed LoRA, Liu et al. 2024) instead of plain LoRA."})
+    lora_merge: bool = field(
+        default=False,
+        metadata={"help": "Also write the base with the adapter merged in (a plain from_pretrained model) to "
+                  "output_dir/merged after training."},
+    )
+    lora_load_in_4bit: bool = field(
+        default=False,
+        metadata={"help": "QLoRA: load the base in 4 bits (NF4, bitsandbytes) and train LoRA adapters on it. "
+                  "Needs a CUDA GPU and bitsandbytes."},
+    )
 
     def __post_init__(self):
         # one value per size: either spelling (both only when they agree), else GPT-2 small's
@@ -132,6 +171,35 @@ class ModelArguments:
         if not self.model_name_or_path:
             check_model_type(self.model_type)
             check_model_config(self.model_type, self.model_config)
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        if self.lora_r is None:
+            for name in PEFT_FIELDS[1:]:  # every LoRA option but the rank needs the rank
+                if getattr(self, name) != _PEFT_DEFAULTS[name]:
+                    raise ConfigError(name, getattr(self, name), allowed="set lora_r (the LoRA rank) to train adapters")
+            return
+        _check(isinstance(self.lora_r, int) and not isinstance(self.lora_r, bool) and self.lora_r >= 1, "lora_r",
+               self.lora_r, "must be a positive integer (typical: 8-64) or null")
+        _check(bool(self.model_name_or_path), "lora_r", self.lora_r,
+               "trains adapters on a pretrained base: set model_name_or_path (or lora_r: null to train from scratch)")
+        if self.lora_alpha is None:
+            self.lora_alpha = 2.0 * self.lora_r
+        _check(isinstance(self.lora_alpha, (int, float)) and self.lora_alpha > 0, "lora_alpha", self.lora_alpha,
+               "must be a number > 0")
+        _check(isinstance(self.lora_dropout, (int, float)) and 0.0 <= self.lora_dropout < 1.0, "lora_dropout",
+               self.lora_dropout, "must be in [0, 1)")
+        _check(isinstance(self.lora_target_modules, str) and bool(self.lora_target_modules.strip()),
+               "lora_target_modules", self.lora_target_modules, "'all-linear' or comma-separated module names")
+
+    def lora_modules(self) -> tuple[str | list[str], Optional[list[str]]]:
+        """(target_modules, modules_to_save) as peft's LoraConfig takes them."""
+        def names(text):
+            return [n.strip() for n in text.split(",") if n.strip()]
+
+        target = self.lora_target_modules.strip()
+        return (target if target == "all-linear" else names(target),
+                names(self.lora_modules_to_save) if self.lora_modules_to_save else None)
 
 
 @dataclass

@@ -44,7 +44,15 @@ COMPACT_GROUPS = ("Sequence length", "Random restart", "Weight averaging")
 SECTION_ESSENTIALS = {
     "model": ("model_name_or_path", "model_type", "n_layer", "n_head", "n_embd", "num_key_value_heads"),
     "data": ("dataset", "tokenizer", "vocab_size", "block_size"),
+    "peft": ("lora_r", "lora_alpha", "lora_target_modules"),
 }
+
+
+def _in_section(opt: "Option", key: str) -> bool:
+    """Whether ``opt`` is a key of recipe section ``key``: ``peft:`` holds the LoRA fields of the model."""
+    if key == "peft":
+        return opt.section == "model" and opt.name.startswith("lora_")
+    return opt.section == key and not (key == "model" and opt.name.startswith("lora_"))
 # the techniques a new user reaches for first; other groups follow in the order of args.py
 FIRST_GROUPS = ("Optimizer by name", "LR schedule", "Stability")
 
@@ -323,8 +331,8 @@ def preflight(argv: Sequence[str], extra_flags: Sequence[str] = ("config", "help
     if config and config[-1]:
         recipe = _load_local_recipe(config[-1][0])
         for key, value in (recipe or {}).items():
-            if key in ("model", "data") and isinstance(value, dict):
-                known = [n for n, o in schema.items() if o.section == key]
+            if key in ("model", "data", "peft") and isinstance(value, dict):
+                known = [n for n, o in schema.items() if _in_section(o, key) or (key == "model" and o.section == key)]
                 for k, v in value.items():
                     if k not in known:
                         raise _misplaced_key(str(k), key, known, schema)
@@ -332,7 +340,7 @@ def preflight(argv: Sequence[str], extra_flags: Sequence[str] = ("config", "help
             elif key in schema and schema[key].section is None:
                 values[key] = value
             else:
-                known = [n for n, o in schema.items() if o.section is None] + ["model", "data"]
+                known = [n for n, o in schema.items() if o.section is None] + ["model", "data", "peft"]
                 raise _misplaced_key(str(key), None, known, schema)
     for field, vals in flags:
         if field in schema and vals:
@@ -394,7 +402,7 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
         return None
     values: dict[str, Any] = {}
     for key, value in (recipe or {}).items():
-        if key in ("model", "data") and isinstance(value, dict):
+        if key in ("model", "data", "peft") and isinstance(value, dict):
             values.update(value)
         else:
             values[key] = value
@@ -474,8 +482,9 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
         section("run (every transformers.TrainingArguments option)", trainer)
     else:
         section("run (Trainer options; all of them: --help-all)", [schema[n] for n in TRAINER_ESSENTIALS if n in schema])
-    for name in ("model", "data"):
-        section(name, [o for o in schema.values() if o.section == name], SECTION_ESSENTIALS[name])
+    for name in ("model", "peft", "data"):
+        title = "peft (LoRA adapters on a frozen model_name_or_path; recipe section peft:)" if name == "peft" else name
+        section(title, [o for o in schema.values() if _in_section(o, name)], SECTION_ESSENTIALS[name])
     for title in COMPACT_GROUPS:
         section(title, groups.get(title, []))
     return "\n".join(lines) + "\n"

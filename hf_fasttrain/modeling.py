@@ -20,7 +20,7 @@ from .decoders import (  # noqa: F401  (re-exported: the model-building names in
 if TYPE_CHECKING:
     from ._model_data_args import ModelArguments
 
-__all__ = ["build_model", "decoder_config", "default_intermediate_size", "check_model_type", "check_model_config",
+__all__ = ["build_model", "apply_lora", "check_tokenizer_fits", "merge_lora", "decoder_config", "default_intermediate_size", "check_model_type", "check_model_config",
            "GATED_MLP_FAMILIES", "is_causal_lm"]
 
 
@@ -49,14 +49,28 @@ def build_model(model_args: "ModelArguments", tokenizer, block_size: int):
     from transformers import AutoModelForCausalLM
 
     if model_args.model_name_or_path:
+        extra = {}
+        if model_args.lora_load_in_4bit:  # QLoRA: the frozen base in NF4 (run.train refuses it without CUDA)
+            import torch
+            from transformers import BitsAndBytesConfig
+
+            extra["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=torch.bfloat16)
         model = AutoModelForCausalLM.from_pretrained(
             model_args.model_name_or_path,
             trust_remote_code=model_args.trust_remote_code,
             attn_implementation=model_args.attn_implementation,
+            **extra,
         )
         if model.get_input_embeddings().num_embeddings < len(tokenizer):
+            if model_args.lora_r is not None:  # new rows would stay untrained in a frozen embedding
+                raise ConfigError("tokenizer", len(tokenizer), problem=f"the tokenizer has {len(tokenizer)} tokens, the "
+                                  f"base {model_args.model_name_or_path!r} "
+                                  f"{model.get_input_embeddings().num_embeddings} embeddings",
+                                  allowed="the base's own tokenizer (leave data.tokenizer unset)")
             model.resize_token_embeddings(len(tokenizer))
-        return model
+        return apply_lora(model, model_args)
     n_positions = model_args.n_positions or block_size
     if n_positions < block_size:
         raise ConfigError("n_positions", n_positions, allowed=f"must be >= data block_size={block_size}")
@@ -77,3 +91,56 @@ def build_model(model_args: "ModelArguments", tokenizer, block_size: int):
         pad_token_id=tokenizer.pad_token_id,
     )
     return AutoModelForCausalLM.from_config(config, attn_implementation=model_args.attn_implementation)
+
+
+def check_tokenizer_fits(model_args: "ModelArguments", tokenizer_source: str, trust_remote_code: bool = False) -> None:
+    """A tokenizer named beside a pretrained base must fit the base's vocabulary (a LoRA base cannot learn
+    new embedding rows): checked from the base's config before any data is read."""
+    from transformers import AutoConfig
+
+    from .data.corpus import get_tokenizer
+
+    config = AutoConfig.from_pretrained(model_args.model_name_or_path, trust_remote_code=trust_remote_code)
+    vocab = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", None)
+    tokenizer = get_tokenizer(tokenizer_source, trust_remote_code=trust_remote_code)
+    if isinstance(vocab, int) and len(tokenizer) > vocab and model_args.lora_r is not None:
+        raise ConfigError("tokenizer", tokenizer_source,
+                          problem=f"tokenizer {tokenizer_source!r} has {len(tokenizer)} tokens, the base "
+                          f"{model_args.model_name_or_path!r} {vocab}",
+                          allowed="the base's own tokenizer (leave data.tokenizer unset) or one that fits its vocabulary")
+
+
+def apply_lora(model, model_args: "ModelArguments"):
+    """``model`` with LoRA adapters (peft) when ``model_args.lora_r`` is set, else ``model`` itself.
+
+    The base is frozen; adapters go on ``lora_target_modules`` ('all-linear': every linear layer but the
+    output head, GPT-2's Conv1D included, with peft's ``fan_in_fan_out`` set for it); ``lora_modules_to_save``
+    train in full beside them. A 4-bit base (``lora_load_in_4bit``) is prepared for k-bit training first.
+    """
+    if model_args.lora_r is None:
+        return model
+    import peft
+
+    if model_args.lora_load_in_4bit:
+        model = peft.prepare_model_for_kbit_training(model)
+    target, to_save = model_args.lora_modules()
+    conv1d = _has_conv1d(model)
+    config = peft.LoraConfig(r=model_args.lora_r, lora_alpha=model_args.lora_alpha, lora_dropout=model_args.lora_dropout,
+                             target_modules=target, modules_to_save=to_save, use_dora=model_args.lora_use_dora,
+                             fan_in_fan_out=conv1d, task_type="CAUSAL_LM")
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as e:  # e.g. "Target modules {'q_proj'} not found in the base model"
+        raise ConfigError("lora_target_modules", model_args.lora_target_modules,
+                          problem=str(e).split("\n")[0], allowed="'all-linear' or names of the base's linear modules")
+
+
+def merge_lora(model):
+    """The base with the adapters merged in (peft's ``merge_and_unload``): a plain transformers model."""
+    return model.merge_and_unload()
+
+
+def _has_conv1d(model) -> bool:
+    from transformers.pytorch_utils import Conv1D
+
+    return any(isinstance(m, Conv1D) for m in model.modules())

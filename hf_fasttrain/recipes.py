@@ -4,6 +4,8 @@ Layout of a recipe (see recipes/configs/gpt2_tiny.yaml)::
 
     model:            # ModelArguments fields
       n_layer: 2
+    peft:             # the LoRA fields of ModelArguments (lora_r, lora_alpha, ...), optional
+      lora_r: 8
     data:             # DataArguments fields
       block_size: 128
     learning_rate: 1.0e-3   # FastTrainingArguments fields at the top level
@@ -37,7 +39,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import yaml
 
-from ._model_data_args import SIZE_ALIASES, DataArguments, ModelArguments
+from ._model_data_args import PEFT_FIELDS, SIZE_ALIASES, DataArguments, ModelArguments
 from ._options import check_duplicate_keys, find_recipes
 from ._validation import ConfigError, unknown_name, unknown_recipe_key
 from .args import FastTrainingArguments
@@ -334,6 +336,19 @@ def validate_recipe(recipe: Mapping[str, Any]) -> dict[Optional[str], dict[str, 
     out: dict[Optional[str], dict[str, Any]] = {s: {} for s in SECTIONS}
     top_types = _field_types(SECTIONS[None])
     for key, value in recipe.items():
+        if key == "peft":  # the LoRA fields of the model: section, grouped
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise ValueError(f"recipe section 'peft:' must be a mapping, got {type(value).__name__}")
+            model_types = _field_types(ModelArguments)
+            for k, v in value.items():
+                if k not in PEFT_FIELDS:
+                    if k in model_types:
+                        raise unknown_recipe_key(k, "peft", list(PEFT_FIELDS), home="model")
+                    raise _unknown_key_error("peft", k, list(PEFT_FIELDS))
+                out["model"][k] = _coerce("peft", k, v, model_types[k])
+            continue
         if key in SECTIONS and key is not None:
             if value is None:
                 continue
@@ -346,7 +361,7 @@ def validate_recipe(recipe: Mapping[str, Any]) -> dict[Optional[str], dict[str, 
                 out[key][k] = _coerce(key, k, v, types_[k])
         else:
             if key not in top_types:
-                raise _unknown_key_error(None, key, list(top_types) + ["model", "data"])
+                raise _unknown_key_error(None, key, list(top_types) + ["model", "data", "peft"])
             out[None][key] = _coerce("", key, value, top_types[key])
     return out
 
@@ -489,8 +504,11 @@ def resolved_config(
     """A recipe mapping that reproduces these arguments (secrets dropped); saved with every run."""
     from .runinfo import training_config
 
+    model = dataclasses.asdict(model_args)
+    peft = {k: model.pop(k) for k in PEFT_FIELDS}
     return {
-        "model": dataclasses.asdict(model_args),
+        "model": model,
+        **({"peft": peft} if peft["lora_r"] is not None else {}),
         "data": dataclasses.asdict(data_args),
         **training_config(training_args),
     }

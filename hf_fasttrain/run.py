@@ -17,6 +17,7 @@ from transformers import DataCollatorForLanguageModeling, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ._files import last_complete_checkpoint
+from ._validation import ConfigError
 from .args import DataArguments, FastTrainingArguments, ModelArguments, fast_option
 from .callbacks.averaging import AVERAGE_FILE
 from .callbacks.data_position import STREAM_POSITION_FILE
@@ -96,6 +97,7 @@ def _collator(data_args: DataArguments, tokenizer):
 
 # what makes a run "the same run": a finished output_dir met with other values of these is another run
 RUN_IDENTITY = {
+    "peft": ("lora_r", "lora_alpha", "lora_target_modules", "lora_modules_to_save", "lora_use_dora", "lora_load_in_4bit"),
     "data": ("dataset", "dataset_config", "dataset_split", "dataset_revision", "data_files", "data_dir",
              "text_column", "max_corpus_files", "tokenizer", "vocab_size", "block_size", "data_format",
              "prompt_column", "completion_column", "messages_column", "completion_only_loss"),
@@ -116,9 +118,11 @@ def other_run_in(output_dir: str, model_args: ModelArguments, data_args: DataArg
         return None
     if not isinstance(recorded, dict):
         return None
-    current = {"data": data_args, "model": model_args}
+    current = {"data": data_args, "model": model_args, "peft": model_args}
     for section, keys in RUN_IDENTITY.items():
         before = recorded.get(section)
+        if section == "peft" and before is None and isinstance(recorded.get("model"), dict):
+            before = {"lora_r": None}  # recorded by a full-training run
         if not isinstance(before, dict):
             continue
         for key in keys:
@@ -203,8 +207,11 @@ def finished_checkpoint(training_args: FastTrainingArguments, checkpoint: Option
 def _final_outputs_present(output_dir: str) -> Optional[dict]:
     """metrics.json's final metrics when the run's final model and metrics are both in ``output_dir``."""
     metrics = _read_json(os.path.join(output_dir, "metrics.json"))
+    from .trainables import ADAPTER_WEIGHT_FILES
+
     has_model = any(os.path.exists(os.path.join(output_dir, f))
-                    for f in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
+                    for f in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                              *ADAPTER_WEIGHT_FILES))
     if metrics and metrics.get("final_metrics") and has_model:
         return dict(metrics["final_metrics"])
     return None
@@ -231,13 +238,17 @@ def start_line(name: str, facts: Mapping[str, Any], output_dir: str, data: Optio
     planned = facts.get("optimizer_steps")
     if steps and steps > 0 and planned and planned != steps:  # a token-counted sequence-length warmup
         length = f"the tokens of {length} in {planned:,} optimizer steps (shorter rows first)"
-    return (f"{name}: {_fmt_count(facts['parameters'])} parameters; {tps:,} tokens/step ({rows} rows x "
+    trainable = facts.get("trainable_parameters")
+    params = _fmt_count(facts["parameters"]) + " parameters"
+    if isinstance(trainable, int) and trainable < facts["parameters"]:
+        params += f" ({_fmt_count(trainable)} trainable)"
+    return (f"{name}: {params}; {tps:,} tokens/step ({rows} rows x "
             f"{per_row} tokens{procs}); {length}; {facts['device']}, {facts['precision']}; "
             + (f"{data}; " if data else "") + f"output {output_dir}")
 
 
 def end_summary(summary: Mapping[str, Any], output_dir: str, facts: Optional[Mapping[str, Any]] = None,
-                steps: Optional[int] = None) -> str:
+                steps: Optional[int] = None, adapter: bool = False, merged: Optional[str] = None) -> str:
     """The lines printed when a run ends: eval loss from -> to, perplexity, time, tokens/s, and the paths."""
     first, last = summary.get("initial_eval_loss"), summary.get("final_eval_loss")
     lines = []
@@ -255,7 +266,12 @@ def end_summary(summary: Mapping[str, Any], output_dir: str, facts: Optional[Map
     lines.append(head)
     for label, f in (("metrics", "metrics.json"), ("loss curve", "loss_curve.png")):
         lines.append(f"  {label:<11}{os.path.join(output_dir, f)}")
-    lines.append(f"  {'model':<11}{output_dir}  (from_pretrained-ready: model, config, tokenizer)")
+    if adapter:
+        lines.append(f"  {'adapter':<11}{output_dir}  (PeftModel.from_pretrained(base, it); tokenizer beside it)")
+    else:
+        lines.append(f"  {'model':<11}{output_dir}  (from_pretrained-ready: model, config, tokenizer)")
+    if merged:
+        lines.append(f"  {'merged':<11}{merged}  (the base with the adapter merged in: from_pretrained-ready)")
     return "\n".join(lines)
 
 
@@ -357,6 +373,7 @@ def train(
     gets its final save and evaluation from that checkpoint).
     """
     setup_logging(training_args)
+    data_args = _lora_checks_and_base_tokenizer(model_args, data_args)
     out = training_args.output_dir
     name = os.path.basename(os.path.normpath(out)) or out
     is_main = training_args.process_index == 0
@@ -404,7 +421,7 @@ def train(
         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         callbacks=list(callbacks or []),
         run_config={k: v for k, v in resolved_config(model_args, data_args, training_args).items()
-                    if k in ("model", "data")},
+                    if k in ("model", "peft", "data")},
     )
     if trainer.pop_callback(ProgressCallback) is not None:  # the same bar, logs printed as numbers
         trainer.add_callback(ReadableProgressCallback(bar_after_training=False))
@@ -443,6 +460,44 @@ def train(
             final_loss = metrics.get("eval_loss")
             title = f"{name}: final eval loss {final_loss:.4f}" if isinstance(final_loss, float) else name
             summary = recorder.save(out, final_metrics=metrics, title=title)
-            # the result on stdout, where the step and eval lines are; the run's story stays on stderr
-            print(end_summary(summary, out, facts, steps=trainer.state.global_step), flush=True)
+    merged = None
+    if model_args.lora_r is not None and model_args.lora_merge and trainer.is_world_process_zero():
+        from .modeling import merge_lora
+
+        merged = os.path.join(out, "merged")
+        merged_model = merge_lora(trainer.accelerator.unwrap_model(trainer.model))
+        merged_model.save_pretrained(merged)
+        tokenizer.save_pretrained(merged)
+        logger.info("the base with the adapter merged in: %s", merged)
+    if trainer.is_world_process_zero() and trainer.recorder is not None:
+        # the result on stdout, where the step and eval lines are; the run's story stays on stderr
+        print(end_summary(summary, out, facts, steps=trainer.state.global_step,
+                          adapter=model_args.lora_r is not None, merged=merged), flush=True)
     return metrics
+
+
+def _lora_checks_and_base_tokenizer(model_args: ModelArguments, data_args: DataArguments) -> DataArguments:
+    """What a pretrained base or LoRA needs, checked before any data work; returns the data arguments with
+    the base's own tokenizer when none is named (as transformers' run_clm.py does: a new tokenizer would
+    resize, and so retrain, the base's embeddings)."""
+    import dataclasses
+
+    if model_args.lora_r is not None:
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise ConfigError("lora_r", model_args.lora_r, allowed="LoRA needs peft: pip install peft") from None
+        if model_args.lora_load_in_4bit:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("lora_load_in_4bit", True, problem="QLoRA (a 4-bit base through bitsandbytes) needs "
+                                  "a CUDA GPU and this machine has none",
+                                  allowed="lora_load_in_4bit: false (LoRA on the full-precision base) on CPU")
+    if model_args.model_name_or_path and not data_args.tokenizer:
+        return dataclasses.replace(data_args, tokenizer=model_args.model_name_or_path)
+    if model_args.model_name_or_path and model_args.lora_r is not None and data_args.tokenizer != model_args.model_name_or_path:
+        from .modeling import check_tokenizer_fits
+
+        check_tokenizer_fits(model_args, data_args.tokenizer, model_args.trust_remote_code)
+    return data_args

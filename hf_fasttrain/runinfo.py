@@ -81,6 +81,7 @@ def run_facts(model, args, block_size: Optional[int] = None) -> dict[str, Any]:
     """What a run is, in numbers: parameters, processes (world size), global batch, tokens per step (with
     fixed-length rows of ``block_size`` tokens; None when unknown), max steps, device and precision."""
     n_params = sum(p.numel() for p in model.parameters()) if model is not None else None
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) if model is not None else None
     world = max(int(getattr(args, "world_size", 1) or 1), 1)
     global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * world
     choice = getattr(args, "precision_choice", None)
@@ -93,6 +94,7 @@ def run_facts(model, args, block_size: Optional[int] = None) -> dict[str, Any]:
         device = f"{device} ({torch.cuda.get_device_name(args.device)})"
     return {
         "parameters": n_params,
+        "trainable_parameters": n_trainable,
         "world_size": world,
         "global_batch": global_batch,
         "tokens_per_step": global_batch * block_size if block_size else None,

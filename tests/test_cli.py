@@ -307,7 +307,8 @@ def test_config_record_keeps_only_what_the_run_used(tmp_path):
     from conftest import make_tiny_gpt2
 
     facts = run_facts(make_tiny_gpt2(100), args, block_size=128)
-    assert facts == {"parameters": sum(p.numel() for p in make_tiny_gpt2(100).parameters()), "world_size": 1,
+    n = sum(p.numel() for p in make_tiny_gpt2(100).parameters())
+    assert facts == {"parameters": n, "trainable_parameters": n, "world_size": 1,
                      "global_batch": 8, "tokens_per_step": 1024, "max_steps": 300, "device": "cpu",
                      "precision": "fp32"}
     write_run_record(tmp_path, cfg, run=facts)
