@@ -219,3 +219,53 @@ def test_load_checkpoint_state_restores_an_adapter_checkpoint_in_place(tmp_path)
     assert {n: id(p) for n, p in model.named_parameters()} == ids  # in place: the optimizer still owns them
     for k, v in trainer.optimizer.state.items():
         assert torch.equal(v["exp_avg"], opt_state[k])
+
+
+def test_trl_sft_trainer_with_a_peft_config_recovers_and_saves_a_finite_adapter(tmp_path, tiny_tokenizer):
+    """TRL's SFTTrainer wraps the model in LoRA itself (peft_config=...); the package's callbacks do the rest."""
+    trl = pytest.importorskip("trl")
+    from datasets import Dataset
+
+    g = torch.Generator().manual_seed(0)
+    data = Dataset.from_list([{"input_ids": torch.randint(3, len(tiny_tokenizer), (T,), generator=g).tolist()}
+                              for _ in range(STEPS * BS)])
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tiny_tokenizer), n_positions=T, n_embd=32, n_layer=2, n_head=2))
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], fan_in_fan_out=True, task_type="CAUSAL_LM")
+    averaging = WeightAveragingCallback(mode="ema", decay=DECAY, swap_for_eval=False)
+    guard = DivergenceGuardCallback(snapshot_every=GOOD, rollback="memory")
+    args = trl.SFTConfig(str(tmp_path), max_steps=STEPS, per_device_train_batch_size=BS, learning_rate=1e-2,
+                         logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
+                         max_length=T, gradient_checkpointing=False, seed=0)
+    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tiny_tokenizer,
+                             peft_config=lora, callbacks=[Corrupt(), guard, averaging])
+    trainer.train()
+    assert [e["kind"] for e in guard.events] == ["rollback"]
+    assert set(averaging.average.names) == set(trainable_parameters(trainer.model))
+    assert all(".lora_" in n for n in averaging.average.names)
+    trainer.save_model(str(tmp_path / "final"))
+    saved = safetensors.torch.load_file(str(tmp_path / "final" / "adapter_model.safetensors"))
+    assert saved and all_finite(saved.values())
+
+
+@pytest.mark.parametrize("rollback", ["memory", "checkpoint"])
+def test_fasttrainer_lora_with_muon_guard_and_ema_recovers_and_saves_a_finite_adapter(tmp_path, rollback):
+    from hf_fasttrain import FastTrainer, FastTrainingArguments
+
+    model = tiny_model(True)
+    args = FastTrainingArguments(str(tmp_path), max_steps=STEPS, per_device_train_batch_size=BS, learning_rate=1e-2,
+                                 optimizer="muon", divergence_guard=True, guard_snapshot_every=GOOD,
+                                 guard_rollback=rollback, weight_averaging="ema", ema_decay=DECAY,
+                                 save_strategy="steps", save_steps=GOOD, logging_steps=1, report_to="none",
+                                 use_cpu=True, train_sampling_strategy="sequential", disable_tqdm=True, seed=0,
+                                 auto_resume=False)
+    trainer = FastTrainer(model=model, args=args, train_dataset=rows(), callbacks=[Corrupt()])
+    trainer.recorder.write_files = False
+    trainer.train()
+    guard = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, DivergenceGuardCallback))
+    assert [(e["step"], e["kind"]) for e in guard.events] == [(BAD + 1, "rollback")]
+    assert any(g["use_muon"] for g in trainer.optimizer.param_groups)  # Muon trained the adapters
+    trainer.save_model(str(tmp_path / "final"))
+    saved = safetensors.torch.load_file(str(tmp_path / "final" / "adapter_model.safetensors"))
+    assert saved and all_finite(saved.values())
+    assert (tmp_path / f"checkpoint-{STEPS}" / "weight_average.pt").is_file()
