@@ -381,8 +381,10 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "Optimizer from hf_fasttrain.optim: 'adamw', 'lion', 'ademamix', 'soap' or 'muon' "
                   "(Muon on hidden matrices + AdamW on embeddings, head, biases, norms). Replaces `optim`, which "
                   "must then be left at its default. learning_rate and weight_decay are its lr and weight decay "
-                  "(adam_beta1/2 and adam_epsilon too for 'adamw'); 'ademamix' warms alpha and beta3 up over the "
-                  "whole run. Default: null, the Trainer's `optim`."},
+                  "(adam_beta1/2 and adam_epsilon too for 'adamw'; they reach Muon's AdamW part and SOAP's Adam "
+                  "when set away from the Trainer's defaults 0.9, 0.999, 1e-8, else those keep their own betas "
+                  "(0.9, 0.95) and (0.95, 0.95)); 'ademamix' warms alpha and beta3 up over the whole run. "
+                  "Default: null, the Trainer's `optim`."},
     )
     optimizer_kwargs: dict | str | None = field(
         default=None,

@@ -345,17 +345,46 @@ class OptimizerFactory:
         return f"OptimizerFactory({self.name!r})"
 
 
+# TrainingArguments' defaults of adam_beta1, adam_beta2 and adam_epsilon.
+_TRAINER_ADAM_DEFAULTS = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8}
+
+
+def _adam_kwargs(name: str, args: Any) -> dict[str, Any]:
+    """betas / eps of optimizer `name` from the Trainer's adam_beta1, adam_beta2 and adam_epsilon.
+
+    "adamw": all three, as the Trainer's own AdamW. "muon" (its AdamW part) and "soap" (Adam run in the
+    preconditioner's eigenbasis: its betas and eps are Adam's): each of the three that is set away from
+    the Trainer's default replaces the optimizer's own value, the others keep theirs (Muon's AdamW
+    (0.9, 0.95), Moonlight's; SOAP's (0.95, 0.95), the paper's), since a Trainer default says nothing
+    about what the user wants for these optimizers. Only what differs from the optimizer's own default
+    is returned. SOAP's `shampoo_beta` (the L / R EMA) follows beta2 unless set, as in the paper. Lion's
+    betas are not Adam's (sign of an interpolation) and AdEMAMix keeps its own: both get nothing here.
+    """
+    value = {field: getattr(args, field, default) for field, default in _TRAINER_ADAM_DEFAULTS.items()}
+    if name == "adamw":
+        return {"betas": (value["adam_beta1"], value["adam_beta2"]), "eps": value["adam_epsilon"]}
+    if name not in ("muon", "soap"):
+        return {}
+    own = _defaults(create_muon if name == "muon" else create_soap)
+    away = {field: v != _TRAINER_ADAM_DEFAULTS[field] for field, v in value.items()}
+    betas = tuple(value[f] if away[f] else b for f, b in zip(("adam_beta1", "adam_beta2"), own["betas"]))
+    kwargs: dict[str, Any] = {}
+    if betas != tuple(own["betas"]):
+        kwargs["betas"] = betas
+    if away["adam_epsilon"] and value["adam_epsilon"] != own["eps"]:
+        kwargs["eps"] = value["adam_epsilon"]
+    return kwargs
+
+
 def _kwargs_from_training_args(name: str, args: Any) -> dict[str, Any]:
-    """lr, weight decay (and AdamW's betas/eps, AdEMAMix's warmup length) from a TrainingArguments."""
+    """lr, weight decay (and betas/eps, AdEMAMix's warmup length) from a TrainingArguments."""
     kwargs: dict[str, Any] = {}
     for field, key in (("learning_rate", "lr"), ("weight_decay", "weight_decay")):
         if not hasattr(args, field):
             raise ValueError(f"optimizer_cls_and_kwargs_for({name!r}): args has no {field!r}; pass the Trainer's "
                              f"TrainingArguments (or lr= and weight_decay= explicitly)")
         kwargs[key] = getattr(args, field)
-    if name == "adamw":
-        kwargs["betas"] = (getattr(args, "adam_beta1", 0.9), getattr(args, "adam_beta2", 0.999))
-        kwargs["eps"] = getattr(args, "adam_epsilon", 1e-8)
+    kwargs.update(_adam_kwargs(name, args))
     if name == "ademamix":
         max_steps = getattr(args, "max_steps", -1)
         if isinstance(max_steps, int) and max_steps > 0:
@@ -369,7 +398,9 @@ def optimizer_cls_and_kwargs_for(name: str, args: Any = None, **kwargs) -> tuple
     The Trainer hands a factory only the model and these kwargs, never its `learning_rate` or
     `weight_decay`; so pass `args` (the Trainer's TrainingArguments, TRL configs included): `lr` is
     `args.learning_rate`, `weight_decay` `args.weight_decay`, for "adamw" betas/eps are
-    `adam_beta1/2`/`adam_epsilon`, and for "ademamix" the alpha/beta3 warmup spans the run
+    `adam_beta1/2`/`adam_epsilon`, for "muon" (its AdamW part) and "soap" those of them set away from
+    the Trainer's defaults (0.9, 0.999, 1e-8) replace the optimizer's own (Muon's (0.9, 0.95), SOAP's
+    (0.95, 0.95)), and for "ademamix" the alpha/beta3 warmup spans the run
     (`T_alpha_beta3 = args.max_steps`, the paper's choice). `kwargs` override any of these.
     Without `args`, `lr` and `weight_decay` must be given (and `T_alpha_beta3` for "ademamix", None
     for no warmup): nothing falls back to the optimizer's own defaults silently. A DeepSpeed or FSDP
@@ -468,9 +499,14 @@ def trainer_optimizer_kwargs(args: Any, num_training_steps: Optional[int] = None
     """Keyword arguments of `create_optimizer(args.optimizer, model, **kw)` for a Trainer run.
 
     `lr` is `args.learning_rate` and `weight_decay` is `args.weight_decay`; for "adamw" the Trainer's
-    `adam_beta1`, `adam_beta2` and `adam_epsilon` are its betas and eps; for "ademamix" the
-    alpha/beta3 warmup spans the whole run (`T_alpha_beta3 = num_training_steps`, the paper's
-    choice). `args.optimizer_kwargs` overrides any of these.
+    `adam_beta1`, `adam_beta2` and `adam_epsilon` are its betas and eps; for "muon" (the AdamW part
+    on embeddings, head, biases and norms) and "soap" (Adam in the preconditioner's eigenbasis), each
+    of them set away from the Trainer's default (0.9, 0.999, 1e-8) replaces the optimizer's own value
+    and the others keep theirs: at the Trainer's defaults Muon's AdamW keeps (0.9, 0.95) (Moonlight's)
+    and SOAP (0.95, 0.95) (the paper's), and `adam_beta2=0.99` gives Muon (0.9, 0.99). A value equal to
+    the Trainer's default cannot be told from an unset one; set `optimizer_kwargs={"betas": ...}` for it.
+    For "ademamix" the alpha/beta3 warmup spans the whole run (`T_alpha_beta3 = num_training_steps`,
+    the paper's choice). `args.optimizer_kwargs` overrides any of these.
 
     Example:
         ```python
@@ -479,12 +515,14 @@ def trainer_optimizer_kwargs(args: Any, num_training_steps: Optional[int] = None
         ...                        weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
         >>> trainer_optimizer_kwargs(args, num_training_steps=500)
         {'lr': 0.001, 'weight_decay': 0.1, 'T_alpha_beta3': 500, 'alpha': 8.0}
+        >>> args.optimizer, args.optimizer_kwargs, args.adam_beta2 = "muon", None, 0.99
+        >>> trainer_optimizer_kwargs(args)
+        {'lr': 0.001, 'weight_decay': 0.1, 'betas': (0.9, 0.99)}
         ```
     """
     name = args.optimizer
     kwargs: dict[str, Any] = {"lr": args.learning_rate, "weight_decay": args.weight_decay}
-    if name == "adamw":
-        kwargs.update(betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+    kwargs.update(_adam_kwargs(name, args))
     if name == "ademamix" and num_training_steps is not None and num_training_steps > 0:
         kwargs["T_alpha_beta3"] = int(num_training_steps)
     kwargs.update(parse_optimizer_kwargs(name, args.optimizer_kwargs))
