@@ -309,6 +309,10 @@ def run_one(spec: dict[str, Any], seed: int, setup: Setup, base: Path, tokenizer
     common = common_args(setup, seed, out, steps)
     set_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(base))
+    if spec.get("lora"):  # LoRA adapters on the frozen base (benchmarks/lora_fine_tuning.py)
+        from hf_fasttrain.modeling import apply_lora
+
+        model = apply_lora(model, ModelArguments(model_name_or_path=str(base), **spec["lora"]))
     collator = CompletionCollator(tokenizer.pad_token_id)
     clock = CpuClock()
     if spec["client"] == "trl":
@@ -328,7 +332,18 @@ def run_one(spec: dict[str, Any], seed: int, setup: Setup, base: Path, tokenizer
     trainer.train()
     wall = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
-    return _result(spec, seed, recorder, wall, clock)
+    return {**_result(spec, seed, recorder, wall, clock), **state_sizes(trainer)}
+
+
+def state_sizes(trainer) -> dict[str, int]:
+    """Bytes of the trained parameters, the optimizer's state and the weight average (exact, not sampled)."""
+    from hf_fasttrain.trainables import trainable_bytes
+
+    opt = sum(t.numel() * t.element_size() for s in trainer.optimizer.state.values() for t in s.values()
+              if torch.is_tensor(t))
+    avg = getattr(trainer, "weight_averaging", None)
+    return {"trainable_bytes": trainable_bytes(trainer.model), "optimizer_state_bytes": opt,
+            "average_bytes": avg.average.nbytes() if avg is not None and avg.average is not None else 0}
 
 
 def _result(spec, seed, recorder, wall, clock) -> dict[str, Any]:
