@@ -1,0 +1,88 @@
+"""benchmarks/hf_best.py: the coordinate descent (a pure generator), the arms it builds, and a resumable smoke
+search; benchmarks/lora_fine_tuning.py: a smoke run."""
+
+import json
+
+import pytest
+
+from test_budget_ladder import _load
+
+
+def hb():
+    _load()
+    from benchmarks import hf_best
+
+    return hf_best
+
+
+def drive(search, losses):
+    """Run a coordinate descent against a table of losses (config -> loss); returns (batches, outcome)."""
+    mod = hb()
+    batches, batch = [], next(search)
+    while True:
+        batches.append(batch)
+        try:
+            batch = search.send({mod.config_key(c): losses(c) for c in batch})
+        except StopIteration as stop:
+            return batches, stop.value
+
+
+def test_coordinate_descent_keeps_only_changes_larger_than_the_noise():
+    mod = hb()
+    start = {"a": 1, "b": "x"}
+    knobs = [("a", [0, 2]), ("b", ["y", "z"])]
+    table = {(1, "x"): 3.00, (0, "x"): 2.995, (2, "x"): 2.90, (2, "y"): 2.895, (2, "z"): 2.80,
+             (1, "y"): 2.99, (1, "z"): 2.95}
+    batches, out = drive(mod.coordinate_descent(start, knobs, noise=0.01), lambda c: table[(c["a"], c["b"])])
+    assert batches == [[start], [{"a": 0, "b": "x"}, {"a": 2, "b": "x"}], [{"a": 2, "b": "y"}, {"a": 2, "b": "z"}]]
+    assert out["best"] == {"a": 2, "b": "z"} and out["loss"] == 2.80
+    assert [(d["knob"], d["best_value"], d["accepted"]) for d in out["decisions"]] == [("a", 2, True), ("b", "z", True)]
+    # a gain inside the noise is not taken
+    _, out = drive(mod.coordinate_descent(start, knobs, noise=0.2), lambda c: table[(c["a"], c["b"])])
+    assert out["best"] == start and not any(d["accepted"] for d in out["decisions"])
+
+
+def test_arms_use_the_trainers_own_options_for_hf_best():
+    mod = hb()
+    steps = 4800
+    start = mod.start_config("hf-best", 4e-3, steps)
+    assert start["wd_timescale"] == pytest.approx(4e-3 * 0.1 * steps)
+    arm = mod.arm_for("hf-best", start, steps)
+    assert not arm.fast and arm.args["weight_decay"] == pytest.approx(0.1)
+    assert (arm.args["lr_scheduler_type"], arm.args["lr_scheduler_kwargs"]) == ("cosine_with_min_lr", {"min_lr_rate": 0.1})
+    wsd = mod.arm_for("hf-best", {**start, "schedule": "wsd-1-sqrt", "lr_scale": 2.0}, steps).args
+    assert wsd["lr_scheduler_type"] == "warmup_stable_decay" and wsd["learning_rate"] == pytest.approx(8e-3)
+    assert wsd["lr_scheduler_kwargs"] == {"num_decay_steps": 960, "decay_type": "1-sqrt", "min_lr_ratio": 0.0}
+    assert wsd["weight_decay"] == pytest.approx(0.05)  # the timescale lr x wd x steps is kept
+    sf = mod.arm_for("hf-best", {**start, "optim": "schedule_free_adamw"}, steps).args
+    assert (sf["optim"], sf["lr_scheduler_type"], sf["warmup_steps"]) == ("schedule_free_adamw", "constant", 96)
+    recipe = mod.arm_for("recipe", {**mod.start_config("recipe", 1.6e-2, steps), "ema": False, "beta2": 0.99}, steps)
+    assert recipe.fast and recipe.args["optimizer"] == "muon" and "weight_averaging" not in recipe.args
+    assert recipe.args["optimizer_kwargs"] == {"betas": [0.9, 0.99]}
+    assert recipe.args["seq_len_warmup_min"] == 16
+
+
+@pytest.mark.slow
+def test_smoke_search_is_resumable(tmp_path):
+    mod = hb()
+    first = mod.main(["--quick", "--out", str(tmp_path), "--families", "hf-best"])
+    data = json.loads((tmp_path / "hf_best.json").read_text())
+    n = len(data["runs"])
+    assert n == 1 + sum(len(v) for _, v in mod.KNOBS["hf-best"]) + 1  # start, every value once, the 2nd seed
+    again = mod.main(["--quick", "--out", str(tmp_path), "--families", "hf-best"])  # replays, trains nothing
+    assert len(json.loads((tmp_path / "hf_best.json").read_text())["runs"]) == n
+    assert again["summary"]["hf-best"]["best"] == first["summary"]["hf-best"]["best"]
+    assert "| hf-best | schedule |" in (tmp_path / "hf_best.md").read_text()
+
+
+@pytest.mark.slow
+def test_lora_fine_tuning_smoke_run(tmp_path):
+    _load()
+    from benchmarks import lora_fine_tuning
+
+    record = lora_fine_tuning.main(["--quick", "--seeds", "1", "--out", str(tmp_path), "--cache", str(tmp_path / "c")])
+    arms = record["summary"]["arms"]
+    assert set(arms) == {"lora-adamw", "lora-muon", "lora-muon-b", "full-adamw"}
+    assert arms["lora-adamw"]["tokens_ratio_vs_reference"] == 1.0
+    assert arms["lora-adamw"]["trainable_bytes"] < arms["full-adamw"]["trainable_bytes"] / 4
+    assert (tmp_path / "lora_fine_tuning.md").is_file() and (tmp_path / "lora_fine_tuning.png").is_file()
