@@ -24,17 +24,9 @@ Scale s(A, B) of the update (torch's `adjust_lr_fn`):
   those weights and `create_muon` puts them in groups whose lr (and, inversely, weight decay) is
   multiplied to restore the intended scale. "match_rms_adamw" is symmetric and needs no correction.
 
-Newton-Schulz coefficients (`ns_coefficients`, `ns_steps`): each iteration maps
-X -> a X + b (X X^T) X + c (X X^T)^2 X, i.e. every singular value s -> a s + b s^3 + c s^5.
-- "jordan" (default): the fixed quintic (3.4445, -4.7750, 2.0315) of Jordan et al. 2024 and of
-  `torch.optim.Muon`, 5 steps. It drives singular values into roughly [0.7, 1.2], not to 1.
-- "polar_express" (Amsel, Persson, Musco and Gower 2025, "The Polar Express", arXiv:2505.16932):
-  one minimax-optimal quintic per iteration (5 of them, computed for a safety factor 1.02 and
-  cushion 2, the set modded-nanogpt uses); the input is divided by 1.02 ||X||_F. Iterations beyond
-  the fifth repeat the last triple. On a 64 x 128 Gaussian matrix the singular values end in
-  [0.86, 1.15] (jordan: [0.68, 1.14]); the last quintic peaks at 1.14 by design.
-- an explicit list of (a, b, c) triples, one per iteration (the last repeated for `ns_steps` beyond
-  the list), or one triple used for every iteration.
+Newton-Schulz coefficients (`ns_coefficients`, `ns_steps`): "jordan" (default, torch's quintic),
+"polar_express" or explicit (a, b, c) triples; the iteration and its schedules are in
+`hf_fasttrain.optim.orthogonalize` (re-exported here).
 
 The Muon part is computed here, op for op as `torch.optim.Muon` (bf16 Newton-Schulz, the momentum
 kept as an EMA, lerp with 1 - mu; Jordan et al.'s reference differs only up to eps since the
@@ -68,6 +60,13 @@ from ._common import (
     zero_state,
 )
 from .adamw import build_adamw
+from .orthogonalize import (
+    _NS_EPS,
+    NS_COEFFICIENTS,
+    newton_schulz,
+    newton_schulz_batched,
+    ns_coefficient_schedule,
+)
 
 __all__ = [
     "ADJUST_LR_FNS",
@@ -82,136 +81,6 @@ __all__ = [
 ]
 
 ADJUST_LR_FNS = ("match_rms_adamw", "original")
-
-# Per-iteration (a, b, c) of X -> a X + b (X X^T) X + c (X X^T)^2 X, by name.
-NS_COEFFICIENTS: dict[str, tuple[tuple[float, float, float], ...]] = {
-    # Jordan et al. 2024 (and torch.optim.Muon's default): one quintic, repeated.
-    "jordan": ((3.4445, -4.7750, 2.0315),),
-    # Amsel et al. 2025, safety factor 1.02 (applied in the normalisation), cushion 2, 5 iterations.
-    "polar_express": (
-        (8.156554524902461, -22.48329292557795, 15.878769915207462),
-        (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-        (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-        (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-        (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
-    ),
-}
-# The input is divided by its Frobenius norm times this (an upper bound on the spectral norm).
-_NS_SAFETY = {"polar_express": 1.02}
-_NS_EPS = 1e-7  # torch.optim.Muon's eps: floor of the norm the input is divided by
-
-
-def ns_coefficient_schedule(ns_coefficients: Any = "jordan", ns_steps: int = 5) -> list[tuple[float, float, float]]:
-    """The (a, b, c) used at each of the `ns_steps` Newton-Schulz iterations.
-
-    `ns_coefficients` is a name of `NS_COEFFICIENTS`, one triple, or a list of triples; a list
-    shorter than `ns_steps` has its last triple repeated. Raises ValueError naming the field.
-
-    Example:
-        >>> from hf_fasttrain.optim import ns_coefficient_schedule
-        >>> ns_coefficient_schedule("jordan", 2)
-        [(3.4445, -4.775, 2.0315), (3.4445, -4.775, 2.0315)]
-        >>> len(ns_coefficient_schedule("polar_express", 7))
-        7
-    """
-    check_positive_int("Muon", "ns_steps", ns_steps, maximum=99)
-    allowed = f'one of {sorted(NS_COEFFICIENTS)}, an (a, b, c) triple or a list of triples'
-    if isinstance(ns_coefficients, str):
-        if ns_coefficients not in NS_COEFFICIENTS:
-            raise ValueError(f"Muon: ns_coefficients must be {allowed}, got {ns_coefficients!r}")
-        triples = list(NS_COEFFICIENTS[ns_coefficients])
-    else:
-        def _is_triple(x):
-            return (
-                isinstance(x, (list, tuple)) and len(x) == 3
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in x)
-            )
-
-        if _is_triple(ns_coefficients):
-            triples = [ns_coefficients]
-        elif isinstance(ns_coefficients, (list, tuple)) and ns_coefficients and all(map(_is_triple, ns_coefficients)):
-            triples = list(ns_coefficients)
-        else:
-            raise ValueError(f"Muon: ns_coefficients must be {allowed}, got {ns_coefficients!r}")
-        triples = [tuple(float(v) for v in t) for t in triples]
-    triples = [tuple(t) for t in triples]
-    return [triples[min(i, len(triples) - 1)] for i in range(ns_steps)]
-
-
-def newton_schulz(
-    update: torch.Tensor, ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = _NS_EPS
-) -> torch.Tensor:
-    """Orthogonalise a 2-D `update` (~ U V^T of its SVD U S V^T) in bf16, as `torch.optim.Muon`.
-
-    With "jordan" the arithmetic is torch's op for op (bit-identical); a named schedule with a
-    safety factor (polar_express: 1.02) divides by that factor times the Frobenius norm first.
-    Returns a bf16 tensor of `update`'s shape.
-
-    Example:
-        >>> import torch
-        >>> from hf_fasttrain.optim import newton_schulz
-        >>> x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
-        >>> s = torch.linalg.svdvals(newton_schulz(x, "polar_express").float())
-        >>> bool((s - 1).abs().max() < 0.15)
-        True
-    """
-    if update.ndim != 2:
-        raise ValueError(f"Muon: Newton-Schulz needs a 2-D matrix, got shape {tuple(update.shape)}")
-    schedule = ns_coefficient_schedule(ns_coefficients, ns_steps)
-    safety = _NS_SAFETY.get(ns_coefficients, 1.0) if isinstance(ns_coefficients, str) else 1.0
-    x = update.bfloat16()
-    tall = update.size(0) > update.size(1)
-    if tall:
-        x = x.T
-    norm = x.norm().clamp(min=eps)
-    if safety != 1.0:
-        norm = norm * safety
-    x.div_(norm)
-    for a, b, c in schedule:
-        gram = x @ x.T
-        poly = torch.addmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
-        x = torch.addmm(x, poly, x, beta=a)  # a X + (b A + c A^2) X
-    return x.T if tall else x
-
-
-def newton_schulz_batched(
-    updates: Sequence[torch.Tensor], ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = _NS_EPS
-) -> torch.Tensor:
-    """:func:`newton_schulz` of several 2-D matrices of one shape at once: stacked into ``[N, A, B]`` and
-    iterated with batched matmuls (``baddbmm``), as modded-nanogpt does. Each step then launches 3 kernels
-    for the whole stack instead of 3 per matrix (GPT-2 small: 48 matrices in 4 shapes, so 60 matmul
-    launches per step instead of 720). Returns the ``[N, A, B]`` bf16 results, in order.
-
-    The arithmetic per matrix is :func:`newton_schulz`'s; on CPU the results are bit-identical to it.
-
-    Example:
-        >>> import torch
-        >>> from hf_fasttrain.optim import newton_schulz, newton_schulz_batched
-        >>> g = torch.Generator().manual_seed(0)
-        >>> xs = [torch.randn(64, 32, generator=g) for _ in range(3)]
-        >>> out = newton_schulz_batched(xs)
-        >>> out.shape, all(torch.equal(o, newton_schulz(x)) for o, x in zip(out, xs))
-        (torch.Size([3, 64, 32]), True)
-    """
-    shapes = {tuple(u.shape) for u in updates}
-    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
-        raise ValueError(f"Muon: batched Newton-Schulz needs 2-D matrices of one shape, got shapes {sorted(shapes)}")
-    schedule = ns_coefficient_schedule(ns_coefficients, ns_steps)
-    safety = _NS_SAFETY.get(ns_coefficients, 1.0) if isinstance(ns_coefficients, str) else 1.0
-    x = torch.stack(list(updates)).bfloat16()  # one conversion for the stack (element-wise: the same values)
-    tall = x.size(1) > x.size(2)
-    if tall:
-        x = x.mT
-    norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True).clamp(min=eps)
-    if safety != 1.0:
-        norm = norm * safety
-    x = x / norm
-    for a, b, c in schedule:
-        gram = x @ x.mT
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
-        x = torch.baddbmm(x, poly, x, beta=a)  # a X + (b A + c A^2) X
-    return x.mT if tall else x
-
 
 def _ns_key(update: torch.Tensor, group: dict) -> tuple:
     """Matrices that can share one batched Newton-Schulz: same shape, dtype, device and settings."""
