@@ -242,6 +242,19 @@ def trend(summary: dict[str, Any]) -> dict[str, Any]:
             row = s["optimizers"][opt]
             best[opt].append(math.log2(row.get("best_lr_interpolated") or row["best_lr"]))
     out: dict[str, Any] = {"budgets": len(xs)}
+    cx, cy = [], []
+    for s in summary.values():
+        if s and s.get("corpus", "stdlib") == "stdlib" and "recipe" in s["optimizers"]:
+            c = s["optimizers"]["recipe"].get("complete_run_ratio_vs_adamw", math.nan)
+            if 0 < c < math.inf and not s["optimizers"]["recipe"].get("complete_run_extrapolated_vs_adamw"):
+                cx.append(math.log10(s["tokens_per_param"]))
+                cy.append(math.log10(c))
+    cline = fit_line(cx, cy)
+    if cline:
+        out["complete_log10_ratio_vs_log10_tokens_per_param"] = cline
+        out["complete_ratio_change_per_4x_budget"] = 4 ** cline["slope"]
+        out["complete_ratio_at_chinchilla"] = 10 ** (cline["intercept"] + cline["slope"]
+                                                     * math.log10(CHINCHILLA_TOKENS_PER_PARAM))
     line = fit_line(xs, ys)
     if line:
         out["log10_ratio_vs_log10_tokens_per_param"] = line
@@ -255,39 +268,130 @@ def trend(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def complete_run_budget(finals: dict[int, float], target: float) -> float:
+    """The budget (a multiple) at which a complete run ends at ``target``: ``finals`` maps the multiples of the
+    complete runs to their final losses; linear interpolation of the loss in log budget between the two runs that
+    bracket ``target``, extrapolation from the nearest two outside them (inf with fewer than two runs).
+
+    The optimizer literature's measure of a speed-up (Wen et al. 2025, arXiv:2509.02046), beside the crossing
+    inside one run.
+
+    Example:
+        >>> round(complete_run_budget({1: 3.973, 4: 3.245, 16: 2.808}, 3.746), 3)   # recipe runs vs AdamW at 4x
+        1.542
+    """
+    pts = sorted((math.log(m), loss) for m, loss in finals.items() if math.isfinite(loss))
+    if len(pts) < 2:
+        return math.inf
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if min(y0, y1) <= target <= max(y0, y1) and y0 != y1:
+            return math.exp(x0 + (y0 - target) / (y0 - y1) * (x1 - x0))
+    (x0, y0), (x1, y1) = (pts[:2] if target > pts[0][1] else pts[-2:])
+    if y0 == y1:
+        return math.inf
+    return math.exp(x0 + (y0 - target) / (y0 - y1) * (x1 - x0))
+
+
+def add_complete_run_ratios(summary: dict[str, Any], baseline: str = "adamw") -> None:
+    """Per stdlib budget: the budget a complete recipe run needs to end at ``baseline``'s final loss, over the
+    budget (``complete_run_ratio_vs_<baseline>``), from the recipe's complete runs at every budget."""
+    rows = {s["multiple"]: s for s in summary.values() if s and s.get("corpus", "stdlib") == "stdlib"}
+    finals = {m: s["optimizers"]["recipe"]["final_eval_loss"] for m, s in rows.items() if "recipe" in s["optimizers"]}
+    lo, hi = (min(finals.values()), max(finals.values())) if finals else (math.nan, math.nan)
+    for m, s in rows.items():
+        base = s["optimizers"].get(baseline)
+        if base and "recipe" in s["optimizers"]:
+            target = base["final_eval_loss"]
+            s["optimizers"]["recipe"][f"complete_run_ratio_vs_{baseline}"] = complete_run_budget(finals, target) / m
+            # outside the recipe's complete runs the line is extended: say so wherever the figure is shown
+            s["optimizers"]["recipe"][f"complete_run_extrapolated_vs_{baseline}"] = not (lo <= target <= hi)
+
+
+def versus_hf_best(summary: dict[str, Any], runs: list[dict[str, Any]], hf_best: dict[str, Any]) -> dict[str, Any]:
+    """Per budget where benchmarks/hf_best.py finished its search: the recipe (the ladder's, at its best lr, and
+    the long-horizon winner of the recipe's search) against hf-best's final loss, by both measures."""
+    out = {}
+    finals = {s["multiple"]: s["optimizers"]["recipe"]["final_eval_loss"] for s in summary.values()
+              if s and s.get("corpus", "stdlib") == "stdlib" and "recipe" in s["optimizers"]}
+    for rung, families in (hf_best.get("summary") or {}).items():
+        s = summary.get(rung)
+        if not s or "hf-best" not in families or "recipe" not in s["optimizers"]:
+            continue
+        target = families["hf-best"]["final_eval_loss"]
+        budget = s["tokens"]
+        m = s["optimizers"]["recipe"]
+        ladder = [r for r in runs if r["rung"] == rung and r["optimizer"] == "recipe" and r["lr"] == m["best_lr"]]
+        row = {"target_eval_loss": target, "hf_best": families["hf-best"]["best"],
+               "hf_tuned_eval_loss": s["optimizers"].get("adamw", {}).get("final_eval_loss"),
+               "recipe_token_ratio": statistics.median(crossing(r["curve"], target, "tokens") for r in ladder) / budget,
+               "recipe_complete_run_ratio": complete_run_budget(finals, target) / s["multiple"],
+               "recipe_complete_run_extrapolated": not (min(finals.values()) <= target <= max(finals.values()))}
+        long_run = families.get("recipe")
+        if long_run:
+            mine = [r for r in hf_best.get("runs", {}).values() if r["rung"] == rung and r["family"] == "recipe"
+                    and json.dumps(r["config"], sort_keys=True) == json.dumps(long_run["best"], sort_keys=True)]
+            row["long_horizon_recipe"] = long_run["best"]
+            row["long_horizon_eval_loss"] = long_run["final_eval_loss"]
+            row["long_horizon_token_ratio"] = (statistics.median(crossing(r["curve"], target, "tokens") for r in mine)
+                                               / budget if mine else math.nan)
+        out[rung] = row
+    return out
+
+
+def hf_best_markdown(rows: dict[str, Any]) -> str:
+    if not rows:
+        return ""
+    lines = ["", "Against hf-best (the Trainer's own knobs swept by coordinate descent: benchmarks/hf_best.py):", "",
+             "| budget | recipe's tokens to hf-best's loss, one run | complete run: budget ratio | long-horizon recipe, "
+             "one run | hf-best loss | hf-tuned loss | long-horizon recipe loss |", "|---|---|---|---|---|---|---|"]
+    for rung, r in rows.items():
+        complete = _fmt(r["recipe_complete_run_ratio"]) + (" (extrapolated)" if r["recipe_complete_run_extrapolated"] else "")
+        one = "never reached" if r["recipe_token_ratio"] == math.inf else f"**{_fmt(r['recipe_token_ratio'])}**"
+        lh = r.get("long_horizon_token_ratio")
+        lh_cell = "n/a" if lh is None else "never reached" if lh == math.inf else f"**{_fmt(lh)}**"
+        lines.append(f"| {rung} | {one} | {complete} | {lh_cell} | {_fmt(r['target_eval_loss'], 4)} "
+                     f"| {_fmt(r['hf_tuned_eval_loss'], 4)} | {_fmt(r.get('long_horizon_eval_loss', math.nan), 4)} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(summary: dict[str, Any], tr: dict[str, Any]) -> str:
-    lines = ["| budget | tokens | tokens/param | AdamW best lr | AdamW loss | recipe best lr | recipe loss "
-             "| recipe tokens to AdamW's loss / budget | speed-up | lrs swept (AdamW; recipe) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    """Two tables: the headline (both measures of the speed-up, the final losses, seeds), then the sweeps."""
+    lines = ["| budget | recipe's tokens to AdamW's loss, one run | complete run at AdamW's loss: budget ratio "
+             "| AdamW loss | recipe loss | seeds |", "|---|---|---|---|---|---|"]
+    sweeps = ["| budget | optimizer | best lr | lrs swept: final eval loss (median of seeds; * best) |",
+              "|---|---|---|---|"]
     for name, s in summary.items():
         if not s:
             continue
         a, m = s["optimizers"].get("adamw"), s["optimizers"].get("recipe")
-
-        def lr_cell(row):
-            if not row:
-                return "n/a"
-            interp = row.get("best_lr_interpolated")
-            return f"{row['best_lr']:g}" + (" (edge)" if row["best_at_edge"] else f" (~{interp:.2g})" if interp else "")
-
-        sweeps = "; ".join(", ".join(f"{lr}{'*' if float(lr) == row['best_lr'] else ''}: {v:.3f}"
-                                     for lr, v in row["final_eval_loss_by_lr"].items())
-                           for row in (a, m) if row)
         seeds = min(row["seeds_at_best"] for row in s["optimizers"].values())
         ratio = m.get("token_ratio_vs_adamw", math.nan) if m else math.nan
-        speed = 1 / ratio if ratio and math.isfinite(ratio) and ratio > 0 else math.nan
-        fastest = ""  # another of the recipe's lrs gets there sooner, though it ends higher
+        cell = "never reached" if ratio == math.inf else f"**{_fmt(ratio)}**"
         if m and m.get("fastest_lr") is not None and m["fastest_lr"] != m["best_lr"]:
-            fastest = f" (at {m['fastest_lr']:g}: {_fmt(m['fastest_token_ratio'])})"
-        lines.append(f"| {name} ({seeds} seed{'s' if seeds != 1 else ''}) | {s['tokens'] / 1e6:.2f}M "
-                     f"| {s['tokens_per_param']:.1f} | {lr_cell(a)} | {_fmt(a['final_eval_loss'], 4) if a else 'n/a'} "
-                     f"| {lr_cell(m)} | {_fmt(m['final_eval_loss'], 4) if m else 'n/a'} | {_fmt(ratio)}{fastest} "
-                     f"| {_fmt(speed)}x | {sweeps} |")
-    text = "\n".join(lines) + "\n"
+            cell += f" ({_fmt(m['fastest_token_ratio'])} at lr {m['fastest_lr']:g})"
+        complete = m.get("complete_run_ratio_vs_adamw") if m else None
+        complete_cell = "n/a" if complete is None else "beyond the runs" if complete == math.inf else _fmt(complete)
+        if complete is not None and m.get("complete_run_extrapolated_vs_adamw"):
+            complete_cell += " (extrapolated)"
+        lines.append(f"| {name}, {s['tokens_per_param']:.1f} tokens/param | {cell} | {complete_cell} "
+                     f"| {_fmt(a['final_eval_loss'], 4) if a else 'n/a'} | {_fmt(m['final_eval_loss'], 4) if m else 'n/a'} "
+                     f"| {seeds} |")
+        for label, row in (("AdamW (hf-tuned)", a), ("recipe", m)):
+            if not row:
+                continue
+            interp = row.get("best_lr_interpolated")
+            best = f"{row['best_lr']:g}" + (" (edge)" if row["best_at_edge"] else f" (~{interp:.2g})" if interp else "")
+            swept = ", ".join(f"{lr}{'*' if float(lr) == row['best_lr'] else ''}: {v:.3f}"
+                              for lr, v in row["final_eval_loss_by_lr"].items())
+            sweeps.append(f"| {name} | {label} | {best} | {swept} |")
+    text = "\n".join(lines) + "\n\n" + "\n".join(sweeps) + "\n"
     if "ratio_change_per_4x_budget" in tr:
         text += (f"\nTrend over {tr['budgets']} budgets: the recipe's token ratio changes by a factor "
                  f"{tr['ratio_change_per_4x_budget']:.2f} per 4x budget; extrapolated to {CHINCHILLA_TOKENS_PER_PARAM} "
                  f"tokens per parameter: {tr['ratio_at_chinchilla']:.2f}.\n")
+    if "complete_ratio_change_per_4x_budget" in tr:
+        text += (f"By complete runs: a factor {tr['complete_ratio_change_per_4x_budget']:.2f} per 4x budget; "
+                 f"{tr['complete_ratio_at_chinchilla']:.2f} at {CHINCHILLA_TOKENS_PER_PARAM} tokens per parameter.\n")
     for opt in OPTIMIZERS:
         if f"{opt}_lr_change_per_4x_budget" in tr:
             text += f"{opt} best lr changes by a factor {tr[f'{opt}_lr_change_per_4x_budget']:.2f} per 4x budget.\n"
@@ -353,9 +457,12 @@ def report(ledger: Ledger, rungs: dict[str, tuple[int, str]], setups: dict[str, 
             s.update(multiple=multiple, corpus=corpus, non_embedding_params=n_params,
                      imported=any("imported_from" in r for r in runs if r["rung"] == rung))
         summary[rung] = s
+    add_complete_run_ratios(summary)
     tr = trend(summary)
-    ledger.data["summary"], ledger.data["trend"] = summary, tr
-    table = markdown(summary, tr)
+    hb_path = out / "hf_best.json"
+    best_rows = versus_hf_best(summary, runs, json.loads(hb_path.read_text())) if hb_path.exists() else {}
+    ledger.data["summary"], ledger.data["trend"], ledger.data["versus_hf_best"] = summary, tr, best_rows
+    table = markdown(summary, tr) + hf_best_markdown(best_rows)
     env = ledger.data.get("environment") or environment_info()
     machine = f"{env['cpu_count']}-core x86_64 CPU" if not env.get("cuda_devices") else env["cuda_devices"][0]
     header = (f"Machine: {machine}, shared with other jobs (token counts do not depend on load). "

@@ -106,3 +106,27 @@ def test_smoke_run_is_resumable(tmp_path):
     bl.main(argv)  # a rerun trains nothing new
     again = json.loads((tmp_path / "budget_ladder.json").read_text())
     assert {k: r["final_eval_loss"] for k, r in again["runs"].items()} == before
+
+
+@pytest.mark.parametrize("finals, target, expected", [
+    ({1: 3.973, 4: 3.245, 16: 2.808}, 3.746, 4 ** ((3.973 - 3.746) / (3.973 - 3.245))),  # between 1x and 4x
+    ({1: 3.973, 4: 3.245, 16: 2.808}, 3.093, 4 * 4 ** ((3.245 - 3.093) / (3.245 - 2.808))),  # between 4x and 16x
+    ({1: 3.973, 4: 3.245}, 3.245, 4.0),  # exactly a run's loss
+    ({1: 4.0, 4: 3.0}, 4.5, 4 ** -0.5),  # above every run: the line through the first two, extended
+    ({4: 3.0}, 3.5, math.inf),  # one run: no line
+])
+def test_complete_run_budget_interpolates_in_log_budget(finals, target, expected):
+    bl = _load()
+    assert bl.complete_run_budget(finals, target) == pytest.approx(expected)
+
+
+def test_complete_run_ratios_flag_extrapolation():
+    bl = _load()
+    summary = {f"{m}x": {"multiple": m, "corpus": "stdlib", "optimizers": {
+        "adamw": {"final_eval_loss": a}, "recipe": {"final_eval_loss": r}}}
+        for m, a, r in [(1, 4.701, 3.973), (4, 3.746, 3.245), (16, 3.093, 2.808)]}
+    bl.add_complete_run_ratios(summary)
+    rec = {k: s["optimizers"]["recipe"] for k, s in summary.items()}
+    assert rec["4x"]["complete_run_ratio_vs_adamw"] == pytest.approx(0.385, abs=1e-3)
+    assert rec["16x"]["complete_run_ratio_vs_adamw"] == pytest.approx(0.405, abs=1e-3)
+    assert [rec[k]["complete_run_extrapolated_vs_adamw"] for k in ("1x", "4x", "16x")] == [True, False, False]
