@@ -947,6 +947,12 @@ def test_built_site_is_clean(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     problems = check_site(tmp_path / "site")
     assert not problems, "\n".join(problems)
+    import shutil
+
+    if shutil.which("chromium") or shutil.which("google-chrome"):  # the layout at 1280 x 800, where a browser is
+        out = subprocess.run([sys.executable, str(DOCS / "check_layout.py"), str(tmp_path / "site")],
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
 
 
 def test_site_check_finds_each_kind_of_problem(tmp_path):
@@ -1024,6 +1030,52 @@ def test_docstring_examples_are_fenced():
     assert not problems, "examples outside a ```python fence:\n" + "\n".join(problems)
 
 
+def test_home_page_diff_really_swaps_the_trainer():
+    """The home page's two-line diff: the `-` line and the `+` line both run, and each name the `+` line
+    binds is a subclass of the one the `-` line binds (FastTrainer is a Trainer, FastTrainingArguments are
+    TrainingArguments)."""
+    diffs = [b for b in extract_blocks(DOCS / "index.md") if b.lang == "diff"]
+    assert len(diffs) == 1, "docs/index.md: one ```diff block (Trainer -> FastTrainer) expected"
+    lines = diffs[0].code.splitlines()
+    before = "\n".join(line[2:] for line in lines if line.startswith("- "))
+    after = "\n".join(line[2:] for line in lines if line.startswith("+ "))
+    assert before and after and len(lines) == 2
+    old, new = {}, {}
+    exec(before, old)  # noqa: S102 - the docs' own code
+    exec(after, new)  # noqa: S102
+    names = [n for n in old if not n.startswith("__")]
+    assert names == [n for n in new if not n.startswith("__")], "the + line must bind the names the - line binds"
+    for name in names:
+        assert issubclass(new[name], old[name]) and new[name] is not old[name], name
+
+
+def test_layout_check_reports_scrolling_tables_and_the_first_screen():
+    """docs/check_layout.py's verdict on a page's measurements (Chromium measures; this is the judgement)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("check_layout", DOCS / "check_layout.py")
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    report = {"width": 1280, "height": 800,
+              "tables": [{"heading": "Time to loss", "header": "arm | loss", "scroll_width": 720, "client_width": 720},
+                         {"heading": "Scaling", "header": "rung | params", "scroll_width": 1152, "client_width": 720},
+                         {"heading": "Padding", "header": "batching", "scroll_width": 721, "client_width": 720}],
+              "code": [{"heading": "Recipe", "first_line": "model:", "scroll_width": 777, "client_width": 688}],
+              "first_screen": [{"name": "result sentence", "found": True, "top": 272, "bottom": 349, "inside": True},
+                               {"name": "install line", "found": True, "top": 760, "bottom": 830, "inside": False},
+                               {"name": "diff", "found": False, "top": None, "bottom": None, "inside": False}]}
+    problems, info = layout.problems_of("index.html", report, home=True)
+    assert problems == [
+        "index.html: table under 'Scaling' (rung | params ...) scrolls sideways: 1152 px of content in 720 px",
+        "index.html: the install line is not on the first screen (it spans 760-830 px of 800)",
+        "index.html: no diff on the page",
+    ]
+    assert any("code block under 'Recipe' scrolls" in line for line in info)  # information, not a problem
+    assert any("result sentence is on the first screen" in line for line in info)
+    problems, _ = layout.problems_of("benchmarks/index.html", report, home=False)
+    assert len(problems) == 1  # the first screen is judged on the home page only
+
+
 # ------------------------------------------------------------------------------------------------
 # Figures quoted in prose, checked against benchmarks/results/*.json
 # ------------------------------------------------------------------------------------------------
@@ -1077,6 +1129,20 @@ FIGURES = [
         *(f(r["optimizers"]["muon"]["token_ratio_vs_adamw"] for r in _result("scaling")["summary"].values())
           for f in (min, max)))),
     ("docs/techniques/recipes-and-hub.md", r"hf-fasttrain recipes list\s+# ([\w, ]+)\n", _bundled_recipes),
+]
+
+
+def _budget_ladder_gain_at_16x() -> str:
+    ratio = _result("budget_ladder")["summary"]["16x"]["optimizers"]["recipe"]["token_ratio_vs_adamw"]
+    return f"{1 / ratio:.1f}x"
+
+
+FIGURES += [
+    # the home page's first-screen sentence
+    ("docs/index.md", r"gain in\s+tokens shrinks to (\d\.\dx)", _budget_ladder_gain_at_16x),
+    ("docs/index.md", r"\(([\d.]+M) non-embedding parameters\) on a 2-core",
+     lambda: f"{_result('budget_ladder')['summary']['1x']['non_embedding_params'] / 1e6:.1f}M"),
+    ("README.md", r"the gain\s+shrinks to (\d\.\dx)", _budget_ladder_gain_at_16x),
 ]
 
 
