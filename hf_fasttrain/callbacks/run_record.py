@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
@@ -29,6 +30,8 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..runinfo import atomic_write_text
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["RunRecorderCallback", "plot_loss_curves", "RECORD_FILE", "WALL_CLOCK_LOG_KEYS", "read_run_record",
            "read_saved_seconds", "with_wall_clock", "checkpoint_log_history"]
@@ -56,6 +59,15 @@ def read_saved_seconds(checkpoint_dir: Optional[str]) -> Optional[float]:
     """The training clock a checkpoint's ``run_record.json`` holds, or None."""
     seconds = (read_run_record(checkpoint_dir) or {}).get("train_seconds")
     return float(seconds) if isinstance(seconds, (int, float)) else None
+
+
+def _checkpoint_step(checkpoint_dir: str) -> Optional[int]:
+    """The ``global_step`` of a checkpoint's ``trainer_state.json``, or None."""
+    try:
+        step = json.loads((Path(checkpoint_dir) / "trainer_state.json").read_text(encoding="utf-8")).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
 
 
 def _clock_key(entry: dict) -> tuple:
@@ -93,21 +105,38 @@ class RunRecorderCallback(TrainerCallback):
 
     Every log gains ``train_seconds`` unless it has one (the logs that callbacks and reporting see; not
     ``state.log_history``, which keeps no wall clock, see :data:`WALL_CLOCK_LOG_KEYS`). The clock is
-    resumable in any Trainer: each checkpoint gets a ``run_record.json`` holding it (written atomically
-    by the main process in ``on_save``), and a resumed run continues from the checkpoint's value. The
-    checkpoint resumed from is ``resume_dir`` when set (FastTrainer sets it from ``train(resume_from_checkpoint=...)``),
-    else ``output_dir/checkpoint-<step>``. Older checkpoints, which kept the clock in
-    ``trainer_state.json``'s ``stateful_callbacks``, are read too; without either, the last ``train_seconds``
-    in ``log_history`` is used. Nothing of the recorder goes into ``trainer_state.json``, so the
+    resumable in any Trainer, TRL's included: each checkpoint gets a ``run_record.json`` holding it (written
+    atomically by the main process in ``on_save``), and a resumed run (``on_train_begin`` at a step above 0)
+    continues from the value in the checkpoint it resumed from, with the logs' wall-clock values before it.
+    That checkpoint is the first of these that holds a ``run_record.json``:
+
+    1. ``resume_dir``, when set (FastTrainer sets it from ``train(resume_from_checkpoint=...)``);
+    2. ``args.resume_from_checkpoint``, when it names a checkpoint of the step resumed at;
+    3. ``output_dir/checkpoint-<step>``, where ``train(resume_from_checkpoint=True)`` resumes from.
+
+    A plain Trainer that resumes from a checkpoint outside ``output_dir`` passes it as ``resume_dir``
+    (the callback cannot see the argument of ``train()``); without a record the clock restarts at 0 with a
+    warning that says so. A checkpoint that keeps the clock in ``trainer_state.json``'s
+    ``stateful_callbacks`` is read too. Nothing of the recorder goes into ``trainer_state.json``, so the
     TrainerState of a resumed run equals a straight run's.
 
     Args:
         write_files: write ``metrics.json`` and ``loss_curve.png`` into ``output_dir`` at the end.
+        resume_dir: the checkpoint a resume starts from, when it is not ``output_dir/checkpoint-<step>``.
+
+    Example:
+        ```python
+        >>> from hf_fasttrain.callbacks import RunRecorderCallback
+        >>> recorder = RunRecorderCallback(resume_dir="runs/first/checkpoint-20")
+        >>> # trainer.add_callback(recorder); trainer.train(resume_from_checkpoint="runs/first/checkpoint-20")
+        >>> recorder.resume_dir
+        'runs/first/checkpoint-20'
+        ```
     """
 
-    def __init__(self, write_files: bool = True):
+    def __init__(self, write_files: bool = True, resume_dir: Optional[str] = None):
         self.write_files = write_files
-        self.resume_dir: Optional[str] = None  # the checkpoint a resume starts from, if not output_dir/checkpoint-<step>
+        self.resume_dir = resume_dir  # the checkpoint a resume starts from, if not output_dir/checkpoint-<step>
         self.saved_seconds: Optional[float] = None  # the clock at the checkpoint this run resumed from
         self._t0: Optional[float] = None
         self._offset = 0.0
@@ -129,12 +158,25 @@ class RunRecorderCallback(TrainerCallback):
             self._pause_start = None
 
     # -- checkpointed state ----------------------------------------------------------------------
+    def _resume_candidates(self, args, state) -> list[str]:
+        """The checkpoints a resume at ``state.global_step`` may have started from, in the order they are read."""
+        out = [self.resume_dir] if self.resume_dir else []
+        given = getattr(args, "resume_from_checkpoint", None)  # what a script passes to train(), by convention
+        if isinstance(given, str) and given and _checkpoint_step(given) == state.global_step:
+            out.append(given)
+        out.append(os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"))
+        return list(dict.fromkeys(out))
+
     def _resume_record(self, args, state) -> Optional[dict]:
-        default = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
-        for checkpoint in (self.resume_dir, default):
+        candidates = self._resume_candidates(args, state)
+        for checkpoint in candidates:
             record = read_run_record(checkpoint)
             if record is not None:
                 return record
+        if _legacy_clock(self, state) is None:
+            logger.warning("resumed at step %d without %s in %s: the training clock restarts at 0 (a checkpoint "
+                           "outside output_dir: RunRecorderCallback(resume_dir=<checkpoint>))",
+                           state.global_step, RECORD_FILE, " or ".join(candidates))
         return None
 
     def _clock_at_resume(self, state, record: Optional[dict]) -> float:
@@ -143,22 +185,14 @@ class RunRecorderCallback(TrainerCallback):
         seconds = (record or {}).get("train_seconds")
         if isinstance(seconds, (int, float)):
             return float(seconds)
-        saved = (state.stateful_callbacks or {}).get(type(self).__name__)  # written by earlier versions
-        if isinstance(saved, list):  # several recorders: the Trainer keeps a list; they share one clock
-            saved = saved[0] if saved else None
-        seconds = saved.get("attributes", {}).get("saved_seconds") if isinstance(saved, dict) else None
-        if seconds is not None:
-            return float(seconds)
-        for entry in reversed(state.log_history):  # a checkpoint written without the recorder
-            if "train_seconds" in entry:
-                return float(entry["train_seconds"])
-        return 0.0
+        legacy = _legacy_clock(self, state)
+        return 0.0 if legacy is None else legacy
 
     def on_train_begin(self, args, state, control, **kwargs):
         record = self._resume_record(args, state) if state.global_step else None
         self._offset = self._clock_at_resume(state, record)
         self.saved_seconds = self._offset if state.global_step else None
-        if state.stateful_callbacks is not None:  # an earlier version's entry: the clock now lives in RECORD_FILE
+        if state.stateful_callbacks is not None:  # a recorder entry read above: the clock lives in RECORD_FILE
             state.stateful_callbacks.pop(type(self).__name__, None)
         self.wall_clock = [dict(c) for c in (record or {}).get("wall_clock", []) if isinstance(c, dict)]
         history = [e for e in state.log_history if _is_record(e, state.log_history)]
@@ -243,6 +277,22 @@ class RunRecorderCallback(TrainerCallback):
         atomic_write_text(out / "metrics.json", json.dumps(summary, indent=2, default=_json_default))
         plot_loss_curves(self.records, out / "loss_curve.png", title=title)
         return summary
+
+
+def _legacy_clock(recorder: RunRecorderCallback, state) -> Optional[float]:
+    """The clock of a checkpoint without a run record: the recorder's entry in ``trainer_state.json``'s
+    ``stateful_callbacks``, else the last ``train_seconds`` of ``log_history`` (a checkpoint written without
+    the recorder); None when neither holds one."""
+    saved = (state.stateful_callbacks or {}).get(type(recorder).__name__)
+    if isinstance(saved, list):  # several recorders: the Trainer keeps a list; they share one clock
+        saved = saved[0] if saved else None
+    seconds = saved.get("attributes", {}).get("saved_seconds") if isinstance(saved, dict) else None
+    if seconds is not None:
+        return float(seconds)
+    for entry in reversed(state.log_history):
+        if "train_seconds" in entry:
+            return float(entry["train_seconds"])
+    return None
 
 
 def _is_record(entry: dict[str, Any], others: list[dict[str, Any]]) -> bool:
