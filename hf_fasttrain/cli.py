@@ -385,7 +385,8 @@ def _recipes(argv: Sequence[str]) -> int:
     width = max((len(n) for n in names), default=0)
     for name, path in names.items():
         print(f"{name:<{width}}  {_recipe_description(path)}\n{'':<{width}}  {path}")
-    print("Run one with: accelerate launch recipes/gpt2_small.py --config <name>  (or a path, or hf://<owner>/<repo>)")
+    # the command a wheel installs; recipes/gpt2_small.py is only in a checkout
+    print("Run one with: hf-fasttrain train --config <name>  (or a path, or hf://<owner>/<repo>)")
     return 0
 
 

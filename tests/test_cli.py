@@ -65,6 +65,21 @@ def test_help_refusals_and_recipes_list_import_no_torch():
     assert "gpt2_tiny" in out.stdout and "usage: x [--config RECIPE]" in out.stdout
 
 
+def test_recipes_list_ends_with_a_command_an_installed_wheel_has(capsys):
+    """`recipes list` says how to run a recipe with the console command (a wheel has no recipes/ folder), and
+    that command takes the bundled name: `hf-fasttrain train --config gpt2_tiny --help` shows its values."""
+    from hf_fasttrain.cli import main
+
+    assert main(["recipes", "list"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == "Run one with: hf-fasttrain train --config <name>  (or a path, or hf://<owner>/<repo>)"
+    command = last.removeprefix("Run one with: ").split("  (")[0].split()
+    assert command[0] == "hf-fasttrain" and not any("recipes/" in word for word in command)
+    argv = [("gpt2_tiny" if word == "<name>" else word) for word in command[1:]] + ["--help"]
+    assert main(argv) == 0
+    assert "Values in [brackets] are recipe gpt2_tiny's." in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_refusal_from_the_full_validation_is_one_line_and_exit_2():
     """A refusal that needs the Trainer's own checks (warmup longer than the run): still one line, status 2;

@@ -780,7 +780,7 @@ def test_cli_recipes_list(capsys):
         # the first sentence of the recipe's leading comment (it may run over two comment lines)
         assert line.split(None, 1)[1].startswith(path.read_text().splitlines()[0].lstrip("# "))
         assert out[out.index(line) + 1].strip() == str(path)
-    assert out[-1].startswith("Run one with: accelerate launch recipes/gpt2_small.py --config <name>")
+    assert out[-1].startswith("Run one with: hf-fasttrain train --config <name>")  # a wheel has no recipes/
 
 
 def test_cli_push_recipe_dry_run(run_dir, tmp_path, capsys):
