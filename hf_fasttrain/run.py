@@ -11,9 +11,10 @@ import logging
 import math
 import os
 import sys
-from typing import Any, Mapping, Optional, Sequence
+from functools import partial
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-from transformers import DataCollatorForLanguageModeling, set_seed
+from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ._files import last_complete_checkpoint
@@ -22,10 +23,9 @@ from .args import DataArguments, FastTrainingArguments, ModelArguments, fast_opt
 from .callbacks.averaging import AVERAGE_FILE
 from .callbacks.data_position import STREAM_POSITION_FILE
 from .callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
-from .data.prepare import prepare_lm_data
+from .data.front import prepare_data, run_data
 from .data.sources import DataError
 from .data.from_args import planned_optimizer_steps
-from .data.streaming import check_stream_args, stream_datasets
 from .metrics import make_compute_metrics, preprocess_logits_for_metrics
 from .modeling import build_model
 from .recipes import resolved_config
@@ -67,32 +67,6 @@ def setup_logging(training_args: FastTrainingArguments) -> None:
         handler.setFormatter(logging.Formatter("[hf_fasttrain] %(message)s"))
         pkg.addHandler(handler)
         pkg.propagate = False
-
-
-def prepare_data(data_args: DataArguments, model_args: Optional[ModelArguments] = None, seed: int = 0):
-    """(tokenizer, DatasetDict of fixed-length ``input_ids`` rows with train/validation).
-
-    :func:`hf_fasttrain.data.prepare.prepare_lm_data` does the work (any source, pre-tokenized folders,
-    the one-line data errors); this keeps the pair that benchmarks use. Fine-tuning (``data_format`` other
-    than ``'text'``): one ``input_ids``/``labels`` example per row instead
-    (:func:`hf_fasttrain.data.sft_sources.prepare_sft_data`).
-    """
-    if data_args.data_format != "text":  # fine-tuning rows
-        from .data.sft_sources import prepare_sft_data
-
-        return prepare_sft_data(data_args, model_args, seed=seed)
-    prepared = prepare_lm_data(data_args, trust_remote_code=bool(model_args and model_args.trust_remote_code),
-                               seed=seed)
-    return prepared.tokenizer, prepared.lm
-
-
-def _collator(data_args: DataArguments, tokenizer):
-    """Pretraining rows: the LM collator; fine-tuning examples: right padding that keeps their labels."""
-    if data_args.data_format != "text":
-        from .data.sft_sources import sft_collator
-
-        return sft_collator(tokenizer)
-    return DataCollatorForLanguageModeling(tokenizer, mlm=False)
 
 
 # what makes a run "the same run": a finished output_dir met with other values of these is another run
@@ -173,16 +147,20 @@ def finished_checkpoint(training_args: FastTrainingArguments, checkpoint: Option
     (a token budget) and wrote its final ``metrics.json`` after that checkpoint, with the same
     ``max_steps`` in its ``config.yaml``. Resuming such a checkpoint would make the Trainer take one more step.
     """
+    return _finished_step(training_args, checkpoint, partial(planned_optimizer_steps, training_args, row_length))
+
+
+def _finished_step(training_args: FastTrainingArguments, checkpoint: Optional[str],
+                   planned_steps: Callable[[], Optional[int]]) -> Optional[int]:
+    """:func:`finished_checkpoint` with the run's planned optimizer steps asked of ``planned_steps()`` (only
+    when a checkpoint of a ``max_steps`` run is there to compare: see ``RunData.planned_steps``)."""
     if not checkpoint:
         return None
     state = _read_json(os.path.join(checkpoint, "trainer_state.json"))
     if not state or not isinstance(state.get("global_step"), int):
         return None
     step = state["global_step"]
-    if training_args.max_steps > 0:
-        target = planned_optimizer_steps(training_args, row_length)
-    else:
-        target = state.get("max_steps")
+    target = planned_steps() if training_args.max_steps > 0 else state.get("max_steps")
     if getattr(training_args, "restart_stop_at_step", None):  # a random-restart trial: the search decides
         return None
     if isinstance(target, int) and target > 0 and step >= target:
@@ -373,15 +351,15 @@ def train(
     gets its final save and evaluation from that checkpoint).
     """
     setup_logging(training_args)
-    data_args = _lora_checks_and_base_tokenizer(model_args, data_args)
+    _lora_checks(model_args, data_args)
     out = training_args.output_dir
     name = os.path.basename(os.path.normpath(out)) or out
     is_main = training_args.process_index == 0
-    check_stream_args(data_args, training_args)
-    checkpoint = find_resume_checkpoint(training_args, data_args)
-    done_at = finished_checkpoint(training_args, checkpoint, data_args.block_size)
+    data = run_data(data_args, model_args, training_args)  # what the data cannot do is refused here; nothing read yet
+    checkpoint = find_resume_checkpoint(training_args, data.args)
+    done_at = _finished_step(training_args, checkpoint, data.planned_steps)
     if done_at is not None or (checkpoint and not training_args.resume_from_checkpoint):
-        differs = other_run_in(out, model_args, data_args)
+        differs = other_run_in(out, model_args, data.args)
         if differs is not None:  # the folder holds another run: refuse to resume or report it as this one
             state = "a finished run" if done_at is not None else "a run"
             raise DataError("output_dir", out, problem=f"{out!r} holds {state} with {differs} (its config.yaml)",
@@ -394,33 +372,21 @@ def train(
                             "(outputs left as they are). To train longer, raise --max_steps; to start over, use a "
                             "new --output_dir.", name, checkpoint, done_at, training_args.max_steps)
             return final
-    with training_args.main_process_first(desc="dataset and tokenizer"):
-        if data_args.streaming:  # rows tokenized and packed as training reads them; a held-out eval set
-            tokenizer, train_set, eval_set = stream_datasets(data_args, training_args, model_args)
-            data_line = f"data {data_args.dataset}: streamed, {len(eval_set):,} held-out validation rows"
-        elif data_args.data_format != "text":  # fine-tuning: one prompt/completion example per row
-            tokenizer, lm = prepare_data(data_args, model_args, seed=0)
-            train_set, eval_set = lm["train"], lm["validation"]
-            data_line = (f"data {data_args.dataset}: {data_args.data_format}, {len(train_set):,} train examples, "
-                         f"{len(eval_set):,} validation examples")
-        else:  # the held-out split must not move with the training seed (random restart compares seeds on it)
-            prepared = prepare_lm_data(data_args, trust_remote_code=model_args.trust_remote_code, seed=0)
-            tokenizer, train_set, eval_set = prepared.tokenizer, prepared.lm["train"], prepared.lm["validation"]
-            data_line = prepared.summary()
+    data.load()  # tokenizer, train set or stream, eval set, collator, summary
     set_seed(training_args.seed)  # the model's initialisation depends on the seed alone
-    model = build_model(model_args, tokenizer, data_args.block_size)
+    model = build_model(model_args, data.tokenizer, data.args.block_size)
     _quiet_known_warnings(model)
     trainer = trainer_cls(
         model=model,
         args=training_args,
-        train_dataset=train_set,
-        eval_dataset=eval_set,
-        data_collator=_collator(data_args, tokenizer),
-        processing_class=tokenizer,
+        train_dataset=data.train_set,
+        eval_dataset=data.eval_set,
+        data_collator=data.collator,
+        processing_class=data.tokenizer,
         compute_metrics=make_compute_metrics(),
         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         callbacks=list(callbacks or []),
-        run_config={k: v for k, v in resolved_config(model_args, data_args, training_args).items()
+        run_config={k: v for k, v in resolved_config(model_args, data.args, training_args).items()
                     if k in ("model", "peft", "data")},
     )
     if trainer.pop_callback(ProgressCallback) is not None:  # the same bar, logs printed as numbers
@@ -431,10 +397,10 @@ def train(
         hf_logging.disable_progress_bar()
     if trainer.pop_callback(PrinterCallback) is not None:  # disable_tqdm: the same lines, no bar
         trainer.add_callback(ReadablePrinterCallback())
-    facts = run_facts(model, training_args, data_args.block_size)
-    facts["optimizer_steps"] = planned_optimizer_steps(training_args, data_args.block_size)
+    facts = run_facts(model, training_args, data.args.block_size)
+    facts["optimizer_steps"] = data.planned_steps()
     if is_main:
-        logger.info(start_line(name, facts, out, data=data_line))
+        logger.info(start_line(name, facts, out, data=data.summary))
     if done_at is not None:  # complete, but killed before its final save: finish from the checkpoint
         if is_main:
             logger.info("%s reached max_steps at %s; writing the final model and evaluation without training",
@@ -467,7 +433,7 @@ def train(
         merged = os.path.join(out, "merged")
         merged_model = merge_lora(trainer.accelerator.unwrap_model(trainer.model))
         merged_model.save_pretrained(merged)
-        tokenizer.save_pretrained(merged)
+        data.tokenizer.save_pretrained(merged)
         logger.info("the base with the adapter merged in: %s", merged)
     if trainer.is_world_process_zero() and trainer.recorder is not None:
         # the result on stdout, where the step and eval lines are; the run's story stays on stderr
@@ -476,12 +442,10 @@ def train(
     return metrics
 
 
-def _lora_checks_and_base_tokenizer(model_args: ModelArguments, data_args: DataArguments) -> DataArguments:
-    """What a pretrained base or LoRA needs, checked before any data work; returns the data arguments with
-    the base's own tokenizer when none is named (as transformers' run_clm.py does: a new tokenizer would
-    resize, and so retrain, the base's embeddings)."""
-    import dataclasses
-
+def _lora_checks(model_args: ModelArguments, data_args: DataArguments) -> None:
+    """What LoRA needs, checked before any data work: peft, a CUDA GPU for a 4-bit base, and a tokenizer named
+    beside a pretrained base that fits its vocabulary (with none named, :func:`~hf_fasttrain.data.front.run_data`
+    gives the run the base's own)."""
     if model_args.lora_r is not None:
         try:
             import peft  # noqa: F401
@@ -494,10 +458,8 @@ def _lora_checks_and_base_tokenizer(model_args: ModelArguments, data_args: DataA
                 raise ConfigError("lora_load_in_4bit", True, problem="QLoRA (a 4-bit base through bitsandbytes) needs "
                                   "a CUDA GPU and this machine has none",
                                   allowed="lora_load_in_4bit: false (LoRA on the full-precision base) on CPU")
-    if model_args.model_name_or_path and not data_args.tokenizer:
-        return dataclasses.replace(data_args, tokenizer=model_args.model_name_or_path)
-    if model_args.model_name_or_path and model_args.lora_r is not None and data_args.tokenizer != model_args.model_name_or_path:
+    base = model_args.model_name_or_path
+    if base and model_args.lora_r is not None and data_args.tokenizer and data_args.tokenizer != base:
         from .modeling import check_tokenizer_fits
 
         check_tokenizer_fits(model_args, data_args.tokenizer, model_args.trust_remote_code)
-    return data_args

@@ -1,6 +1,6 @@
 """From the ``data:`` options to training rows: load, check, drop empty documents, tokenize, pack.
 
-:func:`prepare_lm_data` is what a recipe run uses (through :func:`hf_fasttrain.run.prepare_data`), and
+:func:`prepare_lm_data` is what a recipe run uses (through :class:`hf_fasttrain.data.front.RunData`), and
 :func:`pretokenize` is ``hf-fasttrain tokenize``: the same loading and checks, the rows written once as
 parquet shards (:mod:`hf_fasttrain.data.pretokenized`). Both take any object with the fields of
 ``DataArguments``. Everything the user's data can get wrong is a one-line

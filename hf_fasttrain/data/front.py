@@ -1,0 +1,117 @@
+"""The run's one door to its data, whatever the kind: a stream, fine-tuning examples, pre-tokenized or text rows.
+
+:func:`run_data` takes the run's data, model and training arguments and returns a :class:`RunData`. It works in
+two steps so that a run refuses what it cannot do, and a finished run stops, before any data is read:
+
+1. ``run_data(...)``: a pretrained base's own tokenizer is named when none is, and what a stream cannot do is
+   refused (:func:`~hf_fasttrain.data.streaming.check_stream_args`); nothing is read. The resume checks of
+   :func:`hf_fasttrain.run.train` use this much: the data arguments and the run's planned optimizer steps.
+2. ``RunData.load()``: the tokenizer, the train set (or stream), the eval set, the collator and the one-line
+   summary of what was loaded, the main process first (the others then find its caches).
+
+:func:`prepare_data` is the (tokenizer, DatasetDict) pair that benchmarks build their own Trainers on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from transformers import DataCollatorForLanguageModeling
+
+from .from_args import planned_optimizer_steps
+from .prepare import prepare_lm_data
+from .sft_sources import prepare_sft_data, sft_collator
+from .streaming import check_stream_args, stream_datasets
+
+__all__ = ["RunData", "run_data", "prepare_data"]
+
+
+@dataclass
+class RunData:
+    """What a training run takes from its data. Made by :func:`run_data`; :meth:`load` reads the data.
+
+    ``args``, set by :func:`run_data` (nothing read yet), are the data arguments as the run uses them (a
+    pretrained base's own tokenizer when none is named); they identify the run and are recorded in its
+    ``config.yaml``. :meth:`planned_steps` is what they and the training arguments say of the run's length.
+
+    Fields set by :meth:`load`: ``tokenizer``; ``train_set`` (a ``datasets.Dataset`` of rows or examples, or a
+    :class:`~hf_fasttrain.data.streaming.TokenStream`); ``eval_set``; ``collator``; ``summary``, the line the
+    run's start line carries (``data c.parquet: 1,998 documents (2 empty dropped) -> 3,220 train rows, ...``).
+    """
+
+    args: Any
+    tokenizer: Any = None
+    train_set: Any = None
+    eval_set: Any = None
+    collator: Any = None
+    summary: str = ""
+    # what load() reads with: trust_remote_code (model), seeds, rank and world size, main_process_first (training)
+    _model_args: Any = field(default=None, repr=False)
+    _training_args: Any = field(default=None, repr=False)
+
+    def planned_steps(self) -> Optional[int]:
+        """The optimizer steps the run takes, known before it starts; None when it is not
+        (:func:`~hf_fasttrain.data.from_args.planned_optimizer_steps` over rows of ``block_size`` tokens).
+
+        Asked when needed, not computed up front: a sequence-length warmup that does not fit the rows is
+        refused where the run builds its warmup, with the field's name."""
+        return planned_optimizer_steps(self._training_args, self.args.block_size)
+
+    def load(self) -> "RunData":
+        """Read the data (the main process first) and fill in the tokenizer, the sets, the collator and the summary."""
+        args, model_args, training_args = self.args, self._model_args, self._training_args
+        with training_args.main_process_first(desc="dataset and tokenizer"):
+            if args.streaming:  # rows tokenized and packed as training reads them; a held-out eval set
+                self.tokenizer, self.train_set, self.eval_set = stream_datasets(args, training_args, model_args)
+                self.summary = f"data {args.dataset}: streamed, {len(self.eval_set):,} held-out validation rows"
+            elif args.data_format != "text":  # fine-tuning: one prompt/completion example per row
+                self.tokenizer, lm = prepare_sft_data(args, model_args, seed=0)
+                self.train_set, self.eval_set = lm["train"], lm["validation"]
+                self.summary = (f"data {args.dataset}: {args.data_format}, {len(self.train_set):,} train examples, "
+                                f"{len(self.eval_set):,} validation examples")
+            else:  # the held-out split must not move with the training seed (random restart compares seeds on it)
+                prepared = prepare_lm_data(args, trust_remote_code=model_args.trust_remote_code, seed=0)
+                self.tokenizer, self.train_set, self.eval_set = (prepared.tokenizer, prepared.lm["train"],
+                                                                 prepared.lm["validation"])
+                self.summary = prepared.summary()
+        self.collator = _collator(args, self.tokenizer)
+        return self
+
+
+def run_data(data_args, model_args, training_args) -> RunData:
+    """The :class:`RunData` of a run with these arguments: refusals made, nothing read yet (see :meth:`RunData.load`).
+
+    ``data_args`` is any object with the fields of ``DataArguments`` (a dataclass, as the base's tokenizer is
+    filled in with ``dataclasses.replace``); ``model_args`` and ``training_args`` those of ``ModelArguments`` and
+    ``FastTrainingArguments``.
+    """
+    if model_args.model_name_or_path and not data_args.tokenizer:
+        # the base's own tokenizer, as transformers' run_clm.py does: a new one would resize, and so retrain,
+        # the base's embeddings
+        data_args = dataclasses.replace(data_args, tokenizer=model_args.model_name_or_path)
+    check_stream_args(data_args, training_args)
+    return RunData(args=data_args, _model_args=model_args, _training_args=training_args)
+
+
+def prepare_data(data_args, model_args=None, seed: int = 0):
+    """(tokenizer, DatasetDict of fixed-length ``input_ids`` rows with train/validation).
+
+    :func:`hf_fasttrain.data.prepare.prepare_lm_data` does the work (any source, pre-tokenized folders,
+    the one-line data errors); this keeps the pair that benchmarks use. Fine-tuning (``data_format`` other
+    than ``'text'``): one ``input_ids``/``labels`` example per row instead
+    (:func:`hf_fasttrain.data.sft_sources.prepare_sft_data`).
+    """
+    if data_args.data_format != "text":  # fine-tuning rows
+        return prepare_sft_data(data_args, model_args, seed=seed)
+    prepared = prepare_lm_data(data_args, trust_remote_code=bool(model_args and model_args.trust_remote_code),
+                               seed=seed)
+    return prepared.tokenizer, prepared.lm
+
+
+def _collator(data_args, tokenizer):
+    """Pretraining rows: the LM collator; fine-tuning examples: right padding that keeps their labels."""
+    if data_args.data_format != "text":
+        return sft_collator(tokenizer)
+    return DataCollatorForLanguageModeling(tokenizer, mlm=False)
