@@ -206,9 +206,10 @@ class TokenProgress:
         self._pending: list = []
 
     def add(self, n) -> None:
-        """Count `n` more tokens trained on: an int, or an object whose ``value()`` gives the int later (a
-        count still being copied from the device, :class:`hf_fasttrain.throughput.HostCopy`); it is read
-        when the count is next needed, at ``scheduler.step()``."""
+        """Count `n` more tokens trained on: an int (FastTrainer counts each batch on the host, before it
+        moves to the device), or an object whose ``value()`` gives the int later (a count still being copied
+        from the device, :class:`hf_fasttrain.throughput.HostCopy`: a sum over processes); it is read when
+        the count is next needed, at ``scheduler.step()``."""
         if hasattr(n, "value"):
             self._pending.append(n)
             return

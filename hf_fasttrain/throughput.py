@@ -2,25 +2,31 @@
 
 Plain functions; FastTrainer feeds them the batches it trains on and adds the results to its logs.
 
-No host reads per step. A batch's real-token count is a sum over its attention mask (or its ids), a value on
-the device; reading it to the host (``int(...)``) waits for every kernel queued before it. With
-``lazy=True``, :func:`count_batch` leaves that count on the device: :class:`ThroughputMeter` sums it there
-and reads it once per log, and :class:`HostCopy` copies it to pinned host memory without waiting, for a
-schedule that needs the number before the next step (the copy is queued before the step's forward pass, so
-it has long finished when the scheduler reads it after ``optimizer.step()``).
+No host reads per step. A batch's real-token count is a sum over its attention mask (or its ids); where the batch
+sits on the device, reading that sum to the host (``int(...)``) waits for every kernel queued before it. So the
+batch is counted while it is still in host memory: :class:`HostBatchCollator` puts the tensors the collator made
+into the batch as a :class:`HostBatch` (under ``HOST_BATCH_KEY``), which rides along untouched while the batch
+itself moves to the device, and :meth:`HostBatch.count` reads them from host memory: plain ints, no device
+involved. Where no host batch came along (a DataLoader FastTrainer did not build; a count summed over processes,
+which a device collective makes), ``count_batch(..., lazy=True)`` leaves the count on the device:
+:class:`ThroughputMeter` sums it there and reads it once per log, and :class:`HostCopy` copies it to pinned host
+memory without waiting, for a schedule that needs the number before the next step (the copy is queued before the
+step's forward pass, so it has long finished when the scheduler reads it after ``optimizer.step()``).
 """
-
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-from typing import Mapping, Optional
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, MutableMapping, Optional
 
 import torch
 
 __all__ = [
     "BatchCount",
     "CompileCounter",
+    "HOST_BATCH_KEY",
+    "HostBatch",
+    "HostBatchCollator",
     "HostCopy",
     "count_batch",
     "count_tokens",
@@ -231,8 +237,70 @@ class ThroughputMeter:
         return out
 
 
+# ---- counting a batch on the host -----------------------------------------------------------------
+# The tokens of a batch are known before it reaches the device: the collator made its tensors in host memory.
+# The Trainer's DataLoader (accelerate's DataLoaderShard, ``send_to_device``) then moves every tensor of the batch,
+# and recurses into lists and mappings, but leaves any other object as it is: a HostBatch, which has no ``to``
+# (nor ``pin_memory``, so the DataLoader's pinning skips it too), keeps the host tensors with the batch, also
+# from a DataLoader worker (the batch and its HostBatch share those tensors; nothing is copied).
+
+HOST_BATCH_KEY = "_host_batch"
+
+
+class HostBatch:
+    """The tensors of a collated batch as they were in host memory, carried in that batch (``HOST_BATCH_KEY``).
+
+    :meth:`count` is ``count_batch`` of these tensors with every value read from host memory (through numpy):
+    the count of the batch as trained, without waiting for the device that now holds its copy. A change to the
+    batch after collation (sequence-length warmup's cut) must be applied to ``tensors`` too (FastTrainer does).
+
+    Example:
+        >>> host = HostBatch({"input_ids": torch.tensor([[5, 6, 0]]), "attention_mask": torch.tensor([[1, 1, 0]])})
+        >>> host.count(pad_token_id=0)
+        BatchCount(real=2, total=3, seq_len=3, samples=0)
+    """
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.tensors = tensors
+
+    def count(self, pad_token_id: Optional[int] = None) -> BatchCount:
+        count = count_batch(self.tensors, pad_token_id, lazy=True)  # lazy: sums stay 0-d host tensors ...
+        if isinstance(count.real, torch.Tensor):  # ... read here from host memory (no Tensor.item, no device)
+            count = replace(count, real=int(count.real.numpy()))
+        return count
+
+
+class HostBatchCollator:
+    """Wraps a training collator: every mapping batch whose tensors are all in host memory gets a
+    :class:`HostBatch` of them under ``HOST_BATCH_KEY``. Whoever trains on the batch takes it out before the
+    model sees the inputs (FastTrainer's ``training_step`` does). Other batches (tuples, tensors already on a
+    device) pass unchanged.
+
+    Example:
+        >>> from transformers import default_data_collator
+        >>> collate = HostBatchCollator(default_data_collator)
+        >>> batch = collate([{"input_ids": [5, 6, 0]}, {"input_ids": [7, 0, 0]}])
+        >>> batch.pop(HOST_BATCH_KEY).count(pad_token_id=0), sorted(batch)
+        (BatchCount(real=3, total=6, seq_len=3, samples=0), ['input_ids'])
+    """
+
+    def __init__(self, collator: Callable):
+        self.collator = collator
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        if isinstance(batch, MutableMapping):  # a BatchEncoding too
+            tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+            if tensors and all(v.device.type == "cpu" for v in tensors.values()):
+                batch[HOST_BATCH_KEY] = HostBatch(tensors)
+        return batch
+
+
 class HostCopy:
     """A device value copied to the host without waiting for the device; :meth:`value` reads it later.
+
+    For a count that only the device has: a sum over processes (a device collective), or the count of a batch
+    that came without a :class:`HostBatch`.
 
     On a GPU the copy goes into pinned host memory, queued on the current stream behind the kernels that make
     the value, and a CUDA event marks its end; :meth:`value` waits for that event only, not for the kernels

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import MutableMapping
 from typing import Any, Optional
 
 import torch
@@ -37,7 +38,8 @@ from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .precision import logger as precision_logger
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress, make_scheduler
-from .throughput import CompileCounter, HostCopy, ThroughputMeter, count_batch, device_peak_flops, flops_per_token, mfu
+from .throughput import (HOST_BATCH_KEY, CompileCounter, HostBatchCollator, HostCopy, ThroughputMeter, count_batch,
+                         device_peak_flops, flops_per_token, mfu)
 from .wiring import SeqLenWiring
 
 __all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
@@ -74,6 +76,22 @@ def _model_dims(model) -> tuple[int, int, int]:
     if w_in is not None and w_out is not None and w_in is not w_out:
         n_params -= w_in.numel()  # untied input embedding (Llama's default): a lookup
     return n_params, int(n_layer), int(attn_width)
+
+
+def _collate_with_host_batch(loader) -> None:
+    """Make a training DataLoader's batches carry their host tensors (``HostBatchCollator``), so they are counted
+    before they reach the device. The DataLoader that collates is accelerate's ``base_dataloader`` (its
+    ``skip_first_batches`` copies the collate_fn on a resume). Not under ``DataLoaderDispatcher``: there the
+    main process collates every rank's rows and each rank keeps a slice after the move; those are counted on
+    the device."""
+    from accelerate.data_loader import DataLoaderDispatcher
+
+    if isinstance(loader, DataLoaderDispatcher):
+        return
+    base = getattr(loader, "base_dataloader", loader)
+    collate = getattr(base, "collate_fn", None)
+    if callable(collate) and not isinstance(collate, HostBatchCollator):
+        base.collate_fn = HostBatchCollator(collate)
 
 
 class FastTrainer(StabilityTrainerMixin, Trainer):
@@ -196,9 +214,13 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     # -- hooks ---------------------------------------------------------------------------------
     def get_train_dataloader(self):
         if self.stream_position is not None:  # a stream: this rank's rows, not split again by accelerate
-            return stream_dataloader(self, self.train_dataset)
-        loader = self.seqlen.train_dataloader() if self.seqlen is not None else None
-        return loader if loader is not None else super().get_train_dataloader()
+            loader = stream_dataloader(self, self.train_dataset)
+        else:
+            loader = self.seqlen.train_dataloader() if self.seqlen is not None else None
+            loader = loader if loader is not None else super().get_train_dataloader()
+        if self.run_record or (self._option("lr_decay") and self._option("schedule_unit") == "tokens"):
+            _collate_with_host_batch(loader)  # tokens counted on the host (see _count_tokens)
+        return loader
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         if self.stream_position is not None and self.args.world_size > 1:
@@ -209,9 +231,20 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if self.stream_position is not None:  # the loop took these batches: their position is the trained one
             batches = [self.stream_position.take(b) for b in batches]
         if self.seqlen is not None and self.seqlen.cutter is not None:  # sequence-length warmup
+            first = self.seqlen.cutter.position
             batches = self.seqlen.cut(batches)
+            self._cut_host_batches(batches, first)
             num_items = self._get_num_items_in_batch(batches, device)
         return batches, num_items
+
+    def _cut_host_batches(self, batches: list, first: int) -> None:
+        """Cut each batch's host tensors (its ``HostBatch``) as sequence-length warmup cut the batch, batch
+        ``first + i`` of the schedule: the tokens counted are those trained on (same cut, same values)."""
+        cutter = self.seqlen.cutter
+        for i, batch in enumerate(batches):
+            host = batch.get(HOST_BATCH_KEY) if isinstance(batch, MutableMapping) else None
+            if host is not None:
+                host.tensors = cutter.warmup.apply(host.tensors, first + i, cutter.pad_token_id)
 
     def _stream_batches_every_rank_has(self, epoch_iterator, num_batches: int) -> list:
         """This step's micro-batches, as many as the rank with the fewest has: every rank ends its pass together.
@@ -242,15 +275,33 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         return self.seqlen.adjust_training_values(values) if self.seqlen is not None else values
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        # one token count per micro-batch, left on the device (no host read): the throughput meter sums it
-        # until the next log; the token-counted schedule gets it through a copy that does not wait
-        count = count_batch(inputs, self.throughput.pad_token_id, lazy=True) if (
-            self.run_record or self.token_progress is not None) else None
+        # the batch's host tensors (HostBatchCollator) leave the batch here, before the model sees it
+        host = inputs.pop(HOST_BATCH_KEY, None) if isinstance(inputs, MutableMapping) else None
+        if self.run_record or self.token_progress is not None:
+            self._count_tokens(inputs, host)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def _count_tokens(self, inputs, host) -> None:
+        """One token count per micro-batch: the throughput meter sums it until the next log, and the
+        token-counted schedule adds it before ``scheduler.step()``.
+
+        Counted from ``host`` (the batch's tensors while they were in host memory) when the batch carries them:
+        plain ints, so neither user waits for the device. Else counted on the device and left there
+        (``count_batch(lazy=True)``): the meter reads its sum once per log, the schedule through a
+        ``HostCopy`` (a non-blocking copy that waits for itself only). With several processes the schedule
+        counts on the device even with ``host``: every rank's schedule must follow the same number, the sum
+        over ranks, and the processes agree on it through ``accelerator.reduce``, a device collective (NCCL
+        reduces device tensors only; an int from the host would first need a blocking copy to the device, and a
+        host-side sum a second, gloo, process group and a host collective per micro-batch). The meter's count
+        is summed over ranks once per log, so it stays on the host there too.
+        """
+        pad = self.throughput.pad_token_id
+        on_host = host is not None and (self.token_progress is None or self.args.world_size == 1)
+        count = host.count(pad) if on_host else count_batch(inputs, pad, lazy=True)
         if self.run_record:
             self.throughput.add_count(count)
         if self.token_progress is not None:
-            self.token_progress.add(HostCopy(self._tokens_all_processes(inputs, count)))
-        return super().training_step(model, inputs, num_items_in_batch)
+            self.token_progress.add(self._tokens_all_processes(inputs, count))
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """With ``args.lr_decay`` set: warmup + decay to a floor from hf_fasttrain.schedules (a LambdaLR
@@ -390,10 +441,9 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.remove_callback(epochs)
 
     # -- helpers -------------------------------------------------------------------------------
-    def _tokens_all_processes(self, inputs, count=None):
-        """Real (non-pad) tokens of this micro-batch summed over processes: every rank's schedule agrees.
-        An int, or a 0-d device tensor when ``count`` was counted lazily (the sum stays on the device)."""
-        count = count if count is not None else count_batch(inputs, self.throughput.pad_token_id)
+    def _tokens_all_processes(self, inputs, count):
+        """Real (non-pad) tokens of this micro-batch (``count``) summed over processes: every rank's schedule
+        agrees. An int when it was counted on the host (one process), else a ``HostCopy`` of the device sum."""
         if not count.total:
             keys = sorted(inputs) if isinstance(inputs, dict) else type(inputs).__name__
             raise ValueError(
@@ -404,7 +454,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if self.args.world_size > 1:
             t = torch.as_tensor(real, dtype=torch.int64, device=self.args.device)
             real = self.accelerator.reduce(t, reduction="sum")
-        return real
+        return HostCopy(real) if isinstance(real, torch.Tensor) else real
 
     def _default_total_tokens(self, num_training_steps: int) -> int:
         """Token budget when schedule_total_tokens is not given: steps x global batch x first row's length."""
