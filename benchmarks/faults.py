@@ -74,7 +74,7 @@ INJECTIONS = {
     "nan_weight": "NaN weight after update {at}",
     "spike_after_resume": "x50 loss at step {r5}, 5 steps after a resume at {r}",
 }
-# the plain-Trainer advice for value clipping (issue 14.5), under grad_x1e6_warmup
+# the plain-Trainer advice for value clipping, under grad_x1e6_warmup
 ADVICE = {
     "value clip, max_grad_norm=0": dict(max_grad_norm=0.0, guard=False),
     "value clip + max_grad_norm=1": dict(max_grad_norm=1.0, guard=False),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Time per training step of each issue-18 technique, side by side in one process.
+"""Time per training step of each technique of the ablation, side by side in one process.
 
     python benchmarks/technique_overhead.py                 # the time_to_loss model, 20 rounds
     python benchmarks/technique_overhead.py --rounds 5 --quick

@@ -86,11 +86,11 @@ HF_TUNED = dict(
     **({"bf16": True, "torch_compile": True, "tf32": True} if ON_GPU else {}),
 )
 
-# The Muon recipe as it stood before issue 18 (the ablation's frozen ``base``).
+# The Muon recipe before the ablation's techniques (its frozen ``base``).
 MUON_RECIPE = {**{k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_type", "lr_scheduler_kwargs")},
                "optimizer": "muon", "learning_rate": 1.6e-2, "lr_decay": "cosine", "min_lr_ratio": 0.1,
                "divergence_guard": True}
-# What issue 18's ablation added to it (the techniques that won on tokens; see ``base+*`` arms below).
+# What the ablation added to it (the techniques that won on tokens; see ``base+*`` arms below).
 # EMA + sequence-length warmup: 0.78x base's tokens to hf-tuned's final loss (3 seeds; each alone 0.88x / 0.87x);
 # EMA costs +3% time per step; the final loss at the full budget is 0.018 above base's (results/ablation*.md).
 FASTTRAIN_EXTRA: dict[str, Any] = {"weight_averaging": "ema", "ema_decay": 0.98, "seq_len_warmup_min": 16,
@@ -119,7 +119,7 @@ ARMS: dict[str, Arm] = {
 }
 
 
-# --- Ablation of issue 18's techniques: each alone on top of the Muon recipe as it stood before them
+# --- Ablation of the recipe's techniques: each alone on top of the Muon recipe as it stood before them
 # (``base``: Muon+AdamW at 1.6e-2, 2% warmup, cosine to 10%, wd 0.1, clip 1, guard), then combined.
 # The base is frozen here so that saved runs stay comparable when the headline ``fasttrain`` arm changes.
 #   python benchmarks/time_to_loss.py --arms hf-tuned,base,base+ema,... --seeds 3 --name ablation

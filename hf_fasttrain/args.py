@@ -75,7 +75,7 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "Peak TFLOP/s of one device for the MFU estimate. Default: looked up from the "
                   "GPU name (dense bf16 datasheet figure); MFU is not logged on CPU or unknown devices."},
     )
-    # --- Precision (issue 8: mixed precision through Accelerate) ------------------------------
+    # --- Precision: mixed precision through Accelerate ------------------------------------------
     precision: str = field(
         default="auto",
         metadata={"help": "auto | bf16 | fp16 | fp32. auto: bf16 on GPUs with native bf16 (compute capability "
@@ -152,7 +152,7 @@ class FastTrainingArguments(TrainingArguments):
                   "the first step by which schedule_total_tokens have been trained on, if that comes before "
                   "max_steps. false: train on to max_steps at the floor lr."},
     )
-    # --- Sequence length (issue 5): hf_fasttrain.data.samplers / seqlen / packing ---------------
+    # --- Sequence length: hf_fasttrain.data.samplers / seqlen / packing --------------------------
     # At most one batching option (length_grouping, max_tokens_per_batch, packing, curriculum_*);
     # seq_len_warmup_* is for fixed-length rows and combines with none of packing. All samplers are
     # deterministic per (data_seed or seed, epoch), sharded across ranks, and resume mid-epoch.
@@ -228,7 +228,7 @@ class FastTrainingArguments(TrainingArguments):
                   "advance the LR schedule with tokens seen, so short steps are not charged as full ones."},
     )
 
-    # --- Weight averaging (issue 18): hf_fasttrain.averaging + callbacks.averaging ---------------
+    # --- Weight averaging: hf_fasttrain.averaging + callbacks.averaging --------------------------
     weight_averaging: str = field(
         default="none",
         metadata={"help": "Evaluate and save an average of the weights instead of the last iterate: 'ema' "
@@ -254,7 +254,7 @@ class FastTrainingArguments(TrainingArguments):
         default=10, metadata={"help": "weight_averaging='lawa': optimizer steps between copies."}
     )
 
-    # --- Stability: gradient clipping and the divergence guard (issue 6) ----------------------
+    # --- Stability: gradient clipping and the divergence guard ---------------------------------
     clip_mode: str = field(
         default="norm",
         metadata={"help": "Gradient clipping, once per optimizer step after fp16 unscaling and DDP reduction: "
@@ -303,7 +303,7 @@ class FastTrainingArguments(TrainingArguments):
                   "on (the spike statistics need guard_spike_window // 2 steps first); null: no ceiling."},
     )
 
-    # --- Random restart (issue 7: hf_fasttrain/restarts.py) ---------------------------------
+    # --- Random restart: hf_fasttrain/restarts ---------------------------------------------------
     # restart_num_seeds > 1 turns the recipe into a search: every seed trains for
     # restart_explore_fraction * max_steps (with the full run's LR schedule), the best continues.
     restart_num_seeds: int = field(
@@ -398,10 +398,10 @@ class FastTrainingArguments(TrainingArguments):
         # every numeric option's range, in one place (hf_fasttrain._validation), before anything else
         check_ranges({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init})
         restart_config_from_args(self)  # raises naming the restart_* field
-        # stability (issue 6): the names are the guard's; the numbers are in the range table
+        # stability: the names are the guard's; the numbers are in the range table
         _check(self.clip_mode in CLIP_MODES, "clip_mode", self.clip_mode, f"allowed: {', '.join(CLIP_MODES)}")
         GuardConfig.from_training_args(self)  # the guard's own checks (choices, relations), naming the guard_* field
-        # weight averaging (issue 18): the names and ranges are the core's (hf_fasttrain.averaging)
+        # weight averaging: the names and ranges are the core's (hf_fasttrain.averaging)
         from .averaging import ARGS_FIELDS, check_averaging_settings
 
         check_averaging_settings(self.weight_averaging, self.ema_decay, self.ema_update_every,

@@ -161,7 +161,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.add_callback(TokenBudgetStopCallback(
                 opt("schedule_total_tokens"),
                 lambda: self.token_progress.tokens_seen if self.token_progress is not None else None))
-        # stability (issue 6): guard and value/AGC clipping as callbacks; the mixin hands them the loss
+        # stability: guard and value/AGC clipping as callbacks; the mixin hands them the loss
         # and merges their stats into the logs; norm-mode stats come from _clip_grad_norm below
         for callback in stability_callbacks(self.args):  # plain args: none
             self.add_callback(callback)

@@ -311,7 +311,7 @@ def test_resumed_logs_equal_straight_logs(run_record, tiny_lm, tiny_tokenizer, t
     assert a[0]["loss"] != [e for e in a if "loss" in e][-1]["loss"]
 
 
-# --- the recorder's clock across a resume, in a plain Trainer (issue 14, item 9) ------------------------
+# --- the recorder's clock across a resume, in a plain Trainer ------------------------
 def _fake_clock(monkeypatch):
     from hf_fasttrain.callbacks import run_record
 

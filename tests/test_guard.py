@@ -105,7 +105,7 @@ def test_remember_after_each_decision():
 
 
 def test_five_spikes_in_a_row_are_skipped_then_the_sixth_healthy_step_learns():
-    """Issue 14.4: five bad batches in a row are skipped (default rollback_after_spikes=8), no rollback."""
+    """Five bad batches in a row are skipped (default rollback_after_spikes=8), no rollback."""
     cfg = GuardConfig(spike_window=4, spike_warmup=4)
     m = mem()
     decisions = []

@@ -1,5 +1,5 @@
 """`optimizer_cls_and_kwargs_for` takes lr, weight decay and the run length from the Trainer's args,
-or refuses; it never falls back to an optimizer's own defaults silently (issue 14, item 9)."""
+or refuses; it never falls back to an optimizer's own defaults silently."""
 
 from types import SimpleNamespace
 

@@ -697,7 +697,7 @@ def test_recipes_switch_the_guard_on():
     assert stability_callbacks(TrainingArguments(output_dir="x", use_cpu=True, report_to="none")) == []
 
 
-# ------------------------------------------------------------------------------------- issue 14: guard promises
+# ------------------------------------------------------------------------------------- the guard's promises
 
 
 @pytest.mark.parametrize("cls", [FaultyFastTrainer, GuardedTrainer])

@@ -31,7 +31,7 @@ __all__ = [
     "load_text_datasets",
     "tokenize_and_chunk",
     "tokenize_documents",
-    # sequence length (issue 5)
+    # sequence length
     "add_length_column",
     "get_lengths",
     "LengthGroupedBatchSampler",
