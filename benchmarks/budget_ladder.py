@@ -322,6 +322,7 @@ def versus_hf_best(summary: dict[str, Any], runs: list[dict[str, Any]], hf_best:
         m = s["optimizers"]["recipe"]
         ladder = [r for r in runs if r["rung"] == rung and r["optimizer"] == "recipe" and r["lr"] == m["best_lr"]]
         row = {"target_eval_loss": target, "hf_best": families["hf-best"]["best"],
+               "search_complete": families["hf-best"].get("complete", True),
                "hf_tuned_eval_loss": s["optimizers"].get("adamw", {}).get("final_eval_loss"),
                "recipe_token_ratio": statistics.median(crossing(r["curve"], target, "tokens") for r in ladder) / budget,
                "recipe_complete_run_ratio": complete_run_budget(finals, target) / s["multiple"],
@@ -349,7 +350,8 @@ def hf_best_markdown(rows: dict[str, Any]) -> str:
         one = "never reached" if r["recipe_token_ratio"] == math.inf else f"**{_fmt(r['recipe_token_ratio'])}**"
         lh = r.get("long_horizon_token_ratio")
         lh_cell = "n/a" if lh is None else "never reached" if lh == math.inf else f"**{_fmt(lh)}**"
-        lines.append(f"| {rung} | {one} | {complete} | {lh_cell} | {_fmt(r['target_eval_loss'], 4)} "
+        running = "" if r.get("search_complete", True) else " (search running: best so far)"
+        lines.append(f"| {rung}{running} | {one} | {complete} | {lh_cell} | {_fmt(r['target_eval_loss'], 4)} "
                      f"| {_fmt(r['hf_tuned_eval_loss'], 4)} | {_fmt(r.get('long_horizon_eval_loss', math.nan), 4)} |")
     return "\n".join(lines) + "\n"
 
@@ -460,7 +462,14 @@ def report(ledger: Ledger, rungs: dict[str, tuple[int, str]], setups: dict[str, 
     add_complete_run_ratios(summary)
     tr = trend(summary)
     hb_path = out / "hf_best.json"
-    best_rows = versus_hf_best(summary, runs, json.loads(hb_path.read_text())) if hb_path.exists() else {}
+    best_rows = {}
+    if hb_path.exists():  # summarised here from its runs: a search still running has written no summary yet
+        from hf_best import summarise as summarise_search
+
+        hb = json.loads(hb_path.read_text())
+        view = type("View", (), {"data": hb})()
+        hb["summary"] = {r: summarise_search(view, r) for r in {run["rung"] for run in hb.get("runs", {}).values()}}
+        best_rows = versus_hf_best(summary, runs, hb)
     ledger.data["summary"], ledger.data["trend"], ledger.data["versus_hf_best"] = summary, tr, best_rows
     table = markdown(summary, tr) + hf_best_markdown(best_rows)
     env = ledger.data.get("environment") or environment_info()

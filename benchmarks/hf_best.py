@@ -245,13 +245,43 @@ def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, s
 
 
 def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
-    """Per family: the winner, its final loss (median over seeds) and every decision."""
+    """Per family: the winner (or, while the search runs, the best so far), its final loss (median over the
+    seeds run at it), every decision, and whether the search is complete."""
     out = {}
-    for family, o in (ledger.data.get("searches", {}).get(rung) or {}).items():
-        finals = [r["final_eval_loss"] for r in ledger.data["runs"].values()
-                  if r["rung"] == rung and r["family"] == family and config_key(r["config"]) == config_key(o["best"])]
-        out[family] = {"best": o["best"], "final_eval_loss": statistics.median(finals), "seeds": len(finals),
-                       "decisions": o["decisions"]}
+    done = ledger.data.get("searches", {}).get(rung) or {}
+    progress = ledger.data.get("progress", {}).get(rung) or {}
+    runs = [r for r in ledger.data["runs"].values() if r["rung"] == rung]
+    for family in dict.fromkeys([*done, *progress]):
+        if family in done:
+            best, decisions, complete = done[family]["best"], done[family]["decisions"], True
+        else:
+            decisions, complete = progress[family]["decisions"], False
+            start = [r for r in runs if r["family"] == family and r.get("imported_from")]
+            if not start:
+                continue
+            best = dict(start[0]["config"])
+            for d in decisions:
+                if d["accepted"]:
+                    best[d["knob"]] = d["best_value"]
+        finals = [r["final_eval_loss"] for r in runs
+                  if r["family"] == family and config_key(r["config"]) == config_key(best)]
+        if not finals:
+            continue
+        out[family] = {"best": best, "final_eval_loss": statistics.median(finals), "seeds": len(finals),
+                       "decisions": decisions, "complete": complete}
+        if not complete:  # the knob being tried now: the values that have finished
+            trying = {}
+            for c in progress[family].get("running") or []:
+                knob = next((k for k in c if c[k] != best.get(k)), None)
+                got = [r["final_eval_loss"] for r in runs if r["family"] == family and r["seed"] == 0
+                       and config_key(r["config"]) == config_key(c)]
+                if knob is not None:
+                    trying.setdefault("knob", knob)
+                    trying.setdefault("finished", {})[str(c[knob])] = got[0] if got else None
+            seed0 = [r["final_eval_loss"] for r in runs if r["family"] == family and r["seed"] == 0
+                     and config_key(r["config"]) == config_key(best)]
+            trying["from_loss"] = seed0[0] if seed0 else out[family]["final_eval_loss"]
+            out[family]["trying"] = trying
     return out
 
 
@@ -262,10 +292,18 @@ def markdown(summary: dict[str, Any]) -> str:
             tried = ", ".join(f"{v}: {loss:.3f}" for v, loss in d["tried"].items())
             lines.append(f"| {family} | {d['knob']} | {d['from']} ({d['current_loss']:.3f}) | {tried} | "
                          f"{d['best_value'] if d['accepted'] else 'no change'} |")
-    lines += ["", "| family | winner | final eval loss (median) | seeds |", "|---|---|---|---|"]
+    for family, s in summary.items():
+        t = s.get("trying")
+        if t and t.get("knob"):
+            tried = ", ".join(f"{v}: {'running' if loss is None else f'{loss:.3f}'}" for v, loss in t["finished"].items())
+            lines.append(f"| {family} | {t['knob']} | {s['best'][t['knob']]} ({t['from_loss']:.3f}) | {tried} | "
+                         "deciding |")
+    lines += ["", "| family | winner (best so far while the search runs) | final eval loss (median) | seeds |",
+              "|---|---|---|---|"]
     for family, s in summary.items():
         settings = ", ".join(f"{k} {v}" for k, v in s["best"].items())
-        lines.append(f"| {family} | {settings} | {s['final_eval_loss']:.3f} | {s['seeds']} |")
+        state = "" if s.get("complete", True) else " (search running)"
+        lines.append(f"| {family}{state} | {settings} | {s['final_eval_loss']:.3f} | {s['seeds']} |")
     return "\n".join(lines) + "\n"
 
 

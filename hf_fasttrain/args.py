@@ -117,6 +117,13 @@ class FastTrainingArguments(TrainingArguments):
                   "cooldown) or 'constant'. Default None (or 'none', to undo a recipe's choice on the command line): "
                   "the Trainer's lr_scheduler_type is used instead."},
     )
+    budget_aware: bool = field(
+        default=False,
+        metadata={"help": "Take lr_decay, min_lr_ratio, decay_fraction, weight_decay and adam_beta2 from the "
+                  "settings measured best for this run's length in tokens per non-embedding parameter "
+                  "(hf_fasttrain.budget: the budget ladder and the long-horizon search); they replace the values "
+                  "given for those. The peak learning_rate stays yours."},
+    )
     warmup_start_factor: float = field(
         default=0.0,
         metadata={"help": "With lr_decay: lr multiplier at step 0, rising linearly to 1 over warmup_steps."},

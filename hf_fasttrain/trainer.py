@@ -143,6 +143,9 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         super().__init__(*args, **kwargs)
         self.run_config = dict(run_config or {})
         opt = self._option
+        self.budget: Optional[dict[str, Any]] = None
+        if opt("budget_aware"):  # before anything reads the schedule or the optimizer's settings
+            self.budget = self._apply_budget_settings()
         pad_id = getattr(self.processing_class, "pad_token_id", None)
         self.throughput = ThroughputMeter(pad_token_id=pad_id)
         self.run_record = bool(opt("run_record"))
@@ -185,6 +188,37 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self._replace_jit_checkpoint()
             self.graceful_stop = GracefulStopCallback(self, exit_process=False)
             self.add_callback(self.graceful_stop)
+
+    def _apply_budget_settings(self) -> dict[str, Any]:
+        """``budget_aware``: the measured settings for this run's tokens per non-embedding parameter
+        (:func:`hf_fasttrain.budget.budget_settings`) replace the given ones; returns what was chosen."""
+        from ._validation import ConfigError
+        from .budget import budget_settings, non_embedding_parameters, tokens_per_parameter
+
+        args = self.args
+        tokens = self._option("schedule_total_tokens")
+        if not tokens:
+            row = getattr(self.train_dataset, "block_size", None)  # a TokenStream's rows
+            if row is None:
+                try:
+                    row = len(self.train_dataset[0]["input_ids"])
+                except Exception:  # rows without input_ids
+                    pass
+            if row is None or args.max_steps <= 0:
+                raise ConfigError("budget_aware", True, allowed="needs the run's tokens: max_steps and a dataset of "
+                                  "input_ids rows, or schedule_unit='tokens' with schedule_total_tokens")
+            tokens = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps \
+                * max(args.world_size, 1) * row
+        tpp = tokens_per_parameter(tokens, non_embedding_parameters(self.model))
+        chosen = budget_settings(tpp, self._option("optimizer") or "adamw")
+        for name, value in chosen["settings"].items():
+            setattr(args, name, value)
+        args._check_lr_schedule()  # the chosen schedule must fit this run (warmup, cooldown)
+        settings = ", ".join(f"{k}={v}" for k, v in chosen["settings"].items())
+        logger.info("budget_aware: %.1f tokens per non-embedding parameter -> the %s-run settings %s (%s)%s", tpp,
+                    chosen["regime"], settings, chosen["source"],
+                    "; beyond the longest run measured (24.8)" if chosen["extrapolated"] else "")
+        return {**chosen, "tokens_per_param": tpp}
 
     def _replace_jit_checkpoint(self) -> None:
         """The Trainer's own JIT checkpoint (``enable_jit_checkpoint``) is what GracefulStopCallback extends: drop

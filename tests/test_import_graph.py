@@ -43,6 +43,7 @@ LAYERS = {
     "guard": CORE,
     "snapshots": CORE,
     "trainables": CORE,
+    "budget": CORE,
     "averaging": CORE,
     "_validation": CORE,
     "_options": CORE,

@@ -1,0 +1,169 @@
+"""Settings that depend on how long a run is, taken from measurements: tokens per parameter in, settings out.
+
+The budget ladder (``python -m benchmarks.budget_ladder``) and the long-horizon search
+(``python -m benchmarks.hf_best``) trained the same GPT-2 2x128 for 1.5, 6.2 and 24.8 tokens per
+non-embedding parameter; the best settings moved with the length. :func:`budget_settings` returns, for a
+run's tokens per parameter, the settings measured best in that regime, each with the measurement it comes
+from. :func:`fit_learning_rate_law` fits ``log lr = a + b log(width) + c log(tokens per parameter)`` to the
+measured best peak lrs (the scaling ladder's widths 32-256 and the budget ladder's lengths), and
+:func:`learning_rate_law_check` says how well it predicts each point left out of its fit: the reason the
+package does not set a peak lr for you (see the docs' budget page).
+
+Example:
+    ```python
+    >>> tokens_per_parameter(tokens=9_830_400, non_embedding_parameters=396_800)
+    24.77...
+    >>> budget_settings(8.7, "muon")["regime"]
+    'short'
+    ```
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = ["tokens_per_parameter", "non_embedding_parameters", "BudgetRegime", "REGIMES", "budget_settings",
+           "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check"]
+
+
+def tokens_per_parameter(tokens: float, non_embedding_parameters: int) -> float:
+    """Training tokens per non-embedding parameter (Chinchilla's compute-optimal length is about 20)."""
+    if non_embedding_parameters <= 0:
+        raise ValueError(f"non_embedding_parameters={non_embedding_parameters!r} is invalid: it must be > 0")
+    return tokens / non_embedding_parameters
+
+
+def non_embedding_parameters(model) -> int:
+    """Parameters of ``model`` outside its input embeddings, output head and position embeddings."""
+    skip = set()
+    for getter in ("get_input_embeddings", "get_output_embeddings"):
+        module = getattr(model, getter, lambda: None)()
+        if module is not None:
+            skip |= {id(p) for p in module.parameters()}
+    skip |= {id(p) for n, p in model.named_parameters() if n.endswith(("wpe.weight", "position_embeddings.weight"))}
+    return sum(p.numel() for p in model.parameters() if id(p) not in skip)
+
+
+@dataclass(frozen=True)
+class BudgetRegime:
+    """The settings measured best for runs up to ``max_tokens_per_param`` tokens per parameter."""
+
+    name: str
+    max_tokens_per_param: float
+    settings: dict[str, dict[str, Any]]  # optimizer family ("adamw", "muon") -> FastTrainingArguments fields
+    source: str
+
+
+# The measured table. Short runs (1.5 and 6.2 tokens per parameter): the settings the ladder's arms used
+# were the best of their sweeps there (cosine to a 10% floor, weight decay 0.1, beta2 0.95; lrs in
+# MEASURED_BEST_LR). Long runs (24.8): what the long-horizon search at 16x kept over those settings.
+# The boundary is the geometric middle of 6.2 and 24.8.
+REGIMES: tuple[BudgetRegime, ...] = (
+    BudgetRegime(
+        "short", 12.4,
+        {"adamw": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
+                   "adam_beta2": 0.95},
+         "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
+                  "adam_beta2": 0.95}},
+        "budget ladder 1x and 4x (benchmarks/results/budget_ladder.md)"),
+    BudgetRegime(
+        "long", math.inf,
+        # AdamW at 16x: warmup-stable-decay with a 1-sqrt cooldown to 0 over the last 20% ended at 3.006 against
+        # cosine to 10%'s 3.093 (linear to 0: 3.080, cosine to 1%: 3.089, WSD with a linear cooldown: 3.018)
+        {"adamw": {"lr_decay": "1-sqrt", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
+                   "adam_beta2": 0.95},
+         "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
+                  "adam_beta2": 0.95}},
+        "long-horizon search at 16x (benchmarks/results/hf_best.md)"),
+)
+
+
+def budget_settings(tokens_per_param: float, optimizer: str) -> dict[str, Any]:
+    """The measured settings for a run of ``tokens_per_param`` tokens per parameter with ``optimizer``
+    ("muon" for Muon, anything else AdamW-like): ``{"regime", "settings", "source", "extrapolated"}``;
+    ``extrapolated`` is True beyond the longest measured run (24.8 tokens per parameter).
+
+    Example:
+        ```python
+        >>> s = budget_settings(50, "adamw")
+        >>> s["regime"], s["extrapolated"]
+        ('long', True)
+        ```
+    """
+    if not (isinstance(tokens_per_param, (int, float)) and tokens_per_param > 0):
+        raise ValueError(f"tokens_per_param={tokens_per_param!r} is invalid: it must be a number > 0")
+    family = "muon" if optimizer == "muon" else "adamw"
+    regime = next(r for r in REGIMES if tokens_per_param <= r.max_tokens_per_param)
+    return {"regime": regime.name, "settings": dict(regime.settings[family]), "source": regime.source,
+            "extrapolated": tokens_per_param > LONGEST_MEASURED}
+
+
+LONGEST_MEASURED = 24.8  # tokens per parameter of the ladder's 16x budget
+
+# (width, tokens per non-embedding parameter, best peak lr: the vertex of a parabola through the best lr and its
+# neighbours in log lr, source). AdamW: hf-tuned settings; Muon: the scaling ladder's Muon arm (opt-muon) and the
+# budget ladder's recipe (Muon + EMA + sequence-length warmup).
+MEASURED_BEST_LR: dict[str, tuple[tuple[int, float, float, str], ...]] = {
+    "adamw": (
+        (32, 5.79, 0.0106, "scaling gpt2-2x32"), (64, 3.19, 0.00231, "scaling gpt2-2x64"),
+        (128, 1.55, 0.00183, "scaling gpt2-2x128 = budget ladder 1x"), (192, 0.85, 0.00173, "scaling gpt2-3x192"),
+        (256, 0.55, 0.00127, "scaling gpt2-4x256"), (128, 6.19, 0.00224, "budget ladder 4x"),
+        (128, 24.77, 0.00494, "budget ladder 16x"),
+    ),
+    "muon": (
+        (32, 5.79, 0.0504, "scaling gpt2-2x32"), (64, 3.19, 0.0267, "scaling gpt2-2x64"),
+        (128, 1.55, 0.0143, "scaling gpt2-2x128"), (192, 0.85, 0.00870, "scaling gpt2-3x192"),
+        (256, 0.55, 0.00484, "scaling gpt2-4x256"), (128, 1.55, 0.0127, "budget ladder 1x (recipe)"),
+        (128, 6.19, 0.0100, "budget ladder 4x (recipe)"), (128, 24.77, 0.0164, "budget ladder 16x (recipe)"),
+    ),
+}
+
+
+def _solve3(a: list[list[float]], b: list[float]) -> list[float]:
+    """Solve a 3x3 linear system (Gaussian elimination with partial pivoting)."""
+    m = [row[:] + [v] for row, v in zip(a, b)]
+    for i in range(3):
+        p = max(range(i, 3), key=lambda r: abs(m[r][i]))
+        m[i], m[p] = m[p], m[i]
+        if abs(m[i][i]) < 1e-12:
+            raise ValueError("the points do not determine the law (too few distinct widths or lengths)")
+        for r in range(3):
+            if r != i:
+                f = m[r][i] / m[i][i]
+                m[r] = [x - f * y for x, y in zip(m[r], m[i])]
+    return [m[i][3] / m[i][i] for i in range(3)]
+
+
+def fit_learning_rate_law(points) -> tuple[float, float, float]:
+    """Least squares ``log lr = a + b log(width) + c log(tokens per parameter)`` over ``(width, tpp, lr, ...)``
+    points; returns ``(a, b, c)``."""
+    rows = [(1.0, math.log(w), math.log(t)) for w, t, *_ in points]
+    ys = [math.log(p[2]) for p in points]
+    ata = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
+    aty = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(3)]
+    a, b, c = _solve3(ata, aty)
+    return a, b, c
+
+
+def predict_learning_rate(optimizer: str, width: int, tokens_per_param: float,
+                          points: Optional[tuple] = None) -> float:
+    """The law's peak lr for a model of ``width`` trained for ``tokens_per_param`` (fit on ``points``, default
+    the measured ones of ``optimizer``'s family)."""
+    family = "muon" if optimizer == "muon" else "adamw"
+    a, b, c = fit_learning_rate_law(points if points is not None else MEASURED_BEST_LR[family])
+    return math.exp(a + b * math.log(width) + c * math.log(tokens_per_param))
+
+
+def learning_rate_law_check(optimizer: str) -> list[dict[str, Any]]:
+    """Leave one out: each measured point predicted by the law fit on the others (predicted / measured)."""
+    family = "muon" if optimizer == "muon" else "adamw"
+    pts = MEASURED_BEST_LR[family]
+    out = []
+    for i, (w, t, lr, source) in enumerate(pts):
+        rest = pts[:i] + pts[i + 1:]
+        pred = predict_learning_rate(family, w, t, rest)
+        out.append({"source": source, "width": w, "tokens_per_param": t, "measured": lr, "predicted": pred,
+                    "ratio": pred / lr})
+    return out

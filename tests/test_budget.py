@@ -1,0 +1,107 @@
+"""hf_fasttrain.budget: the measured settings by run length (a table), the lr law and its leave-one-out check,
+and FastTrainer's budget_aware option."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hf_fasttrain import FastTrainer
+from hf_fasttrain._validation import ConfigError
+from hf_fasttrain.budget import (MEASURED_BEST_LR, REGIMES, budget_settings, learning_rate_law_check,
+                                 non_embedding_parameters, predict_learning_rate, tokens_per_parameter)
+
+from conftest import make_tiny_gpt2, tiny_args
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("tpp, optimizer, regime, extrapolated", [
+    (1.5, "muon", "short", False),  # the tiny recipe
+    (8.7, "muon", "short", False),  # the GPU recipe (gpt2_small.yaml)
+    (12.4, "adamw", "short", False),  # the boundary belongs to the shorter regime
+    (12.5, "adamw", "long", False),
+    (24.8, "muon", "long", False),  # the longest measured
+    (100.0, "lion", "long", True),  # AdamW-like optimizers take AdamW's row
+])
+def test_budget_settings_by_tokens_per_parameter(tpp, optimizer, regime, extrapolated):
+    got = budget_settings(tpp, optimizer)
+    assert (got["regime"], got["extrapolated"]) == (regime, extrapolated)
+    family = "muon" if optimizer == "muon" else "adamw"
+    assert got["settings"] == next(r for r in REGIMES if r.name == regime).settings[family]
+
+
+def test_the_short_regime_is_the_recipes_settings():
+    """Short runs keep what the bundled recipes set (so budget_aware changes nothing for them)."""
+    for family in ("adamw", "muon"):
+        assert budget_settings(1.5, family)["settings"] == {"lr_decay": "cosine", "min_lr_ratio": 0.1,
+                                                            "decay_fraction": None, "weight_decay": 0.1,
+                                                            "adam_beta2": 0.95}
+
+
+# benchmarks/hf_best.py's names -> the settings FastTrainer takes for them
+SCHEDULES = {"cosine10": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None},
+             "cosine1": {"lr_decay": "cosine", "min_lr_ratio": 0.01, "decay_fraction": None},
+             "linear0": {"lr_decay": "linear", "min_lr_ratio": 0.0, "decay_fraction": None},
+             "wsd-linear": {"lr_decay": "linear", "min_lr_ratio": 0.0, "decay_fraction": 0.2},
+             "wsd-1-sqrt": {"lr_decay": "1-sqrt", "min_lr_ratio": 0.0, "decay_fraction": 0.2}}
+
+
+def test_the_long_regime_is_what_the_long_horizon_search_kept():
+    """The long row is the measured one: each knob the 16x search decided (results/hf_best.json)."""
+    data = json.loads((RESULTS / "hf_best.json").read_text())
+    progress = {**data.get("progress", {}).get("16x", {}), **data.get("searches", {}).get("16x", {})}
+    long = next(r for r in REGIMES if r.name == "long")
+    for family, key in (("hf-best", "adamw"), ("recipe", "muon")):
+        decisions = {d["knob"]: d for d in progress[family]["decisions"]}
+        settings = long.settings[key]
+        schedule = decisions["schedule"]["best_value"] if decisions.get("schedule", {}).get("accepted") else "cosine10"
+        if "schedule" in decisions:
+            assert {k: settings[k] for k in SCHEDULES[schedule]} == SCHEDULES[schedule], family
+        beta2 = decisions.get("beta2")
+        if beta2 is not None:
+            assert settings["adam_beta2"] == (beta2["best_value"] if beta2["accepted"] else 0.95), family
+
+
+def test_the_lr_law_and_its_leave_one_out_check():
+    a, b = predict_learning_rate("adamw", 128, 1.55), predict_learning_rate("muon", 128, 1.55)
+    assert 1e-3 < a < 4e-3 and 8e-3 < b < 2.5e-2
+    # each measured point predicted by the law fit on the others: Muon within 1.5x at 7 of 8 points, AdamW at 4
+    # of 7 (its 2x32 best lr sits 5x above the trend): why the package does not set a peak lr for you
+    for optimizer, within, worst in (("muon", 7, 0.55), ("adamw", 4, 0.25)):
+        ratios = [r["ratio"] for r in learning_rate_law_check(optimizer)]
+        assert len(ratios) == len(MEASURED_BEST_LR[optimizer])
+        assert sum(1 / 1.5 <= x <= 1.5 for x in ratios) == within
+        assert min(ratios) == pytest.approx(worst, abs=0.01)
+
+
+def test_tokens_per_parameter_and_non_embedding_parameters():
+    model = make_tiny_gpt2(100)  # 2 layers, 32 wide
+    n = non_embedding_parameters(model)
+    assert n == sum(p.numel() for name, p in model.named_parameters() if "wte" not in name and "wpe" not in name)
+    assert tokens_per_parameter(2 * n, n) == 2.0
+    with pytest.raises(ValueError, match="non_embedding_parameters"):
+        tokens_per_parameter(10, 0)
+    with pytest.raises(ValueError, match="tokens_per_param"):
+        budget_settings(0, "adamw")
+
+
+@pytest.mark.parametrize("max_steps, regime", [(2, "short"), (4000, "long")])
+def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, tiny_tokenizer, max_steps, regime):
+    args = tiny_args(tmp_path, max_steps=max_steps, budget_aware=True, lr_decay="cosine", min_lr_ratio=0.5,
+                     weight_decay=0.3, optimizer="muon", run_record=False)
+    model = make_tiny_gpt2(len(tiny_tokenizer))
+    trainer = FastTrainer(model=model, args=args, train_dataset=tiny_lm["train"])
+    tpp = max_steps * 8 * 32 / non_embedding_parameters(model)
+    assert trainer.budget["regime"] == regime and trainer.budget["tokens_per_param"] == pytest.approx(tpp)
+    for name, value in budget_settings(tpp, "muon")["settings"].items():
+        assert getattr(trainer.args, name) == value, name
+
+
+def test_budget_aware_without_known_tokens_is_one_line(tmp_path, tiny_tokenizer):
+    from datasets import Dataset
+
+    rows = Dataset.from_list([{"x": [1.0, 2.0]}] * 4)
+    args = tiny_args(tmp_path, budget_aware=True, lr_decay="cosine", run_record=False)
+    with pytest.raises(ConfigError, match="budget_aware: .*needs the run's tokens"):
+        FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=rows)
