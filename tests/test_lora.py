@@ -165,3 +165,17 @@ def test_a_killed_lora_run_resumes_to_the_straight_run(tmp_path, base_dir):
     assert set(straight) == {1, 2, 3, 4, 5, 6} and {4, 5, 6} <= set(resumed)
     for step in (4, 5, 6):
         assert resumed[step] == pytest.approx(straight[step], rel=1e-5, abs=1e-6), step
+
+
+def test_dora_adds_trainable_magnitudes_that_muon_leaves_to_adamw():
+    from hf_fasttrain.modeling import apply_lora
+    from hf_fasttrain.optim import create_optimizer
+
+    model = apply_lora(make_tiny_gpt2(64), ModelArguments(model_name_or_path="base", lora_r=4, lora_use_dora=True))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    magnitudes = [n for n in trainable if "lora_magnitude_vector" in n]
+    assert magnitudes and all(".lora_" in n for n in trainable)  # the base stays frozen
+    opt = create_optimizer("muon", model, lr=1e-2, weight_decay=0.0)
+    routed = {n: g["use_muon"] for g in opt.param_groups for n in g["param_names"]}
+    assert not any(routed[n] for n in magnitudes)  # 1-D: AdamW
+    assert all(routed[n] for n in trainable if "lora_A" in n or "lora_B" in n)
