@@ -7,7 +7,7 @@
 #    peak memory, compiles (most compiles of one function, and graphs in all) and host reads per step for the
 #    Trainer's defaults, the Trainer with compile (hf-tuned), FastTrainer with recipes/configs/gpt2_small.yaml as
 #    shipped, and the recipe with one part changed: no guard, no run record, token-counted schedule, EMA,
-#    Newton-Schulz matrix by matrix -> gpu_fast_path.{json,md,png}                               (<= 270 s)
+#    Newton-Schulz matrix by matrix, LoRA adapters (r=16, needs peft) -> gpu_fast_path.{json,md,png} (<= 270 s)
 # 2. python -m benchmarks.muon_step: Muon's step on GPT-2 small's 48 matrices, per-matrix vs batched
 #    Newton-Schulz (step time, kernel launches) -> muon_step_cuda.{json,md}                        (<= 45 s)
 # 3. time to loss at equal tokens, GPT-2 small, 600 steps: hf-tuned AdamW vs Muon (benchmarks/scaling.py's

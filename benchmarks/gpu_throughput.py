@@ -78,6 +78,7 @@ ARMS = {
     "fasttrain-token-schedule": "fasttrain with the lr schedule counted in tokens (schedule_unit='tokens')",
     "fasttrain-ema": "fasttrain with an EMA of the weights (weight_averaging='ema')",
     "fasttrain-ns-per-matrix": "fasttrain with Muon's Newton-Schulz matrix by matrix (ns_batched=False)",
+    "fasttrain-lora": "fasttrain with rank-16 LoRA adapters (peft) on every linear layer, the base frozen",
 }
 # recipe overrides of the fasttrain-* arms
 FASTTRAIN_VARIANTS = {
@@ -87,14 +88,16 @@ FASTTRAIN_VARIANTS = {
     "fasttrain-token-schedule": {"schedule_unit": "tokens"},
     "fasttrain-ema": {"weight_averaging": "ema", "ema_decay": 0.999},
     "fasttrain-ns-per-matrix": {"optimizer_kwargs": {"ns_batched": False}},
+    "fasttrain-lora": {},  # the model is wrapped in LoRA adapters (LORA below)
 }
+LORA = {"lora_r": 16, "lora_alpha": 32.0, "lora_target_modules": "all-linear"}
 DEFAULT_ARMS = {
     "gpu": ["hf-default", "hf-bf16", "hf-tuned", "fasttrain", "torch-loop", "torch-loop-chunked-ce"],
     "tiny": ["hf-default", "hf-tuned", "fasttrain", "torch-loop", "torch-loop-chunked-ce"],
     # the fast-path check (benchmarks/gpu_fast_path_check.sh): the Trainer, the recipe, the recipe's parts
     # (run in this order, so a run cut short still has the three main arms; the table keeps ARMS' order)
     "fast-path": ["fasttrain", "hf-tuned", "hf-default", "fasttrain-no-guard", "fasttrain-no-record",
-                  "fasttrain-token-schedule", "fasttrain-ema", "fasttrain-ns-per-matrix"],
+                  "fasttrain-token-schedule", "fasttrain-ema", "fasttrain-ns-per-matrix", "fasttrain-lora"],
 }
 
 # GPT-2 small: 12 layers x 768 wide, 50,257 BPE vocab, 1024 context (Radford et al. 2019).
@@ -296,6 +299,15 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
     trainer_cls = trainer_cls or Trainer
 
     model = _build_model(spec, attn) if attn else _build_model(spec, attn_implementation=None)
+    if arm == "fasttrain-lora":  # step time and memory with adapters only trained (a frozen base, no Hub download)
+        try:
+            import peft  # noqa: F401
+        except ImportError:
+            raise ArmUnavailable("peft is not installed (pip install peft)") from None
+        from hf_fasttrain import ModelArguments
+        from hf_fasttrain.modeling import apply_lora
+
+        model = apply_lora(model, ModelArguments(model_name_or_path="synthetic-base", **LORA))
     dataset = SyntheticTokens(spec["batch_size"] * total_steps, spec["seq_len"], spec["vocab_size"])
     args_cls = kwargs.pop("_args_cls", TrainingArguments)
     args = args_cls(**kwargs)
