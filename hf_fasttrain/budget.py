@@ -74,6 +74,8 @@ REGIMES: tuple[BudgetRegime, ...] = (
         # cosine to 10%'s 3.093 (linear to 0: 3.080, cosine to 1%: 3.089, WSD with a linear cooldown: 3.018)
         {"adamw": {"lr_decay": "1-sqrt", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
                    "adam_beta2": 0.95},
+         # the recipe (Muon) at 16x: cosine to 10% stays (2.832); linear to 0 ended at 2.823 (inside the seed
+         # noise, 0.025) and the 1-sqrt WSD cooldown to 0 at 2.936
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
                   "adam_beta2": 0.95}},
         "long-horizon search at 16x (benchmarks/results/hf_best.md)"),
