@@ -51,7 +51,7 @@ from budget_ladder import BASE_STEPS, budget_setup, data_args  # noqa: E402
 from scaling import Ledger  # noqa: E402
 from time_to_loss import ARMS, RESULTS, Arm, run_arm  # noqa: E402
 
-from benchmarks._harness import display_command  # noqa: E402
+from benchmarks._harness import display_command, display_path  # noqa: E402
 from hf_fasttrain.runinfo import environment_info  # noqa: E402
 
 FAMILIES = ("hf-best", "recipe")
@@ -346,8 +346,10 @@ def main(argv=None) -> dict[str, Any]:
         starts = {f: start_config(f, firsts[f], setup.max_steps) for f in families}
         if import_ladder_starts(ledger, ladder, rung, starts):
             print(f"[hf_best] the budget ladder's {rung} runs at the start lrs are the start points", flush=True)
+        env = environment_info()
+        env["argv"] = [display_path(a) if Path(a).is_absolute() else a for a in env.get("argv", [])]
         ledger.data.update(command=display_command("python -m benchmarks.hf_best", argv if argv is not None else sys.argv[1:]),
-                           environment=environment_info())
+                           environment=env)
         ledger.data.setdefault("setups", {})[rung] = dataclasses.asdict(setup)
         if not torch.cuda.is_available():
             torch.set_num_threads(ns.threads)
