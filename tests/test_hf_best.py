@@ -86,3 +86,28 @@ def test_lora_fine_tuning_smoke_run(tmp_path):
     assert arms["lora-adamw"]["tokens_ratio_vs_reference"] == 1.0
     assert arms["lora-adamw"]["trainable_bytes"] < arms["full-adamw"]["trainable_bytes"] / 4
     assert (tmp_path / "lora_fine_tuning.md").is_file() and (tmp_path / "lora_fine_tuning.png").is_file()
+
+
+def test_summary_of_a_search_still_running_shows_the_best_so_far_and_the_knob_being_tried():
+    mod = hb()
+    start = {"lr": 4e-3, "schedule": "cosine10", "beta2": 0.95}
+    wsd = {**start, "schedule": "wsd-1-sqrt"}
+    trying = [{**wsd, "beta2": 0.99}, {**wsd, "beta2": 0.999}]
+
+    def run(config, loss, seed=0, **extra):
+        return {"rung": "16x", "family": "hf-best", "config": config, "seed": seed, "final_eval_loss": loss, **extra}
+
+    runs = [run(start, 3.093, imported_from="budget_ladder.json"), run(start, 3.093, seed=1, imported_from="x"),
+            run(wsd, 3.006), run(trying[0], 2.99)]
+    data = {"runs": {str(i): r for i, r in enumerate(runs)},
+            "progress": {"16x": {"hf-best": {"decisions": [{"knob": "schedule", "from": "cosine10", "best_value":
+                                                             "wsd-1-sqrt", "accepted": True, "tried": {},
+                                                             "current_loss": 3.093, "best_loss": 3.006}],
+                                             "running": trying}}}}
+    view = type("View", (), {"data": data})()
+    s = mod.summarise(view, "16x")["hf-best"]
+    assert s["best"] == wsd and s["final_eval_loss"] == 3.006 and not s["complete"]
+    assert s["trying"] == {"knob": "beta2", "finished": {"0.99": 2.99, "0.999": None}, "from_loss": 3.006}
+    text = mod.markdown({"hf-best": s})
+    assert "| hf-best | beta2 | 0.95 (3.006) | 0.99: 2.990, 0.999: running | deciding |" in text
+    assert "| hf-best (search running) |" in text
