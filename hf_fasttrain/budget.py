@@ -71,13 +71,14 @@ REGIMES: tuple[BudgetRegime, ...] = (
     BudgetRegime(
         "long", math.inf,
         # AdamW at 16x: warmup-stable-decay with a 1-sqrt cooldown to 0 over the last 20% ended at 3.006 against
-        # cosine to 10%'s 3.093 (linear to 0: 3.080, cosine to 1%: 3.089, WSD with a linear cooldown: 3.018)
+        # cosine to 10%'s 3.093 (linear to 0: 3.080, cosine to 1%: 3.089, WSD with a linear cooldown: 3.018); then
+        # beta2 0.99: 2.949 (0.999: 2.957)
         {"adamw": {"lr_decay": "1-sqrt", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
-                   "adam_beta2": 0.95},
+                   "adam_beta2": 0.99},
          # the recipe (Muon) at 16x: cosine to 10% stays (2.832); linear to 0 ended at 2.823 (inside the seed
-         # noise, 0.025) and the 1-sqrt WSD cooldown to 0 at 2.936
+         # noise, 0.025) and the 1-sqrt WSD cooldown to 0 at 2.936; beta2 0.99 of Muon's AdamW part: 2.736 (0.999: 2.748)
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.95}},
+                  "adam_beta2": 0.99}},
         "long-horizon search at 16x (benchmarks/results/hf_best.md)"),
 )
 
