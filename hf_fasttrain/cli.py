@@ -207,7 +207,19 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
         print("interrupted: exiting without saving; rerun the same command to resume from the last checkpoint",
               file=sys.stderr)
         return 130
+    _close_process_group()
     return 0
+
+
+def _close_process_group() -> None:
+    """End the run's process group once training is over (a launched run of several processes).
+
+    Left to the interpreter's exit, gloo's worker threads can still hold work while Python is torn down,
+    and a rank then aborts (SIGABRT) after a run that finished; torch asks programs to call
+    ``destroy_process_group`` before they exit."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _train(argv: Sequence[str]) -> int:

@@ -418,3 +418,18 @@ def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(tmp_path, cap
     assert cli.run_recipe(["--config", "gpt2_tiny", "--output_dir", str(tmp_path)]) == 130
     assert capsys.readouterr().err == ("interrupted: exiting without saving; rerun the same command to resume from "
                                        "the last checkpoint\n")
+
+
+def test_a_finished_recipe_run_ends_its_process_group(tmp_path, monkeypatch):
+    # a launched run's gloo threads must stop before the interpreter does (else a rank can abort at exit)
+    import torch.distributed as dist
+
+    from hf_fasttrain import cli, run
+
+    def fake_train(*args, **kwargs):  # what accelerate does at the start of a launched run
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+
+    monkeypatch.setattr(run, "train", fake_train)
+    assert cli.run_recipe(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "out")]) == 0
+    assert not dist.is_initialized()
+    cli._close_process_group()  # and without one: nothing to do

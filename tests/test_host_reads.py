@@ -259,6 +259,8 @@ logs = [h for h in trainer.state.log_history if "loss" in h]
 json.dump({"world_size": args.world_size, "collated": collated[:6], "added": added,
            "tokens_seen": trainer.token_progress.tokens_seen, "lr": [h["learning_rate"] for h in logs],
            "padding": [h["padding_fraction"] for h in logs]}, open(f"{out}/rank{args.process_index}.json", "w"))
+# gloo's worker threads must stop before the interpreter does, or a rank can abort at exit
+torch.distributed.destroy_process_group()
 """
 
 
