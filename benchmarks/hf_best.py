@@ -17,15 +17,17 @@ corpus, ``multiple x 300`` steps of 16 x 128 tokens, 2% warmup, eval 12 times. T
   timescale kept) and ``optim="schedule_free_adamw"`` (constant lr, its own warmup; at x1 and x2 the lr).
 - ``recipe``: FastTrainer as the ladder's recipe (Muon + AdamW, divergence guard, EMA 0.98, sequence-length
   warmup 16 -> 128 over 30%) from its best lr at that budget; knobs: the schedule (linear to 0, 1-sqrt WSD
-  to 0 over the last 20%), beta2 of Muon's AdamW part (0.99, 0.999), the EMA (off), sequence-length warmup
-  (off), weight decay's timescale (x2, x4: Muon's matrices decay too) and the peak lr (x0.5, x2).
+  to 0 over the last 20%), beta2 of Muon's AdamW part (0.99, 0.999), NorMuon (Muon's update normalised per
+  neuron, beta2 0.95; Li et al. 2025), the EMA (off), sequence-length warmup (off), weight decay's timescale
+  (4 and 16, about half and twice the start's 7.7 at 16x: Muon's matrices decay too) and the peak lr
+  (x0.5, x2).
 
 Coordinate descent: knob by knob, from the current best, every other value of the knob is run (seed 0); the
 best of them replaces the current setting only if it lowers the final eval loss by more than the family's
 seed noise (``NOISE``: measured at 4x and 16x on the ladder's 2-seed best lrs). A second seed then runs at
 the winner. The search is a pure generator (``coordinate_descent``): it asks for a batch of settings and is
-told their losses, so a rerun replays its decisions from the JSON and runs only what is missing; the two
-families' batches run side by side (``--jobs``).
+told their losses, so a rerun replays its decisions from the JSON and runs only what is missing. The two
+families share the ``--jobs`` workers, each asking for its next batch as soon as its own has finished.
 
 Writes hf_best.json (every run, every decision) and hf_best.md into --out (benchmarks/results); the budget
 ladder's report reads hf_best.json for its hf-best rows.
@@ -36,6 +38,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import itertools
 import json
 import math
 import multiprocessing
@@ -70,11 +73,19 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
                 ("optim", ["schedule_free_adamw"])],
     "recipe": [("schedule", ["linear0", "wsd-1-sqrt"]),
                ("beta2", [0.99, 0.999]),
+               ("normuon", [0.95]),
                ("ema", [False]),
                ("seq_len_warmup", [False]),
-               ("wd_timescale", [4.0, 8.0]),
+               ("wd_timescale", [4.0, 16.0]),
                ("lr_scale", [0.5, 2.0])],
 }
+# Knobs added after a search began: absent from its start point, so the runs it has keep their keys; a
+# setting without the knob means this value.
+KNOB_DEFAULTS: dict[str, Any] = {"normuon": None}
+
+
+def knob_value(config: dict[str, Any], knob: str) -> Any:
+    return config.get(knob, KNOB_DEFAULTS.get(knob))
 
 
 def start_config(family: str, lr: float, steps: int) -> dict[str, Any]:
@@ -128,8 +139,11 @@ def arm_for(family: str, config: dict[str, Any], steps: int) -> Arm:
     base = ARMS["fasttrain"].args
     args = {k: v for k, v in base.items() if k not in ("lr_decay", "min_lr_ratio", "weight_averaging", "ema_decay",
                                                         "seq_len_warmup_min", "seq_len_warmup_fraction")}
-    args.update(learning_rate=lr, weight_decay=wd, adam_beta2=config["beta2"],
-                optimizer_kwargs={"betas": [0.9, config["beta2"]]}, **recipe_schedule(config["schedule"]))
+    optimizer_kwargs: dict[str, Any] = {"betas": [0.9, config["beta2"]]}
+    if knob_value(config, "normuon") is not None:  # NorMuon: Muon's update normalised per neuron
+        optimizer_kwargs["normuon_beta2"] = config["normuon"]
+    args.update(learning_rate=lr, weight_decay=wd, adam_beta2=config["beta2"], optimizer_kwargs=optimizer_kwargs,
+                **recipe_schedule(config["schedule"]))
     if config["ema"]:
         args.update(weight_averaging="ema", ema_decay=base["ema_decay"])
     if config["seq_len_warmup"]:
@@ -151,14 +165,14 @@ def coordinate_descent(start: dict[str, Any], knobs: list[tuple[str, list[Any]]]
     best, best_loss = dict(start), losses[config_key(start)]
     decisions = [] if decisions is None else decisions
     for knob, values in knobs:
-        trial = [{**best, knob: v} for v in values if v != best[knob]]
+        trial = [{**best, knob: v} for v in values if v != knob_value(best, knob)]
         if not trial:
             continue
         losses = yield trial
         scored = sorted(((losses[config_key(c)], i, c) for i, c in enumerate(trial)))
         loss, _, cand = scored[0]
         accepted = loss < best_loss - noise
-        decisions.append({"knob": knob, "from": best[knob], "tried": {str(c[knob]): losses[config_key(c)] for c in trial},
+        decisions.append({"knob": knob, "from": knob_value(best, knob), "tried": {str(c[knob]): losses[config_key(c)] for c in trial},
                           "current_loss": best_loss, "best_value": cand[knob], "best_loss": loss, "accepted": accepted})
         if accepted:
             best, best_loss = cand, loss
@@ -208,37 +222,69 @@ def import_ladder_starts(ledger: Ledger, ladder: dict[str, Any], rung: str, star
 
 
 def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, seeds: int, log=print) -> dict[str, Any]:
-    """Both families' coordinate descents, their batches run side by side; then later seeds at each winner."""
+    """Both families' coordinate descents over one pool of workers; then later seeds at each winner.
+
+    A family asks for its next batch as soon as its own batch has finished, so one family's long batch
+    does not hold the other back (the workers stay busy); the decisions do not depend on the order."""
     runs = ledger.data["runs"]
-
-    def run_batch(jobs: list[tuple[str, str, dict[str, Any], int]]) -> None:
-        todo = [j for j in jobs if run_key(*j) not in runs]
-        futures = [pool.submit(_run_one, j) for j in todo] if pool else None
-        results = (r.result() for r in concurrent.futures.as_completed(futures)) if pool else (_run_one(j) for j in todo)
-        for r in results:
-            runs[run_key(rung, r["family"], r["config"], r["seed"])] = r
-            ledger.save()  # each run is kept as soon as it ends
-            log(f"[hf_best] {rung} {r['family']:>7s} {config_key(r['config'])} seed {r['seed']}: "
-                f"final eval loss {r['final_eval_loss']:.4f} ({r['cpu_seconds']:.0f} CPU-s)")
-
     traces: dict[str, list] = {f: [] for f in starts}
     gens = {f: coordinate_descent(starts[f], KNOBS[f], NOISE[f], traces[f]) for f in starts}
     pending = {f: next(g) for f, g in gens.items()}
     outcome: dict[str, Any] = {}
-    while pending:
-        ledger.data.setdefault("progress", {})[rung] = {f: {"decisions": traces[f], "running": pending.get(f)}
-                                                       for f in starts}
-        ledger.save()
-        run_batch([(rung, f, c, 0) for f, batch in pending.items() for c in batch])
-        nxt = {}
-        for f, batch in pending.items():
-            losses = {config_key(c): runs[run_key(rung, f, c, 0)]["final_eval_loss"] for c in batch}
-            try:
-                nxt[f] = gens[f].send(losses)
-            except StopIteration as stop:
-                outcome[f] = stop.value
-        pending = nxt
-    run_batch([(rung, f, o["best"], s) for s in range(1, seeds) for f, o in outcome.items()])
+    futures: dict[Any, tuple] = {}  # submitted and not finished: future -> its job
+
+    def record(r: dict[str, Any]) -> None:
+        runs[run_key(rung, r["family"], r["config"], r["seed"])] = r
+        ledger.save()  # each run is kept as soon as it ends
+        log(f"[hf_best] {rung} {r['family']:>7s} {config_key(r['config'])} seed {r['seed']}: "
+            f"final eval loss {r['final_eval_loss']:.4f} ({r['cpu_seconds']:.0f} CPU-s)")
+
+    def submit(jobs: list) -> bool:
+        """Queue the jobs not run yet; without a pool run them here (True when it ran any)."""
+        ran = False
+        for job in jobs:
+            if run_key(*job) in runs or job in futures.values():
+                continue
+            if pool is None:
+                record(_run_one(job))
+                ran = True
+            else:
+                futures[pool.submit(_run_one, job)] = job
+        return ran
+
+    def advance() -> None:
+        """Feed every family whose batch has finished its next batch (a finished search: its later seeds),
+        and queue what that asks for; repeat while anything moves (a rerun replays its decisions here)."""
+        while True:
+            moved = False
+            for f in list(pending):
+                batch = pending[f]
+                if not all(run_key(rung, f, c, 0) in runs for c in batch):
+                    continue
+                losses = {config_key(c): runs[run_key(rung, f, c, 0)]["final_eval_loss"] for c in batch}
+                try:
+                    pending[f] = gens[f].send(losses)
+                except StopIteration as stop:
+                    outcome[f] = stop.value
+                    del pending[f]
+                moved = True
+            ledger.data.setdefault("progress", {})[rung] = {f: {"decisions": traces[f], "running": pending.get(f)}
+                                                           for f in starts}
+            ledger.save()
+            # the families' jobs interleaved, so each gets a worker as soon as one is free
+            per_family = [[(rung, f, c, 0) for c in batch] for f, batch in pending.items()]
+            per_family += [[(rung, f, o["best"], s) for s in range(1, seeds)] for f, o in outcome.items()]
+            jobs = [j for group in itertools.zip_longest(*per_family) for j in group if j is not None]
+            if not submit(jobs) and not moved:
+                return
+
+    advance()
+    while futures:
+        done, _ = concurrent.futures.wait(list(futures), return_when=concurrent.futures.FIRST_COMPLETED)
+        for fut in done:
+            futures.pop(fut)
+            record(fut.result())
+        advance()
     ledger.data.setdefault("searches", {})[rung] = outcome
     ledger.save()
     return outcome
@@ -272,7 +318,7 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
         if not complete:  # the knob being tried now: the values that have finished
             trying = {}
             for c in progress[family].get("running") or []:
-                knob = next((k for k in c if c[k] != best.get(k)), None)
+                knob = next((k for k in c if c[k] != knob_value(best, k)), None)
                 got = [r["final_eval_loss"] for r in runs if r["family"] == family and r["seed"] == 0
                        and config_key(r["config"]) == config_key(c)]
                 if knob is not None:
@@ -296,7 +342,7 @@ def markdown(summary: dict[str, Any]) -> str:
         t = s.get("trying")
         if t and t.get("knob"):
             tried = ", ".join(f"{v}: {'running' if loss is None else f'{loss:.3f}'}" for v, loss in t["finished"].items())
-            lines.append(f"| {family} | {t['knob']} | {s['best'][t['knob']]} ({t['from_loss']:.3f}) | {tried} | "
+            lines.append(f"| {family} | {t['knob']} | {knob_value(s['best'], t['knob'])} ({t['from_loss']:.3f}) | {tried} | "
                          "deciding |")
     lines += ["", "| family | winner (best so far while the search runs) | final eval loss (median) | seeds |",
               "|---|---|---|---|"]

@@ -111,3 +111,46 @@ def test_summary_of_a_search_still_running_shows_the_best_so_far_and_the_knob_be
     text = mod.markdown({"hf-best": s})
     assert "| hf-best | beta2 | 0.95 (3.006) | 0.99: 2.990, 0.999: running | deciding |" in text
     assert "| hf-best (search running) |" in text
+
+
+def test_families_share_the_workers_and_decide_as_one_at_a_time(tmp_path, monkeypatch):
+    import concurrent.futures
+    import threading
+
+    mod = hb()
+
+    def loss(config):  # a made-up landscape: every knob matters a little, in a fixed way
+        return (3.0 - 0.05 * (config["schedule"] == "wsd-1-sqrt") - 0.03 * (config["beta2"] == 0.99)
+                - 0.04 * (config.get("normuon") == 0.95) + 0.01 * config["lr_scale"])
+
+    order, lock = [], threading.Lock()
+
+    def fake_run(job):
+        rung, family, config, seed = job
+        with lock:
+            order.append(family)
+        return {"rung": rung, "family": family, "config": config, "seed": seed, "final_eval_loss": loss(config),
+                "cpu_seconds": 0.0}
+
+    monkeypatch.setattr(mod, "_run_one", fake_run)
+    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.FAMILIES}
+    outcomes = []
+    for pool in (None, concurrent.futures.ThreadPoolExecutor(2)):
+        order.clear()
+        ledger = mod.Ledger(tmp_path / f"{pool is None}.json")
+        outcomes.append(mod.search(ledger, "16x", starts, pool, seeds=2, log=lambda m: None))
+        runs = ledger.data["runs"]
+        n_trials = {f: 1 + sum(len([v for v in values if v != mod.knob_value(starts[f], k)]) for k, values in mod.KNOBS[f])
+                    for f in starts}
+        assert len(runs) == sum(n_trials.values()) + 2  # every value once per family, and a 2nd seed at each winner
+        if pool is not None:
+            assert order[:2] in (["hf-best", "recipe"], ["recipe", "hf-best"])  # both families start at once
+            pool.shutdown()
+    assert outcomes[0] == outcomes[1]
+    recipe = outcomes[1]["recipe"]["best"]
+    assert recipe["normuon"] == 0.95 and recipe["schedule"] == "wsd-1-sqrt"
+    assert "normuon" not in outcomes[1]["hf-best"]["best"]
+    # a knob added later is absent from the start point, so the runs made before it keep their keys
+    assert "normuon" not in starts["recipe"] and mod.knob_value(starts["recipe"], "normuon") is None
+    arm = mod.arm_for("recipe", recipe, 100)
+    assert arm.args["optimizer_kwargs"]["normuon_beta2"] == 0.95

@@ -60,6 +60,7 @@ from ._common import (
     zero_state,
 )
 from .adamw import build_adamw
+from .normuon import NORMUON_STATE, neuron_normalize
 from .orthogonalize import (
     _NS_EPS,
     NS_COEFFICIENTS,
@@ -212,8 +213,10 @@ class Muon(Optimizer):
         adjust_lr_fn: Optional[str] = None,
         ns_sharding: str = "all_gather",
         ns_batched: bool = True,
+        normuon_beta2: Optional[float] = None,
     ):
         ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises on bad values
+        _check_normuon_beta2(normuon_beta2)
         if ns_sharding not in NS_SHARDING:
             raise ValueError(f"Muon: ns_sharding must be one of {list(NS_SHARDING)}, got {ns_sharding!r}")
         check_bool("Muon", "ns_batched", ns_batched)
@@ -228,6 +231,7 @@ class Muon(Optimizer):
             "eps": eps,
             "ns_steps": ns_steps,
             "adjust_lr_fn": adjust_lr_fn,
+            "normuon_beta2": normuon_beta2,
         }
         super().__init__(params, defaults)
 
@@ -259,11 +263,26 @@ class Muon(Optimizer):
             if ortho is None:
                 full = newton_schulz(_full(update), group["ns_coefficients"], group["ns_steps"], group["eps"])
                 ortho = _like(full, p)
+            beta2 = group.get("normuon_beta2")  # (a group loaded from an older checkpoint may lack the key)
+            if beta2 is not None:
+                ortho = self._neuron_normalize(p, group, ortho, beta2)
             lr = group["lr"]
             p.mul_(1 - lr * group["weight_decay"])
             p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
         return loss
 
+
+    def _neuron_normalize(self, p: torch.Tensor, group: dict, ortho: torch.Tensor, beta2: float) -> torch.Tensor:
+        """NorMuon (`hf_fasttrain.optim.normuon`): the update normalised per output neuron."""
+        if is_dtensor(p):
+            raise ValueError("Muon: normuon_beta2 does not work on sharded (FSDP2) parameters; use DDP, or "
+                             "normuon_beta2=None")
+        dim = group.get("normuon_dim", 1)
+        state = self.state[p]
+        if NORMUON_STATE not in state:
+            shape = (p.shape[0], 1) if dim == 1 else (1, p.shape[1])
+            state[NORMUON_STATE] = torch.zeros(shape, dtype=torch.float32, device=p.device)
+        return neuron_normalize(ortho, state[NORMUON_STATE], beta2, dim)
 
     @staticmethod
     def _batched_newton_schulz(items: list) -> dict:
@@ -283,6 +302,11 @@ class Muon(Optimizer):
             for (p, _, _), ortho in zip(batch, out.unbind(0)):
                 done[p] = _like(ortho, p)
         return done
+
+
+def _check_normuon_beta2(value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1):
+        raise ValueError(f"Muon: normuon_beta2 must be None (plain Muon) or a number in [0, 1), got {value!r}")
 
 
 def _conv1d_type():
@@ -385,6 +409,10 @@ class MuonWithAdamW(Optimizer):
         cautious: cautious AdamW part (Liang et al. 2024, see `hf_fasttrain.optim.AdamW`).
         ns_sharding: under FSDP2, "all_gather" (default) or "round_robin" (see `Muon`).
         ns_batched: orthogonalise matrices of one shape together (default True; see `Muon`).
+        normuon_beta2: None (default) for Muon; a number in [0, 1) (the authors use 0.95) for NorMuon
+            (`hf_fasttrain.optim.normuon`): each update normalised per output neuron by a second moment
+            with this EMA coefficient. A group's ``normuon_dim`` (1, or 0 for `Conv1D` weights) names the
+            input axis. Not under FSDP2.
         fused: AdamW's fused kernel; None: fused when every AdamW param is on CUDA, else foreach.
             Not with `cautious` (that AdamW has no fused kernel).
 
@@ -418,6 +446,7 @@ class MuonWithAdamW(Optimizer):
         cautious: bool = False,
         ns_sharding: str = "all_gather",
         ns_batched: bool = True,
+        normuon_beta2: Optional[float] = None,
     ):
         if not hasattr(torch.optim, "Muon"):
             raise ImportError(f"MuonWithAdamW needs torch.optim.Muon (torch >= 2.9), found torch {torch.__version__}")
@@ -444,7 +473,9 @@ class MuonWithAdamW(Optimizer):
             "ns_steps": ns_steps,
             "adjust_lr_fn": adjust_lr_fn,
             "ns_coefficients": ns_coefficients,
+            "normuon_beta2": normuon_beta2,
         }
+        _check_normuon_beta2(normuon_beta2)
         self._cautious = cautious
         check_bool("Muon", "ns_batched", ns_batched)
         self._ns_sharding = ns_sharding

@@ -176,6 +176,7 @@ def create_muon(
     cautious: bool = False,
     ns_sharding: str = "all_gather",
     ns_batched: bool = True,
+    normuon_beta2: Optional[float] = None,
 ) -> MuonWithAdamW:
     """Muon on the hidden matrices, AdamW on the rest (see `muon_routing`), as one optimizer.
 
@@ -188,6 +189,9 @@ def create_muon(
     Newton-Schulz iteration; `cautious` makes the AdamW part cautious (Liang et al. 2024);
     `ns_sharding` ("all_gather" or "round_robin") how FSDP2-sharded matrices are orthogonalised;
     `ns_batched` (default True) orthogonalises matrices of one shape in one batched Newton-Schulz.
+    `normuon_beta2` (default None: Muon) turns the matrix part into NorMuon (Li et al. 2025; see
+    `hf_fasttrain.optim.normuon`, the authors use 0.95): Muon groups are then split by layout too, a
+    `Conv1D` weight's group carrying ``normuon_dim=0`` so its neurons are its columns.
     """
     lr = 1e-3 if lr is None else lr
     weight_decay = 0.1 if weight_decay is None else weight_decay
@@ -203,16 +207,19 @@ def create_muon(
     named = dict(model.named_parameters())
     conv1d_ids = {id(m.weight) for m in model.modules() if isinstance(m, _conv1d_type())}
 
-    by_multiplier: dict[float, list] = {}
+    by_multiplier: dict[tuple, list] = {}
     for name, route in routing.items():
         if route != "muon":
             continue
         p = named[name]
-        mult = conv1d_lr_multiplier(p.shape, adjust_lr_fn) if id(p) in conv1d_ids else 1.0
-        by_multiplier.setdefault(mult, []).append((name, p))
+        conv1d = id(p) in conv1d_ids
+        mult = conv1d_lr_multiplier(p.shape, adjust_lr_fn) if conv1d else 1.0
+        layout = (conv1d,) if normuon_beta2 is not None else ()  # NorMuon: a Conv1D's neurons are its columns
+        by_multiplier.setdefault((mult, *layout), []).append((name, p))
     groups = [
-        {"params": params, "use_muon": True, "lr": muon_lr * mult, "weight_decay": weight_decay / mult}
-        for mult, params in by_multiplier.items()
+        {"params": params, "use_muon": True, "lr": muon_lr * key[0], "weight_decay": weight_decay / key[0],
+         **({"normuon_dim": 0 if key[1] else 1} if normuon_beta2 is not None else {})}
+        for key, params in by_multiplier.items()
     ]
     adamw_names = {n for n, r in routing.items() if r == "adamw"}
     for g in decay_param_groups(model, weight_decay, names=adamw_names):
@@ -232,6 +239,7 @@ def create_muon(
         cautious=cautious,
         ns_sharding=ns_sharding,
         ns_batched=ns_batched,
+        normuon_beta2=normuon_beta2,
     )
 
 
@@ -316,7 +324,8 @@ def create_optimizer(
     factory = get_optimizer_factory(name)
     _check_options(name, kwargs)
     mode = detect_sharding(model=model) if sharding is None else sharding
-    check_sharding_support(name, mode, cautious=bool(kwargs.get("cautious", False)))
+    check_sharding_support(name, mode, cautious=bool(kwargs.get("cautious", False)),
+                           normuon=kwargs.get("normuon_beta2") is not None)
     return factory(model, lr=lr, weight_decay=weight_decay, **kwargs)
 
 
@@ -430,7 +439,8 @@ def optimizer_cls_and_kwargs_for(name: str, args: Any = None, **kwargs) -> tuple
             )
         # Only the sharding settings (reading args.world_size would set up the process group).
         probe = SimpleNamespace(**{k: getattr(args, k, None) for k in ("deepspeed", "fsdp", "fsdp_config")})
-        check_sharding_support(name, detect_sharding(args=probe), cautious=bool(merged.get("cautious", False)))
+        check_sharding_support(name, detect_sharding(args=probe), cautious=bool(merged.get("cautious", False)),
+                               normuon=merged.get("normuon_beta2") is not None)
         return OptimizerFactory(name), merged
     missing = [k for k in ("lr", "weight_decay") if k not in kwargs]
     if name == "ademamix" and "T_alpha_beta3" not in kwargs:

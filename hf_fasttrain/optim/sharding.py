@@ -14,6 +14,7 @@ Support (checked by `tests/test_optim_sharded.py` for single/ddp/fsdp2 on 2 CPU 
 |---|---|---|---|
 | adamw, lion, ademamix | yes | yes (element-wise; equal to 1 process) | yes (element-wise), but not `cautious` |
 | muon | yes | yes (each matrix gathered for Newton-Schulz) | refused |
+| muon with `normuon_beta2` (NorMuon) | yes | refused (per-neuron norms span shards) | refused |
 | soap | yes | refused (preconditioners per shard) | refused |
 
 `cautious` rescales per tensor (numel / kept); on flattened partitions that count spans a partition,
@@ -44,6 +45,7 @@ _INSTEAD = {
     "soap": "use DDP (recipes/accelerate/multi_gpu_ddp.yaml), or under sharding an element-wise optimizer "
     "(adamw, lion, ademamix) or muon with FSDP2",
     "cautious": "use DDP or FSDP2 (recipes/accelerate/fsdp.yaml), or cautious=False",
+    "normuon": "use DDP (recipes/accelerate/multi_gpu_ddp.yaml), or under FSDP2 plain muon (normuon_beta2: null)",
 }
 _MODE_TEXT = {
     "fsdp2": "FSDP2 (parameters sharded on dim 0; SOAP's preconditioners would be built per shard)",
@@ -154,12 +156,16 @@ def detect_sharding(
     return "ddp" if world > 1 else "single"
 
 
-def sharding_support(name: str, mode: str, cautious: bool = False) -> Optional[str]:
-    """None when optimizer `name` gives the single-process update under `mode`; else why not (one line)."""
+def sharding_support(name: str, mode: str, cautious: bool = False, normuon: bool = False) -> Optional[str]:
+    """None when optimizer `name` gives the single-process update under `mode`; else why not (one line).
+    `normuon`: Muon with ``normuon_beta2`` set (NorMuon)."""
     if mode not in SHARDING_MODES:
         raise ValueError(f"sharding mode must be one of {list(SHARDING_MODES)}, got {mode!r}")
     if mode in ("single", "ddp"):
         return None
+    if name == "muon" and normuon and mode == "fsdp2":
+        return (f"optimizer_kwargs: normuon_beta2 (NorMuon) does not work under {_MODE_TEXT[mode]}: its "
+                f"per-neuron normalisation and norms span shards; {_INSTEAD['normuon']}")
     if name == "muon" and mode == "fsdp2":
         return None
     if name in ("muon", "soap"):
@@ -172,7 +178,7 @@ def sharding_support(name: str, mode: str, cautious: bool = False) -> Optional[s
     return None
 
 
-def check_sharding_support(name: str, mode: str, cautious: bool = False) -> None:
+def check_sharding_support(name: str, mode: str, cautious: bool = False, normuon: bool = False) -> None:
     """Raise ValueError (one line: optimizer, mode, what works instead) if `name` is wrong under `mode`.
 
     Example:
@@ -183,7 +189,7 @@ def check_sharding_support(name: str, mode: str, cautious: bool = False) -> None
         ...
         ValueError: optimizer: 'muon' does not work under DeepSpeed ZeRO (the optimizer is handed flattened partitions); use DDP (recipes/accelerate/multi_gpu_ddp.yaml) or FSDP2 (recipes/accelerate/fsdp.yaml), or an element-wise optimizer (adamw, lion, ademamix)
     """
-    reason = sharding_support(name, mode, cautious)
+    reason = sharding_support(name, mode, cautious, normuon)
     if reason is not None:
         raise ValueError(reason)
 
