@@ -18,7 +18,8 @@ corpus, ``multiple x 300`` steps of 16 x 128 tokens, 2% warmup, eval 12 times. T
 - ``recipe``: FastTrainer as the ladder's recipe (Muon + AdamW, divergence guard, EMA 0.98, sequence-length
   warmup 16 -> 128 over 30%) from its best lr at that budget; knobs: the schedule (linear to 0, 1-sqrt WSD
   to 0 over the last 20%), beta2 of Muon's AdamW part (0.99, 0.999), NorMuon (Muon's update normalised per
-  neuron, beta2 0.95; Li et al. 2025), the EMA (off), sequence-length warmup (off), weight decay's timescale
+  neuron, beta2 0.95; Li et al. 2025), cautious weight decay on Muon's matrices (Chen et al. 2025), the
+  AdamW part's lr (embeddings, head and norms at x0.25 of Muon's: AdamW's own best lr), the EMA (off), sequence-length warmup (off), weight decay's timescale
   (4 and 16, about half and twice the start's 7.7 at 16x: Muon's matrices decay too) and the peak lr
   (x0.5, x2).
 
@@ -74,6 +75,8 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
     "recipe": [("schedule", ["linear0", "wsd-1-sqrt"]),
                ("beta2", [0.99, 0.999]),
                ("normuon", [0.95]),
+               ("cautious_wd", [True]),
+               ("adamw_lr_scale", [0.25]),
                ("ema", [False]),
                ("seq_len_warmup", [False]),
                ("wd_timescale", [4.0, 16.0]),
@@ -81,7 +84,7 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
 }
 # Knobs added after a search began: absent from its start point, so the runs it has keep their keys; a
 # setting without the knob means this value.
-KNOB_DEFAULTS: dict[str, Any] = {"normuon": None}
+KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_lr_scale": 1.0}
 
 
 def knob_value(config: dict[str, Any], knob: str) -> Any:
@@ -142,7 +145,12 @@ def arm_for(family: str, config: dict[str, Any], steps: int) -> Arm:
     optimizer_kwargs: dict[str, Any] = {"betas": [0.9, config["beta2"]]}
     if knob_value(config, "normuon") is not None:  # NorMuon: Muon's update normalised per neuron
         optimizer_kwargs["normuon_beta2"] = config["normuon"]
-    args.update(learning_rate=lr, weight_decay=wd, adam_beta2=config["beta2"], optimizer_kwargs=optimizer_kwargs,
+    if knob_value(config, "cautious_wd"):  # Muon's matrices decay only where the update has their sign
+        optimizer_kwargs["cautious_wd"] = True
+    adamw_scale = knob_value(config, "adamw_lr_scale")
+    if adamw_scale != 1.0:  # the AdamW part (embeddings, head, norms) at its own lr; Muon's stays
+        optimizer_kwargs["muon_lr"] = lr
+    args.update(learning_rate=lr * adamw_scale, weight_decay=wd, adam_beta2=config["beta2"], optimizer_kwargs=optimizer_kwargs,
                 **recipe_schedule(config["schedule"]))
     if config["ema"]:
         args.update(weight_averaging="ema", ema_decay=base["ema_decay"])

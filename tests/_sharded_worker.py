@@ -26,6 +26,7 @@ KW = {
     "muon": {"lr": 2e-2, "weight_decay": 0.1},
     "muon-roundrobin": {"lr": 2e-2, "weight_decay": 0.1, "ns_sharding": "round_robin"},
     "muon-polar-cautious": {"lr": 2e-2, "weight_decay": 0.1, "ns_coefficients": "polar_express", "cautious": True},
+    "muon-cautious-wd": {"lr": 2e-2, "weight_decay": 0.5, "cautious_wd": True},
 }
 
 

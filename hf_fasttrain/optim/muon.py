@@ -7,6 +7,7 @@ computed with 5 Newton-Schulz iterations:
     B_t     = mu B_{t-1} + g_t;   U_t = g_t + mu B_t (Nesterov)
     O_t     = NewtonSchulz5(U_t)                      # ~ U V^T of the SVD U S V^T of U_t
     theta_t = theta_{t-1} (1 - lr lambda) - lr * s(A, B) * O_t
+    (with `cautious_wd`, Chen et al. 2025: the decay only where O_t theta_{t-1} >= 0)
 
 It is meant for the hidden weight matrices only; embeddings, the LM head, biases and norms are
 trained with AdamW. `torch.optim.Muon` (torch >= 2.9) does the Muon part here and
@@ -214,9 +215,11 @@ class Muon(Optimizer):
         ns_sharding: str = "all_gather",
         ns_batched: bool = True,
         normuon_beta2: Optional[float] = None,
+        cautious_wd: bool = False,
     ):
         ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises on bad values
         _check_normuon_beta2(normuon_beta2)
+        check_bool("Muon", "cautious_wd", cautious_wd)
         if ns_sharding not in NS_SHARDING:
             raise ValueError(f"Muon: ns_sharding must be one of {list(NS_SHARDING)}, got {ns_sharding!r}")
         check_bool("Muon", "ns_batched", ns_batched)
@@ -232,6 +235,7 @@ class Muon(Optimizer):
             "ns_steps": ns_steps,
             "adjust_lr_fn": adjust_lr_fn,
             "normuon_beta2": normuon_beta2,
+            "cautious_wd": cautious_wd,
         }
         super().__init__(params, defaults)
 
@@ -267,7 +271,10 @@ class Muon(Optimizer):
             if beta2 is not None:
                 ortho = self._neuron_normalize(p, group, ortho, beta2)
             lr = group["lr"]
-            p.mul_(1 - lr * group["weight_decay"])
+            if group.get("cautious_wd"):  # decay only where it pulls the way the update goes
+                p.sub_(p * (ortho * p >= 0), alpha=lr * group["weight_decay"])
+            else:
+                p.mul_(1 - lr * group["weight_decay"])
             p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
         return loss
 
@@ -413,6 +420,10 @@ class MuonWithAdamW(Optimizer):
             (`hf_fasttrain.optim.normuon`): each update normalised per output neuron by a second moment
             with this EMA coefficient. A group's ``normuon_dim`` (1, or 0 for `Conv1D` weights) names the
             input axis. Not under FSDP2.
+        cautious_wd: cautious weight decay on the Muon matrices (Chen et al. 2025, arXiv:2510.12402):
+            an element decays only where the update and the weight have the same sign, i.e. where the
+            decay moves it the way the update does: theta -= lr (s O + wd 1[O theta >= 0] theta).
+            Element-wise, so FSDP2 gives the single-process step. The AdamW part decays as AdamW.
         fused: AdamW's fused kernel; None: fused when every AdamW param is on CUDA, else foreach.
             Not with `cautious` (that AdamW has no fused kernel).
 
@@ -447,6 +458,7 @@ class MuonWithAdamW(Optimizer):
         ns_sharding: str = "all_gather",
         ns_batched: bool = True,
         normuon_beta2: Optional[float] = None,
+        cautious_wd: bool = False,
     ):
         if not hasattr(torch.optim, "Muon"):
             raise ImportError(f"MuonWithAdamW needs torch.optim.Muon (torch >= 2.9), found torch {torch.__version__}")
@@ -474,8 +486,10 @@ class MuonWithAdamW(Optimizer):
             "adjust_lr_fn": adjust_lr_fn,
             "ns_coefficients": ns_coefficients,
             "normuon_beta2": normuon_beta2,
+            "cautious_wd": cautious_wd,
         }
         _check_normuon_beta2(normuon_beta2)
+        check_bool("Muon", "cautious_wd", cautious_wd)
         self._cautious = cautious
         check_bool("Muon", "ns_batched", ns_batched)
         self._ns_sharding = ns_sharding

@@ -177,6 +177,7 @@ def create_muon(
     ns_sharding: str = "all_gather",
     ns_batched: bool = True,
     normuon_beta2: Optional[float] = None,
+    cautious_wd: bool = False,
 ) -> MuonWithAdamW:
     """Muon on the hidden matrices, AdamW on the rest (see `muon_routing`), as one optimizer.
 
@@ -192,6 +193,7 @@ def create_muon(
     `normuon_beta2` (default None: Muon) turns the matrix part into NorMuon (Li et al. 2025; see
     `hf_fasttrain.optim.normuon`, the authors use 0.95): Muon groups are then split by layout too, a
     `Conv1D` weight's group carrying ``normuon_dim=0`` so its neurons are its columns.
+    `cautious_wd` decays a Muon matrix's element only where the update has its sign (Chen et al. 2025).
     """
     lr = 1e-3 if lr is None else lr
     weight_decay = 0.1 if weight_decay is None else weight_decay
@@ -240,6 +242,7 @@ def create_muon(
         ns_sharding=ns_sharding,
         ns_batched=ns_batched,
         normuon_beta2=normuon_beta2,
+        cautious_wd=cautious_wd,
     )
 
 

@@ -15,6 +15,7 @@ Support (checked by `tests/test_optim_sharded.py` for single/ddp/fsdp2 on 2 CPU 
 | adamw, lion, ademamix | yes | yes (element-wise; equal to 1 process) | yes (element-wise), but not `cautious` |
 | muon | yes | yes (each matrix gathered for Newton-Schulz) | refused |
 | muon with `normuon_beta2` (NorMuon) | yes | refused (per-neuron norms span shards) | refused |
+| muon with `cautious_wd` | yes | yes (element-wise) | refused |
 | soap | yes | refused (preconditioners per shard) | refused |
 
 `cautious` rescales per tensor (numel / kept); on flattened partitions that count spans a partition,
