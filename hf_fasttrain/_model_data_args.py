@@ -115,7 +115,8 @@ class ModelArguments:
     lora_modules_to_save: Optional[str] = field(
         default=None,
         metadata={"help": "Comma-separated modules trained in full beside the adapters and saved with them "
-                  "(e.g. 'lm_head'). Default: none."},
+                  "(e.g. 'lm_head'; on a base whose head is tied to its input embedding, as GPT-2's, that one matrix "
+                  "trains and stays tied). Default: none."},
     )
     lora_use_dora: bool = field(
         default=False, metadata={"help": "DoRA (weight-decomposed LoRA, Liu et al. 2024) instead of plain LoRA."})

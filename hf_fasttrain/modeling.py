@@ -6,6 +6,8 @@ into the family's config, and :func:`build_model` builds it with ``AutoModelForC
 
 from __future__ import annotations
 
+import inspect
+
 from typing import TYPE_CHECKING
 
 from ._validation import ConfigError
@@ -125,9 +127,15 @@ def apply_lora(model, model_args: "ModelArguments"):
         model = peft.prepare_model_for_kbit_training(model)
     target, to_save = model_args.lora_modules()
     conv1d = _has_conv1d(model)
+    extra = {}
+    if (set(to_save or ()) & _tied_embedding_names(model)
+            and "ensure_weight_tying" in inspect.signature(peft.LoraConfig).parameters):
+        # a tied base stays tied: the head and the input embedding train as one copy (else peft unties them
+        # and the merged model carries two matrices where the base had one)
+        extra["ensure_weight_tying"] = True
     config = peft.LoraConfig(r=model_args.lora_r, lora_alpha=model_args.lora_alpha, lora_dropout=model_args.lora_dropout,
                              target_modules=target, modules_to_save=to_save, use_dora=model_args.lora_use_dora,
-                             fan_in_fan_out=conv1d, task_type="CAUSAL_LM")
+                             fan_in_fan_out=conv1d, task_type="CAUSAL_LM", **extra)
     try:
         return peft.get_peft_model(model, config)
     except ValueError as e:  # e.g. "Target modules {'q_proj'} not found in the base model"
@@ -138,6 +146,16 @@ def apply_lora(model, model_args: "ModelArguments"):
 def merge_lora(model):
     """The base with the adapters merged in (peft's ``merge_and_unload``): a plain transformers model."""
     return model.merge_and_unload()
+
+
+def _tied_embedding_names(model) -> set[str]:
+    """Module names (full and last part) of the output head and input embedding when they share one matrix
+    (``tie_word_embeddings``, GPT-2's default); empty otherwise."""
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or embed is None or head.weight is not embed.weight:
+        return set()
+    names = {n for n, m in model.named_modules() if m is head or m is embed}
+    return names | {n.rsplit(".", 1)[-1] for n in names}
 
 
 def _has_conv1d(model) -> bool:

@@ -179,3 +179,28 @@ def test_dora_adds_trainable_magnitudes_that_muon_leaves_to_adamw():
     routed = {n: g["use_muon"] for g in opt.param_groups for n in g["param_names"]}
     assert not any(routed[n] for n in magnitudes)  # 1-D: AdamW
     assert all(routed[n] for n in trainable if "lora_A" in n or "lora_B" in n)
+
+
+def test_a_tied_base_stays_tied_when_the_head_trains_in_full(recwarn):
+    # GPT-2 ties its head to its input embedding: `lora_modules_to_save: lm_head` trains that one matrix (one
+    # copy, no peft warning), and the merged model is tied again, with the trained weights in it
+    from hf_fasttrain.modeling import apply_lora, merge_lora
+
+    model = make_tiny_gpt2(64)
+    lora = apply_lora(model, ModelArguments(model_name_or_path="base", lora_r=4, lora_modules_to_save="lm_head"))
+    assert not [w for w in recwarn.list if "tie" in str(w.message)]
+    copies = [n for n, p in lora.named_parameters() if p.requires_grad and "modules_to_save" in n]
+    assert copies == ["base_model.model.transformer.wte.modules_to_save.default.weight"]
+    trained = dict(lora.named_parameters())[copies[0]]
+    with torch.no_grad():
+        trained.add_(0.5)
+    merged = merge_lora(lora)
+    assert merged.lm_head.weight is merged.transformer.wte.weight
+    torch.testing.assert_close(merged.lm_head.weight, trained.detach())
+    # an untied head (or no embedding in modules_to_save) is left as peft has it
+    untied = make_tiny_gpt2(64)
+    untied.config.tie_word_embeddings = False
+    untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())
+    lora = apply_lora(untied, ModelArguments(model_name_or_path="base", lora_r=4, lora_modules_to_save="lm_head"))
+    assert [n for n, p in lora.named_parameters() if "modules_to_save" in n and p.requires_grad] == [
+        "base_model.model.lm_head.modules_to_save.default.weight"]
