@@ -294,12 +294,29 @@ def split_flags(argv: Sequence[str], schema: Mapping[str, Option], extra: Sequen
     return out
 
 
+def _no_auto_lr() -> str:
+    """Why ``learning_rate: auto`` is refused, in the measured figures of the lr law's leave-one-out check."""
+    from .budget import learning_rate_law_check
+
+    def miss(r):
+        return max(r["ratio"], 1 / r["ratio"])
+
+    adamw = max(miss(r) for r in learning_rate_law_check("adamw"))
+    longest = max(learning_rate_law_check("muon"), key=lambda r: r["tokens_per_param"])
+    return (f"'auto' is not offered: the measured lr law missed points left out of its fit by up to {adamw:.2g}x "
+            f"for AdamW and by {miss(longest):.2g}x for Muon's longest run (see the schedules page, 'Settings by "
+            f"run length')")
+
+
 def _number(field: str, value: Any, kind: str) -> Any:
     """A range-checked field's raw value as the number it means (YAML '1e-5', CLI '300')."""
     if isinstance(value, str):
         text = value.strip()
         if text.lower() in ("null", "none") :
             return None
+        if field == "learning_rate" and text.lower() == "auto":
+            raise ConfigError(field, value, "give the peak lr as a number (each bundled recipe has its swept one)",
+                              problem=_no_auto_lr())
         try:
             return int(text) if kind == "int" else float(text)
         except ValueError:

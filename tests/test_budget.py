@@ -105,3 +105,16 @@ def test_budget_aware_without_known_tokens_is_one_line(tmp_path, tiny_tokenizer)
     args = tiny_args(tmp_path, budget_aware=True, lr_decay="cosine", run_record=False)
     with pytest.raises(ConfigError, match="budget_aware: .*needs the run's tokens"):
         FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=rows)
+
+
+def test_learning_rate_auto_is_refused_in_one_line_with_the_checks_figures(tmp_path, capsys):
+    from hf_fasttrain.budget import learning_rate_law_check
+    from hf_fasttrain.cli import run_recipe
+
+    assert run_recipe(["--config", "gpt2_tiny", "--learning_rate", "auto", "--output_dir", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: learning_rate: 'auto' is not offered")
+    worst = max(max(r["ratio"], 1 / r["ratio"]) for r in learning_rate_law_check("adamw"))
+    longest = max(learning_rate_law_check("muon"), key=lambda r: r["tokens_per_param"])
+    assert f"up to {worst:.2g}x for AdamW" in err and f"by {1 / longest['ratio']:.2g}x for Muon's" in err
+    assert not (tmp_path / "o").exists()  # refused before any work
