@@ -78,7 +78,7 @@ class RecipeTrialRunner:
             "restart_num_seeds": 1,
             "restart_stop_at_step": until_step,
             "resume_from_checkpoint": last_complete_checkpoint(trial.output_dir, before_step=until_step, extra=[resume_from],
-                                                              required=checkpoint_extras(self.training_args)),
+                                                              required=checkpoint_extras(self.training_args, self.data_args)),
             "auto_resume": False,
         }
         changes.update(self.trial_overrides.get(trial.index, {}))

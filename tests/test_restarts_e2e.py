@@ -211,3 +211,25 @@ def test_parallel_per_gpu_runs_trials_as_recipe_subprocesses(tmp_path):
     vals = [r["rung_metrics"][0] for r in summary["trials"]]
     assert summary["winner"] == ["seed-0", "seed-1"][vals.index(min(vals))]
     assert vals[0] != vals[1]
+
+
+def test_a_streaming_trial_resumes_only_from_a_checkpoint_with_its_stream_position(tmp_path):
+    # a kill between the Trainer's save and the stream position's leaves a checkpoint without it: skipped
+    from hf_fasttrain.restarts import TrialSpec
+    from hf_fasttrain.run import checkpoint_extras
+
+    m, d, t = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "run")])
+    d.streaming = True
+    trial = TrialSpec("seed-0", 0, model_seed=1, data_seed=1, max_steps=10, output_dir=str(tmp_path / "seed-0"))
+    for step, position in ((2, True), (4, False)):
+        ckpt = tmp_path / "seed-0" / f"checkpoint-{step}"
+        ckpt.mkdir(parents=True)
+        for name in ("trainer_state.json", *checkpoint_extras(t)):  # the recipe's own extras (its average)
+            (ckpt / name).write_text("{}")
+        if position:
+            (ckpt / "stream_position_rank0.json").write_text("{}")
+    args = RecipeTrialRunner(m, d, t).trial_args(trial, until_step=10, resume_from=None)
+    assert args.resume_from_checkpoint == str(tmp_path / "seed-0" / "checkpoint-2")
+    d.streaming = False  # a dataset on disk needs no position: the newest checkpoint
+    args = RecipeTrialRunner(m, d, t).trial_args(trial, until_step=10, resume_from=None)
+    assert args.resume_from_checkpoint == str(tmp_path / "seed-0" / "checkpoint-4")
