@@ -5,10 +5,13 @@
 
 Trains a tiny GPT-2 (2 layers, 32 wide, vocab 64, 32 tokens) on learnable sequences
 ``(a + b*i) mod 64`` for ``--steps`` optimizer steps (AdamW 3e-3, 10 warmup steps then cosine,
-batch 16, checkpoint every 25 steps) in four setups:
+batch 16, checkpoint every 25 steps) in six setups:
 
 - ``fasttrainer``: ``FastTrainer`` as the recipes set it (``clip_mode: norm``, ``max_grad_norm: 1``,
   ``divergence_guard: true``, snapshot every 20 steps);
+- ``fasttrainer+ema``, ``fasttrainer+lawa``: the same with a weight average (EMA 0.99, or LAWA over the
+  last 5 copies 10 steps apart), which the guard rolls back with the weights; the final model is the
+  average, and every checkpoint's ``weight_average.pt`` is scanned too;
 - ``trainer+mixin``: a plain ``transformers.Trainer`` with ``StabilityTrainerMixin`` mixed in and
   ``DivergenceGuardCallback(snapshot_every=20)`` added, ``max_grad_norm=1``;
 - ``trainer+callbacks``: the same without the mixin (the guard reads the loss from the logs,
@@ -52,7 +55,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from hf_fasttrain import DivergenceError, DivergenceGuardCallback, FastTrainer, FastTrainingArguments  # noqa: E402
-from hf_fasttrain.callbacks import StabilityTrainerMixin  # noqa: E402
+from hf_fasttrain.callbacks import StabilityTrainerMixin, WeightAveragingCallback  # noqa: E402
 from hf_fasttrain.callbacks.clipping import GradientClippingCallback  # noqa: E402
 
 from benchmarks._harness import RESULTS, write_json  # noqa: E402
@@ -61,7 +64,7 @@ V, T, BS = 64, 32, 16
 SAVE_EVERY, SNAPSHOT_EVERY, RESUME_AT = 25, 20, 75
 ONE_MATRIX = "transformer.h.0.mlp.c_fc.weight"
 
-SETUPS = ("fasttrainer", "trainer+mixin", "trainer+callbacks", "bare")
+SETUPS = ("fasttrainer", "fasttrainer+ema", "fasttrainer+lawa", "trainer+mixin", "trainer+callbacks", "bare")
 INJECTIONS = {
     "none": "clean run",
     "nan_loss": "NaN loss at step {at}",
@@ -179,9 +182,10 @@ def make_trainer(setup: str, out: Path, steps: int, faults: dict[int, str], extr
     )
     common.update(overrides)
     callbacks = list(extra_callbacks)
-    if setup == "fasttrainer":
+    if setup.startswith("fasttrainer"):
         args = FastTrainingArguments(
-            **common, auto_resume=False, clip_mode="norm", divergence_guard=True, guard_snapshot_every=SNAPSHOT_EVERY
+            **common, auto_resume=False, clip_mode="norm", divergence_guard=True, guard_snapshot_every=SNAPSHOT_EVERY,
+            weight_averaging=setup.partition("+")[2] or "none",
         )
         cls = InjectedFastTrainer
     else:
@@ -219,7 +223,7 @@ def nonfinite_on_disk(out: Path) -> dict[str, int]:
                 yield from walk(v)
 
     for ckpt in sorted(out.glob("checkpoint-*")):
-        for f in sorted(ckpt.glob("*.safetensors")) + sorted(ckpt.glob("optimizer.pt")):
+        for f in sorted(ckpt.glob("*.safetensors")) + sorted(ckpt.glob("optimizer.pt")) + sorted(ckpt.glob("weight_average.pt")):
             loaded = safetensors.torch.load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, weights_only=True)
             ts = [t for t in walk(loaded) if t.is_floating_point()]
             n_bad = sum(1 for t in ts if not bool(torch.isfinite(t).all()))
@@ -256,6 +260,7 @@ def run_one(setup: str, injection: str, steps: int, at: int, work: Path, advice:
     finite = all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters())
     eval_loss = float(trainer.evaluate()["eval_loss"]) if finite else float("nan")
     guard = guard_of(trainer)
+    averager = next((cb for cb in trainer.callback_handler.callbacks if isinstance(cb, WeightAveragingCallback)), None)
     events = [] if guard is None else list(guard.memory.events)
     injected = sorted(faults) or ([at] if injection == "nan_weight" else [])
     # what the guard did about the fault: events at the injected steps or within 2 steps after them
@@ -278,6 +283,8 @@ def run_one(setup: str, injection: str, steps: int, at: int, work: Path, advice:
         "detected": None if guard is None else bool(near) if injected else not events,
         "actions": [f"{e['kind']}@{e['step']}" for e in near],
         "disk": nonfinite_on_disk(out),
+        # with a weight average: whether the final model is it (a non-finite average is not shipped)
+        "final_is_average": None if averager is None or averager.average is None else bool(averager.average.finite()),
         "cpu_seconds": round(time.process_time() - t0, 1),
     }
 
@@ -334,7 +341,7 @@ def plot(result: dict, path: Path) -> None:
     setups = [s for s in SETUPS if any(r["setup"] == s for r in result["runs"])]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.6))
     width = 0.8 / max(len(setups), 1)
-    colors = {"fasttrainer": "tab:blue", "trainer+mixin": "tab:purple", "trainer+callbacks": "tab:orange", "bare": "tab:green"}
+    colors = {"fasttrainer": "tab:blue", "fasttrainer+ema": "tab:cyan", "fasttrainer+lawa": "tab:olive", "trainer+mixin": "tab:purple", "trainer+callbacks": "tab:orange", "bare": "tab:green"}
     for k, setup in enumerate(setups):
         clean = next((r["eval_loss"] for r in result["runs"] if r["setup"] == setup and r["injection"] == "none"), None)
         xs, deltas, bad = [], [], []
@@ -402,10 +409,18 @@ def main(argv=None) -> dict[str, Any]:
               f"nonfinite on disk={result['disk']['nonfinite_tensors']}", flush=True)
         return result
 
-    runs = []
-    for inj in args.injections:
-        for setup in args.setups:
-            runs.append(cached(f"{setup}__{inj}".replace("+", "_"), lambda s=setup, i=inj: run_one(s, i, args.steps, args.at, work)))
+    done = {(inj, setup): cached(f"{setup}__{inj}".replace("+", "_"), lambda s=setup, i=inj: run_one(s, i, args.steps, args.at, work))
+            for inj in args.injections for setup in args.setups}
+    # the other setups' and injections' runs of the same steps stay in the table (a run for a new setup
+    # adds its rows to it)
+    previous_path, previous = Path(args.out) / "faults.json", {}
+    if previous_path.exists() and not args.fresh:
+        previous = json.loads(previous_path.read_text())
+        if {k: previous.get("config", {}).get(k) for k in ("steps", "at")} != {"steps": args.steps, "at": args.at}:
+            previous = {}
+        for r in previous.get("runs", []):
+            done.setdefault((r["injection"], r["setup"]), r)
+    runs = [done[(inj, setup)] for inj in INJECTIONS for setup in SETUPS if (inj, setup) in done]
     advice = []
     if not args.no_advice:
         for name, adv in ADVICE.items():
@@ -413,6 +428,8 @@ def main(argv=None) -> dict[str, Any]:
             key = "advice__" + name.replace(" ", "_").replace(",", "").replace("=", "").replace("+", "plus")
             r = cached(key, lambda s=setup, a=adv: run_one(s, "grad_x1e6_warmup", args.steps, args.at, work, advice=a))
             advice.append({**r, "setup": name})
+    else:
+        advice = previous.get("advice", [])
     result = {
         "benchmark": "faults",
         "config": {"steps": args.steps, "at": args.at, "command": "python -m benchmarks.faults"

@@ -33,3 +33,11 @@ def test_faults_benchmark_short_run(tmp_path):
     # rerun: every run is read back, none trained again
     again = faults.main(argv)
     assert [r["cpu_seconds"] for r in again["runs"]] == [r["cpu_seconds"] for r in result["runs"]]
+    # a later run for a weight-average setup adds its rows to the table: NaN written into the weights after an
+    # update, with EMA: the guard rolls the average back with them, the final model is the (finite) average
+    more = faults.main(["--steps", "90", "--at", "70", "--injections", "nan_weight", "--setups", "fasttrainer+ema",
+                        "--no-advice", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")])
+    assert len(more["runs"]) == 5
+    ema = next(r for r in more["runs"] if r["setup"] == "fasttrainer+ema")
+    assert ema["survived"] and ema["final_is_average"] is True and ema["guard"]["rollbacks"] >= 1
+    assert ema["disk"]["nonfinite_tensors"] == 0 and ema["disk"]["files"] == 12  # + weight_average.pt each
