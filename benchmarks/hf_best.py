@@ -18,14 +18,16 @@ corpus, ``multiple x 300`` steps of 16 x 128 tokens, 2% warmup, eval 12 times. T
 - ``recipe``: FastTrainer as the ladder's recipe (Muon + AdamW, divergence guard, EMA 0.98, sequence-length
   warmup 16 -> 128 over 30%) from its best lr at that budget; knobs: the schedule (linear to 0, 1-sqrt WSD
   to 0 over the last 20%), beta2 of Muon's AdamW part (0.99, 0.999), NorMuon (Muon's update normalised per
-  neuron, beta2 0.95; Li et al. 2025), cautious weight decay on Muon's matrices (Chen et al. 2025), the
+  neuron, beta2 0.95; Li et al. 2025; then with the peak lr x0.5 too, a joint knob), cautious weight decay on Muon's matrices (Chen et al. 2025), the
   AdamW part's lr (embeddings, head and norms at x0.25 of Muon's: AdamW's own best lr), the EMA (off), sequence-length warmup (off), weight decay's timescale
   (4 and 16, about half and twice the start's 7.7 at 16x: Muon's matrices decay too) and the peak lr
   (x0.5, x2).
 
 Coordinate descent: knob by knob, from the current best, every other value of the knob is run (seed 0); the
 best of them replaces the current setting only if it lowers the final eval loss by more than the family's
-seed noise (``NOISE``: measured at 4x and 16x on the ladder's 2-seed best lrs). A second seed then runs at
+seed noise (``NOISE``: measured at 4x and 16x on the ladder's 2-seed best lrs). The peak lr's values
+multiply the current one (x0.5, x2 of wherever the search stands); a joint knob (``normuon+lr_scale``) sets
+two settings at once, for a candidate that needs its own lr. A second seed then runs at
 the winner. The search is a pure generator (``coordinate_descent``): it asks for a batch of settings and is
 told their losses, so a rerun replays its decisions from the JSON and runs only what is missing. The two
 families share the ``--jobs`` workers, each asking for its next batch as soon as its own has finished.
@@ -75,6 +77,7 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
     "recipe": [("schedule", ["linear0", "wsd-1-sqrt"]),
                ("beta2", [0.99, 0.999]),
                ("normuon", [0.95]),
+               ("normuon+lr_scale", [(0.95, 0.5)]),  # NorMuon at its own (lower) lr
                ("cautious_wd", [True]),
                ("adamw_lr_scale", [0.25]),
                ("ema", [False]),
@@ -87,8 +90,31 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
 KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_lr_scale": 1.0}
 
 
+# Knobs whose values multiply the current one (the peak lr: x0.5 and x2 of wherever the search stands).
+RELATIVE_KNOBS = ("lr_scale",)
+
+
 def knob_value(config: dict[str, Any], knob: str) -> Any:
+    """A setting's value of ``knob``; of a joint knob ``"a+b"``, the tuple of its parts' values."""
+    if "+" in knob:
+        return tuple(knob_value(config, k) for k in knob.split("+"))
     return config.get(knob, KNOB_DEFAULTS.get(knob))
+
+
+def set_knob(config: dict[str, Any], knob: str, value: Any) -> dict[str, Any]:
+    """``config`` with ``knob`` at ``value`` as a decision records it (absolute; a joint knob's parts)."""
+    if "+" in knob:
+        return {**config, **dict(zip(knob.split("+"), value))}
+    return {**config, knob: value}
+
+
+def with_knob(config: dict[str, Any], knob: str, value: Any) -> dict[str, Any]:
+    """``config`` with ``knob`` set to ``value`` (a joint knob sets each part; a relative knob multiplies)."""
+    if "+" in knob:
+        return {**config, **dict(zip(knob.split("+"), value))}
+    if knob in RELATIVE_KNOBS:
+        return {**config, knob: round(knob_value(config, knob) * value, 6)}
+    return {**config, knob: value}
 
 
 def start_config(family: str, lr: float, steps: int) -> dict[str, Any]:
@@ -173,15 +199,18 @@ def coordinate_descent(start: dict[str, Any], knobs: list[tuple[str, list[Any]]]
     best, best_loss = dict(start), losses[config_key(start)]
     decisions = [] if decisions is None else decisions
     for knob, values in knobs:
-        trial = [{**best, knob: v} for v in values if v != knob_value(best, knob)]
+        trial = [with_knob(best, knob, v) for v in values]
+        trial = [c for c in trial if c != best]
         if not trial:
             continue
         losses = yield trial
         scored = sorted(((losses[config_key(c)], i, c) for i, c in enumerate(trial)))
         loss, _, cand = scored[0]
         accepted = loss < best_loss - noise
-        decisions.append({"knob": knob, "from": knob_value(best, knob), "tried": {str(c[knob]): losses[config_key(c)] for c in trial},
-                          "current_loss": best_loss, "best_value": cand[knob], "best_loss": loss, "accepted": accepted})
+        decisions.append({"knob": knob, "from": knob_value(best, knob),
+                          "tried": {str(knob_value(c, knob)): losses[config_key(c)] for c in trial},
+                          "current_loss": best_loss, "best_value": knob_value(cand, knob), "best_loss": loss,
+                          "accepted": accepted})
         if accepted:
             best, best_loss = cand, loss
     return {"best": best, "loss": best_loss, "decisions": decisions}
@@ -316,7 +345,7 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
             best = dict(start[0]["config"])
             for d in decisions:
                 if d["accepted"]:
-                    best[d["knob"]] = d["best_value"]
+                    best = set_knob(best, d["knob"], d["best_value"])
         finals = [r["final_eval_loss"] for r in runs
                   if r["family"] == family and config_key(r["config"]) == config_key(best)]
         if not finals:

@@ -140,9 +140,11 @@ def test_families_share_the_workers_and_decide_as_one_at_a_time(tmp_path, monkey
         ledger = mod.Ledger(tmp_path / f"{pool is None}.json")
         outcomes.append(mod.search(ledger, "16x", starts, pool, seeds=2, log=lambda m: None))
         runs = ledger.data["runs"]
-        n_trials = {f: 1 + sum(len([v for v in values if v != mod.knob_value(starts[f], k)]) for k, values in mod.KNOBS[f])
-                    for f in starts}
-        assert len(runs) == sum(n_trials.values()) + 2  # every value once per family, and a 2nd seed at each winner
+        seed0 = {k for k in runs if k.endswith("|0")}
+        assert len(runs) == len(seed0) + 2  # and a 2nd seed at each winner
+        for f, o in outcomes[-1].items():  # every knob decided, each from the runs of its values
+            assert [d["knob"] for d in o["decisions"]] == [k for k, _ in mod.KNOBS[f]]
+            assert sum(k.split("|")[1] == f for k in seed0) <= 1 + sum(len(d["tried"]) for d in o["decisions"])
         if pool is not None:
             assert order[:2] in (["hf-best", "recipe"], ["recipe", "hf-best"])  # both families start at once
             pool.shutdown()
@@ -154,3 +156,19 @@ def test_families_share_the_workers_and_decide_as_one_at_a_time(tmp_path, monkey
     assert "normuon" not in starts["recipe"] and mod.knob_value(starts["recipe"], "normuon") is None
     arm = mod.arm_for("recipe", recipe, 100)
     assert arm.args["optimizer_kwargs"]["normuon_beta2"] == 0.95
+
+
+def test_joint_and_relative_knobs():
+    # a joint knob "a+b" sets both parts at once (a candidate at its own lr); the lr knob multiplies the current lr
+    mod = hb()
+    start = {"normuon": None, "lr_scale": 1.0}
+    knobs = [("normuon", [0.95]), ("normuon+lr_scale", [(0.95, 0.5)]), ("lr_scale", [0.5, 2.0])]
+    table = {(None, 1.0): 3.0, (0.95, 1.0): 3.2, (0.95, 0.5): 2.9, (0.95, 0.25): 2.95, (0.95, 1.0 + 0): 3.2}
+    batches, out = drive(mod.coordinate_descent(start, knobs, noise=0.01), lambda c: table[(c["normuon"], c["lr_scale"])])
+    assert batches[2] == [{"normuon": 0.95, "lr_scale": 0.5}]
+    assert batches[3] == [{"normuon": 0.95, "lr_scale": 0.25}, {"normuon": 0.95, "lr_scale": 1.0}]  # x0.5, x2 of 0.5
+    assert out["best"] == {"normuon": 0.95, "lr_scale": 0.5}
+    joint = out["decisions"][1]
+    assert joint["tried"] == {"(0.95, 0.5)": 2.9} and joint["accepted"] and joint["best_value"] == (0.95, 0.5)
+    # the summary rebuilds the best setting from the decisions, joint ones included
+    assert mod.set_knob(start, "normuon+lr_scale", [0.95, 0.5]) == out["best"]
