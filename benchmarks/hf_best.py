@@ -258,17 +258,21 @@ def import_ladder_starts(ledger: Ledger, ladder: dict[str, Any], rung: str, star
     return added
 
 
-def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, seeds: int, log=print) -> dict[str, Any]:
-    """Both families' coordinate descents over one pool of workers; then later seeds at each winner.
+def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, seeds: int, log=print,
+           workers: Optional[int] = None) -> dict[str, Any]:
+    """Both families' coordinate descents over one pool of ``workers`` workers; then later seeds at each winner.
 
-    A family asks for its next batch as soon as its own batch has finished, so one family's long batch
-    does not hold the other back (the workers stay busy); the decisions do not depend on the order."""
+    A family asks for its next batch as soon as its own batch has finished, and a free worker takes the next
+    job of the family with the fewest jobs running, so one family's long batch does not hold the other back;
+    the decisions do not depend on the order."""
+    workers = workers or getattr(pool, "_max_workers", 1)
     runs = ledger.data["runs"]
     traces: dict[str, list] = {f: [] for f in starts}
     gens = {f: coordinate_descent(starts[f], KNOBS[f], NOISE[f], traces[f]) for f in starts}
     pending = {f: next(g) for f, g in gens.items()}
     outcome: dict[str, Any] = {}
     futures: dict[Any, tuple] = {}  # submitted and not finished: future -> its job
+    queued: dict[str, list] = {f: [] for f in starts}  # asked for, waiting for a free worker
 
     def record(r: dict[str, Any]) -> None:
         runs[run_key(rung, r["family"], r["config"], r["seed"])] = r
@@ -280,14 +284,22 @@ def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, s
         """Queue the jobs not run yet; without a pool run them here (True when it ran any)."""
         ran = False
         for job in jobs:
-            if run_key(*job) in runs or job in futures.values():
+            if run_key(*job) in runs or job in futures.values() or job in queued[job[1]]:
                 continue
             if pool is None:
                 record(_run_one(job))
                 ran = True
             else:
-                futures[pool.submit(_run_one, job)] = job
+                queued[job[1]].append(job)
+        dispatch()
         return ran
+
+    def dispatch() -> None:
+        """Hand queued jobs to free workers, the family with the fewest jobs running first."""
+        while pool is not None and len(futures) < workers and any(queued.values()):
+            family = min((f for f in queued if queued[f]), key=lambda f: sum(j[1] == f for j in futures.values()))
+            job = queued[family].pop(0)
+            futures[pool.submit(_run_one, job)] = job
 
     def advance() -> None:
         """Feed every family whose batch has finished its next batch (a finished search: its later seeds),
@@ -446,7 +458,7 @@ def main(argv=None) -> dict[str, Any]:
                                                            initializer=torch.set_num_threads, initargs=(ns.threads,))
                     if ns.jobs > 1 else None)
             try:
-                search(ledger, rung, starts, pool, ns.seeds, log=lambda m: print(m, flush=True))
+                search(ledger, rung, starts, pool, ns.seeds, log=lambda m: print(m, flush=True), workers=ns.jobs)
             finally:
                 if pool:
                     pool.shutdown(wait=True, cancel_futures=True)

@@ -126,9 +126,12 @@ def test_families_share_the_workers_and_decide_as_one_at_a_time(tmp_path, monkey
     order, lock = [], threading.Lock()
 
     def fake_run(job):
+        import time
+
         rung, family, config, seed = job
         with lock:
-            order.append(family)
+            order.append((family, config["schedule"]))
+        time.sleep(0.02)  # long enough that jobs overlap, as real runs do
         return {"rung": rung, "family": family, "config": config, "seed": seed, "final_eval_loss": loss(config),
                 "cpu_seconds": 0.0}
 
@@ -146,7 +149,12 @@ def test_families_share_the_workers_and_decide_as_one_at_a_time(tmp_path, monkey
             assert [d["knob"] for d in o["decisions"]] == [k for k, _ in mod.KNOBS[f]]
             assert sum(k.split("|")[1] == f for k in seed0) <= 1 + sum(len(d["tried"]) for d in o["decisions"])
         if pool is not None:
-            assert order[:2] in (["hf-best", "recipe"], ["recipe", "hf-best"])  # both families start at once
+            assert {f for f, _ in order[:2]} == {"hf-best", "recipe"}  # both families start at once
+            # a free worker goes to the family with fewer jobs running: the recipe's 2 schedules do not wait
+            # behind all 4 of hf-best's
+            hf = [i for i, (f, sch) in enumerate(order) if f == "hf-best" and sch != "cosine10"][:4]
+            rec = [i for i, (f, sch) in enumerate(order) if f == "recipe" and sch != "cosine10"][:2]
+            assert rec[0] < hf[-1], order[:8]
             pool.shutdown()
     assert outcomes[0] == outcomes[1]
     recipe = outcomes[1]["recipe"]["best"]
