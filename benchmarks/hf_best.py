@@ -87,7 +87,7 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
 }
 # Knobs added after a search began: absent from its start point, so the runs it has keep their keys; a
 # setting without the knob means this value.
-KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_lr_scale": 1.0}
+KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_lr_scale": 1.0, "lr_scale": 1.0}
 
 
 # Knobs whose values multiply the current one (the peak lr: x0.5 and x2 of wherever the search stands).
@@ -366,18 +366,40 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
                        "decisions": decisions, "complete": complete}
         if not complete:  # the knob being tried now: the values that have finished
             trying = {}
-            for c in progress[family].get("running") or []:
-                knob = next((k for k in c if c[k] != knob_value(best, k)), None)
+            running = [config_key(c) for c in progress[family].get("running") or []]
+            for knob, value in _knob_of(family, best, running):
+                c = with_knob(best, knob, value)
                 got = [r["final_eval_loss"] for r in runs if r["family"] == family and r["seed"] == 0
                        and config_key(r["config"]) == config_key(c)]
-                if knob is not None:
-                    trying.setdefault("knob", knob)
-                    trying.setdefault("finished", {})[str(c[knob])] = got[0] if got else None
+                trying.setdefault("knob", knob)
+                trying.setdefault("finished", {})[str(knob_value(c, knob))] = got[0] if got else None
             seed0 = [r["final_eval_loss"] for r in runs if r["family"] == family and r["seed"] == 0
                      and config_key(r["config"]) == config_key(best)]
             trying["from_loss"] = seed0[0] if seed0 else out[family]["final_eval_loss"]
             out[family]["trying"] = trying
+            # runs that finished ahead of their knob's turn (a restarted search, a reordered knob list): shown,
+            # not yet decided
+            settled = {d["knob"] for d in decisions} | {trying.get("knob")}
+            ahead = {}
+            for knob, values in KNOBS.get(family, []):
+                for v in values:
+                    c = with_knob(best, knob, v)
+                    got = [r["final_eval_loss"] for r in runs if r["family"] == family and r["seed"] == 0
+                           and config_key(r["config"]) == config_key(c)]
+                    if got and knob not in settled and c != best:
+                        ahead.setdefault(knob, {})[str(knob_value(c, knob))] = got[0]
+            out[family]["ahead"] = ahead
     return out
+
+
+def _knob_of(family: str, best: dict[str, Any], keys: list[str]) -> list[tuple[str, Any]]:
+    """(knob, value) of each running setting, found among the family's knobs from ``best``."""
+    found = []
+    for knob, values in KNOBS.get(family, []):
+        for v in values:
+            if config_key(with_knob(best, knob, v)) in keys:
+                found.append((knob, v))
+    return found
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -393,6 +415,10 @@ def markdown(summary: dict[str, Any]) -> str:
             tried = ", ".join(f"{v}: {'running' if loss is None else f'{loss:.3f}'}" for v, loss in t["finished"].items())
             lines.append(f"| {family} | {t['knob']} | {knob_value(s['best'], t['knob'])} ({t['from_loss']:.3f}) | {tried} | "
                          "deciding |")
+        for knob, got in (s.get("ahead") or {}).items():
+            tried = ", ".join(f"{v}: {loss:.3f}" for v, loss in got.items())
+            lines.append(f"| {family} | {knob} | {knob_value(s['best'], knob)} ({s['final_eval_loss']:.3f}) | {tried} | "
+                         "finished ahead of its turn |")
     lines += ["", "| family | winner (best so far while the search runs) | final eval loss (median) | seeds |",
               "|---|---|---|---|"]
     for family, s in summary.items():

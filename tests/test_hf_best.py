@@ -98,7 +98,7 @@ def test_summary_of_a_search_still_running_shows_the_best_so_far_and_the_knob_be
         return {"rung": "16x", "family": "hf-best", "config": config, "seed": seed, "final_eval_loss": loss, **extra}
 
     runs = [run(start, 3.093, imported_from="budget_ladder.json"), run(start, 3.093, seed=1, imported_from="x"),
-            run(wsd, 3.006), run(trying[0], 2.99)]
+            run(wsd, 3.006), run(trying[0], 2.99), run({**wsd, "optim": "schedule_free_adamw"}, 3.1)]
     data = {"runs": {str(i): r for i, r in enumerate(runs)},
             "progress": {"16x": {"hf-best": {"decisions": [{"knob": "schedule", "from": "cosine10", "best_value":
                                                              "wsd-1-sqrt", "accepted": True, "tried": {},
@@ -108,9 +108,12 @@ def test_summary_of_a_search_still_running_shows_the_best_so_far_and_the_knob_be
     s = mod.summarise(view, "16x")["hf-best"]
     assert s["best"] == wsd and s["final_eval_loss"] == 3.006 and not s["complete"]
     assert s["trying"] == {"knob": "beta2", "finished": {"0.99": 2.99, "0.999": None}, "from_loss": 3.006}
+    # a run of a later knob that finished first (a restarted search) is shown, not decided
+    assert s["ahead"] == {"optim": {"schedule_free_adamw": 3.1}}
     text = mod.markdown({"hf-best": s})
     assert "| hf-best | beta2 | 0.95 (3.006) | 0.99: 2.990, 0.999: running | deciding |" in text
     assert "| hf-best (search running) |" in text
+    assert "| schedule_free_adamw: 3.100 | finished ahead of its turn |" in text
 
 
 def test_families_share_the_workers_and_decide_as_one_at_a_time(tmp_path, monkeypatch):
