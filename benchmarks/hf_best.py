@@ -402,13 +402,18 @@ def _knob_of(family: str, best: dict[str, Any], keys: list[str]) -> list[tuple[s
     return found
 
 
+def _shown(value: Any) -> str:
+    """A knob's value as the table shows it (a joint knob's parts as a tuple, also after a JSON round trip)."""
+    return str(tuple(value)) if isinstance(value, list) else str(value)
+
+
 def markdown(summary: dict[str, Any]) -> str:
     lines = ["| family | knob | from | tried: final eval loss (seed 0) | kept |", "|---|---|---|---|---|"]
     for family, s in summary.items():
         for d in s["decisions"]:
             tried = ", ".join(f"{v}: {loss:.3f}" for v, loss in d["tried"].items())
-            lines.append(f"| {family} | {d['knob']} | {d['from']} ({d['current_loss']:.3f}) | {tried} | "
-                         f"{d['best_value'] if d['accepted'] else 'no change'} |")
+            lines.append(f"| {family} | {d['knob']} | {_shown(d['from'])} ({d['current_loss']:.3f}) | {tried} | "
+                         f"{_shown(d['best_value']) if d['accepted'] else 'no change'} |")
     for family, s in summary.items():
         t = s.get("trying")
         if t and t.get("knob"):
