@@ -474,8 +474,9 @@ def main(argv=None) -> dict[str, Any]:
             print(f"[hf_best] the budget ladder's {rung} runs at the start lrs are the start points", flush=True)
         env = environment_info()
         env["argv"] = [display_path(a) if Path(a).is_absolute() else a for a in env.get("argv", [])]
-        ledger.data.update(command=display_command("python -m benchmarks.hf_best", argv if argv is not None else sys.argv[1:]),
-                           environment=env)
+        ledger.data["environment"] = env
+        ledger.data.setdefault("commands", {})[rung] = display_command("python -m benchmarks.hf_best",
+                                                                       argv if argv is not None else sys.argv[1:])
         ledger.data.setdefault("setups", {})[rung] = dataclasses.asdict(setup)
         if not torch.cuda.is_available():
             torch.set_num_threads(ns.threads)
@@ -493,16 +494,33 @@ def main(argv=None) -> dict[str, Any]:
             finally:
                 if pool:
                     pool.shutdown(wait=True, cancel_futures=True)
-    summary = summarise(ledger, rung)
-    ledger.data.setdefault("summary", {})[rung] = summary
+    for r in searched_rungs(ledger):  # a report rebuilds every budget's summary from the runs
+        ledger.data.setdefault("summary", {})[r] = summarise(ledger, r)
+    summary = ledger.data["summary"].get(rung) or summarise(ledger, rung)
     ledger.save()
-    env = ledger.data.get("environment") or {}
-    text = (f"Machine: {env.get('cpu_count', '?')}-core x86_64 CPU (token counts and losses do not depend on load). "
-            f"Command: `{ledger.data.get('command', 'python -m benchmarks.hf_best')}`. Budget {rung}; seed noise "
-            f"thresholds {NOISE}.\n\n" + markdown(summary))
+    text = report_text(ledger)
     (out / f"{ns.name}.md").write_text(text)
     print(text)
     return {"summary": summary}
+
+
+def searched_rungs(ledger: Ledger) -> list[str]:
+    """The budgets the ledger holds a search of, shortest first."""
+    return sorted({*ledger.data.get("progress", {}), *ledger.data.get("searches", {})}, key=lambda r: int(r[:-1]))
+
+
+def report_text(ledger: Ledger) -> str:
+    """The markdown of every budget searched in the ledger, shortest first (two budgets may be searched by
+    two processes sharing the file: each rung's table is rebuilt from the runs)."""
+    env = ledger.data.get("environment") or {}
+    rungs = searched_rungs(ledger)
+    text = (f"Machine: {env.get('cpu_count', '?')}-core x86_64 CPU (token counts and losses do not depend on load). "
+            f"Seed noise thresholds {NOISE}.\n")
+    commands = ledger.data.get("commands") or {}
+    for r in rungs:
+        command = commands.get(r) or f"nice -n 10 python -m benchmarks.hf_best --budget {r[:-1]} --jobs 2"
+        text += f"\n## Budget {r}\n\nCommand: `{command}`.\n\n" + markdown(summarise(ledger, r))
+    return text
 
 
 if __name__ == "__main__":

@@ -114,6 +114,17 @@ def test_summary_of_a_search_still_running_shows_the_best_so_far_and_the_knob_be
     assert "| hf-best | beta2 | 0.95 (3.006) | 0.99: 2.990, 0.999: running | deciding |" in text
     assert "| hf-best (search running) |" in text
     assert "| schedule_free_adamw: 3.100 | finished ahead of its turn |" in text
+    # a second budget searched into the same file: the report shows both, shortest first, each its command
+    one = {**start, "lr": 2e-3}
+    data["runs"]["1x"] = {**run(one, 4.7, imported_from="budget_ladder.json"), "rung": "1x"}
+    data["progress"]["1x"] = {"hf-best": {"decisions": [], "running": [{**one, "beta2": 0.99}]}}
+    data["commands"] = {"1x": "python -m benchmarks.hf_best --budget 1 --jobs 1"}
+    report = mod.report_text(view)
+    assert mod.searched_rungs(view) == ["1x", "16x"]
+    assert report.index("## Budget 1x") < report.index("## Budget 16x")
+    assert "Command: `python -m benchmarks.hf_best --budget 1 --jobs 1`." in report
+    assert "Command: `nice -n 10 python -m benchmarks.hf_best --budget 16 --jobs 2`." in report
+    assert "| hf-best (search running) | lr 0.002, schedule cosine10, beta2 0.95 | 4.700 | 1 |" in report
 
 
 def test_families_share_the_workers_and_decide_as_one_at_a_time(tmp_path, monkeypatch):

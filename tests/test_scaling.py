@@ -104,3 +104,45 @@ def test_interpolated_best_lr():
     star = math.log2(2e-3) + 0.25
     assert sc.interpolated_best_lr({lr: (v - star) ** 2 for lr, v in x.items()}) == pytest.approx(2 ** star)
     assert sc.interpolated_best_lr({1e-3: 4.0, 2e-3: 4.5, 4e-3: 5.0}) is None  # at an edge
+
+
+def test_two_ledgers_on_one_file_keep_each_others_runs(tmp_path):
+    """Two searches (two budgets) writing one JSON: each save keeps the other's runs and per-budget entries."""
+    sc = _load()
+    path = tmp_path / "ledger.json"
+    first = sc.Ledger(path)
+    first.data["runs"]["old"] = {"loss": 1.0}
+    first.data["progress"] = {"16x": {"step": 0}}
+    first.save()
+    a, b = sc.Ledger(path), sc.Ledger(path)  # both load the same file
+    a.data["runs"]["16x|a"] = {"loss": 2.0}
+    a.data["progress"]["16x"] = {"step": 1}
+    a.save()
+    b.data["runs"]["1x|b"] = {"loss": 3.0}
+    b.data.setdefault("progress", {})["1x"] = {"step": 5}
+    b.data["command"] = "b's command"
+    b.save()
+    a.data["runs"]["16x|a2"] = {"loss": 4.0}
+    a.save()
+    disk = json.loads(path.read_text())
+    assert disk["runs"] == {"old": {"loss": 1.0}, "16x|a": {"loss": 2.0}, "1x|b": {"loss": 3.0},
+                            "16x|a2": {"loss": 4.0}}
+    assert disk["progress"] == {"16x": {"step": 1}, "1x": {"step": 5}}  # b's stale 16x copy did not win
+    assert disk["command"] == "b's command"
+    assert a.data == disk  # a saw b's entries on its save
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json"]  # no lock or temporary file left
+    # an entry both changed takes the later writer's value
+    b.data["runs"]["old"] = {"loss": 0.5}
+    b.save()
+    assert json.loads(path.read_text())["runs"]["old"] == {"loss": 0.5}
+
+
+def test_merge_changes_applies_only_what_changed():
+    sc = _load()
+    disk = {"runs": {"x": 1, "y": 2}, "n": 2, "s": {"k": 0, "j": 5}, "theirs": "t"}
+    base = {"runs": {"x": 1}, "n": 1, "s": {"k": 0, "j": 0}}
+    mine = {"runs": {"x": 1, "z": 3}, "n": 1, "s": {"k": 9, "j": 0}, "new": [1]}
+    runs = mine["runs"]
+    merged = sc.merge_changes(disk, base, mine)
+    assert merged is mine and merged["runs"] is runs  # in place: a caller's reference to the runs stays live
+    assert merged == {"runs": {"x": 1, "y": 2, "z": 3}, "n": 2, "s": {"k": 9, "j": 5}, "new": [1], "theirs": "t"}
