@@ -316,8 +316,21 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> 
             tokens = r.get("tokens_seen", r.get("num_input_tokens_seen", r["step"] * setup.tokens_per_step))
             curve.append({"step": r["step"], "tokens": tokens, "seconds": r["train_seconds"], "eval_loss": r["eval_loss"]})
     shutil.rmtree(out, ignore_errors=True)
-    return {"arm": arm.name, "seed": seed, "curve": curve, "final_eval_loss": curve[-1]["eval_loss"],
-            "train_seconds": recorder.train_seconds(), "process_seconds": wall}
+    result = {"arm": arm.name, "seed": seed, "curve": curve, "final_eval_loss": curve[-1]["eval_loss"],
+              "train_seconds": recorder.train_seconds(), "process_seconds": wall}
+    guard = guard_counts(trainer.state.log_history)
+    if guard:
+        result["guard"] = guard
+    return result
+
+
+def guard_counts(log_history: list[dict[str, Any]]) -> dict[str, int]:
+    """The divergence guard's totals (skipped steps, rollbacks) from a run's last log that holds them."""
+    for entry in reversed(log_history):
+        found = {k: int(v) for k, v in entry.items() if k.startswith("guard_")}
+        if found:
+            return found
+    return {}
 
 
 # --- Random restart (hf_fasttrain/restarts.py) ------------------------------------------------------------

@@ -38,6 +38,15 @@ def test_summary_ratios_against_the_reference():
     assert math.isinf(s["arms"]["slow"]["seconds_to_target"]) and s["arms"]["slow"]["reached"] == 0
 
 
+def test_guard_counts_come_from_the_last_log_that_holds_them():
+    ttl = _load()
+    history = [{"loss": 5.0, "guard_skipped_spike": 0, "guard_rollbacks": 0, "step": 10},
+               {"loss": 4.0, "guard_skipped_spike": 3, "guard_rollbacks": 1, "step": 20},
+               {"eval_loss": 4.1, "step": 20}, {"train_runtime": 9.0, "step": 20}]
+    assert ttl.guard_counts(history) == {"guard_skipped_spike": 3, "guard_rollbacks": 1}
+    assert ttl.guard_counts([{"loss": 4.0, "step": 1}]) == {}
+
+
 @pytest.mark.slow  # runs the benchmark (tiny GPT-2 training runs)
 def test_quick_run_writes_json_table_and_png(tmp_path):
     ttl = _load()
@@ -52,6 +61,8 @@ def test_quick_run_writes_json_table_and_png(tmp_path):
         losses = [p["eval_loss"] for p in r["curve"]]
         assert losses[-1] < losses[0] - 0.5  # every arm learned
         steps = [p["step"] for p in r["curve"]]
+        if r["arm"] == "fasttrain":
+            assert set(r["guard"]) == {"guard_skipped_nonfinite", "guard_skipped_spike", "guard_rollbacks"}
         if r["arm"] == "fasttrain":  # sequence-length warmup: more, shorter steps to the same token budget
             assert steps[:5] == [0, 6, 12, 18, 24] and steps[-1] > 24
         else:
