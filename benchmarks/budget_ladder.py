@@ -339,7 +339,25 @@ def versus_hf_best(summary: dict[str, Any], runs: list[dict[str, Any]], hf_best:
     return out
 
 
-def hf_best_markdown(rows: dict[str, Any]) -> str:
+def versus_hf_best_trend(rows: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """Both measures against hf-best, each fitted as log10(ratio) against log10(tokens per parameter) over the
+    budgets hf-best was searched at (a complete-run ratio only where it interpolates): factor per 4x budget."""
+    out: dict[str, Any] = {}
+    for name, key in (("one_run", "recipe_token_ratio"), ("complete_runs", "recipe_complete_run_ratio")):
+        xs, ys = [], []
+        for rung, r in rows.items():
+            v = r.get(key, math.nan)
+            if not (0 < v < math.inf) or (key == "recipe_complete_run_ratio" and r["recipe_complete_run_extrapolated"]):
+                continue
+            xs.append(math.log10(summary[rung]["tokens_per_param"]))
+            ys.append(math.log10(v))
+        line = fit_line(xs, ys)
+        if line:
+            out[name] = {**line, "change_per_4x_budget": 4 ** line["slope"]}
+    return out
+
+
+def hf_best_markdown(rows: dict[str, Any], tr: Optional[dict[str, Any]] = None) -> str:
     if not rows:
         return ""
     lines = ["", "Against hf-best (the Trainer's own knobs swept by coordinate descent: benchmarks/hf_best.py):", "",
@@ -353,6 +371,11 @@ def hf_best_markdown(rows: dict[str, Any]) -> str:
         running = "" if r.get("search_complete", True) else " (search running: best so far)"
         lines.append(f"| {rung}{running} | {one} | {complete} | {lh_cell} | {_fmt(r['target_eval_loss'], 4)} "
                      f"| {_fmt(r['hf_tuned_eval_loss'], 4)} | {_fmt(r.get('long_horizon_eval_loss', math.nan), 4)} |")
+    for name, label in (("one_run", "one run"), ("complete_runs", "complete runs")):
+        fit = (tr or {}).get(name)
+        if fit:
+            lines.append(f"\nTrend against hf-best, {label}: a factor {fit['change_per_4x_budget']:.2f} per 4x budget "
+                         f"({fit['points']} budgets).")
     return "\n".join(lines) + "\n"
 
 
@@ -470,8 +493,10 @@ def report(ledger: Ledger, rungs: dict[str, tuple[int, str]], setups: dict[str, 
         view = type("View", (), {"data": hb})()
         hb["summary"] = {r: summarise_search(view, r) for r in {run["rung"] for run in hb.get("runs", {}).values()}}
         best_rows = versus_hf_best(summary, runs, hb)
+    best_trend = versus_hf_best_trend(best_rows, summary)
     ledger.data["summary"], ledger.data["trend"], ledger.data["versus_hf_best"] = summary, tr, best_rows
-    table = markdown(summary, tr) + hf_best_markdown(best_rows)
+    ledger.data["trend_versus_hf_best"] = best_trend
+    table = markdown(summary, tr) + hf_best_markdown(best_rows, best_trend)
     env = ledger.data.get("environment") or environment_info()
     machine = f"{env['cpu_count']}-core x86_64 CPU" if not env.get("cuda_devices") else env["cuda_devices"][0]
     header = (f"Machine: {machine}, shared with other jobs (token counts do not depend on load). "

@@ -130,3 +130,19 @@ def test_complete_run_ratios_flag_extrapolation():
     assert rec["4x"]["complete_run_ratio_vs_adamw"] == pytest.approx(0.385, abs=1e-3)
     assert rec["16x"]["complete_run_ratio_vs_adamw"] == pytest.approx(0.405, abs=1e-3)
     assert [rec[k]["complete_run_extrapolated_vs_adamw"] for k in ("1x", "4x", "16x")] == [True, False, False]
+
+
+def test_trend_against_hf_best_fits_each_measure_on_its_own_points():
+    bl = _load()
+    summary = {"1x": {"tokens_per_param": 1.55}, "4x": {"tokens_per_param": 6.2}, "16x": {"tokens_per_param": 24.8}}
+    rows = {"1x": {"recipe_token_ratio": 0.4, "recipe_complete_run_ratio": 0.2, "recipe_complete_run_extrapolated": True},
+            "4x": {"recipe_token_ratio": 0.5, "recipe_complete_run_ratio": 0.4, "recipe_complete_run_extrapolated": False},
+            "16x": {"recipe_token_ratio": 0.8, "recipe_complete_run_ratio": 0.6, "recipe_complete_run_extrapolated": False}}
+    tr = bl.versus_hf_best_trend(rows, summary)
+    assert tr["one_run"]["points"] == 3
+    assert tr["complete_runs"]["points"] == 2  # the extrapolated 1x figure is left out
+    assert tr["complete_runs"]["change_per_4x_budget"] == pytest.approx(1.5)  # 0.4 -> 0.6 over one 4x step
+    text = bl.hf_best_markdown({}, tr)
+    assert text == ""  # no rows, no section
+    only_16x = {"16x": rows["16x"]}
+    assert bl.versus_hf_best_trend(only_16x, summary) == {}  # one budget: no trend
