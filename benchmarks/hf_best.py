@@ -317,8 +317,9 @@ def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, s
                     outcome[f] = stop.value
                     del pending[f]
                 moved = True
-            ledger.data.setdefault("progress", {})[rung] = {f: {"decisions": traces[f], "running": pending.get(f)}
-                                                           for f in starts}
+            # only the families searched here: a run of one family (``--families``) keeps the other's record
+            ledger.data.setdefault("progress", {}).setdefault(rung, {}).update(
+                {f: {"decisions": traces[f], "running": pending.get(f)} for f in starts})
             ledger.save()
             # the families' jobs interleaved, so each gets a worker as soon as one is free
             per_family = [[(rung, f, c, 0) for c in batch] for f, batch in pending.items()]
@@ -334,7 +335,7 @@ def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, s
             futures.pop(fut)
             record(fut.result())
         advance()
-    ledger.data.setdefault("searches", {})[rung] = outcome
+    ledger.data.setdefault("searches", {}).setdefault(rung, {}).update(outcome)
     ledger.save()
     return outcome
 
@@ -346,7 +347,7 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
     done = ledger.data.get("searches", {}).get(rung) or {}
     progress = ledger.data.get("progress", {}).get(rung) or {}
     runs = [r for r in ledger.data["runs"].values() if r["rung"] == rung]
-    for family in dict.fromkeys([*done, *progress]):
+    for family in [f for f in FAMILIES if f in done or f in progress]:  # in FAMILIES' order, whoever wrote first
         if family in done:
             best, decisions, complete = done[family]["best"], done[family]["decisions"], True
         else:

@@ -194,3 +194,24 @@ def test_joint_and_relative_knobs():
     assert joint["tried"] == {"(0.95, 0.5)": 2.9} and joint["accepted"] and joint["best_value"] == (0.95, 0.5)
     # the summary rebuilds the best setting from the decisions, joint ones included
     assert mod.set_knob(start, "normuon+lr_scale", [0.95, 0.5]) == out["best"]
+
+
+def test_a_search_of_one_family_keeps_the_other_familys_record(tmp_path, monkeypatch):
+    mod = hb()
+
+    def fake_run(job):
+        rung, family, config, seed = job
+        return {"rung": rung, "family": family, "config": config, "seed": seed, "cpu_seconds": 0.0,
+                "final_eval_loss": 3.0 - 0.05 * (config["schedule"] == "wsd-1-sqrt")}
+
+    monkeypatch.setattr(mod, "_run_one", fake_run)
+    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.FAMILIES}
+    ledger = mod.Ledger(tmp_path / "hf_best.json")
+    both = mod.search(ledger, "16x", starts, None, seeds=2, log=lambda m: None)
+    # later: a third seed of the recipe only (``--families recipe --seeds 3``)
+    mod.search(ledger, "16x", {"recipe": starts["recipe"]}, None, seeds=3, log=lambda m: None)
+    searches = ledger.data["searches"]["16x"]
+    assert set(searches) == {"hf-best", "recipe"} and searches["hf-best"] == both["hf-best"]
+    assert set(ledger.data["progress"]["16x"]) == {"hf-best", "recipe"}
+    summary = mod.summarise(ledger, "16x")
+    assert summary["hf-best"]["seeds"] == 2 and summary["recipe"]["seeds"] == 3
