@@ -476,8 +476,11 @@ def main(argv=None) -> dict[str, Any]:
         env = environment_info()
         env["argv"] = [display_path(a) if Path(a).is_absolute() else a for a in env.get("argv", [])]
         ledger.data["environment"] = env
-        ledger.data.setdefault("commands", {})[rung] = display_command("python -m benchmarks.hf_best",
-                                                                       argv if argv is not None else sys.argv[1:])
+        command = display_command("python -m benchmarks.hf_best", argv if argv is not None else sys.argv[1:])
+        commands = ledger.data.setdefault("commands", {})
+        known = commands.get(rung) or []
+        known = [known] if isinstance(known, str) else known
+        commands[rung] = known + [command] * (command not in known)  # every command that added runs, in order
         ledger.data.setdefault("setups", {})[rung] = dataclasses.asdict(setup)
         if not torch.cuda.is_available():
             torch.set_num_threads(ns.threads)
@@ -519,8 +522,9 @@ def report_text(ledger: Ledger) -> str:
             f"Seed noise thresholds {NOISE}.\n")
     commands = ledger.data.get("commands") or {}
     for r in rungs:
-        command = commands.get(r) or f"nice -n 10 python -m benchmarks.hf_best --budget {r[:-1]} --jobs 2"
-        text += f"\n## Budget {r}\n\nCommand: `{command}`.\n\n" + markdown(summarise(ledger, r))
+        given = commands.get(r) or [f"nice -n 10 python -m benchmarks.hf_best --budget {r[:-1]} --jobs 2"]
+        shown = "; then ".join(f"`{c}`" for c in ([given] if isinstance(given, str) else given))
+        text += f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + markdown(summarise(ledger, r))
     return text
 
 

@@ -118,7 +118,12 @@ def test_summary_of_a_search_still_running_shows_the_best_so_far_and_the_knob_be
     one = {**start, "lr": 2e-3}
     data["runs"]["1x"] = {**run(one, 4.7, imported_from="budget_ladder.json"), "rung": "1x"}
     data["progress"]["1x"] = {"hf-best": {"decisions": [], "running": [{**one, "beta2": 0.99}]}}
-    data["commands"] = {"1x": "python -m benchmarks.hf_best --budget 1 --jobs 1"}
+    data["commands"] = {"1x": ["python -m benchmarks.hf_best --budget 1 --jobs 1",
+                               "python -m benchmarks.hf_best --budget 1 --families recipe --seeds 3"]}
+    report = mod.report_text(view)
+    assert ("Command: `python -m benchmarks.hf_best --budget 1 --jobs 1`; then "
+            "`python -m benchmarks.hf_best --budget 1 --families recipe --seeds 3`." in report)
+    data["commands"] = {"1x": "python -m benchmarks.hf_best --budget 1 --jobs 1"}  # as older files hold it
     report = mod.report_text(view)
     assert mod.searched_rungs(view) == ["1x", "16x"]
     assert report.index("## Budget 1x") < report.index("## Budget 16x")

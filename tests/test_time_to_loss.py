@@ -117,3 +117,21 @@ def test_technique_overhead_smoke(tmp_path):
     assert all(len(v) == 2 and min(v) > 0 for v in record["times"].values())
     for ext in ("json", "md", "png"):
         assert (tmp_path / f"technique_overhead.{ext}").exists()
+
+
+def test_hf_best_arm_is_the_searched_winner_at_1x():
+    """The headline's hf-best arm trains exactly what the 1x search (results/hf_best.json) kept."""
+    ttl = _load()
+    from benchmarks import hf_best
+
+    ledger = hf_best.Ledger(hf_best.RESULTS / "hf_best.json")
+    won = hf_best.summarise(ledger, "1x")["hf-best"]
+    assert won["complete"] and won["seeds"] >= 2
+    best = won["best"]
+    setup = ttl.Setup()
+    searched = hf_best.arm_for("hf-best", best, setup.max_steps).args
+    mine = {k: v(setup) if callable(v) else v for k, v in ttl.ARMS["hf-best"].args.items()}
+    assert mine["weight_decay"] == pytest.approx(searched.pop("weight_decay"))  # from its timescale lr x wd x steps
+    assert {k: mine[k] for k in searched} == searched
+    assert mine["lr_scheduler_kwargs"] == {"num_decay_steps": 60, "decay_type": "linear", "min_lr_ratio": 0.0}
+    assert set(mine) == set(searched) | {"weight_decay"}  # nothing else set
