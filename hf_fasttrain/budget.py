@@ -2,7 +2,8 @@
 
 The budget ladder (``python -m benchmarks.budget_ladder``) and the long-horizon search
 (``python -m benchmarks.hf_best``) trained the same GPT-2 2x128 for 1.5, 6.2 and 24.8 tokens per
-non-embedding parameter; the best settings moved with the length. :func:`budget_settings` returns, for a
+non-embedding parameter; the best settings moved with the length (NorMuon, for one, won at 1.5 and lost at
+24.8). :func:`budget_settings` returns, for a
 run's tokens per parameter, the settings measured best in that regime, each with the measurement it comes
 from. :func:`fit_learning_rate_law` fits ``log lr = a + b log(width) + c log(tokens per parameter)`` to the
 measured best peak lrs (the scaling ladder's widths 32-256 and the budget ladder's lengths), and
@@ -14,12 +15,13 @@ Example:
     >>> tokens_per_parameter(tokens=9_830_400, non_embedding_parameters=396_800)
     24.77...
     >>> budget_settings(8.7, "muon")["regime"]
-    'short'
+    'middle'
     ```
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -52,33 +54,48 @@ class BudgetRegime:
 
     name: str
     max_tokens_per_param: float
-    settings: dict[str, dict[str, Any]]  # optimizer family ("adamw", "muon") -> FastTrainingArguments fields
+    # optimizer family ("adamw", "muon") -> FastTrainingArguments fields; ``optimizer_kwargs`` holds options of
+    # the optimizer that go into the given optimizer_kwargs (each replacing the given one of its name)
+    settings: dict[str, dict[str, Any]]
     source: str
 
 
-# The measured table. Short runs (1.5 and 6.2 tokens per parameter): the settings the ladder's arms used
-# were the best of their sweeps there (cosine to a 10% floor, weight decay 0.1, beta2 0.95; lrs in
-# MEASURED_BEST_LR). Long runs (24.8): what the long-horizon search at 16x kept over those settings.
-# The boundary is the geometric middle of 6.2 and 24.8.
+# The measured table: each row is one length where the settings were searched, reaching halfway (geometrically)
+# to the next. Short runs (1.5 tokens per parameter): what the long-horizon search at 1x kept over hf-tuned's
+# settings. Middle (6.2): the budget ladder's 4x, where only the peak lr was swept (cosine to 10%, weight decay
+# 0.1, beta2 0.95: the bundled GPU recipes' settings). Long runs (24.8): what the search at 16x kept.
 REGIMES: tuple[BudgetRegime, ...] = (
     BudgetRegime(
-        "short", 12.4,
+        "short", 3.1,
+        # AdamW at 1x: warmup-stable-decay with a linear cooldown to 0 over the last 20% ended at 4.532 against
+        # cosine to 10%'s 4.685 (1-sqrt cooldown 4.543, linear to 0 4.707, cosine to 1% 4.728); then beta2 0.999:
+        # 4.499 (0.99: 4.510); 2 seeds at the winner: 4.506 against hf-tuned's 4.701
+        {"adamw": {"lr_decay": "linear", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
+                   "adam_beta2": 0.999},
+         # the recipe (Muon) at 1x: cosine to 10% stays (3.973; linear to 0 3.981, WSD 4.021); beta2 0.999 of
+         # Muon's AdamW part 3.947 (0.99: 3.948); then NorMuon (beta2 0.95) 3.900; 2 seeds at the winner 3.903
+         "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
+                  "adam_beta2": 0.999, "optimizer_kwargs": {"normuon_beta2": 0.95}}},
+        "long-horizon search at 1x (benchmarks/results/hf_best.md)"),
+    BudgetRegime(
+        "middle", 12.4,
         {"adamw": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
                    "adam_beta2": 0.95},
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.95}},
-        "budget ladder 1x and 4x (benchmarks/results/budget_ladder.md)"),
+                  "adam_beta2": 0.95, "optimizer_kwargs": {"normuon_beta2": None}}},
+        "budget ladder 4x (benchmarks/results/budget_ladder.md)"),
     BudgetRegime(
         "long", math.inf,
         # AdamW at 16x: warmup-stable-decay with a 1-sqrt cooldown to 0 over the last 20% ended at 3.006 against
         # cosine to 10%'s 3.093 (linear to 0: 3.080, cosine to 1%: 3.089, WSD with a linear cooldown: 3.018); then
-        # beta2 0.99: 2.949 (0.999: 2.957)
+        # beta2 0.99: 2.949 (0.999: 2.957); 2 seeds at the winner: 2.953
         {"adamw": {"lr_decay": "1-sqrt", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
                    "adam_beta2": 0.99},
-         # the recipe (Muon) at 16x: cosine to 10% stays (2.832); linear to 0 ended at 2.823 (inside the seed
-         # noise, 0.025) and the 1-sqrt WSD cooldown to 0 at 2.936; beta2 0.99 of Muon's AdamW part: 2.736 (0.999: 2.748)
+         # the recipe (Muon) at 16x: cosine to 10% stays (2.832); linear to 0 ended at 2.823 and the 1-sqrt WSD
+         # cooldown to 0 at 2.936; beta2 0.99 of Muon's AdamW part: 2.736 (0.999: 2.748), 3 seeds at it 2.736,
+         # 2.886, 2.720 (beta2 0.95: 2.832, 2.784); NorMuon lost: 2.913 (2.880 at half the lr)
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.99}},
+                  "adam_beta2": 0.99, "optimizer_kwargs": {"normuon_beta2": None}}},
         "long-horizon search at 16x (benchmarks/results/hf_best.md)"),
 )
 
@@ -99,7 +116,7 @@ def budget_settings(tokens_per_param: float, optimizer: str) -> dict[str, Any]:
         raise ValueError(f"tokens_per_param={tokens_per_param!r} is invalid: it must be a number > 0")
     family = "muon" if optimizer == "muon" else "adamw"
     regime = next(r for r in REGIMES if tokens_per_param <= r.max_tokens_per_param)
-    return {"regime": regime.name, "settings": dict(regime.settings[family]), "source": regime.source,
+    return {"regime": regime.name, "settings": copy.deepcopy(regime.settings[family]), "source": regime.source,
             "extrapolated": tokens_per_param > LONGEST_MEASURED}
 
 

@@ -212,6 +212,10 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         tpp = tokens_per_parameter(tokens, non_embedding_parameters(self.model))
         chosen = budget_settings(tpp, self._option("optimizer") or "adamw")
         for name, value in chosen["settings"].items():
+            if name == "optimizer_kwargs":  # the optimizer's own options: into the given ones, by name
+                from .optim import parse_optimizer_kwargs
+
+                value = {**parse_optimizer_kwargs(self._option("optimizer"), args.optimizer_kwargs), **value}
             setattr(args, name, value)
         args._check_lr_schedule()  # the chosen schedule must fit this run (warmup, cooldown)
         settings = ", ".join(f"{k}={v}" for k, v in chosen["settings"].items())

@@ -18,8 +18,10 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 @pytest.mark.parametrize("tpp, optimizer, regime, extrapolated", [
     (1.5, "muon", "short", False),  # the tiny recipe
-    (8.7, "muon", "short", False),  # the GPU recipe (gpt2_small.yaml)
-    (12.4, "adamw", "short", False),  # the boundary belongs to the shorter regime
+    (3.1, "adamw", "short", False),  # a boundary belongs to the shorter regime
+    (3.2, "adamw", "middle", False),
+    (8.7, "muon", "middle", False),  # the GPU recipe (gpt2_small.yaml)
+    (12.4, "adamw", "middle", False),
     (12.5, "adamw", "long", False),
     (24.8, "muon", "long", False),  # the longest measured
     (100.0, "lion", "long", True),  # AdamW-like optimizers take AdamW's row
@@ -29,14 +31,23 @@ def test_budget_settings_by_tokens_per_parameter(tpp, optimizer, regime, extrapo
     assert (got["regime"], got["extrapolated"]) == (regime, extrapolated)
     family = "muon" if optimizer == "muon" else "adamw"
     assert got["settings"] == next(r for r in REGIMES if r.name == regime).settings[family]
+    got["settings"].get("optimizer_kwargs", {})["normuon_beta2"] = 0.5  # a copy: the table stays as measured
+    assert budget_settings(tpp, optimizer)["settings"] == next(r for r in REGIMES if r.name == regime).settings[family]
 
 
-def test_the_short_regime_is_the_recipes_settings():
-    """Short runs keep what the bundled recipes set (so budget_aware changes nothing for them)."""
+def test_the_middle_regime_is_the_gpu_recipes_settings():
+    """Runs of 3.1 to 12.4 tokens per parameter keep what the bundled GPU recipes set (the budget ladder's 4x
+    settings), so budget_aware changes nothing for them."""
+    import yaml
+
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes/configs/gpt2_small.yaml").read_text())
     for family in ("adamw", "muon"):
-        assert budget_settings(1.5, family)["settings"] == {"lr_decay": "cosine", "min_lr_ratio": 0.1,
-                                                            "decay_fraction": None, "weight_decay": 0.1,
-                                                            "adam_beta2": 0.95}
+        settings = budget_settings(8.7, family)["settings"]
+        assert {k: settings[k] for k in ("lr_decay", "min_lr_ratio", "weight_decay", "adam_beta2")} == {
+            "lr_decay": "cosine", "min_lr_ratio": 0.1, "weight_decay": 0.1, "adam_beta2": 0.95}
+        assert settings["decay_fraction"] is None and settings.get("optimizer_kwargs", {}).get("normuon_beta2") is None
+    assert {k: recipe[k] for k in ("lr_decay", "min_lr_ratio", "weight_decay", "adam_beta2")} == {
+        "lr_decay": "cosine", "min_lr_ratio": 0.1, "weight_decay": 0.1, "adam_beta2": 0.95}
 
 
 # benchmarks/hf_best.py's names -> the settings FastTrainer takes for them
@@ -47,20 +58,21 @@ SCHEDULES = {"cosine10": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_frac
              "wsd-1-sqrt": {"lr_decay": "1-sqrt", "min_lr_ratio": 0.0, "decay_fraction": 0.2}}
 
 
-def test_the_long_regime_is_what_the_long_horizon_search_kept():
-    """The long row is the measured one: each knob the 16x search decided (results/hf_best.json)."""
+@pytest.mark.parametrize("rung, regime", [("1x", "short"), ("16x", "long")])
+def test_the_short_and_long_regimes_are_what_the_search_kept(rung, regime):
+    """Those rows are the measured ones: each knob the search at that budget decided (results/hf_best.json)."""
     data = json.loads((RESULTS / "hf_best.json").read_text())
-    progress = {**data.get("progress", {}).get("16x", {}), **data.get("searches", {}).get("16x", {})}
-    long = next(r for r in REGIMES if r.name == "long")
+    searches = data["searches"][rung]
+    row = next(r for r in REGIMES if r.name == regime)
     for family, key in (("hf-best", "adamw"), ("recipe", "muon")):
-        decisions = {d["knob"]: d for d in progress[family]["decisions"]}
-        settings = long.settings[key]
-        schedule = decisions["schedule"]["best_value"] if decisions.get("schedule", {}).get("accepted") else "cosine10"
-        if "schedule" in decisions:
-            assert {k: settings[k] for k in SCHEDULES[schedule]} == SCHEDULES[schedule], family
-        beta2 = decisions.get("beta2")
-        if beta2 is not None:
-            assert settings["adam_beta2"] == (beta2["best_value"] if beta2["accepted"] else 0.95), family
+        decisions = {d["knob"]: d for d in searches[family]["decisions"]}
+        best = searches[family]["best"]
+        settings = row.settings[key]
+        assert {k: settings[k] for k in SCHEDULES[best["schedule"]]} == SCHEDULES[best["schedule"]], family
+        assert settings["adam_beta2"] == best["beta2"], family
+        assert "schedule" in decisions and "beta2" in decisions  # both knobs were searched there
+        if family == "recipe":  # NorMuon: on where the search kept it, off where it lost
+            assert settings["optimizer_kwargs"]["normuon_beta2"] == best.get("normuon"), rung
 
 
 def test_the_lr_law_and_its_leave_one_out_check():
@@ -89,13 +101,22 @@ def test_tokens_per_parameter_and_non_embedding_parameters():
 @pytest.mark.parametrize("max_steps, regime", [(2, "short"), (4000, "long")])
 def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, tiny_tokenizer, max_steps, regime):
     args = tiny_args(tmp_path, max_steps=max_steps, budget_aware=True, lr_decay="cosine", min_lr_ratio=0.5,
-                     weight_decay=0.3, optimizer="muon", run_record=False)
+                     weight_decay=0.3, optimizer="muon", run_record=False,
+                     optimizer_kwargs={"ns_steps": 4, "normuon_beta2": 0.5})
     model = make_tiny_gpt2(len(tiny_tokenizer))
     trainer = FastTrainer(model=model, args=args, train_dataset=tiny_lm["train"])
     tpp = max_steps * 8 * 32 / non_embedding_parameters(model)
     assert trainer.budget["regime"] == regime and trainer.budget["tokens_per_param"] == pytest.approx(tpp)
-    for name, value in budget_settings(tpp, "muon")["settings"].items():
-        assert getattr(trainer.args, name) == value, name
+    settings = budget_settings(tpp, "muon")["settings"]
+    for name, value in settings.items():
+        if name != "optimizer_kwargs":
+            assert getattr(trainer.args, name) == value, name
+    # the optimizer's own options: the measured one replaces the given one of its name, the rest stay
+    assert trainer.args.optimizer_kwargs == {"ns_steps": 4, **settings["optimizer_kwargs"]}
+    optimizer = trainer.create_optimizer()
+    muon_groups = [g for g in optimizer.param_groups if "ns_steps" in g]
+    assert muon_groups and all(g["ns_steps"] == 4 for g in muon_groups)
+    assert {g["normuon_beta2"] for g in muon_groups} == {settings["optimizer_kwargs"]["normuon_beta2"]}
 
 
 def test_budget_aware_without_known_tokens_is_one_line(tmp_path, tiny_tokenizer):
