@@ -135,3 +135,20 @@ def test_hf_best_arm_is_the_searched_winner_at_1x():
     assert {k: mine[k] for k in searched} == searched
     assert mine["lr_scheduler_kwargs"] == {"num_decay_steps": 60, "decay_type": "linear", "min_lr_ratio": 0.0}
     assert set(mine) == set(searched) | {"weight_decay"}  # nothing else set
+
+
+def test_fasttrain_budget_arm_gets_the_1x_searchs_recipe_winner():
+    """budget_aware at the headline's length picks what the 1x search kept for the recipe."""
+    ttl = _load()
+    from benchmarks import hf_best
+
+    from hf_fasttrain.budget import budget_settings
+
+    arm = ttl.ARMS["fasttrain-budget"]
+    assert {k: v for k, v in arm.args.items() if k != "budget_aware"} == ttl.ARMS["fasttrain"].args
+    ladder = json.loads((hf_best.RESULTS / "budget_ladder.json").read_text())
+    chosen = budget_settings(ladder["summary"]["1x"]["tokens_per_param"], "muon")
+    winner = hf_best.summarise(hf_best.Ledger(hf_best.RESULTS / "hf_best.json"), "1x")["recipe"]["best"]
+    assert chosen["regime"] == "short"
+    assert chosen["settings"]["adam_beta2"] == winner["beta2"]
+    assert chosen["settings"]["optimizer_kwargs"] == {"normuon_beta2": winner["normuon"]}
