@@ -55,7 +55,9 @@ class BudgetRegime:
     name: str
     max_tokens_per_param: float
     # optimizer family ("adamw", "muon") -> FastTrainingArguments fields; ``optimizer_kwargs`` holds options of
-    # the optimizer that go into the given optimizer_kwargs (each replacing the given one of its name)
+    # the optimizer that go into the given optimizer_kwargs (each replacing the given one of its name). Muon's
+    # AdamW part takes its betas from there: an adam_beta2 of 0.999 is the Trainer's default, which Muon reads
+    # as "not given" (hf_fasttrain.optim.registry), so the measured beta2 would not reach it
     settings: dict[str, dict[str, Any]]
     source: str
 
@@ -75,14 +77,14 @@ REGIMES: tuple[BudgetRegime, ...] = (
          # the recipe (Muon) at 1x: cosine to 10% stays (3.973; linear to 0 3.981, WSD 4.021); beta2 0.999 of
          # Muon's AdamW part 3.947 (0.99: 3.948); then NorMuon (beta2 0.95) 3.900; 2 seeds at the winner 3.903
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.999, "optimizer_kwargs": {"normuon_beta2": 0.95}}},
+                  "adam_beta2": 0.999, "optimizer_kwargs": {"betas": [0.9, 0.999], "normuon_beta2": 0.95}}},
         "long-horizon search at 1x (benchmarks/results/hf_best.md)"),
     BudgetRegime(
         "middle", 12.4,
         {"adamw": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
                    "adam_beta2": 0.95},
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.95, "optimizer_kwargs": {"normuon_beta2": None}}},
+                  "adam_beta2": 0.95, "optimizer_kwargs": {"betas": [0.9, 0.95], "normuon_beta2": None}}},
         "budget ladder 4x (benchmarks/results/budget_ladder.md)"),
     BudgetRegime(
         "long", math.inf,
@@ -95,7 +97,7 @@ REGIMES: tuple[BudgetRegime, ...] = (
          # cooldown to 0 at 2.936; beta2 0.99 of Muon's AdamW part: 2.736 (0.999: 2.748), 3 seeds at it 2.736,
          # 2.886, 2.720 (beta2 0.95: 2.832, 2.784); NorMuon lost: 2.913 (2.880 at half the lr)
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.99, "optimizer_kwargs": {"normuon_beta2": None}}},
+                  "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None}}},
         "long-horizon search at 16x (benchmarks/results/hf_best.md)"),
 )
 

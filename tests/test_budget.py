@@ -71,8 +71,9 @@ def test_the_short_and_long_regimes_are_what_the_search_kept(rung, regime):
         assert {k: settings[k] for k in SCHEDULES[best["schedule"]]} == SCHEDULES[best["schedule"]], family
         assert settings["adam_beta2"] == best["beta2"], family
         assert "schedule" in decisions and "beta2" in decisions  # both knobs were searched there
-        if family == "recipe":  # NorMuon: on where the search kept it, off where it lost
+        if family == "recipe":  # NorMuon: on where the search kept it, off where it lost; beta2 of the AdamW part
             assert settings["optimizer_kwargs"]["normuon_beta2"] == best.get("normuon"), rung
+            assert settings["optimizer_kwargs"]["betas"] == [0.9, best["beta2"]], rung
 
 
 def test_the_lr_law_and_its_leave_one_out_check():
@@ -117,6 +118,8 @@ def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, t
     muon_groups = [g for g in optimizer.param_groups if "ns_steps" in g]
     assert muon_groups and all(g["ns_steps"] == 4 for g in muon_groups)
     assert {g["normuon_beta2"] for g in muon_groups} == {settings["optimizer_kwargs"]["normuon_beta2"]}
+    adamw_groups = [g for g in optimizer.param_groups if "ns_steps" not in g]  # the measured beta2 reaches them
+    assert adamw_groups and {tuple(g["betas"]) for g in adamw_groups} == {(0.9, settings["adam_beta2"])}
 
 
 def test_budget_aware_without_known_tokens_is_one_line(tmp_path, tiny_tokenizer):
