@@ -313,7 +313,8 @@ def versus_hf_best(summary: dict[str, Any], runs: list[dict[str, Any]], hf_best:
     out = {}
     finals = {s["multiple"]: s["optimizers"]["recipe"]["final_eval_loss"] for s in summary.values()
               if s and s.get("corpus", "stdlib") == "stdlib" and "recipe" in s["optimizers"]}
-    for rung, families in (hf_best.get("summary") or {}).items():
+    searched = hf_best.get("summary") or {}
+    for rung, families in sorted(searched.items(), key=lambda kv: int(kv[0].split("x")[0])):
         s = summary.get(rung)
         if not s or "hf-best" not in families or "recipe" not in s["optimizers"]:
             continue
@@ -541,7 +542,9 @@ def _run_one(job: tuple[str, str, float, int]) -> dict[str, Any]:
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
-    p.add_argument("--budgets", default="1,4,16", help="comma-separated multiples of the 1x budget (300 steps)")
+    p.add_argument("--budgets", default="1,2,4,8,16",
+                   help="comma-separated multiples of the 1x budget (300 steps); --report adds every budget the "
+                        "JSON holds runs of")
     p.add_argument("--unique-budgets", default="16",
                    help="budgets also run on the corpus that does not repeat, at each optimizer's best lr there "
                         "(empty: none)")
@@ -572,7 +575,13 @@ def main(argv=None) -> dict[str, Any]:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(out / f"{ns.name}.json")
-    if ns.report:
+    if ns.report:  # every budget with runs in the file, not only the ones named
+        for r in ledger.data["runs"].values():
+            m, corpus = int(r["rung"].split("x")[0]), ("unique" if r["rung"].endswith("-unique") else "stdlib")
+            if rung_name(m, corpus) == r["rung"] and r["rung"] not in rungs:
+                rungs[r["rung"]] = (m, corpus)
+                setups[r["rung"]] = budget_setup(m, ns.quick, base_steps)
+        rungs = dict(sorted(rungs.items(), key=lambda kv: (kv[1][1] != "stdlib", kv[1][0])))
         result = report(ledger, rungs, setups, out, ns.name)
         print(result["table"])
         return result

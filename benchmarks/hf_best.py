@@ -3,7 +3,8 @@
 each found by coordinate descent at one budget of the budget ladder.
 
     nice -n 10 python -m benchmarks.hf_best --budget 16 --jobs 2     # the search (resumable: rerun to continue)
-    python -m benchmarks.hf_best --budget 16 --report                # table from the JSON, no training
+    nice -n 10 python -m benchmarks.hf_best --budget 1 --jobs 1      # another budget, same file, at the same time
+    python -m benchmarks.hf_best --budget 16 --report                # every budget's tables from the JSON
     python -m benchmarks.hf_best --quick --out /tmp/x                # a smoke run (the test suite uses it)
 
 Model, data and budget are the budget ladder's (benchmarks/budget_ladder.py): GPT-2 2x128 on the stdlib
