@@ -478,10 +478,8 @@ def main(argv=None) -> dict[str, Any]:
         env["argv"] = [display_path(a) if Path(a).is_absolute() else a for a in env.get("argv", [])]
         ledger.data["environment"] = env
         command = display_command("python -m benchmarks.hf_best", argv if argv is not None else sys.argv[1:])
-        commands = ledger.data.setdefault("commands", {})
-        known = commands.get(rung) or []
-        known = [known] if isinstance(known, str) else known
-        commands[rung] = known + [command] * (command not in known)  # every command that added runs, in order
+        known = rung_commands(ledger, rung)
+        ledger.data.setdefault("commands", {})[rung] = known + [command] * (command not in known)
         ledger.data.setdefault("setups", {})[rung] = dataclasses.asdict(setup)
         if not torch.cuda.is_available():
             torch.set_num_threads(ns.threads)
@@ -509,6 +507,12 @@ def main(argv=None) -> dict[str, Any]:
     return {"summary": summary}
 
 
+def rung_commands(ledger: Ledger, rung: str) -> list[str]:
+    """Every command that added runs to ``rung``, in order (an older file holds one string)."""
+    known = (ledger.data.get("commands") or {}).get(rung) or []
+    return [known] if isinstance(known, str) else list(known)
+
+
 def searched_rungs(ledger: Ledger) -> list[str]:
     """The budgets the ledger holds a search of, shortest first."""
     return sorted({*ledger.data.get("progress", {}), *ledger.data.get("searches", {})}, key=lambda r: int(r[:-1]))
@@ -521,10 +525,9 @@ def report_text(ledger: Ledger) -> str:
     rungs = searched_rungs(ledger)
     text = (f"Machine: {env.get('cpu_count', '?')}-core x86_64 CPU (token counts and losses do not depend on load). "
             f"Seed noise thresholds {NOISE}.\n")
-    commands = ledger.data.get("commands") or {}
     for r in rungs:
-        given = commands.get(r) or [f"nice -n 10 python -m benchmarks.hf_best --budget {r[:-1]} --jobs 2"]
-        shown = "; then ".join(f"`{c}`" for c in ([given] if isinstance(given, str) else given))
+        given = rung_commands(ledger, r) or [f"nice -n 10 python -m benchmarks.hf_best --budget {r[:-1]} --jobs 2"]
+        shown = "; then ".join(f"`{c}`" for c in given)
         text += f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + markdown(summarise(ledger, r))
     return text
 

@@ -120,7 +120,7 @@ class FastTrainingArguments(TrainingArguments):
     budget_aware: bool = field(
         default=False,
         metadata={"help": "Take lr_decay, min_lr_ratio, decay_fraction, weight_decay, adam_beta2 and, with "
-                  "optimizer muon, NorMuon (optimizer_kwargs normuon_beta2) from the settings measured best for this "
+                  "optimizer muon, its AdamW part's betas and NorMuon (optimizer_kwargs betas, normuon_beta2) from the settings measured best for this "
                   "run's length in tokens per non-embedding parameter (hf_fasttrain.budget: the budget ladder and "
                   "the long-horizon searches at 1.5 and 24.8); they replace the values given for those. The peak "
                   "learning_rate stays yours."},
