@@ -4,6 +4,7 @@ each found by coordinate descent at one budget of the budget ladder.
 
     nice -n 10 python -m benchmarks.hf_best --budget 16 --jobs 2     # the search (resumable: rerun to continue)
     nice -n 10 python -m benchmarks.hf_best --budget 1 --jobs 1      # another budget, same file, at the same time
+    nice -n 10 python -m benchmarks.hf_best --budget 64 --transfer-from 16 --jobs 2   # 16x's winners, lr swept
     python -m benchmarks.hf_best --budget 16 --report                # every budget's tables from the JSON
     python -m benchmarks.hf_best --quick --out /tmp/x                # a smoke run (the test suite uses it)
 
@@ -33,6 +34,12 @@ the winner. The search is a pure generator (``coordinate_descent``): it asks for
 told their losses, so a rerun replays its decisions from the JSON and runs only what is missing. The two
 families share the ``--jobs`` workers, each asking for its next batch as soon as its own has finished.
 
+A budget too long to search (``--budget 64 --transfer-from 16``) starts each family at its winner of a shorter
+budget's search and sweeps only the peak lr: x0.5 and x2, then once more from the best of the three (so the sweep
+extends by a factor 2 when the best is at an edge); the weight decay's timescale is in units of the run, so it
+carries over as is. From budget 32 on (``--checkpoints auto``) every run saves a checkpoint at each eval into
+``<out>/<name>_partial/`` and a killed run resumes from it, so a search cut short loses at most one eval interval.
+
 Writes hf_best.json (every run, every decision) and hf_best.md into --out (benchmarks/results); the budget
 ladder's report reads hf_best.json for its hf-best rows.
 """
@@ -42,6 +49,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import hashlib
 import itertools
 import json
 import math
@@ -66,6 +74,7 @@ FAMILIES = ("hf-best", "recipe")
 # 0.000, recipe 0.003 and 0.048. A change is kept only if it gains more than this.
 NOISE = {"hf-best": 0.015, "recipe": 0.025}
 WARMUP = 0.02
+CHECKPOINT_FROM_BUDGET = 32  # budgets from here on save a checkpoint at every eval and resume a killed run
 
 # Knobs and the values tried, in the order the search visits them (what the literature expects to matter
 # most at long horizons first).
@@ -93,6 +102,11 @@ KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_l
 
 # Knobs whose values multiply the current one (the peak lr: x0.5 and x2 of wherever the search stands).
 RELATIVE_KNOBS = ("lr_scale",)
+
+# ``--transfer-from``: a budget too long to search takes each family's winner at a searched budget and sweeps
+# only its peak lr, x0.5 and x2, then once more from the best of those (the sweep extends by a factor 2 when the
+# best is at an edge; a value already run is not run again). The best lr is the lowest loss: no threshold.
+TRANSFER_KNOBS = [("lr_scale", [0.5, 2.0]), ("lr_scale", [0.5, 2.0])]
 
 
 def knob_value(config: dict[str, Any], knob: str) -> Any:
@@ -199,11 +213,13 @@ def coordinate_descent(start: dict[str, Any], knobs: list[tuple[str, list[Any]]]
     losses = yield [start]
     best, best_loss = dict(start), losses[config_key(start)]
     decisions = [] if decisions is None else decisions
+    seen = {config_key(start)}
     for knob, values in knobs:
         trial = [with_knob(best, knob, v) for v in values]
         trial = [c for c in trial if c != best]
-        if not trial:
+        if not trial or all(config_key(c) in seen for c in trial):  # nothing new to learn (a knob visited again)
             continue
+        seen.update(config_key(c) for c in trial)
         losses = yield trial
         scored = sorted(((losses[config_key(c)], i, c) for i, c in enumerate(trial)))
         loss, _, cand = scored[0]
@@ -230,7 +246,10 @@ def _run_one(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
     setup = _SHARED["setup"]
     tokenizer, lm = _SHARED["data"]
     cpu0 = time.process_time()
-    r = run_arm(arm_for(family, config, setup.max_steps), seed, setup, tokenizer, lm, Path(_SHARED["work"]))
+    partial = _SHARED.get("partial")  # a checkpoint folder per run: a killed run resumes where it was
+    ckpt = Path(partial) / hashlib.sha1(run_key(*job).encode()).hexdigest()[:16] if partial else None
+    r = run_arm(arm_for(family, config, setup.max_steps), seed, setup, tokenizer, lm, Path(_SHARED["work"]),
+                checkpoint_dir=ckpt)
     r.update(rung=rung, family=family, config=config, cpu_seconds=time.process_time() - cpu0,
              max_steps=setup.max_steps, tokens_per_step=setup.tokens_per_step)
     return r
@@ -260,8 +279,10 @@ def import_ladder_starts(ledger: Ledger, ladder: dict[str, Any], rung: str, star
 
 
 def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, seeds: int, log=print,
-           workers: Optional[int] = None) -> dict[str, Any]:
+           workers: Optional[int] = None, transfer_from: Optional[str] = None) -> dict[str, Any]:
     """Both families' coordinate descents over one pool of ``workers`` workers; then later seeds at each winner.
+    With ``transfer_from`` (a searched budget whose winners are the starts) only the peak lr is swept
+    (``TRANSFER_KNOBS``, no noise threshold).
 
     A family asks for its next batch as soon as its own batch has finished, and a free worker takes the next
     job of the family with the fewest jobs running, so one family's long batch does not hold the other back;
@@ -269,7 +290,8 @@ def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, s
     workers = workers or getattr(pool, "_max_workers", 1)
     runs = ledger.data["runs"]
     traces: dict[str, list] = {f: [] for f in starts}
-    gens = {f: coordinate_descent(starts[f], KNOBS[f], NOISE[f], traces[f]) for f in starts}
+    plan = {f: (TRANSFER_KNOBS, 0.0) if transfer_from else (KNOBS[f], NOISE[f]) for f in starts}
+    gens = {f: coordinate_descent(starts[f], *plan[f], traces[f]) for f in starts}
     pending = {f: next(g) for f, g in gens.items()}
     outcome: dict[str, Any] = {}
     futures: dict[Any, tuple] = {}  # submitted and not finished: future -> its job
@@ -320,7 +342,8 @@ def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, s
                 moved = True
             # only the families searched here: a run of one family (``--families``) keeps the other's record
             ledger.data.setdefault("progress", {}).setdefault(rung, {}).update(
-                {f: {"decisions": traces[f], "running": pending.get(f)} for f in starts})
+                {f: {"decisions": traces[f], "running": pending.get(f), "start": starts[f],
+                     **({"transfer_from": transfer_from} if transfer_from else {})} for f in starts})
             ledger.save()
             # the families' jobs interleaved, so each gets a worker as soon as one is free
             per_family = [[(rung, f, c, 0) for c in batch] for f, batch in pending.items()]
@@ -353,7 +376,8 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
             best, decisions, complete = done[family]["best"], done[family]["decisions"], True
         else:
             decisions, complete = progress[family]["decisions"], False
-            start = [r for r in runs if r["family"] == family and r.get("imported_from")]
+            start = ([{"config": progress[family]["start"]}] if progress[family].get("start") else
+                     [r for r in runs if r["family"] == family and r.get("imported_from")])
             if not start:
                 continue
             best = dict(start[0]["config"])
@@ -366,10 +390,13 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
             continue
         out[family] = {"best": best, "final_eval_loss": statistics.median(finals), "seeds": len(finals),
                        "decisions": decisions, "complete": complete}
+        if (progress.get(family) or {}).get("transfer_from"):
+            out[family]["transfer_from"] = progress[family]["transfer_from"]
+        knobs = TRANSFER_KNOBS if out[family].get("transfer_from") else KNOBS.get(family, [])
         if not complete:  # the knob being tried now: the values that have finished
             trying = {}
             running = [config_key(c) for c in progress[family].get("running") or []]
-            for knob, value in _knob_of(family, best, running):
+            for knob, value in _knob_of(knobs, best, running):
                 c = with_knob(best, knob, value)
                 got = [r["final_eval_loss"] for r in runs if r["family"] == family and r["seed"] == 0
                        and config_key(r["config"]) == config_key(c)]
@@ -383,7 +410,7 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
             # not yet decided
             settled = {d["knob"] for d in decisions} | {trying.get("knob")}
             ahead = {}
-            for knob, values in KNOBS.get(family, []):
+            for knob, values in knobs:
                 for v in values:
                     c = with_knob(best, knob, v)
                     got = [r["final_eval_loss"] for r in runs if r["family"] == family and r["seed"] == 0
@@ -394,10 +421,10 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
     return out
 
 
-def _knob_of(family: str, best: dict[str, Any], keys: list[str]) -> list[tuple[str, Any]]:
-    """(knob, value) of each running setting, found among the family's knobs from ``best``."""
+def _knob_of(knobs: list[tuple[str, list[Any]]], best: dict[str, Any], keys: list[str]) -> list[tuple[str, Any]]:
+    """(knob, value) of each running setting, found among ``knobs`` from ``best``."""
     found = []
-    for knob, values in KNOBS.get(family, []):
+    for knob, values in knobs:
         for v in values:
             if config_key(with_knob(best, knob, v)) in keys:
                 found.append((knob, v))
@@ -440,6 +467,12 @@ def make_parser() -> argparse.ArgumentParser:
                                 allow_abbrev=False)
     p.add_argument("--budget", type=int, default=16, help="multiple of the 1x budget (300 steps) to search at")
     p.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
+    p.add_argument("--transfer-from", type=int, default=None, metavar="BUDGET",
+                   help="start each family at its winner of the search at this (shorter, searched) budget and sweep "
+                        "only the peak lr (x0.5, x2, extended once), for a budget too long to search")
+    p.add_argument("--checkpoints", choices=("auto", "on", "off"), default="auto",
+                   help=f"save a checkpoint at every eval into <out>/<name>_partial/ and resume a killed run from it "
+                        f"(auto: from budget {CHECKPOINT_FROM_BUDGET} on)")
     p.add_argument("--seeds", type=int, default=2, help="seeds at each family's winner (the search runs seed 0)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (results do not depend on it)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
@@ -469,10 +502,14 @@ def main(argv=None) -> dict[str, Any]:
         setup = budget_setup(ns.budget, ns.quick, base_steps)
         ladder_path = RESULTS / "budget_ladder.json"
         ladder = json.loads(ladder_path.read_text()) if ladder_path.exists() and not ns.quick else {}
-        firsts = {"hf-best": ladder_best_lr(ladder, rung, "adamw") or 2e-3,
-                  "recipe": ladder_best_lr(ladder, rung, "recipe") or 1.6e-2}
-        starts = {f: start_config(f, firsts[f], setup.max_steps) for f in families}
-        if import_ladder_starts(ledger, ladder, rung, starts):
+        transfer = f"{ns.transfer_from}x" if ns.transfer_from else None
+        if transfer:
+            starts = transfer_starts(ledger, transfer, rung, families)
+        else:
+            firsts = {"hf-best": ladder_best_lr(ladder, rung, "adamw") or 2e-3,
+                      "recipe": ladder_best_lr(ladder, rung, "recipe") or 1.6e-2}
+            starts = {f: start_config(f, firsts[f], setup.max_steps) for f in families}
+        if not transfer and import_ladder_starts(ledger, ladder, rung, starts):
             print(f"[hf_best] the budget ladder's {rung} runs at the start lrs are the start points", flush=True)
         env = environment_info()
         env["argv"] = [display_path(a) if Path(a).is_absolute() else a for a in env.get("argv", [])]
@@ -485,7 +522,11 @@ def main(argv=None) -> dict[str, Any]:
             torch.set_num_threads(ns.threads)
         from hf_fasttrain.run import prepare_data
 
-        _SHARED.update(setup=setup, data=prepare_data(data_args(setup)))
+        # runs of 64x and longer keep checkpoints next to the JSON (cheap at this model size), so a killed
+        # search loses at most one eval interval of its running runs
+        keep = ns.checkpoints == "on" or (ns.checkpoints == "auto" and ns.budget >= CHECKPOINT_FROM_BUDGET)
+        partial = out / f"{ns.name}_partial" if keep else None
+        _SHARED.update(setup=setup, data=prepare_data(data_args(setup)), partial=partial)
         with tempfile.TemporaryDirectory(prefix="hf-best-") as work:
             _SHARED["work"] = work
             ctx = multiprocessing.get_context("fork")
@@ -493,7 +534,8 @@ def main(argv=None) -> dict[str, Any]:
                                                            initializer=torch.set_num_threads, initargs=(ns.threads,))
                     if ns.jobs > 1 else None)
             try:
-                search(ledger, rung, starts, pool, ns.seeds, log=lambda m: print(m, flush=True), workers=ns.jobs)
+                search(ledger, rung, starts, pool, ns.seeds, log=lambda m: print(m, flush=True), workers=ns.jobs,
+                       transfer_from=transfer)
             finally:
                 if pool:
                     pool.shutdown(wait=True, cancel_futures=True)
@@ -505,6 +547,20 @@ def main(argv=None) -> dict[str, Any]:
     (out / f"{ns.name}.md").write_text(text)
     print(text)
     return {"summary": summary}
+
+
+def transfer_starts(ledger: Ledger, source: str, rung: str, families: list[str]) -> dict[str, dict[str, Any]]:
+    """Each family's winner of the finished search at ``source``: the starts of a lr-only sweep at ``rung``.
+    The winner's weight-decay timescale is in units of the run (lr x wd x steps), so it carries over as is."""
+    done = (ledger.data.get("searches") or {}).get(source) or {}
+    missing = [f for f in families if f not in done]
+    if missing:
+        have = ", ".join(searched_rungs(ledger)) or "none"
+        raise SystemExit(f"--transfer-from: {source[:-1]}: no finished search of {', '.join(missing)} there "
+                         f"(searched budgets: {have}); run `python -m benchmarks.hf_best --budget {source[:-1]}` first")
+    if int(source[:-1]) >= int(rung[:-1]):
+        raise SystemExit(f"--transfer-from: {source[:-1]}: must be a shorter budget than --budget {rung[:-1]}")
+    return {f: dict(done[f]["best"]) for f in families}
 
 
 def rung_commands(ledger: Ledger, rung: str) -> list[str]:
@@ -528,7 +584,11 @@ def report_text(ledger: Ledger) -> str:
     for r in rungs:
         given = rung_commands(ledger, r) or [f"nice -n 10 python -m benchmarks.hf_best --budget {r[:-1]} --jobs 2"]
         shown = "; then ".join(f"`{c}`" for c in given)
-        text += f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + markdown(summarise(ledger, r))
+        summary = summarise(ledger, r)
+        source = next((f["transfer_from"] for f in summary.values() if f.get("transfer_from")), None)
+        how = (f"Not searched: each family starts at its {source} winner and only the peak lr is swept (x0.5, x2, "
+               f"extended once from the best).\n\n" if source else "")
+        text += f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary)
     return text
 
 

@@ -309,12 +309,25 @@ def load_saved_run(path: Path, key: str) -> Optional[dict[str, Any]]:
     return saved if saved.get("key") == key else None
 
 
-def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> dict[str, Any]:
-    """Train one arm for one seed; returns its eval curve (step, tokens, train seconds, eval loss)."""
+def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
+            checkpoint_dir: Optional[Path] = None) -> dict[str, Any]:
+    """Train one arm for one seed; returns its eval curve (step, tokens, train seconds, eval loss).
+
+    With ``checkpoint_dir`` the run saves a checkpoint there at every eval (the latest one kept) and, when
+    one is there already (a run killed part way), resumes from it: a long run cut short loses at most one
+    eval interval. The folder is removed once the run has finished."""
     if arm.run is not None:
         return arm.run(arm, seed, setup, workdir)
-    out = workdir / f"{arm.name}-seed{seed}"
+    out = checkpoint_dir if checkpoint_dir is not None else workdir / f"{arm.name}-seed{seed}"
     common = common_args(setup, seed, out)
+    resume = None
+    if checkpoint_dir is not None:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        common.update(save_strategy="steps", save_steps=setup.eval_steps, save_total_limit=1)
+        resume = get_last_checkpoint(str(out)) if out.is_dir() else None
+        if resume:  # the eval at the start is in the checkpoint's logs already
+            common["eval_on_start"] = False
     args_cls = FastTrainingArguments if arm.fast else TrainingArguments
     extra = {"auto_resume": False} if arm.fast else {}
     settings = {k: v(setup) if callable(v) else v for k, v in arm.args.items()}  # e.g. token_budget
@@ -335,7 +348,7 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> 
         trainer.recorder.write_files = False
         recorder = trainer.recorder
     wall0 = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     wall = time.perf_counter() - wall0
     curve = []
     for r in recorder.records:
@@ -345,6 +358,8 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path) -> 
     shutil.rmtree(out, ignore_errors=True)
     result = {"arm": arm.name, "seed": seed, "curve": curve, "final_eval_loss": curve[-1]["eval_loss"],
               "train_seconds": recorder.train_seconds(), "process_seconds": wall}
+    if resume:
+        result["resumed_from_step"] = int(Path(resume).name.split("-")[-1])
     guard = guard_counts(trainer.state.log_history)
     if guard:
         result["guard"] = guard

@@ -220,3 +220,80 @@ def test_a_search_of_one_family_keeps_the_other_familys_record(tmp_path, monkeyp
     assert set(ledger.data["progress"]["16x"]) == {"hf-best", "recipe"}
     summary = mod.summarise(ledger, "16x")
     assert summary["hf-best"]["seeds"] == 2 and summary["recipe"]["seeds"] == 3
+
+
+class _Killed(Exception):
+    pass
+
+
+def _kill_at(step):
+    from transformers import TrainerCallback
+
+    class KillAt(TrainerCallback):  # a run killed part way, after its checkpoint at an eval
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                raise _Killed(step)
+
+    return lambda: [KillAt()]
+
+
+@pytest.mark.parametrize("family", ["hf-best", pytest.param("recipe", marks=pytest.mark.slow)])
+def test_a_killed_run_resumes_from_its_checkpoint_and_equals_a_straight_run(tmp_path, family):
+    import dataclasses
+
+    mod = hb()
+    from budget_ladder import budget_setup, data_args
+    from time_to_loss import run_arm
+
+    from hf_fasttrain.run import prepare_data
+
+    setup = budget_setup(1, quick=True, base_steps=24)  # 24 steps, eval (and a checkpoint) every 2
+    tokenizer, lm = prepare_data(data_args(setup))
+    config = mod.start_config(family, 2e-3 if family == "hf-best" else 1.6e-2, setup.max_steps)
+    arm = mod.arm_for(family, config, setup.max_steps)
+    straight = run_arm(arm, 0, setup, tokenizer, lm, tmp_path / "straight")
+    ckpt = tmp_path / "partial" / "run"
+    with pytest.raises(_Killed):
+        run_arm(dataclasses.replace(arm, callbacks=_kill_at(15)), 0, setup, tokenizer, lm, tmp_path / "w", checkpoint_dir=ckpt)
+    assert [p.name for p in ckpt.iterdir() if p.name.startswith("checkpoint-")] == ["checkpoint-14"]
+    resumed = run_arm(arm, 0, setup, tokenizer, lm, tmp_path / "w", checkpoint_dir=ckpt)
+    assert resumed["resumed_from_step"] == 14 and not ckpt.exists()  # the folder goes once the run has finished
+    assert [p["step"] for p in resumed["curve"]] == [p["step"] for p in straight["curve"]], (resumed["curve"], straight["curve"])
+    assert [p["eval_loss"] for p in resumed["curve"]] == pytest.approx([p["eval_loss"] for p in straight["curve"]],
+                                                                        abs=1e-6)
+
+
+def test_a_budget_too_long_to_search_sweeps_only_the_peak_lr_from_the_shorter_budgets_winner(tmp_path, monkeypatch):
+    mod = hb()
+    ledger = mod.Ledger(tmp_path / "hf_best.json")
+    with pytest.raises(SystemExit, match="--transfer-from: 16: no finished search of hf-best, recipe there"):
+        mod.transfer_starts(ledger, "16x", "64x", ["hf-best", "recipe"])
+    winners = {"hf-best": {**mod.start_config("hf-best", 4e-3, 4800), "schedule": "wsd-1-sqrt", "beta2": 0.99},
+               "recipe": {**mod.start_config("recipe", 1.6e-2, 4800), "beta2": 0.99}}
+    ledger.data["searches"] = {"16x": {f: {"best": w, "loss": 3.0, "decisions": []} for f, w in winners.items()}}
+    with pytest.raises(SystemExit, match="must be a shorter budget than --budget 16"):
+        mod.transfer_starts(ledger, "16x", "16x", ["recipe"])
+    starts = mod.transfer_starts(ledger, "16x", "64x", ["hf-best", "recipe"])
+    assert starts == winners  # the weight-decay timescale is in units of the run: it carries over as is
+
+    best_scale = {"hf-best": 0.25, "recipe": 1.0}  # hf-best's best lr is beyond the first grid's low edge
+
+    def fake_run(job):
+        rung, family, config, seed = job
+        return {"rung": rung, "family": family, "config": config, "seed": seed, "cpu_seconds": 0.0,
+                "final_eval_loss": 3.0 + abs(math.log2(config["lr_scale"] / best_scale[family])) * 0.1}
+
+    import math
+
+    monkeypatch.setattr(mod, "_run_one", fake_run)
+    out = mod.search(ledger, "64x", starts, None, seeds=2, log=lambda m: None, transfer_from="16x")
+    assert out["hf-best"]["best"] == {**winners["hf-best"], "lr_scale": 0.25}
+    assert out["recipe"]["best"] == winners["recipe"]
+    scales = {f: sorted(r["config"]["lr_scale"] for r in ledger.data["runs"].values() if r["family"] == f and r["seed"] == 0)
+              for f in starts}
+    # x0.5 and x2, then once more from the new best (x0.25; x1 is run already); the recipe's stays at x1: no rerun
+    assert scales == {"hf-best": [0.25, 0.5, 1.0, 2.0], "recipe": [0.5, 1.0, 2.0]}
+    assert [d["knob"] for d in out["recipe"]["decisions"]] == ["lr_scale"]
+    summary = mod.summarise(ledger, "64x")
+    assert summary["hf-best"]["transfer_from"] == "16x" and summary["hf-best"]["seeds"] == 2
+    assert summary["hf-best"]["final_eval_loss"] == 3.0
