@@ -64,7 +64,7 @@ from typing import Any, Generator, Optional
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # this checkout
 from budget_ladder import BASE_STEPS, budget_setup, data_args  # noqa: E402
 from scaling import Ledger  # noqa: E402
-from time_to_loss import ARMS, RESULTS, Arm, run_arm  # noqa: E402
+from time_to_loss import ARMS, QUICK, RESULTS, Arm, run_arm  # noqa: E402
 
 from benchmarks._harness import display_command, display_path  # noqa: E402
 from hf_fasttrain.runinfo import environment_info  # noqa: E402
@@ -75,6 +75,21 @@ FAMILIES = ("hf-best", "recipe")
 NOISE = {"hf-best": 0.015, "recipe": 0.025}
 WARMUP = 0.02
 CHECKPOINT_FROM_BUDGET = 32  # budgets from here on save a checkpoint at every eval and resume a killed run
+# The models (``--model``): the ladder's, and a larger one (the scaling ladder's gpt2-3x192 rung, 1.33M
+# non-embedding parameters, head size 32 as the ladder's); a rung of another model than the ladder's is named
+# ``<budget>x-<model>``.
+MODELS = {"2x128": dict(n_layer=2, n_head=4, n_embd=128), "3x192": dict(n_layer=3, n_head=6, n_embd=192)}
+LADDER_MODEL = "2x128"
+OPTIMIZER_OF = {"hf-best": "adamw", "recipe": "muon"}  # whose measured lr law (hf_fasttrain.budget) a family follows
+
+
+def rung_name(budget: int, model: str = LADDER_MODEL) -> str:
+    return f"{budget}x" if model == LADDER_MODEL else f"{budget}x-{model}"
+
+
+def rung_multiple(rung: str) -> int:
+    """The budget multiple of a rung name (``16x``, ``54x-3x192``)."""
+    return int(rung.split("x")[0])
 
 # Knobs and the values tried, in the order the search visits them (what the literature expects to matter
 # most at long horizons first).
@@ -467,6 +482,9 @@ def make_parser() -> argparse.ArgumentParser:
                                 allow_abbrev=False)
     p.add_argument("--budget", type=int, default=16, help="multiple of the 1x budget (300 steps) to search at")
     p.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
+    p.add_argument("--model", default=LADDER_MODEL,
+                   help=f"LAYERSxWIDTH, one of {', '.join(MODELS)}; another than {LADDER_MODEL} needs --transfer-from "
+                        "and starts at the law's lr for its width and tokens per parameter")
     p.add_argument("--transfer-from", type=int, default=None, metavar="BUDGET",
                    help="start each family at its winner of the search at this (shorter, searched) budget and sweep "
                         "only the peak lr (x0.5, x2, extended once), for a budget too long to search")
@@ -496,15 +514,27 @@ def main(argv=None) -> dict[str, Any]:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(out / f"{ns.name}.json")
-    rung = f"{ns.budget}x"
+    if ns.model not in MODELS:
+        raise SystemExit(f"--model: {ns.model!r}: one of {', '.join(MODELS)}")
+    if ns.model != LADDER_MODEL and not ns.transfer_from and not ns.report:
+        raise SystemExit(f"--model: {ns.model}: another model than the ladder's is not searched; give "
+                         "--transfer-from <budget> (its winners there, the lr from the measured law, swept)")
+    rung = rung_name(ns.budget, ns.model)
     if not ns.report:
         base_steps = 2 if ns.quick else BASE_STEPS
         setup = budget_setup(ns.budget, ns.quick, base_steps)
+        if ns.model != LADDER_MODEL:
+            shape = MODELS[ns.model]
+            if ns.quick:  # the quick setup's width, one layer more: the same code path in seconds
+                shape = dict(n_layer=QUICK.n_layer + 1, n_head=QUICK.n_head, n_embd=QUICK.n_embd)
+            setup = dataclasses.replace(setup, **shape)
         ladder_path = RESULTS / "budget_ladder.json"
         ladder = json.loads(ladder_path.read_text()) if ladder_path.exists() and not ns.quick else {}
         transfer = f"{ns.transfer_from}x" if ns.transfer_from else None
         if transfer:
             starts = transfer_starts(ledger, transfer, rung, families)
+            if ns.model != LADDER_MODEL:
+                starts = {f: at_law_lr(c, f, setup) for f, c in starts.items()}
         else:
             firsts = {"hf-best": ladder_best_lr(ladder, rung, "adamw") or 2e-3,
                       "recipe": ladder_best_lr(ladder, rung, "recipe") or 1.6e-2}
@@ -558,9 +588,26 @@ def transfer_starts(ledger: Ledger, source: str, rung: str, families: list[str])
         have = ", ".join(searched_rungs(ledger)) or "none"
         raise SystemExit(f"--transfer-from: {source[:-1]}: no finished search of {', '.join(missing)} there "
                          f"(searched budgets: {have}); run `python -m benchmarks.hf_best --budget {source[:-1]}` first")
-    if int(source[:-1]) >= int(rung[:-1]):
-        raise SystemExit(f"--transfer-from: {source[:-1]}: must be a shorter budget than --budget {rung[:-1]}")
+    if rung_multiple(source) >= rung_multiple(rung):
+        raise SystemExit(f"--transfer-from: {source[:-1]}: must be a shorter budget than --budget {rung_multiple(rung)}")
     return {f: dict(done[f]["best"]) for f in families}
+
+
+def tokens_per_param(setup) -> float:
+    from scaling import non_embedding_params
+
+    n = non_embedding_params(setup.n_layer, setup.n_embd, setup.model_type, setup.n_head)
+    return setup.max_steps * setup.tokens_per_step / n
+
+
+def at_law_lr(config: dict[str, Any], family: str, setup) -> dict[str, Any]:
+    """A winner moved to another model: its peak lr the measured law's (hf_fasttrain.budget, the one
+    ``learning_rate: auto`` uses) for the model's width and the run's tokens per parameter, 3 significant
+    digits; the other settings as they are. The lr sweep around it checks the law at a point outside its fit."""
+    from hf_fasttrain.budget import predict_learning_rate
+
+    lr = predict_learning_rate(OPTIMIZER_OF[family], setup.n_embd, tokens_per_param(setup))
+    return {**config, "lr": float(f"{lr:.3g}"), "lr_scale": 1.0}
 
 
 def rung_commands(ledger: Ledger, rung: str) -> list[str]:
@@ -571,7 +618,8 @@ def rung_commands(ledger: Ledger, rung: str) -> list[str]:
 
 def searched_rungs(ledger: Ledger) -> list[str]:
     """The budgets the ledger holds a search of, shortest first."""
-    return sorted({*ledger.data.get("progress", {}), *ledger.data.get("searches", {})}, key=lambda r: int(r[:-1]))
+    return sorted({*ledger.data.get("progress", {}), *ledger.data.get("searches", {})},
+                  key=lambda r: (r.count("-"), rung_multiple(r)))
 
 
 def report_text(ledger: Ledger) -> str:
@@ -582,12 +630,19 @@ def report_text(ledger: Ledger) -> str:
     text = (f"Machine: {env.get('cpu_count', '?')}-core x86_64 CPU (token counts and losses do not depend on load). "
             f"Seed noise thresholds {NOISE}.\n")
     for r in rungs:
-        given = rung_commands(ledger, r) or [f"nice -n 10 python -m benchmarks.hf_best --budget {r[:-1]} --jobs 2"]
+        given = rung_commands(ledger, r) or [f"nice -n 10 python -m benchmarks.hf_best --budget {rung_multiple(r)} --jobs 2"]
         shown = "; then ".join(f"`{c}`" for c in given)
         summary = summarise(ledger, r)
         source = next((f["transfer_from"] for f in summary.values() if f.get("transfer_from")), None)
         how = (f"Not searched: each family starts at its {source} winner and only the peak lr is swept (x0.5, x2, "
                f"extended once from the best).\n\n" if source else "")
+        setup = (ledger.data.get("setups") or {}).get(r)
+        if "-" in r and setup:  # another model than the ladder's
+            shape = type("Shape", (), {**setup, "tokens_per_step": setup["batch_size"] * setup["block_size"]})
+            how += (f"Model: GPT-2 {setup['n_layer']}x{setup['n_embd']}, {tokens_per_param(shape):.1f} tokens per "
+                    "non-embedding parameter; the starting lr of each family is the measured law's for this width "
+                    "and length (`learning_rate: auto`, hf_fasttrain/budget.py), so the sweep checks the law at a "
+                    "point outside its fit.\n\n")
         text += f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary)
     return text
 

@@ -297,3 +297,26 @@ def test_a_budget_too_long_to_search_sweeps_only_the_peak_lr_from_the_shorter_bu
     summary = mod.summarise(ledger, "64x")
     assert summary["hf-best"]["transfer_from"] == "16x" and summary["hf-best"]["seeds"] == 2
     assert summary["hf-best"]["final_eval_loss"] == 3.0
+
+
+def test_a_larger_model_starts_at_the_measured_laws_lr_and_is_named_by_its_shape():
+    mod = hb()
+    import dataclasses
+
+    from budget_ladder import budget_setup
+
+    from hf_fasttrain.budget import predict_learning_rate
+
+    assert (mod.rung_name(64), mod.rung_name(54, "3x192")) == ("64x", "54x-3x192")
+    assert [mod.rung_multiple(r) for r in ("64x", "54x-3x192")] == [64, 54]
+    setup = dataclasses.replace(budget_setup(54), **mod.MODELS["3x192"])
+    assert mod.tokens_per_param(setup) == pytest.approx(54 * 300 * 2048 / 1_334_976)  # 24.9
+    winner = {**mod.start_config("recipe", 1.6e-2, 4800), "beta2": 0.99, "lr_scale": 2.0}
+    moved = mod.at_law_lr(winner, "recipe", setup)
+    assert moved["lr"] == float(f"{predict_learning_rate('muon', 192, mod.tokens_per_param(setup)):.3g}")
+    assert moved["lr_scale"] == 1.0 and moved["beta2"] == 0.99 and moved["wd_timescale"] == winner["wd_timescale"]
+    assert mod.at_law_lr(winner, "hf-best", setup)["lr"] < moved["lr"]  # AdamW's law, not Muon's
+    with pytest.raises(SystemExit, match="--model: 3x192: another model than the ladder's is not searched"):
+        mod.main(["--model", "3x192", "--budget", "54", "--out", "/nonexistent"])
+    with pytest.raises(SystemExit, match="--model: '4x256': one of 2x128, 3x192"):
+        mod.main(["--model", "4x256", "--out", "/nonexistent"])
