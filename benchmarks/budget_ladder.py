@@ -316,6 +316,12 @@ def versus_hf_best(summary: dict[str, Any], runs: list[dict[str, Any]], hf_best:
     searched = hf_best.get("summary") or {}
     for rung, families in sorted(searched.items(), key=lambda kv: int(kv[0].split("x")[0])):
         s = summary.get(rung)
+        if not s and "-" not in rung and {"hf-best", "recipe"} <= set(families):
+            # a budget only hf_best.py ran (the 16x winners at 64x): both families from there
+            row = beyond_the_ladder(rung, families, summary, finals, hf_best)
+            if row:
+                out[rung] = row
+            continue
         if not s or "hf-best" not in families or "recipe" not in s["optimizers"]:
             continue
         target = families["hf-best"]["final_eval_loss"]
@@ -340,17 +346,52 @@ def versus_hf_best(summary: dict[str, Any], runs: list[dict[str, Any]], hf_best:
     return out
 
 
+def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, Any], finals: dict[int, float],
+                      hf_best: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A budget longer than the ladder's, where hf_best.py ran both families at their shorter budget's winners
+    with the peak lr swept: the winner of the recipe's sweep against hf-best's. The complete-run measure
+    interpolates between the ladder's recipe runs and this budget's recipe (the only complete run there)."""
+    setup = (hf_best.get("setups") or {}).get(rung)
+    ladder_rows = [v for v in summary.values() if v]
+    if not setup or not ladder_rows:
+        return None
+    multiple = int(rung.split("x")[0])
+    budget = setup["max_steps"] * setup["batch_size"] * setup["block_size"]
+    target = families["hf-best"]["final_eval_loss"]
+    mine = families["recipe"]
+    curves = [r["curve"] for r in hf_best.get("runs", {}).values() if r["rung"] == rung and r["family"] == "recipe"
+              and json.dumps(r["config"], sort_keys=True) == json.dumps(mine["best"], sort_keys=True)]
+    with_this = {**finals, multiple: mine["final_eval_loss"]}
+    complete = complete_run_budget(with_this, target)
+    return {"target_eval_loss": target, "hf_best": families["hf-best"]["best"],
+            "search_complete": families["hf-best"].get("complete", True) and mine.get("complete", True),
+            "transfer_from": families["hf-best"].get("transfer_from"), "tokens": budget,
+            "tokens_per_param": budget / ladder_rows[0]["non_embedding_params"],
+            "hf_tuned_eval_loss": None, "recipe_token_ratio": None,
+            "recipe_complete_run_ratio": complete / multiple,
+            "recipe_complete_run_extrapolated": not (min(with_this.values()) <= target <= max(with_this.values())),
+            "long_horizon_recipe": mine["best"], "long_horizon_eval_loss": mine["final_eval_loss"],
+            "long_horizon_token_ratio": (statistics.median(crossing(c, target, "tokens") for c in curves) / budget
+                                         if curves else math.nan)}
+
+
 def versus_hf_best_trend(rows: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
     """Both measures against hf-best, each fitted as log10(ratio) against log10(tokens per parameter) over the
-    budgets hf-best was searched at (a complete-run ratio only where it interpolates): factor per 4x budget."""
+    budgets whose hf-best search has finished (a complete-run ratio only where it interpolates): factor per 4x
+    budget."""
     out: dict[str, Any] = {}
     for name, key in (("one_run", "recipe_token_ratio"), ("complete_runs", "recipe_complete_run_ratio")):
         xs, ys = [], []
         for rung, r in rows.items():
-            v = r.get(key, math.nan)
+            if not r.get("search_complete", True):  # hf-best not found yet there: its loss is not the target
+                continue
+            v = r.get(key)
+            if v is None and key == "recipe_token_ratio":  # beyond the ladder: the recipe there is the winner's
+                v = r.get("long_horizon_token_ratio")
+            v = math.nan if v is None else v
             if not (0 < v < math.inf) or (key == "recipe_complete_run_ratio" and r["recipe_complete_run_extrapolated"]):
                 continue
-            xs.append(math.log10(summary[rung]["tokens_per_param"]))
+            xs.append(math.log10(r["tokens_per_param"] if rung not in summary else summary[rung]["tokens_per_param"]))
             ys.append(math.log10(v))
         line = fit_line(xs, ys)
         if line:
@@ -366,10 +407,13 @@ def hf_best_markdown(rows: dict[str, Any], tr: Optional[dict[str, Any]] = None) 
              "one run | hf-best loss | hf-tuned loss | long-horizon recipe loss |", "|---|---|---|---|---|---|---|"]
     for rung, r in rows.items():
         complete = _fmt(r["recipe_complete_run_ratio"]) + (" (extrapolated)" if r["recipe_complete_run_extrapolated"] else "")
-        one = "never reached" if r["recipe_token_ratio"] == math.inf else f"**{_fmt(r['recipe_token_ratio'])}**"
+        one = ("n/a (not on the ladder)" if r["recipe_token_ratio"] is None else
+               "never reached" if r["recipe_token_ratio"] == math.inf else f"**{_fmt(r['recipe_token_ratio'])}**")
         lh = r.get("long_horizon_token_ratio")
         lh_cell = "n/a" if lh is None else "never reached" if lh == math.inf else f"**{_fmt(lh)}**"
         running = "" if r.get("search_complete", True) else " (search running: best so far)"
+        if r.get("transfer_from"):
+            running += f" ({r['transfer_from']} winners, lr swept)"
         lines.append(f"| {rung}{running} | {one} | {complete} | {lh_cell} | {_fmt(r['target_eval_loss'], 4)} "
                      f"| {_fmt(r['hf_tuned_eval_loss'], 4)} | {_fmt(r.get('long_horizon_eval_loss', math.nan), 4)} |")
     for name, label in (("one_run", "one run"), ("complete_runs", "complete runs")):

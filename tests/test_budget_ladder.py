@@ -146,3 +146,35 @@ def test_trend_against_hf_best_fits_each_measure_on_its_own_points():
     assert text == ""  # no rows, no section
     only_16x = {"16x": rows["16x"]}
     assert bl.versus_hf_best_trend(only_16x, summary) == {}  # one budget: no trend
+    running = {**only_16x, "4x": {**rows["4x"], "search_complete": False}}
+    assert bl.versus_hf_best_trend(running, summary) == {}  # a search still running is not a point
+
+
+def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
+    bl = _load()
+    summary = {f"{m}x": {"multiple": m, "corpus": "stdlib", "tokens_per_param": tpp, "non_embedding_params": 400_000,
+                         "optimizers": {"recipe": {"final_eval_loss": r}}}
+               for m, tpp, r in [(4, 6.2, 3.245), (16, 24.8, 2.808)]}
+    finals = {4: 3.245, 16: 2.808}
+    curve = [{"tokens": 0, "eval_loss": 8.0}, {"tokens": 10_000_000, "eval_loss": 2.7},
+             {"tokens": 40_000_000, "eval_loss": 2.5}]
+    best = {"hf-best": {"lr": 4e-3}, "recipe": {"lr": 1.6e-2}}
+    hf_best = {"setups": {"64x": {"max_steps": 19200, "batch_size": 16, "block_size": 128}},
+               "runs": {"a": {"rung": "64x", "family": "recipe", "config": best["recipe"], "curve": curve},
+                        "b": {"rung": "64x", "family": "recipe", "config": {"lr": 8e-3}, "curve": curve[:1]}}}
+    families = {"hf-best": {"best": best["hf-best"], "final_eval_loss": 2.7, "transfer_from": "16x"},
+                "recipe": {"best": best["recipe"], "final_eval_loss": 2.5, "transfer_from": "16x"}}
+    row = bl.beyond_the_ladder("64x", families, summary, finals, hf_best)
+    budget = 19200 * 2048
+    assert row["tokens"] == budget and row["tokens_per_param"] == pytest.approx(budget / 400_000)
+    assert row["long_horizon_token_ratio"] == pytest.approx(10_000_000 / budget)  # the curve reaches 2.7 there
+    # between the 16x run (2.808) and the 64x winner (2.5), in log budget
+    assert row["recipe_complete_run_ratio"] == pytest.approx(16 * 4 ** ((2.808 - 2.7) / (2.808 - 2.5)) / 64)
+    assert not row["recipe_complete_run_extrapolated"] and row["recipe_token_ratio"] is None
+    rows = bl.versus_hf_best(summary, [], {**hf_best, "summary": {"64x": families}})
+    assert rows["64x"] == row
+    text = bl.hf_best_markdown(rows)
+    assert "| 64x (16x winners, lr swept) | n/a (not on the ladder) |" in text
+    tr = bl.versus_hf_best_trend({**rows, "16x": {"recipe_token_ratio": 0.8, "recipe_complete_run_ratio": 0.6,
+                                                  "recipe_complete_run_extrapolated": False}}, summary)
+    assert tr["one_run"]["points"] == 2  # 64x's one-run figure is the winner's
