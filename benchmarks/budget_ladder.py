@@ -468,7 +468,24 @@ def markdown(summary: dict[str, Any], tr: dict[str, Any]) -> str:
     return text
 
 
-def plot(summary: dict[str, Any], path: Path) -> None:
+def hf_best_points(rows: dict[str, Any], summary: dict[str, Any]) -> dict[str, list[tuple[float, float, bool]]]:
+    """The plot's points against hf-best, budgets whose search has finished: (tokens per parameter, ratio,
+    extrapolated) per measure; one run is the ladder's recipe, or the recipe's winner beyond the ladder."""
+    out: dict[str, list[tuple[float, float, bool]]] = {"one_run": [], "complete_runs": []}
+    for rung, r in rows.items():
+        if not r.get("search_complete", True):
+            continue
+        tpp = summary[rung]["tokens_per_param"] if summary.get(rung) else r["tokens_per_param"]
+        one = r["recipe_token_ratio"] if r.get("recipe_token_ratio") is not None else r.get("long_horizon_token_ratio")
+        if one is not None and 0 < one < math.inf:
+            out["one_run"].append((tpp, one, False))
+        whole = r.get("recipe_complete_run_ratio")
+        if whole is not None and 0 < whole < math.inf:
+            out["complete_runs"].append((tpp, whole, bool(r.get("recipe_complete_run_extrapolated"))))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def plot(summary: dict[str, Any], path: Path, best_rows: Optional[dict[str, Any]] = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -482,18 +499,26 @@ def plot(summary: dict[str, Any], path: Path) -> None:
                and 0 < s["optimizers"]["recipe"].get("token_ratio_vs_adamw", math.inf) < math.inf]
         if pts:
             ax.plot(*zip(*sorted(pts)), marker=marker, ls="-" if corpus == "stdlib" else "none", ms=8,
-                    label="stdlib corpus (repeats past 6 tokens/param)" if corpus == "stdlib" else "no repeated data")
+                    label="vs hf-tuned, one run" if corpus == "stdlib" else "vs hf-tuned, one run, no repeated data")
+    pts = hf_best_points(best_rows or {}, summary)
+    for measure, colour, label in (("one_run", "C3", "vs hf-best, one run"),
+                                   ("complete_runs", "C2", "vs hf-best, complete runs (hollow: extrapolated)")):
+        if pts[measure]:
+            xs, ys, extra = zip(*pts[measure])
+            ax.plot(xs, ys, color=colour, lw=1, label=label)
+            ax.scatter(xs, ys, s=50, edgecolors=colour, facecolors=[("none" if e else colour) for e in extra], zorder=3)
+    longest = max([s["tokens_per_param"] for s in summary.values() if s] + [p[0] for v in pts.values() for p in v] + [20])
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.axvline(CHINCHILLA_TOKENS_PER_PARAM, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log")
-    ax.set_xticks([1, 2, 5, 10, 20, 50])
+    ax.set_xticks([t for t in (1, 2, 5, 10, 20, 50, 100, 200) if t <= longest * 2])
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlim(1, 50)
+    ax.set_xlim(1, 50 if longest < 40 else longest * 1.5)
     ax.set_ylim(0, 1.1)
     ax.set_xlabel("training tokens per non-embedding parameter")
-    ax.set_ylabel("recipe's tokens to AdamW's best loss / budget")
-    ax.set_title("Recipe vs tuned AdamW, each at its best lr (lower is better)")
+    ax.set_ylabel("recipe's tokens to the baseline's loss / budget")
+    ax.set_title("Recipe vs AdamW, each at its best lr (lower is better)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     for name, s in summary.items():
@@ -557,7 +582,7 @@ def report(ledger: Ledger, rungs: dict[str, tuple[int, str]], setups: dict[str, 
     ledger.save()
     (out / f"{name}.md").write_text(header + table)
     try:
-        plot(summary, out / f"{name}.png")
+        plot(summary, out / f"{name}.png", best_rows)
     except Exception as e:  # a plot must not lose the results
         print(f"[budget_ladder] plot failed: {e}", flush=True)
     return {"summary": summary, "trend": tr, "table": table}

@@ -178,3 +178,6 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     tr = bl.versus_hf_best_trend({**rows, "16x": {"recipe_token_ratio": 0.8, "recipe_complete_run_ratio": 0.6,
                                                   "recipe_complete_run_extrapolated": False}}, summary)
     assert tr["one_run"]["points"] == 2  # 64x's one-run figure is the winner's
+    pts = bl.hf_best_points({**rows, "4x": {"search_complete": False, "recipe_token_ratio": 0.3}}, summary)
+    assert pts == {"one_run": [(budget / 400_000, row["long_horizon_token_ratio"], False)],
+                   "complete_runs": [(budget / 400_000, row["recipe_complete_run_ratio"], False)]}
