@@ -5,6 +5,7 @@ each found by coordinate descent at one budget of the budget ladder.
     nice -n 10 python -m benchmarks.hf_best --budget 16 --jobs 2     # the search (resumable: rerun to continue)
     nice -n 10 python -m benchmarks.hf_best --budget 1 --jobs 1      # another budget, same file, at the same time
     nice -n 10 python -m benchmarks.hf_best --budget 64 --transfer-from 16 --jobs 2   # 16x's winners, lr swept
+    nice -n 10 python -m benchmarks.hf_best --budget 54 --model 3x192 --transfer-from 16 --jobs 2  # a larger model
     python -m benchmarks.hf_best --budget 16 --report                # every budget's tables from the JSON
     python -m benchmarks.hf_best --quick --out /tmp/x                # a smoke run (the test suite uses it)
 
@@ -37,7 +38,9 @@ families share the ``--jobs`` workers, each asking for its next batch as soon as
 A budget too long to search (``--budget 64 --transfer-from 16``) starts each family at its winner of a shorter
 budget's search and sweeps only the peak lr: x0.5 and x2, then once more from the best of the three (so the sweep
 extends by a factor 2 when the best is at an edge); the weight decay's timescale is in units of the run, so it
-carries over as is. From budget 32 on (``--checkpoints auto``) every run saves a checkpoint at each eval into
+carries over as is. ``--model 3x192`` does the same on a larger model (1.33M non-embedding parameters; rung
+``<budget>x-3x192``, e.g. ``--budget 54``: 24.9 tokens per parameter), each family's lr there starting at the
+measured law's (``learning_rate: auto``), so the sweep also checks the law at a point outside its fit. From budget 32 on (``--checkpoints auto``) every run saves a checkpoint at each eval into
 ``<out>/<name>_partial/`` and a killed run resumes from it, so a search cut short loses at most one eval interval.
 
 Writes hf_best.json (every run, every decision) and hf_best.md into --out (benchmarks/results); the budget
