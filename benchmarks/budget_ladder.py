@@ -287,7 +287,7 @@ def complete_run_budget(finals: dict[int, float], target: float) -> float:
         if min(y0, y1) <= target <= max(y0, y1) and y0 != y1:
             return math.exp(x0 + (y0 - target) / (y0 - y1) * (x1 - x0))
     (x0, y0), (x1, y1) = (pts[:2] if target > pts[0][1] else pts[-2:])
-    if y0 == y1:
+    if y1 >= y0:  # the loss did not fall with the budget there: no budget is found by extending it
         return math.inf
     return math.exp(x0 + (y0 - target) / (y0 - y1) * (x1 - x0))
 

@@ -114,6 +114,7 @@ def test_smoke_run_is_resumable(tmp_path):
     ({1: 3.973, 4: 3.245}, 3.245, 4.0),  # exactly a run's loss
     ({1: 4.0, 4: 3.0}, 4.5, 4 ** -0.5),  # above every run: the line through the first two, extended
     ({4: 3.0}, 3.5, math.inf),  # one run: no line
+    ({8: 3.031, 16: 2.808, 64: 2.818}, 2.705, math.inf),  # below every run, the loss no longer falling: not reached
 ])
 def test_complete_run_budget_interpolates_in_log_budget(finals, target, expected):
     bl = _load()
