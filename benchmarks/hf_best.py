@@ -267,7 +267,7 @@ def _run_one(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
     partial = _SHARED.get("partial")  # a checkpoint folder per run: a killed run resumes where it was
     ckpt = Path(partial) / hashlib.sha1(run_key(*job).encode()).hexdigest()[:16] if partial else None
     r = run_arm(arm_for(family, config, setup.max_steps), seed, setup, tokenizer, lm, Path(_SHARED["work"]),
-                checkpoint_dir=ckpt)
+                checkpoint_dir=ckpt, train_rows=setup.eval_rows)
     r.update(rung=rung, family=family, config=config, cpu_seconds=time.process_time() - cpu0,
              max_steps=setup.max_steps, tokens_per_step=setup.tokens_per_step)
     return r

@@ -310,8 +310,12 @@ def load_saved_run(path: Path, key: str) -> Optional[dict[str, Any]]:
 
 
 def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
-            checkpoint_dir: Optional[Path] = None) -> dict[str, Any]:
+            checkpoint_dir: Optional[Path] = None, train_rows: int = 0) -> dict[str, Any]:
     """Train one arm for one seed; returns its eval curve (step, tokens, train seconds, eval loss).
+
+    With ``train_rows`` the final model is also evaluated on that many training rows, spread evenly over the
+    training set (``final_train_loss``): past one epoch, its gap to the eval loss is how much of the data the
+    run has memorised.
 
     With ``checkpoint_dir`` the run saves a checkpoint there at every eval (the latest one kept) and, when
     one is there already (a run killed part way), resumes from it: a long run cut short loses at most one
@@ -355,9 +359,14 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
         if "eval_loss" in r:
             tokens = r.get("tokens_seen", r.get("num_input_tokens_seen", r["step"] * setup.tokens_per_step))
             curve.append({"step": r["step"], "tokens": tokens, "seconds": r["train_seconds"], "eval_loss": r["eval_loss"]})
-    shutil.rmtree(out, ignore_errors=True)
     result = {"arm": arm.name, "seed": seed, "curve": curve, "final_eval_loss": curve[-1]["eval_loss"],
               "train_seconds": recorder.train_seconds(), "process_seconds": wall}
+    if train_rows:
+        n = len(lm["train"])
+        rows = lm["train"].select(range(0, n, max(1, n // train_rows))[:train_rows])
+        result["final_train_loss"] = trainer.evaluate(eval_dataset=rows, metric_key_prefix="train_rows")["train_rows_loss"]
+        result["epochs"] = curve[-1]["tokens"] / (n * setup.block_size)
+    shutil.rmtree(out, ignore_errors=True)
     if resume:
         result["resumed_from_step"] = int(Path(resume).name.split("-")[-1])
     guard = guard_counts(trainer.state.log_history)

@@ -263,6 +263,23 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_equals_a_straight_run(tmp_
                                                                         abs=1e-6)
 
 
+def test_the_train_rows_loss_shows_a_run_that_memorised_repeated_data(tmp_path):
+    mod = hb()
+    from budget_ladder import budget_setup, data_args
+    from time_to_loss import run_arm
+
+    import datasets
+    from hf_fasttrain.run import prepare_data
+
+    setup = budget_setup(1, quick=True, base_steps=24)
+    tokenizer, lm = prepare_data(data_args(setup))
+    small = datasets.DatasetDict({"train": lm["train"].select(range(setup.batch_size)), "validation": lm["validation"]})
+    arm = mod.arm_for("hf-best", mod.start_config("hf-best", 1e-2, setup.max_steps), setup.max_steps)
+    r = run_arm(arm, 0, setup, tokenizer, small, tmp_path, train_rows=4)
+    assert r["epochs"] == pytest.approx(setup.max_steps)  # one batch is the whole training set: an epoch a step
+    assert r["final_train_loss"] < r["final_eval_loss"] - 1.0, r  # 24 passes over 8 rows: memorised
+
+
 def test_a_budget_too_long_to_search_sweeps_only_the_peak_lr_from_the_shorter_budgets_winner(tmp_path, monkeypatch):
     mod = hb()
     ledger = mod.Ledger(tmp_path / "hf_best.json")
