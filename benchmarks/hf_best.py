@@ -646,8 +646,25 @@ def report_text(ledger: Ledger) -> str:
                     "non-embedding parameter; the starting lr of each family is the measured law's for this width "
                     "and length (`learning_rate: auto`, hf_fasttrain/budget.py), so the sweep checks the law at a "
                     "point outside its fit.\n\n")
-        text += f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary)
+        text += f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary) + memorisation(ledger, r)
     return text
+
+
+def memorisation(ledger: Ledger, rung: str) -> str:
+    """The runs that measured their loss on training rows (``final_train_loss``): epochs read, that loss and its
+    gap to the eval loss (past one epoch, the share of the gain that is memorised data); empty if none."""
+    runs = [r for r in ledger.data["runs"].values() if r["rung"] == rung and "final_train_loss" in r]
+    if not runs:
+        return ""
+    rows = ["", "Loss on training rows (as many as the eval rows, spread over the training set) at the end of each "
+            "run that measured it:", "", "| family | settings | seed | epochs read | eval loss | training-rows loss | gap |",
+            "|---|---|---|---|---|---|---|"]
+    for r in sorted(runs, key=lambda r: (r["family"], r["final_eval_loss"])):
+        settings = ", ".join(f"{k} {v}" for k, v in r["config"].items())
+        rows.append(f"| {r['family']} | {settings} | {r['seed']} | {r['epochs']:.2f} | "
+                    f"{r['final_eval_loss']:.3f} | {r['final_train_loss']:.3f} | "
+                    f"{r['final_eval_loss'] - r['final_train_loss']:+.3f} |")
+    return "\n".join(rows) + "\n"
 
 
 if __name__ == "__main__":

@@ -337,3 +337,16 @@ def test_a_larger_model_starts_at_the_measured_laws_lr_and_is_named_by_its_shape
         mod.main(["--model", "3x192", "--budget", "54", "--out", "/nonexistent"])
     with pytest.raises(SystemExit, match="--model: '4x256': one of 2x128, 3x192"):
         mod.main(["--model", "4x256", "--out", "/nonexistent"])
+
+
+def test_the_report_lists_each_runs_training_rows_loss_and_its_gap(tmp_path):
+    mod = hb()
+    ledger = mod.Ledger(tmp_path / "hf_best.json")
+    ledger.data["runs"] = {
+        "a": {"rung": "64x", "family": "recipe", "config": {"lr": 0.016, "schedule": "cosine10"}, "seed": 0,
+              "final_eval_loss": 2.818, "final_train_loss": 2.5, "epochs": 11.9},
+        "b": {"rung": "16x", "family": "recipe", "config": {"lr": 0.016}, "seed": 0, "final_eval_loss": 2.7},
+    }
+    assert mod.memorisation(ledger, "64x").splitlines()[-1] == \
+        "| recipe | lr 0.016, schedule cosine10 | 0 | 11.90 | 2.818 | 2.500 | +0.318 |"
+    assert mod.memorisation(ledger, "16x") == ""  # no run there measured it
