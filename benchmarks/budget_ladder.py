@@ -316,8 +316,8 @@ def versus_hf_best(summary: dict[str, Any], runs: list[dict[str, Any]], hf_best:
     searched = hf_best.get("summary") or {}
     for rung, families in sorted(searched.items(), key=lambda kv: int(kv[0].split("x")[0])):
         s = summary.get(rung)
-        if not s and "-" not in rung and {"hf-best", "recipe"} <= set(families):
-            # a budget only hf_best.py ran (the 16x winners at 64x): both families from there
+        if not s and rung.split("-", 1)[1:] in ([], ["unique"]) and {"hf-best", "recipe"} <= set(families):
+            # a budget only hf_best.py ran (the 16x winners at 64x; the same on the corpus that does not repeat)
             row = beyond_the_ladder(rung, families, summary, finals, hf_best)
             if row:
                 out[rung] = row
@@ -350,7 +350,8 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
                       hf_best: dict[str, Any]) -> Optional[dict[str, Any]]:
     """A budget longer than the ladder's, where hf_best.py ran both families at their shorter budget's winners
     with the peak lr swept: the winner of the recipe's sweep against hf-best's. The complete-run measure
-    interpolates between the ladder's recipe runs and this budget's recipe (the only complete run there)."""
+    interpolates between the ladder's recipe runs and this budget's recipe (the only complete run there); on the
+    corpus that does not repeat (``64x-unique``) there are no shorter complete runs, so that measure is n/a."""
     setup = (hf_best.get("setups") or {}).get(rung)
     ladder_rows = [v for v in summary.values() if v]
     if not setup or not ladder_rows:
@@ -361,15 +362,16 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
     mine = families["recipe"]
     curves = [r["curve"] for r in hf_best.get("runs", {}).values() if r["rung"] == rung and r["family"] == "recipe"
               and json.dumps(r["config"], sort_keys=True) == json.dumps(mine["best"], sort_keys=True)]
+    unique = rung.endswith("-unique")
     with_this = {**finals, multiple: mine["final_eval_loss"]}
-    complete = complete_run_budget(with_this, target)
+    complete = None if unique else complete_run_budget(with_this, target) / multiple
     return {"target_eval_loss": target, "hf_best": families["hf-best"]["best"],
             "search_complete": families["hf-best"].get("complete", True) and mine.get("complete", True),
             "transfer_from": families["hf-best"].get("transfer_from"), "tokens": budget,
             "tokens_per_param": budget / ladder_rows[0]["non_embedding_params"],
             "hf_tuned_eval_loss": None, "recipe_token_ratio": None,
-            "recipe_complete_run_ratio": complete / multiple,
-            "recipe_complete_run_extrapolated": not (min(with_this.values()) <= target <= max(with_this.values())),
+            "recipe_complete_run_ratio": complete, "corpus": "unique" if unique else "stdlib",
+            "recipe_complete_run_extrapolated": not unique and not (min(with_this.values()) <= target <= max(with_this.values())),
             "long_horizon_recipe": mine["best"], "long_horizon_eval_loss": mine["final_eval_loss"],
             "long_horizon_token_ratio": (statistics.median(crossing(c, target, "tokens") for c in curves) / budget
                                          if curves else math.nan)}
@@ -383,8 +385,8 @@ def versus_hf_best_trend(rows: dict[str, Any], summary: dict[str, Any]) -> dict[
     for name, key in (("one_run", "recipe_token_ratio"), ("complete_runs", "recipe_complete_run_ratio")):
         xs, ys = [], []
         for rung, r in rows.items():
-            if not r.get("search_complete", True):  # hf-best not found yet there: its loss is not the target
-                continue
+            if not r.get("search_complete", True) or r.get("corpus", "stdlib") != "stdlib":
+                continue  # hf-best not found yet there (its loss is not the target), or another corpus
             v = r.get(key)
             if v is None and key == "recipe_token_ratio":  # beyond the ladder: the recipe there is the winner's
                 v = r.get("long_horizon_token_ratio")
@@ -406,7 +408,8 @@ def hf_best_markdown(rows: dict[str, Any], tr: Optional[dict[str, Any]] = None) 
              "| budget | recipe's tokens to hf-best's loss, one run | complete run: budget ratio | long-horizon recipe, "
              "one run | hf-best loss | hf-tuned loss | long-horizon recipe loss |", "|---|---|---|---|---|---|---|"]
     for rung, r in rows.items():
-        complete = _fmt(r["recipe_complete_run_ratio"]) + (" (extrapolated)" if r["recipe_complete_run_extrapolated"] else "")
+        complete = ("n/a" if r["recipe_complete_run_ratio"] is None else _fmt(r["recipe_complete_run_ratio"])
+                    + (" (extrapolated)" if r["recipe_complete_run_extrapolated"] else ""))
         one = ("n/a (not on the ladder)" if r["recipe_token_ratio"] is None else
                "never reached" if r["recipe_token_ratio"] == math.inf else f"**{_fmt(r['recipe_token_ratio'])}**")
         lh = r.get("long_horizon_token_ratio")
@@ -414,6 +417,8 @@ def hf_best_markdown(rows: dict[str, Any], tr: Optional[dict[str, Any]] = None) 
         running = "" if r.get("search_complete", True) else " (search running: best so far)"
         if r.get("transfer_from"):
             running += f" ({r['transfer_from']} winners, lr swept)"
+        if r.get("corpus", "stdlib") != "stdlib":
+            running += " (no repeats)"
         lines.append(f"| {rung}{running} | {one} | {complete} | {lh_cell} | {_fmt(r['target_eval_loss'], 4)} "
                      f"| {_fmt(r['hf_tuned_eval_loss'], 4)} | {_fmt(r.get('long_horizon_eval_loss', math.nan), 4)} |")
     for name, label in (("one_run", "one run"), ("complete_runs", "complete runs")):
@@ -473,7 +478,7 @@ def hf_best_points(rows: dict[str, Any], summary: dict[str, Any]) -> dict[str, l
     extrapolated) per measure; one run is the ladder's recipe, or the recipe's winner beyond the ladder."""
     out: dict[str, list[tuple[float, float, bool]]] = {"one_run": [], "complete_runs": []}
     for rung, r in rows.items():
-        if not r.get("search_complete", True):
+        if not r.get("search_complete", True) or r.get("corpus", "stdlib") != "stdlib":
             continue
         tpp = summary[rung]["tokens_per_param"] if summary.get(rung) else r["tokens_per_param"]
         one = r["recipe_token_ratio"] if r.get("recipe_token_ratio") is not None else r.get("long_horizon_token_ratio")

@@ -6,6 +6,7 @@ each found by coordinate descent at one budget of the budget ladder.
     nice -n 10 python -m benchmarks.hf_best --budget 1 --jobs 1      # another budget, same file, at the same time
     nice -n 10 python -m benchmarks.hf_best --budget 64 --transfer-from 16 --jobs 2   # 16x's winners, lr swept
     nice -n 10 python -m benchmarks.hf_best --budget 54 --model 3x192 --transfer-from 16 --jobs 2  # a larger model
+    nice -n 10 python -m benchmarks.hf_best --budget 64 --corpus unique --transfer-from 16 --jobs 2  # no repeats
     python -m benchmarks.hf_best --budget 16 --report                # every budget's tables from the JSON
     python -m benchmarks.hf_best --quick --out /tmp/x                # a smoke run (the test suite uses it)
 
@@ -40,7 +41,10 @@ budget's search and sweeps only the peak lr: x0.5 and x2, then once more from th
 extends by a factor 2 when the best is at an edge); the weight decay's timescale is in units of the run, so it
 carries over as is. ``--model 3x192`` does the same on a larger model (1.33M non-embedding parameters; rung
 ``<budget>x-3x192``, e.g. ``--budget 54``: 24.9 tokens per parameter), each family's lr there starting at the
-measured law's (``learning_rate: auto``), so the sweep also checks the law at a point outside its fit. From budget 32 on (``--checkpoints auto``) every run saves a checkpoint at each eval into
+measured law's (``learning_rate: auto``), so the sweep also checks the law at a point outside its fit. ``--corpus unique``
+does the same on the ladder's corpus that does not repeat (the stdlib corpus plus Python sources of the installed
+packages; rung ``<budget>x-unique``): at 64x the stdlib corpus is read about 12 times, and this rung tells
+whether the repeats, rather than the optimizers, decide the result there. From budget 32 on (``--checkpoints auto``) every run saves a checkpoint at each eval into
 ``<out>/<name>_partial/`` and a killed run resumes from it, so a search cut short loses at most one eval interval.
 
 Writes hf_best.json (every run, every decision) and hf_best.md into --out (benchmarks/results); the budget
@@ -65,7 +69,7 @@ from pathlib import Path
 from typing import Any, Generator, Optional
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # this checkout
-from budget_ladder import BASE_STEPS, budget_setup, data_args  # noqa: E402
+from budget_ladder import BASE_STEPS, budget_setup, data_args, unique_corpus_data  # noqa: E402
 from scaling import Ledger  # noqa: E402
 from time_to_loss import ARMS, QUICK, RESULTS, Arm, run_arm  # noqa: E402
 
@@ -86,8 +90,12 @@ LADDER_MODEL = "2x128"
 OPTIMIZER_OF = {"hf-best": "adamw", "recipe": "muon"}  # whose measured lr law (hf_fasttrain.budget) a family follows
 
 
-def rung_name(budget: int, model: str = LADDER_MODEL) -> str:
-    return f"{budget}x" if model == LADDER_MODEL else f"{budget}x-{model}"
+CORPORA = ("stdlib", "unique")  # the ladder's corpora: the stdlib's (repeats past 1.3x), and one that does not repeat
+
+
+def rung_name(budget: int, model: str = LADDER_MODEL, corpus: str = "stdlib") -> str:
+    """``16x``; another model ``54x-3x192``; the corpus that does not repeat ``64x-unique``."""
+    return f"{budget}x" + ("" if model == LADDER_MODEL else f"-{model}") + ("" if corpus == "stdlib" else f"-{corpus}")
 
 
 def rung_multiple(rung: str) -> int:
@@ -488,6 +496,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=LADDER_MODEL,
                    help=f"LAYERSxWIDTH, one of {', '.join(MODELS)}; another than {LADDER_MODEL} needs --transfer-from "
                         "and starts at the law's lr for its width and tokens per parameter")
+    p.add_argument("--corpus", choices=CORPORA, default="stdlib",
+                   help="stdlib: the ladder's corpus (about 3.3M training tokens, so 64x reads it about 12 times); "
+                        "unique: the same plus Python sources of the installed packages until the budget is covered "
+                        "without repeats (the stdlib's tokenizer and held-out rows; rung <budget>x-unique); needs "
+                        "--transfer-from")
     p.add_argument("--transfer-from", type=int, default=None, metavar="BUDGET",
                    help="start each family at its winner of the search at this (shorter, searched) budget and sweep "
                         "only the peak lr (x0.5, x2, extended once), for a budget too long to search")
@@ -522,7 +535,10 @@ def main(argv=None) -> dict[str, Any]:
     if ns.model != LADDER_MODEL and not ns.transfer_from and not ns.report:
         raise SystemExit(f"--model: {ns.model}: another model than the ladder's is not searched; give "
                          "--transfer-from <budget> (its winners there, the lr from the measured law, swept)")
-    rung = rung_name(ns.budget, ns.model)
+    if ns.corpus != "stdlib" and not ns.transfer_from and not ns.report:
+        raise SystemExit(f"--corpus: {ns.corpus}: a corpus other than the ladder's is not searched; give "
+                         "--transfer-from <budget> (its winners there, the lr swept)")
+    rung = rung_name(ns.budget, ns.model, ns.corpus)
     if not ns.report:
         base_steps = 2 if ns.quick else BASE_STEPS
         setup = budget_setup(ns.budget, ns.quick, base_steps)
@@ -559,7 +575,11 @@ def main(argv=None) -> dict[str, Any]:
         # search loses at most one eval interval of its running runs
         keep = ns.checkpoints == "on" or (ns.checkpoints == "auto" and ns.budget >= CHECKPOINT_FROM_BUDGET)
         partial = out / f"{ns.name}_partial" if keep else None
-        _SHARED.update(setup=setup, data=prepare_data(data_args(setup)), partial=partial)
+        data = (unique_corpus_data(setup, setup.max_steps * setup.tokens_per_step) if ns.corpus == "unique"
+                else prepare_data(data_args(setup)))
+        ledger.data.setdefault("corpora", {})[rung] = {"corpus": ns.corpus,
+                                                       "train_tokens": len(data[1]["train"]) * setup.block_size}
+        _SHARED.update(setup=setup, data=data, partial=partial)
         with tempfile.TemporaryDirectory(prefix="hf-best-") as work:
             _SHARED["work"] = work
             ctx = multiprocessing.get_context("fork")
@@ -640,7 +660,12 @@ def report_text(ledger: Ledger) -> str:
         how = (f"Not searched: each family starts at its {source} winner and only the peak lr is swept (x0.5, x2, "
                f"extended once from the best).\n\n" if source else "")
         setup = (ledger.data.get("setups") or {}).get(r)
-        if "-" in r and setup:  # another model than the ladder's
+        corpus = ((ledger.data.get("corpora") or {}).get(r) or {})
+        if corpus.get("corpus", "stdlib") != "stdlib":
+            how += (f"Corpus: the stdlib corpus plus Python sources of the installed packages, "
+                    f"{corpus['train_tokens'] / 1e6:.1f}M training tokens, so no row repeats (the stdlib corpus's "
+                    "tokenizer and held-out rows: losses compare within this budget, not with the stdlib budgets).\n\n")
+        if setup and (setup["n_layer"], setup["n_embd"]) != tuple(MODELS[LADDER_MODEL][k] for k in ("n_layer", "n_embd")):
             shape = type("Shape", (), {**setup, "tokens_per_step": setup["batch_size"] * setup["block_size"]})
             how += (f"Model: GPT-2 {setup['n_layer']}x{setup['n_embd']}, {tokens_per_param(shape):.1f} tokens per "
                     "non-embedding parameter; the starting lr of each family is the measured law's for this width "

@@ -182,3 +182,14 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     pts = bl.hf_best_points({**rows, "4x": {"search_complete": False, "recipe_token_ratio": 0.3}}, summary)
     assert pts == {"one_run": [(budget / 400_000, row["long_horizon_token_ratio"], False)],
                    "complete_runs": [(budget / 400_000, row["recipe_complete_run_ratio"], False)]}
+
+    # the same budget on the corpus that does not repeat: one run only (no shorter complete runs there), its own
+    # row, and neither a trend point nor a plot point beside the stdlib budgets
+    unique = {**hf_best, "setups": {**hf_best["setups"], "64x-unique": hf_best["setups"]["64x"]},
+              "runs": {**hf_best["runs"], **{k + "u": {**r, "rung": "64x-unique"} for k, r in hf_best["runs"].items()}},
+              "summary": {"64x": families, "64x-unique": families}}
+    both = bl.versus_hf_best(summary, [], unique)
+    assert both["64x-unique"]["corpus"] == "unique" and both["64x-unique"]["recipe_complete_run_ratio"] is None
+    assert both["64x-unique"]["long_horizon_token_ratio"] == row["long_horizon_token_ratio"]
+    assert "| 64x-unique (16x winners, lr swept) (no repeats) | n/a (not on the ladder) | n/a |" in bl.hf_best_markdown(both)
+    assert bl.hf_best_points(both, summary)["one_run"] == [(budget / 400_000, row["long_horizon_token_ratio"], False)]

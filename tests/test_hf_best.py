@@ -350,3 +350,21 @@ def test_the_report_lists_each_runs_training_rows_loss_and_its_gap(tmp_path):
     assert mod.memorisation(ledger, "64x").splitlines()[-1] == \
         "| recipe | lr 0.016, schedule cosine10 | 0 | 11.90 | 2.818 | 2.500 | +0.318 |"
     assert mod.memorisation(ledger, "16x") == ""  # no run there measured it
+
+
+def test_the_corpus_that_does_not_repeat_is_its_own_budget_and_is_not_searched(tmp_path):
+    mod = hb()
+    assert [mod.rung_name(64, corpus="unique"), mod.rung_name(54, "3x192", "unique")] == ["64x-unique", "54x-3x192-unique"]
+    assert mod.rung_multiple("64x-unique") == 64
+    with pytest.raises(SystemExit, match="--corpus: unique: a corpus other than the ladder's is not searched"):
+        mod.main(["--corpus", "unique", "--budget", "64", "--out", str(tmp_path)])
+    ledger = mod.Ledger(tmp_path / "hf_best.json")
+    config = {**mod.start_config("recipe", 1.6e-2, 19200), "beta2": 0.99}
+    ledger.data.update(
+        runs={"k": {"rung": "64x-unique", "family": "recipe", "config": config, "seed": 0, "final_eval_loss": 3.1}},
+        progress={"64x-unique": {"recipe": {"decisions": [], "running": [], "start": config, "transfer_from": "16x"}}},
+        corpora={"64x-unique": {"corpus": "unique", "train_tokens": 41_000_000}},
+        setups={"64x-unique": {"n_layer": 2, "n_embd": 128, "batch_size": 16, "block_size": 128}})
+    text = mod.report_text(ledger)
+    assert "## Budget 64x-unique" in text and "41.0M training tokens, so no row repeats" in text
+    assert "Model: GPT-2" not in text  # the ladder's model: no larger-model note
