@@ -15,10 +15,29 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 __all__ = ["ROOT", "RESULTS", "HostReadCounter", "module_command", "subprocess_env", "machine_info", "write_json",
-           "markdown_table", "display_path", "display_command"]
+           "markdown_table", "display_path", "display_command", "UsageError", "run_cli"]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class UsageError(SystemExit):
+    """A bad option on a benchmark's command line: its message is the one line the user sees, its exit status 2
+    (argparse's own for a bad option). :func:`run_cli` prints it; a test matches it as any SystemExit."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.code = 2
+
+
+def run_cli(main, *args):
+    """Run a benchmark's ``main(*args)`` as its command: a :class:`UsageError` becomes ``error: <message>`` on
+    stderr and exit status 2, with no traceback."""
+    try:
+        return main(*args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def module_command(module: str, *args: str) -> list[str]:

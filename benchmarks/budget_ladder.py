@@ -62,7 +62,7 @@ from scaling import (Ledger, _fmt, edge_extension, fit_line, interpolated_best_l
 from time_to_loss import ARMS, QUICK, RESULTS, Setup, crossing, load_saved_run, run_arm  # noqa: E402
 from time_to_loss import run_key as saved_run_key  # noqa: E402
 
-from benchmarks._harness import display_command, display_path  # noqa: E402
+from benchmarks._harness import display_command, display_path, run_cli, UsageError  # noqa: E402
 from hf_fasttrain import DataArguments  # noqa: E402
 from hf_fasttrain.run import prepare_data  # noqa: E402
 from hf_fasttrain.runinfo import environment_info  # noqa: E402
@@ -639,9 +639,9 @@ def main(argv=None) -> dict[str, Any]:
         multiples = [int(x) for x in ns.budgets.split(",") if x.strip()]
         unique = [int(x) for x in ns.unique_budgets.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"--budgets / --unique-budgets: {ns.budgets!r} / {ns.unique_budgets!r}: comma-separated integers")
+        raise UsageError(f"--budgets / --unique-budgets: {ns.budgets!r} / {ns.unique_budgets!r}: comma-separated integers")
     if not multiples or min(multiples) < 1 or ns.seeds < 1 or ns.jobs < 1 or ns.threads < 1:
-        raise SystemExit("--budgets need integers >= 1; --seeds, --jobs and --threads must be >= 1")
+        raise UsageError("--budgets need integers >= 1; --seeds, --jobs and --threads must be >= 1")
     base_steps = 2 if ns.quick else BASE_STEPS
     rungs = {rung_name(m): (m, "stdlib") for m in multiples}
     rungs.update({rung_name(m, "unique"): (m, "unique") for m in unique if m in multiples})
@@ -758,4 +758,4 @@ def main(argv=None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -33,7 +33,9 @@ from one run, paths interleaved in one process; rates on a quiet machine are hig
 from __future__ import annotations
 
 if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
-    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.data_pipeline [options]")
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.data_pipeline [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import json

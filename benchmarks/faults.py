@@ -35,7 +35,9 @@ Each run's result is saved under ``--work/runs/<name>.json`` as it ends and reus
 from __future__ import annotations
 
 if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
-    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.faults [options]")
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.faults [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import json
@@ -58,7 +60,7 @@ from hf_fasttrain import DivergenceError, DivergenceGuardCallback, FastTrainer, 
 from hf_fasttrain.callbacks import StabilityTrainerMixin, WeightAveragingCallback  # noqa: E402
 from hf_fasttrain.callbacks.clipping import GradientClippingCallback  # noqa: E402
 
-from benchmarks._harness import RESULTS, write_json  # noqa: E402
+from benchmarks._harness import RESULTS, run_cli, UsageError, write_json  # noqa: E402
 
 V, T, BS = 64, 32, 16
 SAVE_EVERY, SNAPSHOT_EVERY, RESUME_AT = 25, 20, 75
@@ -386,7 +388,7 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> dict[str, Any]:
     args = make_parser().parse_args(argv)
     if args.steps <= RESUME_AT + 10 and "spike_after_resume" in args.injections:
-        raise SystemExit(f"--steps must be > {RESUME_AT + 10} for spike_after_resume")
+        raise UsageError(f"--steps must be > {RESUME_AT + 10} for spike_after_resume")
     torch.set_num_threads(1)
     hf_logging.set_verbosity_error()
     import logging
@@ -450,4 +452,4 @@ def main(argv=None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

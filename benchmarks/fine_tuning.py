@@ -35,7 +35,9 @@ skips the saved ones. Writes fine_tuning.json, fine_tuning.md and fine_tuning.pn
 from __future__ import annotations
 
 if not __package__:
-    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.fine_tuning [options]")
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.fine_tuning [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import dataclasses

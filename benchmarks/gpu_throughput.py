@@ -41,7 +41,9 @@ is installed) in benchmarks/results/.
 from __future__ import annotations
 
 if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
-    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.gpu_throughput [options]")
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.gpu_throughput [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import contextlib
@@ -58,6 +60,7 @@ import tempfile
 import time
 
 from benchmarks._harness import ROOT as _ROOT
+from benchmarks._harness import UsageError, run_cli
 from benchmarks._harness import display_command, display_path, module_command, subprocess_env
 
 ROOT = str(_ROOT)
@@ -632,14 +635,14 @@ def _resolve_defaults(opts):
     opts.steps = opts.steps if opts.steps is not None else (4 if tiny else 30)
     opts.warmup = opts.warmup if opts.warmup is not None else (2 if tiny else 10)
     if opts.warmup < 1 or opts.steps < 1:
-        raise SystemExit(f"--warmup and --steps must be >= 1; got warmup={opts.warmup}, steps={opts.steps}")
+        raise UsageError(f"--warmup and --steps must be >= 1; got warmup={opts.warmup}, steps={opts.steps}")
     if opts.arms in DEFAULT_ARMS:  # a named set: --arms fast-path
         arms = DEFAULT_ARMS[opts.arms]
     else:
         arms = opts.arms.split(",") if opts.arms else DEFAULT_ARMS["tiny" if tiny else "gpu"]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
-        raise SystemExit(f"--arms: unknown {unknown}; known: {', '.join(ARMS)}")
+        raise UsageError(f"--arms: unknown {unknown}; known: {', '.join(ARMS)}")
     opts.arm_list = arms
     return opts
 
@@ -739,4 +742,4 @@ def _write_outputs(opts, argv, runs, earlier, json_path, stem, final):
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -73,7 +73,7 @@ from budget_ladder import BASE_STEPS, budget_setup, data_args, unique_corpus_dat
 from scaling import Ledger  # noqa: E402
 from time_to_loss import ARMS, QUICK, RESULTS, Arm, run_arm  # noqa: E402
 
-from benchmarks._harness import display_command, display_path  # noqa: E402
+from benchmarks._harness import display_command, display_path, run_cli, UsageError  # noqa: E402
 from hf_fasttrain.runinfo import environment_info  # noqa: E402
 
 FAMILIES = ("hf-best", "recipe")
@@ -524,19 +524,19 @@ def main(argv=None) -> dict[str, Any]:
     families = [f for f in ns.families.split(",") if f]
     bad = [f for f in families if f not in FAMILIES]
     if bad or not families:
-        raise SystemExit(f"--families: {ns.families!r}: each of {', '.join(FAMILIES)}")
+        raise UsageError(f"--families: {ns.families!r}: each of {', '.join(FAMILIES)}")
     if ns.budget < 1 or ns.seeds < 1 or ns.jobs < 1 or ns.threads < 1:
-        raise SystemExit("--budget, --seeds, --jobs and --threads must be >= 1")
+        raise UsageError("--budget, --seeds, --jobs and --threads must be >= 1")
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(out / f"{ns.name}.json")
     if ns.model not in MODELS:
-        raise SystemExit(f"--model: {ns.model!r}: one of {', '.join(MODELS)}")
+        raise UsageError(f"--model: {ns.model!r}: one of {', '.join(MODELS)}")
     if ns.model != LADDER_MODEL and not ns.transfer_from and not ns.report:
-        raise SystemExit(f"--model: {ns.model}: another model than the ladder's is not searched; give "
+        raise UsageError(f"--model: {ns.model}: another model than the ladder's is not searched; give "
                          "--transfer-from <budget> (its winners there, the lr from the measured law, swept)")
     if ns.corpus != "stdlib" and not ns.transfer_from and not ns.report:
-        raise SystemExit(f"--corpus: {ns.corpus}: a corpus other than the ladder's is not searched; give "
+        raise UsageError(f"--corpus: {ns.corpus}: a corpus other than the ladder's is not searched; give "
                          "--transfer-from <budget> (its winners there, the lr swept)")
     rung = rung_name(ns.budget, ns.model, ns.corpus)
     if not ns.report:
@@ -609,10 +609,10 @@ def transfer_starts(ledger: Ledger, source: str, rung: str, families: list[str])
     missing = [f for f in families if f not in done]
     if missing:
         have = ", ".join(searched_rungs(ledger)) or "none"
-        raise SystemExit(f"--transfer-from: {source[:-1]}: no finished search of {', '.join(missing)} there "
+        raise UsageError(f"--transfer-from: {source[:-1]}: no finished search of {', '.join(missing)} there "
                          f"(searched budgets: {have}); run `python -m benchmarks.hf_best --budget {source[:-1]}` first")
     if rung_multiple(source) >= rung_multiple(rung):
-        raise SystemExit(f"--transfer-from: {source[:-1]}: must be a shorter budget than --budget {rung_multiple(rung)}")
+        raise UsageError(f"--transfer-from: {source[:-1]}: must be a shorter budget than --budget {rung_multiple(rung)}")
     return {f: dict(done[f]["best"]) for f in families}
 
 
@@ -693,4 +693,4 @@ def memorisation(ledger: Ledger, rung: str) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -14,7 +14,9 @@ under bf16 autocast. Writes JSON + PNG + a markdown table into benchmarks/result
 from __future__ import annotations
 
 if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
-    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.lm_head_loss_memory [options]")
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.lm_head_loss_memory [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import datetime

@@ -29,7 +29,9 @@ Writes lora_fine_tuning.json, .md and .png into ``--out`` (benchmarks/results).
 from __future__ import annotations
 
 if not __package__:
-    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.lora_fine_tuning [options]")
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.lora_fine_tuning [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import json
@@ -42,7 +44,7 @@ from typing import Any
 
 import torch
 
-from benchmarks._harness import RESULTS, machine_info, write_json
+from benchmarks._harness import machine_info, RESULTS, run_cli, UsageError, write_json
 from benchmarks.fine_tuning import (HF_TUNED, PARTS, QUICK, Setup, _key, base_data_args, build_base, make_spec, plans,
                                     run_one, sft_data)
 from benchmarks.time_to_loss import crossing, summarise
@@ -126,7 +128,7 @@ def main(argv=None) -> dict[str, Any]:
     p.add_argument("--cache", default=None, help="where the pretrained bases are kept (default: the package cache)")
     ns = p.parse_args(argv)
     if ns.seeds < 1:
-        raise SystemExit(f"--seeds must be >= 1, got {ns.seeds}")
+        raise UsageError(f"--seeds must be >= 1, got {ns.seeds}")
     torch.set_num_threads(1)
     setup = QUICK if ns.quick else Setup()
     out = Path(ns.out)
@@ -216,4 +218,4 @@ def main(argv=None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -14,7 +14,9 @@ over seeds) and the best lr. AdamW's lr is hf-tuned's (swept with `time_to_loss.
 from __future__ import annotations
 
 if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
-    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.optimizer_lr_sweep [options]")
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.optimizer_lr_sweep [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import concurrent.futures
@@ -34,6 +36,7 @@ from benchmarks.time_to_loss import QUICK, RESULTS, Setup, optimizer_arm, run_ar
 from hf_fasttrain import DataArguments  # noqa: E402
 from hf_fasttrain.run import prepare_data  # noqa: E402
 from benchmarks._harness import machine_info as environment_info  # noqa: E402
+from benchmarks._harness import UsageError, run_cli  # noqa: E402
 
 # Three peak lrs a factor 2 apart around each paper's advice relative to AdamW's 2e-3 here
 # (Lion 3-10x smaller; AdEMAMix as AdamW; SOAP a little higher; Muon with the AdamW-matched scale).
@@ -95,7 +98,7 @@ def main(argv=None) -> dict:
     names = [n.strip() for n in ns.optimizers.split(",") if n.strip()]
     unknown = [n for n in names if n not in SWEEP]
     if unknown:
-        raise SystemExit(f"--optimizers: unknown {unknown}; known: {list(SWEEP)}")
+        raise UsageError(f"--optimizers: unknown {unknown}; known: {list(SWEEP)}")
     grid = dict(SWEEP)
     for item in ns.grid:
         name, _, lrs = item.partition("=")
@@ -104,7 +107,7 @@ def main(argv=None) -> dict:
         except ValueError:
             values = []
         if name not in SWEEP or not values:
-            raise SystemExit(f"--grid {item!r}: expected NAME=LR,LR,... with NAME one of {list(SWEEP)} and numbers")
+            raise UsageError(f"--grid {item!r}: expected NAME=LR,LR,... with NAME one of {list(SWEEP)} and numbers")
         grid[name] = values
     _SHARED["threads"] = ns.threads
     setup = dataclasses.replace(QUICK if ns.quick else Setup())
@@ -188,4 +191,4 @@ def plot(summary: dict, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -34,7 +34,9 @@ threads competing with other tenants made a torch AdamW step 4-8x slower (6-12 s
 from __future__ import annotations
 
 if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
-    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.optimizers [options]")
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.optimizers [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import datetime

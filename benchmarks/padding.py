@@ -29,7 +29,9 @@ over `--repeats`, arms interleaved step by step. Writes benchmarks/results/paddi
 from __future__ import annotations
 
 if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
-    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.padding [options]")
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.padding [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import ast

@@ -21,7 +21,9 @@ loss and every seed's rung metrics. Writes benchmarks/results/restarts_backends.
 from __future__ import annotations
 
 if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
-    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.restarts_backends [options]")
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.restarts_backends [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import json

@@ -55,6 +55,7 @@ from time_to_loss import ARMS, QUICK, RESULTS, Setup, crossing, optimizer_arm, r
 from hf_fasttrain import DataArguments  # noqa: E402
 from hf_fasttrain.run import prepare_data  # noqa: E402
 from benchmarks._harness import display_command, machine_info as environment_info  # noqa: E402
+from benchmarks._harness import UsageError, run_cli  # noqa: E402
 
 BASE_STEPS = 300  # the time-to-loss budget of the 2x128 GPT-2 (0.61M tokens)
 STEP_MULTIPLE = 12  # 12 evaluations per run
@@ -388,7 +389,7 @@ def import_runs(ledger: "Ledger", path: Path, setups: dict[str, Setup]) -> int:
     record = json.loads(Path(path).read_text())
     rung = next((n for n, st in setups.items() if dataclasses.asdict(st) | record["setup"] == dataclasses.asdict(st)), None)
     if rung is None:
-        raise SystemExit(f"--import {path}: its setup {record['setup']} is no rung's")
+        raise UsageError(f"--import {path}: its setup {record['setup']} is no rung's")
     added = 0
     for r in record["runs"]:
         arm = r.get("arm", "")
@@ -573,12 +574,12 @@ def main(argv=None) -> dict[str, Any]:
     names = [n.strip() for n in (ns.sizes or ",".join(QUICK_RUNGS if ns.quick else RUNGS)).split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise SystemExit(f"--sizes: unknown {unknown}; known: {list(known)}")
+        raise UsageError(f"--sizes: unknown {unknown}; known: {list(known)}")
     optimizers = [o.strip() for o in ns.optimizers.split(",") if o.strip()]
     if any(o not in ("adamw", "muon") for o in optimizers):
-        raise SystemExit(f"--optimizers: {optimizers} is invalid: allowed: adamw, muon")
+        raise UsageError(f"--optimizers: {optimizers} is invalid: allowed: adamw, muon")
     if ns.seeds < 1 or ns.jobs < 1 or ns.threads < 1:
-        raise SystemExit("--seeds, --jobs and --threads must be >= 1")
+        raise UsageError("--seeds, --jobs and --threads must be >= 1")
     rungs = {n: known[n] for n in names}
     setups = {n: rung_setup(r, ns.quick) for n, r in rungs.items()}
     out = Path(ns.out)
@@ -680,4 +681,4 @@ def main(argv=None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

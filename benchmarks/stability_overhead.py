@@ -13,7 +13,9 @@ Writes benchmarks/results/stability_overhead.{json,png}.
 from __future__ import annotations
 
 if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
-    raise SystemExit("Run it from the checkout root as a module: python -m benchmarks.stability_overhead [options]")
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.stability_overhead [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import json

@@ -55,6 +55,7 @@ from hf_fasttrain.callbacks import RunRecorderCallback  # noqa: E402
 from hf_fasttrain.modeling import build_model  # noqa: E402
 from hf_fasttrain.run import prepare_data  # noqa: E402
 from benchmarks._harness import display_command, machine_info as environment_info  # noqa: E402
+from benchmarks._harness import UsageError, run_cli  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ON_GPU = torch.cuda.is_available()
@@ -556,9 +557,9 @@ def main(argv=None) -> dict[str, Any]:
     arms = [a.strip() for a in ns.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
-        raise SystemExit(f"--arms: unknown {unknown}; known: {list(ARMS)}")
+        raise UsageError(f"--arms: unknown {unknown}; known: {list(ARMS)}")
     if ns.seeds < 1:
-        raise SystemExit(f"--seeds must be >= 1, got {ns.seeds}")
+        raise UsageError(f"--seeds must be >= 1, got {ns.seeds}")
     if ns.lr_sweep:
         lrs = [float(x) for x in ns.lr_sweep.split(",") if x.strip()]
         swept = []
@@ -572,7 +573,7 @@ def main(argv=None) -> dict[str, Any]:
     if ns.max_steps:
         setup.max_steps = ns.max_steps
     if ns.reference is not None and ns.reference not in arms:
-        raise SystemExit(f"--reference {ns.reference!r} is not one of the chosen arms {arms}")
+        raise UsageError(f"--reference {ns.reference!r} is not one of the chosen arms {arms}")
     tokenizer, lm = prepare_data(data_arguments(setup))
     out = Path(ns.out)
     saved_dir = Path(ns.runs_dir) if ns.runs_dir else out / f"{ns.name}_runs"
@@ -600,7 +601,7 @@ def main(argv=None) -> dict[str, Any]:
     if ns.saved_only:
         arms = [a for a in arms if any(r["arm"] == a for r in runs)]
         if not arms:
-            raise SystemExit("--saved-only: no saved run for any chosen (arm, seed)")
+            raise UsageError("--saved-only: no saved run for any chosen (arm, seed)")
     reference = ns.reference or next((a for a in ("hf-best", "hf-tuned") if a in arms), arms[0])
     summary = summarise(runs, arms, reference, target=ns.target)
     table = markdown_table(summary)
@@ -618,4 +619,4 @@ def main(argv=None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -46,5 +46,27 @@ def test_write_json_and_results_dir(tmp_path):
 def test_a_benchmark_run_as_a_file_names_the_module_command():
     out = subprocess.run([sys.executable, str(_harness.ROOT / "benchmarks" / "padding.py"), "--help"],
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1
-    assert "python -m benchmarks.padding" in out.stderr
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("Run it from the checkout root as a module: "
+                                  "python -m benchmarks.padding [options]")
+
+
+def test_a_usage_error_is_one_line_and_exit_status_2(capsys):
+    def main(value):
+        raise _harness.UsageError(f"--seeds must be >= 1, got {value}")
+
+    with pytest.raises(SystemExit) as stopped:
+        _harness.run_cli(main, 0)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == "error: --seeds must be >= 1, got 0\n"
+    # a test matches the message as it matches any SystemExit's
+    with pytest.raises(SystemExit, match="got 0") as raised:
+        main(0)
+    assert raised.value.code == 2
+
+
+def test_a_benchmark_refuses_a_bad_option_in_one_line_with_exit_status_2():
+    out = subprocess.run(_harness.module_command("hf_best", "--families", "adamw"), env=_harness.subprocess_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "error: --families: 'adamw': each of hf-best, recipe"
