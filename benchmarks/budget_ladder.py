@@ -117,9 +117,15 @@ def phase_order(stdlib_rungs: list[str], unique_rungs: list[str], seeds: int) ->
 
 
 # --- The corpus that does not repeat -------------------------------------------------------------------
-def extra_python_sources(min_chars: int, packages: tuple[str, ...] = ("transformers", "torch", "datasets", "numpy",
-                                                                        "pandas", "pyarrow", "accelerate")) -> list[str]:
-    """Texts of ``.py`` files of installed packages, in a fixed order, until ``min_chars`` characters."""
+# Packages whose sources make the corpus that does not repeat, in order: a longer budget reads further down
+# the list, so a shorter one's corpus stays what it was.
+SOURCE_PACKAGES = ("transformers", "torch", "datasets", "numpy", "pandas", "pyarrow", "accelerate",
+                   "scipy", "sympy", "matplotlib", "networkx", "sqlalchemy", "pip", "setuptools")
+
+
+def extra_python_sources(min_chars: int, packages: tuple[str, ...] = SOURCE_PACKAGES) -> list[str]:
+    """Texts of ``.py`` files of installed packages, in a fixed order, until ``min_chars`` characters
+    (fewer when the installed packages hold fewer: the caller checks)."""
     import importlib.util
 
     texts, total = [], 0
@@ -156,6 +162,11 @@ def unique_corpus_data(setup: Setup, tokens_needed: int):
     extra = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts}),
                                   "validation": raw["validation"].select_columns(["text"]).select(range(1))})
     more = tokenize_and_chunk(extra, tokenizer, setup.block_size)["train"]
+    total = have + len(more) * setup.block_size
+    if total < tokens_needed:  # before any training: a corpus that repeats would be reported as one that does not
+        raise UsageError(f"--corpus unique: the installed packages' Python sources ({', '.join(SOURCE_PACKAGES)}) "
+                         f"give {total / 1e6:.1f}M tokens, {tokens_needed / 1e6:.1f}M needed for this budget: install "
+                         f"more of them, or use a shorter budget")
     train = datasets.concatenate_datasets([lm["train"], more.cast(lm["train"].features)])
     return tokenizer, datasets.DatasetDict({"train": train, "validation": lm["validation"]})
 

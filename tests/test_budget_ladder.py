@@ -193,3 +193,23 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     assert both["64x-unique"]["long_horizon_token_ratio"] == row["long_horizon_token_ratio"]
     assert "| 64x-unique (16x winners, lr swept) (no repeats) | n/a (not on the ladder) | n/a |" in bl.hf_best_markdown(both)
     assert bl.hf_best_points(both, summary)["one_run"] == [(budget / 400_000, row["long_horizon_token_ratio"], False)]
+
+
+def test_a_corpus_too_small_to_cover_the_budget_without_repeats_is_refused_before_training(monkeypatch):
+    bl = _load()
+    from benchmarks._harness import UsageError
+
+    short = ["def f(x):\n    return x + 1\n" * 20]
+    monkeypatch.setattr(bl, "extra_python_sources", lambda min_chars, packages=bl.SOURCE_PACKAGES: short)
+    tokenizer, lm = bl.prepare_data(bl.data_args(bl.QUICK))
+    have = len(lm["train"]) * bl.QUICK.block_size
+    with pytest.raises(UsageError, match=r"--corpus unique: the installed packages' Python sources \(transformers, "
+                                         r"torch, .*\) give [0-9.]+M tokens, 1.0M needed for this budget"):
+        bl.unique_corpus_data(bl.QUICK, 1_000_000)
+    # enough: the stdlib rows come first, unchanged, then the sources' rows
+    _, grown = bl.unique_corpus_data(bl.QUICK, have + 2 * bl.QUICK.block_size)
+    assert len(grown["train"]) > len(lm["train"])
+    assert grown["train"][0]["input_ids"] == lm["train"][0]["input_ids"]
+    assert grown["validation"]["input_ids"] == lm["validation"]["input_ids"]
+    # a longer budget reads further down the list: the earlier packages keep their place
+    assert bl.SOURCE_PACKAGES[:7] == ("transformers", "torch", "datasets", "numpy", "pandas", "pyarrow", "accelerate")
