@@ -46,10 +46,8 @@ if not __package__:  # run as a file: the imported hf_fasttrain might not be thi
     raise SystemExit(2)
 
 import argparse
-import contextlib
 import datetime
 import json
-import math
 import os
 import platform
 import resource

@@ -59,7 +59,6 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import math
 import multiprocessing
 import statistics
 import sys

@@ -266,7 +266,7 @@ def main(argv=None) -> int:
              "" if m == "trainer" else sum(1 for d in diffs[m] if d["allowed"] not in (None, "better"))]
             for m in summary]
     table = markdown_table(["mode", *OUTCOMES, "unexplained differences", "allowed differences"], rows)
-    md = [f"# transformers' Trainer tests with FastTrainer substituted\n",
+    md = ["# transformers' Trainer tests with FastTrainer substituted\n",
           f"Command: `{result['command']}` (CPU, HF_HUB_OFFLINE=1). Test files (huggingface/transformers "
           "tests/trainer, trimmed to what runs on a CPU offline): "
           + ", ".join(f"{f} @ {SOURCES.get(f, '?')[:10]}" for f in sorted(per_file)) + ".\n", table, ""]

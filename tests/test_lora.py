@@ -2,7 +2,6 @@
 the base's own tokenizer, the merged model, refusals before any work, and resume equal to a straight run."""
 
 import json
-import os
 
 import pytest
 import torch

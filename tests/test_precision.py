@@ -11,7 +11,6 @@ import pytest
 from hf_fasttrain import precision as precision_mod
 from hf_fasttrain.precision import (
     DeviceInfo,
-    PrecisionChoice,
     apply_precision,
     detect_device,
     effective_request,

@@ -4,7 +4,6 @@ One search (3 seeds, 6 steps, exploration 2 steps, seed-2 forced to diverge with
 is shared by the tests; each claim is checked against an uninterrupted plain run where it says so.
 """
 
-import copy
 import json
 import math
 

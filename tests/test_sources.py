@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from hf_fasttrain.args import DataArguments
-from hf_fasttrain.data.prepare import prepare_lm_data, pretokenize
+from hf_fasttrain.data.prepare import prepare_lm_data
 from hf_fasttrain.data.sources import LOAD_FROM_DISK, DataError, first_non_utf8, load_source, resolve_source
 
 WORDS = ("the kernel maps each page of memory to a frame and the scheduler picks the next thread that may run "

@@ -5,7 +5,6 @@ epoch is read by exactly one of them."""
 import json
 import os
 import random
-import re
 import subprocess
 import sys
 from pathlib import Path

@@ -33,7 +33,7 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional
 
 import datasets
 from datasets import Dataset, DatasetDict

@@ -34,8 +34,7 @@ The source: `open_stream`, the map-style path's sources (`hf_fasttrain.data.sour
 from __future__ import annotations
 
 import hashlib
-import os
-from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from itertools import islice
 from typing import Any, Optional
 
