@@ -122,7 +122,7 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "Take lr_decay, min_lr_ratio, decay_fraction, weight_decay, adam_beta2 and, with "
                   "optimizer muon, its AdamW part's betas and NorMuon (optimizer_kwargs betas, normuon_beta2) from the settings measured best for this "
                   "run's length in tokens per non-embedding parameter (hf_fasttrain.budget: the budget ladder and "
-                  "the long-horizon searches at 1.5 and 24.8); they replace the values given for those. The peak "
+                  "the long-horizon searches at 1.5, 6.2 (AdamW) and 24.8); they replace the values given for those. The peak "
                   "learning_rate stays yours."},
     )
     warmup_start_factor: float = field(
