@@ -37,8 +37,8 @@ told their losses, so a rerun replays its decisions from the JSON and runs only 
 families share the ``--jobs`` workers, each asking for its next batch as soon as its own has finished.
 
 A budget too long to search (``--budget 64 --transfer-from 16``) starts each family at its winner of a shorter
-budget's search and sweeps only the peak lr: x0.5 and x2, then twice more from the best so far (so the sweep
-extends by a factor 2 while the best is at an edge, at most twice); the weight decay's timescale is in units of the run, so it
+budget's search and sweeps only the peak lr: x0.5 and x2, then up to three times more from the best so far (so the sweep
+extends by a factor 2 while the best is at an edge, at most three times); the weight decay's timescale is in units of the run, so it
 carries over as is. ``--model 3x192`` does the same on a larger model (1.33M non-embedding parameters; rung
 ``<budget>x-3x192``, e.g. ``--budget 54``: 24.9 tokens per parameter), each family's lr there starting at the
 measured law's (``learning_rate: auto``), so the sweep also checks the law at a point outside its fit. ``--corpus unique``
@@ -129,10 +129,10 @@ KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_l
 RELATIVE_KNOBS = ("lr_scale",)
 
 # ``--transfer-from``: a budget too long to search takes each family's winner at a searched budget and sweeps
-# only its peak lr, x0.5 and x2, then twice more from the best so far (the sweep extends by a factor 2 each time
-# the best is at an edge, at most twice; a value already run is not run again, so a best inside the sweep costs
+# only its peak lr, x0.5 and x2, then three more rounds from the best so far (the sweep extends by a factor 2 each time
+# the best is at an edge, at most three times; a value already run is not run again, so a best inside the sweep costs
 # nothing more). The best lr is the lowest loss: no threshold.
-TRANSFER_KNOBS = [("lr_scale", [0.5, 2.0])] * 3
+TRANSFER_KNOBS = [("lr_scale", [0.5, 2.0])] * 4
 
 
 def knob_value(config: dict[str, Any], knob: str) -> Any:
@@ -503,7 +503,7 @@ def make_parser() -> argparse.ArgumentParser:
                         "--transfer-from")
     p.add_argument("--transfer-from", type=int, default=None, metavar="BUDGET",
                    help="start each family at its winner of the search at this (shorter, searched) budget and sweep "
-                        "only the peak lr (x0.5, x2, extended at most twice), for a budget too long to search")
+                        "only the peak lr (x0.5, x2, extended at most three times), for a budget too long to search")
     p.add_argument("--checkpoints", choices=("auto", "on", "off"), default="auto",
                    help=f"save a checkpoint at every eval into <out>/<name>_partial/ and resume a killed run from it "
                         f"(auto: from budget {CHECKPOINT_FROM_BUDGET} on)")
@@ -658,7 +658,7 @@ def report_text(ledger: Ledger) -> str:
         summary = summarise(ledger, r)
         source = next((f["transfer_from"] for f in summary.values() if f.get("transfer_from")), None)
         how = (f"Not searched: each family starts at its {source} winner and only the peak lr is swept (x0.5, x2, "
-               f"extended at most twice from the best).\n\n" if source else "")
+               f"extended at most three times from the best).\n\n" if source else "")
         setup = (ledger.data.get("setups") or {}).get(r)
         corpus = ((ledger.data.get("corpora") or {}).get(r) or {})
         if corpus.get("corpus", "stdlib") != "stdlib":

@@ -293,7 +293,7 @@ def test_a_budget_too_long_to_search_sweeps_only_the_peak_lr_from_the_shorter_bu
     starts = mod.transfer_starts(ledger, "16x", "64x", ["hf-best", "recipe"])
     assert starts == winners  # the weight-decay timescale is in units of the run: it carries over as is
 
-    best_scale = {"hf-best": 0.125, "recipe": 1.0}  # hf-best's best lr is two steps beyond the first grid's low edge
+    best_scale = {"hf-best": 0.0625, "recipe": 1.0}  # hf-best's best lr: three steps beyond the first grid's low edge
 
     def fake_run(job):
         rung, family, config, seed = job
@@ -304,13 +304,13 @@ def test_a_budget_too_long_to_search_sweeps_only_the_peak_lr_from_the_shorter_bu
 
     monkeypatch.setattr(mod, "_run_one", fake_run)
     out = mod.search(ledger, "64x", starts, None, seeds=2, log=lambda m: None, transfer_from="16x")
-    assert out["hf-best"]["best"] == {**winners["hf-best"], "lr_scale": 0.125}
+    assert out["hf-best"]["best"] == {**winners["hf-best"], "lr_scale": 0.0625}
     assert out["recipe"]["best"] == winners["recipe"]
     scales = {f: sorted(r["config"]["lr_scale"] for r in ledger.data["runs"].values() if r["family"] == f and r["seed"] == 0)
               for f in starts}
-    # x0.5 and x2, then twice more from each new best (x0.25, x0.125; the higher neighbour is run already); the
-    # recipe's stays at x1: its later rounds ask only for values it has run, so nothing more runs
-    assert scales == {"hf-best": [0.125, 0.25, 0.5, 1.0, 2.0], "recipe": [0.5, 1.0, 2.0]}
+    # x0.5 and x2, then three more rounds from each new best (x0.25, x0.125, x0.0625; the higher neighbour is run
+    # already); the recipe's stays at x1: its later rounds ask only for values it has run, so nothing more runs
+    assert scales == {"hf-best": [0.0625, 0.125, 0.25, 0.5, 1.0, 2.0], "recipe": [0.5, 1.0, 2.0]}
     assert [d["knob"] for d in out["recipe"]["decisions"]] == ["lr_scale"]
     summary = mod.summarise(ledger, "64x")
     assert summary["hf-best"]["transfer_from"] == "16x" and summary["hf-best"]["seeds"] == 2
