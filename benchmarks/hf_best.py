@@ -370,6 +370,9 @@ def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, s
             ledger.data.setdefault("progress", {}).setdefault(rung, {}).update(
                 {f: {"decisions": traces[f], "running": pending.get(f), "start": starts[f],
                      **({"transfer_from": transfer_from} if transfer_from else {})} for f in starts})
+            finished = ledger.data.get("searches", {}).get(rung) or {}
+            if any(f in finished for f in pending):  # a finished search asking for more (its knobs grew): not finished
+                ledger.data["searches"][rung] = {f: o for f, o in finished.items() if f not in pending}
             ledger.save()
             # the families' jobs interleaved, so each gets a worker as soon as one is free
             per_family = [[(rung, f, c, 0) for c in batch] for f, batch in pending.items()]

@@ -317,6 +317,38 @@ def test_a_budget_too_long_to_search_sweeps_only_the_peak_lr_from_the_shorter_bu
     assert summary["hf-best"]["final_eval_loss"] == 3.0
 
 
+def test_a_finished_sweep_that_asks_for_more_is_reported_as_running_until_it_ends(tmp_path, monkeypatch):
+    """A sweep finished under fewer rounds (its best at the edge) is resumed by a longer one: while the new
+    point runs, the budget's record is the search in progress (best so far), not the old winner."""
+    import math
+
+    mod = hb()
+    ledger = mod.Ledger(tmp_path / "hf_best.json")
+    start = {**mod.start_config("recipe", 1.6e-2, 4800), "beta2": 0.99}
+    seen = []
+
+    def fake_run(job):
+        rung, family, config, seed = job
+        if config["lr_scale"] == 0.125:
+            seen.append((dict(ledger.data["searches"].get("64x", {})), mod.summarise(ledger, "64x")["recipe"]))
+        return {"rung": rung, "family": family, "config": config, "seed": seed, "cpu_seconds": 0.0,
+                "final_eval_loss": 3.0 + abs(math.log2(config["lr_scale"] / 0.125)) * 0.1}
+
+    monkeypatch.setattr(mod, "_run_one", fake_run)
+    monkeypatch.setattr(mod, "TRANSFER_KNOBS", [("lr_scale", [0.5, 2.0])] * 2)
+    first = mod.search(ledger, "64x", {"recipe": start}, None, seeds=1, log=lambda m: None, transfer_from="16x")
+    assert first["recipe"]["best"]["lr_scale"] == 0.25  # at the edge: two rounds were all it had
+    assert mod.summarise(ledger, "64x")["recipe"]["complete"] is True
+    monkeypatch.setattr(mod, "TRANSFER_KNOBS", [("lr_scale", [0.5, 2.0])] * 3)
+    again = mod.search(ledger, "64x", {"recipe": start}, None, seeds=1, log=lambda m: None, transfer_from="16x")
+    (searches_then, summary_then), = seen
+    assert "recipe" not in searches_then
+    assert summary_then["complete"] is False and summary_then["best"]["lr_scale"] == 0.25
+    assert again["recipe"]["best"]["lr_scale"] == 0.125
+    summary = mod.summarise(ledger, "64x")["recipe"]
+    assert summary["complete"] is True and summary["final_eval_loss"] == 3.0
+
+
 def test_a_larger_model_starts_at_the_measured_laws_lr_and_is_named_by_its_shape():
     mod = hb()
     import dataclasses
