@@ -22,8 +22,11 @@ corpus, ``multiple x 300`` steps of 16 x 128 tokens, 2% warmup, eval 12 times. T
 - ``recipe``: FastTrainer as the ladder's recipe (Muon + AdamW, divergence guard, EMA 0.98, sequence-length
   warmup 16 -> 128 over 30%) from its best lr at that budget; knobs: the schedule (linear to 0, 1-sqrt WSD
   to 0 over the last 20%), beta2 of Muon's AdamW part (0.99, 0.999), NorMuon (Muon's update normalised per
-  neuron, beta2 0.95; Li et al. 2025; then with the peak lr x0.5 too, a joint knob), cautious weight decay on Muon's matrices (Chen et al. 2025), the
-  AdamW part's lr (embeddings, head and norms at x0.25 of Muon's: AdamW's own best lr), the EMA (off), sequence-length warmup (off), weight decay's timescale
+  neuron, beta2 0.95; Li et al. 2025; then with the peak lr x0.5 too, a joint knob), the four knobs below
+  that gained less than the noise one at a time at 16x, together (cautious weight decay, the AdamW part at
+  x0.25, weight decay timescale 4, the peak lr x0.5), Hyperball (Muon's matrices held at their initial
+  norms in place of weight decay; Wen et al. 2025; at x1, x0.5 and x0.25 the lr, a joint knob), cautious
+  weight decay on Muon's matrices (Chen et al. 2025), the AdamW part's lr (embeddings, head and norms at x0.25 of Muon's: AdamW's own best lr), the EMA (off), sequence-length warmup (off), weight decay's timescale
   (4 and 16, about half and twice the start's 7.7 at 16x: Muon's matrices decay too) and the peak lr
   (x0.5, x2).
 
@@ -101,6 +104,10 @@ def rung_multiple(rung: str) -> int:
     """The budget multiple of a rung name (``16x``, ``54x-3x192``)."""
     return int(rung.split("x")[0])
 
+# The recipe's four candidates that each gained less than the seed noise one at a time at 16x (cautious weight
+# decay, the AdamW part at a quarter of Muon's lr, weight decay timescale 4, half the peak lr), tried at once: small
+# gains that add up would pass the threshold together where none did alone.
+TOGETHER = "cautious_wd+adamw_lr_scale+wd_timescale+lr_scale"
 # Knobs and the values tried, in the order the search visits them (what the literature expects to matter
 # most at long horizons first).
 KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
@@ -113,6 +120,11 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
                ("beta2", [0.99, 0.999]),
                ("normuon", [0.95]),
                ("normuon+lr_scale", [(0.95, 0.5)]),  # NorMuon at its own (lower) lr
+               # the candidates that each gained less than the noise at 16x, together (added after the 16x search)
+               (TOGETHER, [(True, 0.25, 4.0, 0.5)]),
+               # Hyperball (Wen et al. 2025): weight norms held in place of Muon's weight decay; its lr is the
+               # step as a fraction of the weights' norm, so it gets its own sweep
+               ("hyperball+lr_scale", [(True, 1.0), (True, 0.5), (True, 0.25)]),
                ("cautious_wd", [True]),
                ("adamw_lr_scale", [0.25]),
                ("ema", [False]),
@@ -122,7 +134,8 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
 }
 # Knobs added after a search began: absent from its start point, so the runs it has keep their keys; a
 # setting without the knob means this value.
-KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_lr_scale": 1.0, "lr_scale": 1.0}
+KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_lr_scale": 1.0, "lr_scale": 1.0,
+                                 "hyperball": False}
 
 
 # Knobs whose values multiply the current one (the peak lr: x0.5 and x2 of wherever the search stands).
@@ -212,7 +225,9 @@ def arm_for(family: str, config: dict[str, Any], steps: int) -> Arm:
     optimizer_kwargs: dict[str, Any] = {"betas": [0.9, config["beta2"]]}
     if knob_value(config, "normuon") is not None:  # NorMuon: Muon's update normalised per neuron
         optimizer_kwargs["normuon_beta2"] = config["normuon"]
-    if knob_value(config, "cautious_wd"):  # Muon's matrices decay only where the update has their sign
+    if knob_value(config, "hyperball"):  # Muon's matrices held at their norms, not decayed
+        optimizer_kwargs["hyperball"] = True
+    elif knob_value(config, "cautious_wd"):  # Muon's matrices decay only where the update has their sign
         optimizer_kwargs["cautious_wd"] = True
     adamw_scale = knob_value(config, "adamw_lr_scale")
     if adamw_scale != 1.0:  # the AdamW part (embeddings, head, norms) at its own lr; Muon's stays

@@ -60,6 +60,15 @@ def test_arms_use_the_trainers_own_options_for_hf_best():
     assert recipe.fast and recipe.args["optimizer"] == "muon" and "weight_averaging" not in recipe.args
     assert recipe.args["optimizer_kwargs"] == {"betas": [0.9, 0.99]}
     assert recipe.args["seq_len_warmup_min"] == 16
+    # the sub-noise candidates together: Muon at half the lr, the AdamW part at a quarter of that, timescale 4
+    start = mod.start_config("recipe", 1.6e-2, steps)
+    together = mod.with_knob(start, mod.TOGETHER, (True, 0.25, 4.0, 0.5))
+    args = mod.arm_for("recipe", together, steps).args
+    assert args["optimizer_kwargs"] == {"betas": [0.9, 0.95], "cautious_wd": True, "muon_lr": 8e-3}
+    assert args["learning_rate"] == pytest.approx(2e-3) and args["weight_decay"] == pytest.approx(4.0 / (8e-3 * steps))
+    # Hyperball replaces Muon's decay, so cautious weight decay is not passed beside it (the optimizer refuses both)
+    ball = mod.arm_for("recipe", mod.with_knob(together, "hyperball+lr_scale", (True, 0.25)), steps).args
+    assert ball["optimizer_kwargs"] == {"betas": [0.9, 0.95], "hyperball": True, "muon_lr": 4e-3}
 
 
 @pytest.mark.slow

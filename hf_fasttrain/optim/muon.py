@@ -7,7 +7,9 @@ computed with 5 Newton-Schulz iterations:
     B_t     = mu B_{t-1} + g_t;   U_t = g_t + mu B_t (Nesterov)
     O_t     = NewtonSchulz5(U_t)                      # ~ U V^T of the SVD U S V^T of U_t
     theta_t = theta_{t-1} (1 - lr lambda) - lr * s(A, B) * O_t
-    (with `cautious_wd`, Chen et al. 2025: the decay only where O_t theta_{t-1} >= 0)
+    (with `cautious_wd`, Chen et al. 2025: the decay only where O_t theta_{t-1} >= 0;
+    with `hyperball`, Wen et al. 2025: no decay, each weight vector kept at its initial norm instead,
+    `hf_fasttrain.optim.hyperball`)
 
 It is meant for the hidden weight matrices only; embeddings, the LM head, biases and norms are
 trained with AdamW. `torch.optim.Muon` (torch >= 2.9) does the Muon part here and
@@ -61,6 +63,7 @@ from ._common import (
     zero_state,
 )
 from .adamw import build_adamw
+from .hyperball import HYPERBALL_STATE, hyperball_step, initial_radius
 from .normuon import NORMUON_STATE, neuron_normalize
 from .orthogonalize import (
     _NS_EPS,
@@ -216,10 +219,12 @@ class Muon(Optimizer):
         ns_batched: bool = True,
         normuon_beta2: Optional[float] = None,
         cautious_wd: bool = False,
+        hyperball: bool = False,
     ):
         ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises on bad values
         _check_normuon_beta2(normuon_beta2)
         check_bool("Muon", "cautious_wd", cautious_wd)
+        _check_hyperball(hyperball, normuon_beta2, cautious_wd)
         if ns_sharding not in NS_SHARDING:
             raise ValueError(f"Muon: ns_sharding must be one of {list(NS_SHARDING)}, got {ns_sharding!r}")
         check_bool("Muon", "ns_batched", ns_batched)
@@ -236,6 +241,7 @@ class Muon(Optimizer):
             "adjust_lr_fn": adjust_lr_fn,
             "normuon_beta2": normuon_beta2,
             "cautious_wd": cautious_wd,
+            "hyperball": hyperball,
         }
         super().__init__(params, defaults)
 
@@ -271,6 +277,9 @@ class Muon(Optimizer):
             if beta2 is not None:
                 ortho = self._neuron_normalize(p, group, ortho, beta2)
             lr = group["lr"]
+            if group.get("hyperball"):  # no decay: the vectors stay at their initial norms
+                self._hyperball(p, group, ortho, _adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+                continue
             if group.get("cautious_wd"):  # decay only where it pulls the way the update goes
                 p.sub_(p * (ortho * p >= 0), alpha=lr * group["weight_decay"])
             else:
@@ -291,6 +300,20 @@ class Muon(Optimizer):
             state[NORMUON_STATE] = torch.zeros(shape, dtype=torch.float32, device=p.device)
         return neuron_normalize(ortho, state[NORMUON_STATE], beta2, dim)
 
+    def _hyperball(self, p: torch.Tensor, group: dict, ortho: torch.Tensor, step: float) -> None:
+        """Hyperball (`hf_fasttrain.optim.hyperball`): the step at a fixed fraction of each vector's norm."""
+        if is_dtensor(p):
+            raise ValueError("Muon: hyperball does not work on sharded (FSDP2) parameters; use DDP, or "
+                             "hyperball=False")
+        dim = group.get("hyperball_dim", 0)
+        state = self.state[p]
+        if HYPERBALL_STATE not in state:
+            names = group.get("param_names") or []
+            at = next(i for i, q in enumerate(group["params"]) if q is p)
+            name = repr(names[at]) if at < len(names) else "a Muon matrix"
+            state[HYPERBALL_STATE] = initial_radius(p, dim, group["eps"], name)
+        hyperball_step(p, ortho, state[HYPERBALL_STATE], step, dim, group["eps"])
+
     @staticmethod
     def _batched_newton_schulz(items: list) -> dict:
         """{param: orthogonalised update laid out as the param} for (param, group, update) items, one
@@ -309,6 +332,15 @@ class Muon(Optimizer):
             for (p, _, _), ortho in zip(batch, out.unbind(0)):
                 done[p] = _like(ortho, p)
         return done
+
+
+def _check_hyperball(value: Any, normuon_beta2: Optional[float], cautious_wd: bool) -> None:
+    check_bool("Muon", "hyperball", value)
+    if value and normuon_beta2 is not None:
+        raise ValueError("Muon: hyperball and normuon_beta2 both normalise the update; use one of them")
+    if value and cautious_wd:
+        raise ValueError("Muon: hyperball replaces weight decay on the Muon matrices, so cautious_wd would do "
+                         "nothing; use one of them")
 
 
 def _check_normuon_beta2(value: Any) -> None:
@@ -420,6 +452,10 @@ class MuonWithAdamW(Optimizer):
             (`hf_fasttrain.optim.normuon`): each update normalised per output neuron by a second moment
             with this EMA coefficient. A group's ``normuon_dim`` (1, or 0 for `Conv1D` weights) names the
             input axis. Not under FSDP2.
+        hyperball: Hyperball (Wen et al. 2025, `hf_fasttrain.optim.hyperball`): each Muon matrix's vectors
+            (columns of `nn.Linear`; a group's ``hyperball_dim`` 1 for `Conv1D`) stay at their norms of the
+            first step, and every step moves them by ``lr * s(A, B)`` of that norm; no weight decay on those
+            matrices (the AdamW part keeps its own). Not under FSDP2; not with `normuon_beta2` or `cautious_wd`.
         cautious_wd: cautious weight decay on the Muon matrices (Chen et al. 2025, arXiv:2510.12402):
             an element decays only where the update and the weight have the same sign, i.e. where the
             decay moves it the way the update does: theta -= lr (s O + wd 1[O theta >= 0] theta).
@@ -459,6 +495,7 @@ class MuonWithAdamW(Optimizer):
         ns_batched: bool = True,
         normuon_beta2: Optional[float] = None,
         cautious_wd: bool = False,
+        hyperball: bool = False,
     ):
         if not hasattr(torch.optim, "Muon"):
             raise ImportError(f"MuonWithAdamW needs torch.optim.Muon (torch >= 2.9), found torch {torch.__version__}")
@@ -487,9 +524,11 @@ class MuonWithAdamW(Optimizer):
             "ns_coefficients": ns_coefficients,
             "normuon_beta2": normuon_beta2,
             "cautious_wd": cautious_wd,
+            "hyperball": hyperball,
         }
         _check_normuon_beta2(normuon_beta2)
         check_bool("Muon", "cautious_wd", cautious_wd)
+        _check_hyperball(hyperball, normuon_beta2, cautious_wd)
         self._cautious = cautious
         check_bool("Muon", "ns_batched", ns_batched)
         self._ns_sharding = ns_sharding

@@ -33,7 +33,9 @@ from ._common import check_nonnegative
 from .adamw import build_adamw
 from .ademamix import AdEMAMix
 from .lion import Lion
+from .hyperball import initial_radius
 from .muon import MuonWithAdamW, _conv1d_type, conv1d_lr_multiplier, muon_routing
+from .orthogonalize import _NS_EPS
 from .sharding import check_sharding_support, detect_sharding
 from .soap import DEFAULT_SKINNY_RATIO, SOAP
 
@@ -178,6 +180,7 @@ def create_muon(
     ns_batched: bool = True,
     normuon_beta2: Optional[float] = None,
     cautious_wd: bool = False,
+    hyperball: bool = False,
 ) -> MuonWithAdamW:
     """Muon on the hidden matrices, AdamW on the rest (see `muon_routing`), as one optimizer.
 
@@ -194,6 +197,10 @@ def create_muon(
     `hf_fasttrain.optim.normuon`, the authors use 0.95): Muon groups are then split by layout too, a
     `Conv1D` weight's group carrying ``normuon_dim=0`` so its neurons are its columns.
     `cautious_wd` decays a Muon matrix's element only where the update has its sign (Chen et al. 2025).
+    `hyperball` (Wen et al. 2025; `hf_fasttrain.optim.hyperball`) keeps each Muon matrix's vectors at their
+    initial norms instead of decaying them (weight decay then reaches the AdamW part only); groups are split
+    by layout, a `Conv1D` weight's carrying ``hyperball_dim=1``. A matrix with a vector of norm 0 (LoRA's
+    `lora_B`) is refused here, before any step.
     """
     lr = 1e-3 if lr is None else lr
     weight_decay = 0.1 if weight_decay is None else weight_decay
@@ -216,11 +223,15 @@ def create_muon(
         p = named[name]
         conv1d = id(p) in conv1d_ids
         mult = conv1d_lr_multiplier(p.shape, adjust_lr_fn) if conv1d else 1.0
-        layout = (conv1d,) if normuon_beta2 is not None else ()  # NorMuon: a Conv1D's neurons are its columns
+        # NorMuon and Hyperball: a Conv1D's neurons are its columns, its input vectors its rows
+        layout = (conv1d,) if normuon_beta2 is not None or hyperball is True else ()
+        if hyperball is True:  # refused before any step, naming the matrix (a bad value is refused below)
+            initial_radius(p, 1 if conv1d else 0, _NS_EPS, repr(name))
         by_multiplier.setdefault((mult, *layout), []).append((name, p))
     groups = [
         {"params": params, "use_muon": True, "lr": muon_lr * key[0], "weight_decay": weight_decay / key[0],
-         **({"normuon_dim": 0 if key[1] else 1} if normuon_beta2 is not None else {})}
+         **({"normuon_dim": 0 if key[1] else 1} if normuon_beta2 is not None else {}),
+         **({"hyperball_dim": 1 if key[1] else 0} if hyperball is True else {})}
         for key, params in by_multiplier.items()
     ]
     adamw_names = {n for n, r in routing.items() if r == "adamw"}
@@ -243,6 +254,7 @@ def create_muon(
         ns_batched=ns_batched,
         normuon_beta2=normuon_beta2,
         cautious_wd=cautious_wd,
+        hyperball=hyperball,
     )
 
 
@@ -328,7 +340,7 @@ def create_optimizer(
     _check_options(name, kwargs)
     mode = detect_sharding(model=model) if sharding is None else sharding
     check_sharding_support(name, mode, cautious=bool(kwargs.get("cautious", False)),
-                           normuon=kwargs.get("normuon_beta2") is not None)
+                           normuon=kwargs.get("normuon_beta2") is not None, hyperball=kwargs.get("hyperball") is True)
     return factory(model, lr=lr, weight_decay=weight_decay, **kwargs)
 
 
@@ -443,7 +455,8 @@ def optimizer_cls_and_kwargs_for(name: str, args: Any = None, **kwargs) -> tuple
         # Only the sharding settings (reading args.world_size would set up the process group).
         probe = SimpleNamespace(**{k: getattr(args, k, None) for k in ("deepspeed", "fsdp", "fsdp_config")})
         check_sharding_support(name, detect_sharding(args=probe), cautious=bool(merged.get("cautious", False)),
-                               normuon=merged.get("normuon_beta2") is not None)
+                               normuon=merged.get("normuon_beta2") is not None,
+                               hyperball=merged.get("hyperball") is True)
         return OptimizerFactory(name), merged
     missing = [k for k in ("lr", "weight_decay") if k not in kwargs]
     if name == "ademamix" and "T_alpha_beta3" not in kwargs:

@@ -16,6 +16,7 @@ Support (checked by `tests/test_optim_sharded.py` for single/ddp/fsdp2 on 2 CPU 
 | muon | yes | yes (each matrix gathered for Newton-Schulz) | refused |
 | muon with `normuon_beta2` (NorMuon) | yes | refused (per-neuron norms span shards) | refused |
 | muon with `cautious_wd` | yes | yes (element-wise) | refused |
+| muon with `hyperball` | yes | refused (a vector's norm spans shards) | refused |
 | soap | yes | refused (preconditioners per shard) | refused |
 
 `cautious` rescales per tensor (numel / kept); on flattened partitions that count spans a partition,
@@ -47,6 +48,7 @@ _INSTEAD = {
     "(adamw, lion, ademamix) or muon with FSDP2",
     "cautious": "use DDP or FSDP2 (recipes/accelerate/fsdp.yaml), or cautious=False",
     "normuon": "use DDP (recipes/accelerate/multi_gpu_ddp.yaml), or under FSDP2 plain muon (normuon_beta2: null)",
+    "hyperball": "use DDP (recipes/accelerate/multi_gpu_ddp.yaml), or under FSDP2 plain muon (hyperball: false)",
 }
 _MODE_TEXT = {
     "fsdp2": "FSDP2 (parameters sharded on dim 0; SOAP's preconditioners would be built per shard)",
@@ -157,9 +159,10 @@ def detect_sharding(
     return "ddp" if world > 1 else "single"
 
 
-def sharding_support(name: str, mode: str, cautious: bool = False, normuon: bool = False) -> Optional[str]:
+def sharding_support(name: str, mode: str, cautious: bool = False, normuon: bool = False,
+                     hyperball: bool = False) -> Optional[str]:
     """None when optimizer `name` gives the single-process update under `mode`; else why not (one line).
-    `normuon`: Muon with ``normuon_beta2`` set (NorMuon)."""
+    `normuon`: Muon with ``normuon_beta2`` set (NorMuon); `hyperball`: Muon with ``hyperball`` on."""
     if mode not in SHARDING_MODES:
         raise ValueError(f"sharding mode must be one of {list(SHARDING_MODES)}, got {mode!r}")
     if mode in ("single", "ddp"):
@@ -167,6 +170,9 @@ def sharding_support(name: str, mode: str, cautious: bool = False, normuon: bool
     if name == "muon" and normuon and mode == "fsdp2":
         return (f"optimizer_kwargs: normuon_beta2 (NorMuon) does not work under {_MODE_TEXT[mode]}: its "
                 f"per-neuron normalisation and norms span shards; {_INSTEAD['normuon']}")
+    if name == "muon" and hyperball and mode == "fsdp2":
+        return (f"optimizer_kwargs: hyperball does not work under {_MODE_TEXT[mode]}: the norm of each weight "
+                f"vector spans shards; {_INSTEAD['hyperball']}")
     if name == "muon" and mode == "fsdp2":
         return None
     if name in ("muon", "soap"):
@@ -179,7 +185,8 @@ def sharding_support(name: str, mode: str, cautious: bool = False, normuon: bool
     return None
 
 
-def check_sharding_support(name: str, mode: str, cautious: bool = False, normuon: bool = False) -> None:
+def check_sharding_support(name: str, mode: str, cautious: bool = False, normuon: bool = False,
+                           hyperball: bool = False) -> None:
     """Raise ValueError (one line: optimizer, mode, what works instead) if `name` is wrong under `mode`.
 
     Example:
@@ -190,7 +197,7 @@ def check_sharding_support(name: str, mode: str, cautious: bool = False, normuon
         ...
         ValueError: optimizer: 'muon' does not work under DeepSpeed ZeRO (the optimizer is handed flattened partitions); use DDP (recipes/accelerate/multi_gpu_ddp.yaml) or FSDP2 (recipes/accelerate/fsdp.yaml), or an element-wise optimizer (adamw, lion, ademamix)
     """
-    reason = sharding_support(name, mode, cautious, normuon)
+    reason = sharding_support(name, mode, cautious, normuon, hyperball)
     if reason is not None:
         raise ValueError(reason)
 
