@@ -155,20 +155,29 @@ def knob_value(config: dict[str, Any], knob: str) -> Any:
     return config.get(knob, KNOB_DEFAULTS.get(knob))
 
 
+def settled(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the settings that cannot act beside another one turned off, so two settings that train
+    the same are one setting (and the search does not train it twice): Hyperball holds the norms of Muon's
+    matrices, so cautious weight decay on them has nothing to act on."""
+    if config.get("hyperball") and config.get("cautious_wd"):
+        return {**config, "cautious_wd": False}
+    return config
+
+
 def set_knob(config: dict[str, Any], knob: str, value: Any) -> dict[str, Any]:
     """``config`` with ``knob`` at ``value`` as a decision records it (absolute; a joint knob's parts)."""
     if "+" in knob:
-        return {**config, **dict(zip(knob.split("+"), value))}
-    return {**config, knob: value}
+        return settled({**config, **dict(zip(knob.split("+"), value))})
+    return settled({**config, knob: value})
 
 
 def with_knob(config: dict[str, Any], knob: str, value: Any) -> dict[str, Any]:
     """``config`` with ``knob`` set to ``value`` (a joint knob sets each part; a relative knob multiplies)."""
     if "+" in knob:
-        return {**config, **dict(zip(knob.split("+"), value))}
+        return settled({**config, **dict(zip(knob.split("+"), value))})
     if knob in RELATIVE_KNOBS:
-        return {**config, knob: round(knob_value(config, knob) * value, 6)}
-    return {**config, knob: value}
+        return settled({**config, knob: round(knob_value(config, knob) * value, 6)})
+    return settled({**config, knob: value})
 
 
 def start_config(family: str, lr: float, steps: int) -> dict[str, Any]:

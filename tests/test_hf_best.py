@@ -67,7 +67,10 @@ def test_arms_use_the_trainers_own_options_for_hf_best():
     assert args["optimizer_kwargs"] == {"betas": [0.9, 0.95], "cautious_wd": True, "muon_lr": 8e-3}
     assert args["learning_rate"] == pytest.approx(2e-3) and args["weight_decay"] == pytest.approx(4.0 / (8e-3 * steps))
     # Hyperball replaces Muon's decay, so cautious weight decay is not passed beside it (the optimizer refuses both)
-    ball = mod.arm_for("recipe", mod.with_knob(together, "hyperball+lr_scale", (True, 0.25)), steps).args
+    ball_config = mod.with_knob(together, "hyperball+lr_scale", (True, 0.25))
+    assert ball_config["cautious_wd"] is False  # one setting, so the search does not train it twice
+    assert mod.with_knob(ball_config, "cautious_wd", True) == ball_config
+    ball = mod.arm_for("recipe", ball_config, steps).args
     assert ball["optimizer_kwargs"] == {"betas": [0.9, 0.95], "hyperball": True, "muon_lr": 4e-3}
 
 
