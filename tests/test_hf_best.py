@@ -72,6 +72,13 @@ def test_arms_use_the_trainers_own_options_for_hf_best():
     assert mod.with_knob(ball_config, "cautious_wd", True) == ball_config
     ball = mod.arm_for("recipe", ball_config, steps).args
     assert ball["optimizer_kwargs"] == {"betas": [0.9, 0.95], "hyperball": True, "muon_lr": 4e-3}
+    # AdEMAMix in place of Muon: Muon's options dropped, AdamW's lr and weight decay timescale
+    adema = mod.with_knob(ball_config, mod.ADEMAMIX, ("ademamix", 0.25, mod.ADAMW_TIMESCALE))
+    assert not set(mod.MUON_ONLY) & set(adema) and adema["optimizer"] == "ademamix"
+    args = mod.arm_for("recipe", adema, steps).args
+    assert (args["optimizer"], args["learning_rate"]) == ("ademamix", pytest.approx(4e-3))
+    assert args["weight_decay"] == pytest.approx(0.1) and args["weight_averaging"] == "ema"
+    assert args["optimizer_kwargs"] == {"betas": [0.9, 0.95, 0.9999], "alpha": 5.0}
 
 
 @pytest.mark.slow
