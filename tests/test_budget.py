@@ -62,6 +62,21 @@ SCHEDULES = {"cosine10": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_frac
              "wsd-1-sqrt": {"lr_decay": "1-sqrt", "min_lr_ratio": 0.0, "decay_fraction": 0.2}}
 
 
+def _kept(data, rung, family):
+    """The settings a search at ``rung`` kept and its decisions: the finished search's or, while a search reopened
+    with new knobs runs, its best so far (its start and every change it accepted; a joint knob sets each part)."""
+    done = (data.get("searches") or {}).get(rung, {}).get(family)
+    if done:
+        return done["best"], done["decisions"]
+    running = data["progress"][rung][family]
+    best = dict(running["start"])
+    for d in running["decisions"]:
+        if d["accepted"]:
+            parts = d["knob"].split("+")
+            best.update(zip(parts, d["best_value"]) if len(parts) > 1 else {d["knob"]: d["best_value"]})
+    return best, running["decisions"]
+
+
 @pytest.mark.parametrize("rung, regime, families", [("1x", "short", ("hf-best", "recipe")),
                                                      ("4x", "middle", ("hf-best",)),
                                                      ("16x", "long", ("hf-best", "recipe"))])
@@ -69,13 +84,12 @@ def test_the_regimes_are_what_the_search_kept(rung, regime, families):
     """Those rows are the measured ones: each knob the search at that budget decided (results/hf_best.json);
     at 4x only AdamW was searched."""
     data = json.loads((RESULTS / "hf_best.json").read_text())
-    searches = data["searches"][rung]
     row = next(r for r in REGIMES if r.name == regime)
     for family, key in (("hf-best", "adamw"), ("recipe", "muon")):
         if family not in families:
             continue
-        decisions = {d["knob"]: d for d in searches[family]["decisions"]}
-        best = searches[family]["best"]
+        best, decisions = _kept(data, rung, family)
+        decisions = {d["knob"]: d for d in decisions}
         settings = row.settings[key]
         assert {k: settings[k] for k in SCHEDULES[best["schedule"]]} == SCHEDULES[best["schedule"]], family
         assert settings["adam_beta2"] == best["beta2"], family
