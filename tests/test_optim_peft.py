@@ -121,3 +121,23 @@ def test_wrapper_is_detected_by_its_attributes():
         "embed.weight": "adamw", "hidden.weight": "muon", "hidden.bias": "adamw",
         "head.modules_to_save.default.weight": "adamw",
     }
+
+
+def test_hyperball_refuses_lora_b_before_a_step_and_takes_lora_a_alone():
+    """LoRA's lora_B starts at zero: Hyperball would hold it there, so it is refused by name before training;
+    with lora_B routed to AdamW, Hyperball holds lora_A's vectors at their norms while the adapter trains."""
+    model = _tiny_gpt2_lora(None)
+    with pytest.raises(ValueError) as err:
+        create_optimizer("muon", model, lr=1e-2, hyperball=True)
+    assert "\n" not in str(err.value) and "lora_B" in str(err.value) and "hyperball: false" in str(err.value)
+    opt = create_optimizer("muon", model, lr=1e-2, hyperball=True, adamw_patterns=(r"lora_B",))
+    a = dict(model.named_parameters())["base_model.model.transformer.h.0.attn.c_attn.lora_A.default.weight"]
+    b = dict(model.named_parameters())["base_model.model.transformer.h.0.attn.c_attn.lora_B.default.weight"]
+    norms, b0 = a.detach().norm(dim=0), b.detach().clone()
+    batch = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(0))
+    for _ in range(3):
+        model(input_ids=batch, labels=batch).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    torch.testing.assert_close(a.detach().norm(dim=0), norms, rtol=1e-5, atol=0)  # nn.Linear: columns
+    assert float((b.detach() - b0).abs().max()) > 0  # lora_B trains (AdamW)
