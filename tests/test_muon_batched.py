@@ -58,3 +58,18 @@ def test_muon_groups_matrices_by_shape():
     assert shapes == [(32, 32), (32, 96), (32, 128), (128, 32)]
     with pytest.raises(ValueError, match="ns_batched"):
         create_optimizer("muon", model, ns_batched="yes")
+
+
+def test_precision_benchmark_writes_its_table_json_and_png(tmp_path):
+    from benchmarks import muon_step
+
+    out = tmp_path / "prec"
+    result = muon_step.main(["--compare", "precision", "--models", "1x64", "--repeats", "1", "--threads", "1",
+                             "--out", str(out)])
+    rows = result["rows"]
+    assert [r["optimizer"] for r in rows] == ["adamw", "muon-bf16", "muon-fp32"]
+    assert rows[0]["train_step_vs_adamw"] == 1 and all(r["train_step_ms_median"] > 0 for r in rows)
+    assert all(r["fwd_bwd_ms_median"] > 0 and r["optimizer_step_ms_median"] > 0 for r in rows)
+    for suffix in (".json", ".md", ".png"):
+        assert out.with_suffix(suffix).stat().st_size > 0
+    assert "| gpt2-1x64 | muon-fp32 |" in out.with_suffix(".md").read_text()

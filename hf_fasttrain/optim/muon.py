@@ -71,6 +71,7 @@ from .orthogonalize import (
     newton_schulz,
     newton_schulz_batched,
     ns_coefficient_schedule,
+    resolve_ns_dtype,
 )
 
 __all__ = [
@@ -91,7 +92,12 @@ def _ns_key(update: torch.Tensor, group: dict) -> tuple:
     """Matrices that can share one batched Newton-Schulz: same shape, dtype, device and settings."""
     coeffs = group["ns_coefficients"]
     return (tuple(update.shape), update.dtype, str(update.device), coeffs if isinstance(coeffs, str) else repr(coeffs),
-            group["ns_steps"], group["eps"])
+            group["ns_steps"], group["eps"], _ns_dtype(group))
+
+
+def _ns_dtype(group: dict) -> str:
+    """The group's Newton-Schulz precision (a group loaded from an older checkpoint lacks the key: bf16)."""
+    return group.get("ns_dtype", "bfloat16")
 
 
 def _adjust_lr(lr: float, adjust_lr_fn: Optional[str], shape: Sequence[int]) -> float:
@@ -169,7 +175,8 @@ def _round_robin_newton_schulz(items: list) -> dict:
         if me == owner:
             full = torch.cat([piece[:n] for piece, n in zip(recv, sizes)])
             # bf16 values carried in fp32 (exact), so any backend can send them
-            ortho = newton_schulz(full, group["ns_coefficients"], group["ns_steps"], group["eps"]).float()
+            ortho = newton_schulz(full, group["ns_coefficients"], group["ns_steps"], group["eps"],
+                                  _ns_dtype(group)).float()
             pieces, start = [], 0
             for n in sizes:
                 piece = ortho.new_zeros(chunk, cols)
@@ -182,9 +189,9 @@ def _round_robin_newton_schulz(items: list) -> dict:
     for h in handles:
         h.wait()
     result = {}
-    for (p, *_rest), out in zip(jobs, outs):
+    for (p, group, *_rest), out in zip(jobs, outs):
         local_rows = p.to_local().shape[0]
-        mine = out[:local_rows].to(torch.bfloat16)
+        mine = out[:local_rows].to(resolve_ns_dtype(_ns_dtype(group), out.device))
         result[p] = DTensor.from_local(mine, p.device_mesh, p.placements, run_check=False, shape=p.shape,
                                        stride=p.stride())
     return result
@@ -220,8 +227,10 @@ class Muon(Optimizer):
         normuon_beta2: Optional[float] = None,
         cautious_wd: bool = False,
         hyperball: bool = False,
+        ns_dtype: str = "bfloat16",
     ):
         ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises on bad values
+        resolve_ns_dtype(ns_dtype)  # raises naming the field
         _check_normuon_beta2(normuon_beta2)
         check_bool("Muon", "cautious_wd", cautious_wd)
         _check_hyperball(hyperball, normuon_beta2, cautious_wd)
@@ -242,6 +251,7 @@ class Muon(Optimizer):
             "normuon_beta2": normuon_beta2,
             "cautious_wd": cautious_wd,
             "hyperball": hyperball,
+            "ns_dtype": ns_dtype,
         }
         super().__init__(params, defaults)
 
@@ -271,7 +281,8 @@ class Muon(Optimizer):
         for p, group, update in work:
             ortho = done.get(p)
             if ortho is None:
-                full = newton_schulz(_full(update), group["ns_coefficients"], group["ns_steps"], group["eps"])
+                full = newton_schulz(_full(update), group["ns_coefficients"], group["ns_steps"], group["eps"],
+                                     _ns_dtype(group))
                 ortho = _like(full, p)
             beta2 = group.get("normuon_beta2")  # (a group loaded from an older checkpoint may lack the key)
             if beta2 is not None:
@@ -328,7 +339,7 @@ class Muon(Optimizer):
                 continue
             group = batch[0][1]
             out = newton_schulz_batched([full for _, _, full in batch], group["ns_coefficients"], group["ns_steps"],
-                                        group["eps"])
+                                        group["eps"], _ns_dtype(group))
             for (p, _, _), ortho in zip(batch, out.unbind(0)):
                 done[p] = _like(ortho, p)
         return done
@@ -448,6 +459,8 @@ class MuonWithAdamW(Optimizer):
         cautious: cautious AdamW part (Liang et al. 2024, see `hf_fasttrain.optim.AdamW`).
         ns_sharding: under FSDP2, "all_gather" (default) or "round_robin" (see `Muon`).
         ns_batched: orthogonalise matrices of one shape together (default True; see `Muon`).
+        ns_dtype: the Newton-Schulz precision: "bfloat16" (default, torch's), "float32", or "auto" (bf16
+            where the device multiplies bf16 natively, fp32 elsewhere; `hf_fasttrain.optim.orthogonalize`).
         normuon_beta2: None (default) for Muon; a number in [0, 1) (the authors use 0.95) for NorMuon
             (`hf_fasttrain.optim.normuon`): each update normalised per output neuron by a second moment
             with this EMA coefficient. A group's ``normuon_dim`` (1, or 0 for `Conv1D` weights) names the
@@ -496,6 +509,7 @@ class MuonWithAdamW(Optimizer):
         normuon_beta2: Optional[float] = None,
         cautious_wd: bool = False,
         hyperball: bool = False,
+        ns_dtype: str = "bfloat16",
     ):
         if not hasattr(torch.optim, "Muon"):
             raise ImportError(f"MuonWithAdamW needs torch.optim.Muon (torch >= 2.9), found torch {torch.__version__}")
@@ -525,7 +539,9 @@ class MuonWithAdamW(Optimizer):
             "normuon_beta2": normuon_beta2,
             "cautious_wd": cautious_wd,
             "hyperball": hyperball,
+            "ns_dtype": ns_dtype,
         }
+        resolve_ns_dtype(ns_dtype)  # raises naming the field
         _check_normuon_beta2(normuon_beta2)
         check_bool("Muon", "cautious_wd", cautious_wd)
         _check_hyperball(hyperball, normuon_beta2, cautious_wd)

@@ -14,10 +14,17 @@ X -> a X + b (X X^T) X + c (X X^T)^2 X, i.e. every singular value s -> a s + b s
 
 Both functions compute as `torch.optim.Muon` does (bf16, the input divided by max(||X||_F, eps), wide
 orientation by transposing a tall matrix); with "jordan" they are bit-identical to it.
+
+Precision (`ns_dtype`): "bfloat16" (default, torch's) or "float32", or "auto": bf16 where the hardware
+multiplies bf16 matrices natively (CUDA; x86 CPUs with AVX512-BF16 or AMX, Arm CPUs with the BF16
+extension), fp32 elsewhere. A CPU without native bf16 (an AVX2-only x86) emulates the bf16 matmuls, at
+several times the fp32 cost, and the iteration is most of Muon's step there; fp32 is also the more
+precise iteration.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence
 
@@ -25,7 +32,8 @@ import torch
 
 from ._common import check_positive_int
 
-__all__ = ["NS_COEFFICIENTS", "newton_schulz", "newton_schulz_batched", "ns_coefficient_schedule"]
+__all__ = ["NS_COEFFICIENTS", "NS_DTYPES", "native_bf16_matmul", "newton_schulz", "newton_schulz_batched",
+           "ns_coefficient_schedule", "resolve_ns_dtype"]
 
 # Per-iteration (a, b, c) of X -> a X + b (X X^T) X + c (X X^T)^2 X, by name.
 NS_COEFFICIENTS: dict[str, tuple[tuple[float, float, float], ...]] = {
@@ -43,6 +51,40 @@ NS_COEFFICIENTS: dict[str, tuple[tuple[float, float, float], ...]] = {
 # The input is divided by its Frobenius norm times this (an upper bound on the spectral norm).
 _NS_SAFETY = {"polar_express": 1.02}
 _NS_EPS = 1e-7  # torch.optim.Muon's eps: floor of the norm the input is divided by
+
+
+NS_DTYPES = ("bfloat16", "float32", "auto")
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_flags() -> frozenset:
+    """The CPU's feature flags from /proc/cpuinfo (Linux), empty where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):  # x86, Arm
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_bf16_matmul(device: Any = "cpu") -> bool:
+    """Whether ``device`` multiplies bf16 matrices in hardware: CUDA, or a CPU with AVX512-BF16, AMX (x86) or
+    the BF16 extension (Arm), read from /proc/cpuinfo (False where it cannot be read)."""
+    if torch.device(device).type == "cuda":
+        return True
+    return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def resolve_ns_dtype(ns_dtype: str, device: Any = "cpu") -> torch.dtype:
+    """The dtype Newton-Schulz runs in for ``ns_dtype`` on ``device`` ("auto": bf16 where it is native)."""
+    if ns_dtype not in NS_DTYPES:
+        raise ValueError(f"Muon: ns_dtype must be one of {list(NS_DTYPES)}, got {ns_dtype!r}")
+    if ns_dtype == "auto":
+        return torch.bfloat16 if native_bf16_matmul(device) else torch.float32
+    return torch.bfloat16 if ns_dtype == "bfloat16" else torch.float32
 
 
 def ns_coefficient_schedule(ns_coefficients: Any = "jordan", ns_steps: int = 5) -> list[tuple[float, float, float]]:
@@ -83,13 +125,14 @@ def ns_coefficient_schedule(ns_coefficients: Any = "jordan", ns_steps: int = 5) 
 
 
 def newton_schulz(
-    update: torch.Tensor, ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = _NS_EPS
+    update: torch.Tensor, ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = _NS_EPS,
+    ns_dtype: str = "bfloat16",
 ) -> torch.Tensor:
     """Orthogonalise a 2-D `update` (~ U V^T of its SVD U S V^T) in bf16, as `torch.optim.Muon`.
 
     With "jordan" the arithmetic is torch's op for op (bit-identical); a named schedule with a
     safety factor (polar_express: 1.02) divides by that factor times the Frobenius norm first.
-    Returns a bf16 tensor of `update`'s shape.
+    Returns a tensor of `update`'s shape in the dtype of `ns_dtype` (bf16 by default).
 
     Example:
         >>> import torch
@@ -103,7 +146,7 @@ def newton_schulz(
         raise ValueError(f"Muon: Newton-Schulz needs a 2-D matrix, got shape {tuple(update.shape)}")
     schedule = ns_coefficient_schedule(ns_coefficients, ns_steps)
     safety = _NS_SAFETY.get(ns_coefficients, 1.0) if isinstance(ns_coefficients, str) else 1.0
-    x = update.bfloat16()
+    x = update.to(resolve_ns_dtype(ns_dtype, update.device), copy=True)
     tall = update.size(0) > update.size(1)
     if tall:
         x = x.T
@@ -119,12 +162,13 @@ def newton_schulz(
 
 
 def newton_schulz_batched(
-    updates: Sequence[torch.Tensor], ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = _NS_EPS
+    updates: Sequence[torch.Tensor], ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = _NS_EPS,
+    ns_dtype: str = "bfloat16",
 ) -> torch.Tensor:
     """:func:`newton_schulz` of several 2-D matrices of one shape at once: stacked into ``[N, A, B]`` and
     iterated with batched matmuls (``baddbmm``), as modded-nanogpt does. Each step then launches 3 kernels
     for the whole stack instead of 3 per matrix (GPT-2 small: 48 matrices in 4 shapes, so 60 matmul
-    launches per step instead of 720). Returns the ``[N, A, B]`` bf16 results, in order.
+    launches per step instead of 720). Returns the ``[N, A, B]`` results (in `ns_dtype`'s dtype), in order.
 
     The arithmetic per matrix is :func:`newton_schulz`'s; on CPU the results are bit-identical to it.
 
@@ -142,7 +186,8 @@ def newton_schulz_batched(
         raise ValueError(f"Muon: batched Newton-Schulz needs 2-D matrices of one shape, got shapes {sorted(shapes)}")
     schedule = ns_coefficient_schedule(ns_coefficients, ns_steps)
     safety = _NS_SAFETY.get(ns_coefficients, 1.0) if isinstance(ns_coefficients, str) else 1.0
-    x = torch.stack(list(updates)).bfloat16()  # one conversion for the stack (element-wise: the same values)
+    # one conversion for the stack (element-wise: the same values)
+    x = torch.stack(list(updates)).to(resolve_ns_dtype(ns_dtype, updates[0].device))
     tall = x.size(1) > x.size(2)
     if tall:
         x = x.mT
