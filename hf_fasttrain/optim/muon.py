@@ -301,9 +301,7 @@ class Muon(Optimizer):
 
     def _neuron_normalize(self, p: torch.Tensor, group: dict, ortho: torch.Tensor, beta2: float) -> torch.Tensor:
         """NorMuon (`hf_fasttrain.optim.normuon`): the update normalised per output neuron."""
-        if is_dtensor(p):
-            raise ValueError("Muon: normuon_beta2 does not work on sharded (FSDP2) parameters; use DDP, or "
-                             "normuon_beta2=None")
+        _refuse_sharded(p, "normuon_beta2", "normuon_beta2=None")
         dim = group.get("normuon_dim", 1)
         state = self.state[p]
         if NORMUON_STATE not in state:
@@ -313,9 +311,7 @@ class Muon(Optimizer):
 
     def _hyperball(self, p: torch.Tensor, group: dict, ortho: torch.Tensor, step: float) -> None:
         """Hyperball (`hf_fasttrain.optim.hyperball`): the step at a fixed fraction of each vector's norm."""
-        if is_dtensor(p):
-            raise ValueError("Muon: hyperball does not work on sharded (FSDP2) parameters; use DDP, or "
-                             "hyperball=False")
+        _refuse_sharded(p, "hyperball", "hyperball=False")
         dim = group.get("hyperball_dim", 0)
         state = self.state[p]
         if HYPERBALL_STATE not in state:
@@ -343,6 +339,12 @@ class Muon(Optimizer):
             for (p, _, _), ortho in zip(batch, out.unbind(0)):
                 done[p] = _like(ortho, p)
         return done
+
+
+def _refuse_sharded(p: torch.Tensor, option: str, off: str) -> None:
+    """One line for an option whose per-vector statistics span the shards of an FSDP2 (DTensor) parameter."""
+    if is_dtensor(p):
+        raise ValueError(f"Muon: {option} does not work on sharded (FSDP2) parameters; use DDP, or {off}")
 
 
 def _check_hyperball(value: Any, normuon_beta2: Optional[float], cautious_wd: bool) -> None:
