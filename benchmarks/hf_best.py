@@ -61,6 +61,7 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import itertools
+import math
 import json
 import multiprocessing
 import statistics
@@ -73,7 +74,7 @@ from typing import Any, Generator, Optional
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # this checkout
 from budget_ladder import BASE_STEPS, budget_setup, data_args, unique_corpus_data  # noqa: E402
 from scaling import Ledger  # noqa: E402
-from time_to_loss import ARMS, QUICK, RESULTS, Arm, run_arm  # noqa: E402
+from time_to_loss import ARMS, QUICK, RESULTS, Arm, crossing, run_arm  # noqa: E402
 
 from benchmarks._harness import display_command, display_path, run_cli, UsageError  # noqa: E402
 from hf_fasttrain.runinfo import environment_info  # noqa: E402
@@ -719,8 +720,46 @@ def report_text(ledger: Ledger) -> str:
                     "non-embedding parameter; the starting lr of each family is the measured law's for this width "
                     "and length (`learning_rate: auto`, hf_fasttrain/budget.py), so the sweep checks the law at a "
                     "point outside its fit.\n\n")
-        text += f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary) + memorisation(ledger, r)
+        text += (f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary) + memorisation(ledger, r)
+                 + one_run_table(ledger, r, summary))
     return text
+
+
+def one_run_ratios(ledger: Ledger, rung: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each recipe run at ``rung``: its tokens to hf-best's final loss (median of its seeds) inside the run,
+    over the budget (the budget ladder's one-run measure), beside its final loss, best first; empty without
+    hf-best's result there. A candidate can tie on the final loss and still get there much sooner."""
+    target = (summary.get("hf-best") or {}).get("final_eval_loss")
+    if target is None:
+        return []
+    rows = []
+    for r in ledger.data["runs"].values():
+        if r["rung"] == rung and r["family"] == "recipe" and r.get("curve"):
+            budget = r["max_steps"] * r["tokens_per_step"]
+            rows.append({"config": r["config"], "seed": r["seed"], "final_eval_loss": r["final_eval_loss"],
+                         "ratio": crossing(r["curve"], target, "tokens") / budget, "target": target})
+    return sorted(rows, key=lambda x: (x["ratio"], x["final_eval_loss"]))
+
+
+def one_run_table(ledger: Ledger, rung: str, summary: dict[str, Any]) -> str:
+    """The markdown of :func:`one_run_ratios` (the settings as they differ from the recipe's start)."""
+    rows = one_run_ratios(ledger, rung, summary)
+    if not rows:
+        return ""
+    start = ((ledger.data.get("progress") or {}).get(rung, {}).get("recipe") or {}).get("start")
+    if not start:  # a search that began from the budget ladder's run: that run's settings
+        first = [r for r in ledger.data["runs"].values()
+                 if r["rung"] == rung and r["family"] == "recipe" and r.get("imported_from")]
+        start = first[0]["config"] if first else {}
+    out = ["", f"Inside one run: each recipe run's tokens to hf-best's final loss ({rows[0]['target']:.3f}) over the "
+           "budget (the budget ladder's one-run measure; interpolated between evaluations), beside its final loss:",
+           "", "| settings (as they differ from the recipe's start) | seed | tokens to hf-best's loss / budget | final eval loss |",
+           "|---|---|---|---|"]
+    for x in rows:
+        diff = ", ".join(f"{k} {v}" for k, v in x["config"].items() if start.get(k, KNOB_DEFAULTS.get(k)) != v)
+        ratio = "never" if math.isinf(x["ratio"]) else f"{x['ratio']:.3f}"
+        out.append(f"| {diff or 'the start'} | {x['seed']} | {ratio} | {x['final_eval_loss']:.3f} |")
+    return "\n".join(out) + "\n"
 
 
 def memorisation(ledger: Ledger, rung: str) -> str:

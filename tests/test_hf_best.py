@@ -2,6 +2,7 @@
 search; benchmarks/lora_fine_tuning.py: a smoke run."""
 
 import json
+import math
 
 import pytest
 
@@ -420,3 +421,29 @@ def test_the_corpus_that_does_not_repeat_is_its_own_budget_and_is_not_searched(t
     text = mod.report_text(ledger)
     assert "## Budget 64x-unique" in text and "41.0M training tokens, so no row repeats" in text
     assert "Model: GPT-2" not in text  # the ladder's model: no larger-model note
+
+
+def test_one_run_table_ranks_recipe_runs_by_tokens_to_hf_bests_loss(tmp_path):
+    mod = hb()
+    ledger = mod.Ledger(tmp_path / "hf_best.json")
+    start = {"lr": 0.016, "lr_scale": 1.0, "ema": True}
+    ledger.data["progress"] = {"16x": {"recipe": {"start": start, "decisions": []}}}
+
+    def run(config, seed, losses, final):
+        curve = [{"step": i * 10, "tokens": i * 1000, "eval_loss": x} for i, x in enumerate(losses)]
+        return {"rung": "16x", "family": "recipe", "config": config, "seed": seed, "curve": curve,
+                "final_eval_loss": final, "max_steps": 40, "tokens_per_step": 100}  # a 4000-token budget
+
+    ledger.data["runs"] = {
+        "a": run(start, 0, [5.0, 4.0, 3.0, 2.0, 1.9], 1.9),             # reaches 3.0 at 2000 tokens: 0.5
+        "b": run({**start, "lr_scale": 0.5}, 0, [5.0, 3.5, 2.5, 2.2, 2.0], 2.0),  # 3.0 at 1500 tokens: 0.375
+        "c": run({**start, "ema": False}, 0, [5.0, 4.5, 4.0, 3.5, 3.2], 3.2),     # never
+        "h": {**run(start, 0, [5.0, 3.0], 3.0), "family": "hf-best"},
+    }
+    rows = mod.one_run_ratios(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
+    assert [(r["config"].get("lr_scale"), r["ratio"]) for r in rows][:2] == [(0.5, 0.375), (1.0, 0.5)]
+    assert math.isinf(rows[2]["ratio"])
+    text = mod.one_run_table(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
+    assert "| lr_scale 0.5 | 0 | 0.375 | 2.000 |" in text and "| the start | 0 | 0.500 | 1.900 |" in text
+    assert "| ema False | 0 | never | 3.200 |" in text
+    assert mod.one_run_table(ledger, "16x", {}) == ""  # no hf-best result there: no table
