@@ -50,7 +50,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments, set_seed  # noqa: E402
 
-from hf_fasttrain import DataArguments, FastTrainer, FastTrainingArguments, ModelArguments  # noqa: E402
+from hf_fasttrain import DataArguments, DivergenceError, FastTrainer, FastTrainingArguments, ModelArguments  # noqa: E402
 from hf_fasttrain.callbacks import RunRecorderCallback  # noqa: E402
 from hf_fasttrain.modeling import build_model  # noqa: E402
 from hf_fasttrain.run import prepare_data  # noqa: E402
@@ -353,15 +353,25 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
         trainer.recorder.write_files = False
         recorder = trainer.recorder
     wall0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume)
+    diverged = None
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except DivergenceError as exc:  # the guard gave up: a result (the candidate lost), not a crash of the benchmark
+        diverged = {"step": trainer.state.global_step, "message": str(exc).split(" The last good state")[0]}
     wall = time.perf_counter() - wall0
     curve = []
     for r in recorder.records:
         if "eval_loss" in r:
             tokens = r.get("tokens_seen", r.get("num_input_tokens_seen", r["step"] * setup.tokens_per_step))
             curve.append({"step": r["step"], "tokens": tokens, "seconds": r["train_seconds"], "eval_loss": r["eval_loss"]})
+    if diverged:  # the guard restored its last good state: that model's loss is the run's final one
+        last = curve[-1] if curve else {"tokens": 0, "seconds": 0.0}
+        curve.append({"step": diverged["step"], "tokens": last["tokens"], "seconds": last["seconds"],
+                      "eval_loss": trainer.evaluate()["eval_loss"]})
     result = {"arm": arm.name, "seed": seed, "curve": curve, "final_eval_loss": curve[-1]["eval_loss"],
               "train_seconds": recorder.train_seconds(), "process_seconds": wall}
+    if diverged:
+        result["diverged"] = diverged
     if train_rows:
         n = len(lm["train"])
         rows = lm["train"].select(range(0, n, max(1, n // train_rows))[:train_rows])

@@ -447,3 +447,26 @@ def test_one_run_table_ranks_recipe_runs_by_tokens_to_hf_bests_loss(tmp_path):
     assert "| lr_scale 0.5 | 0 | 0.375 | 2.000 |" in text and "| the start | 0 | 0.500 | 1.900 |" in text
     assert "| ema False | 0 | never | 3.200 |" in text
     assert mod.one_run_table(ledger, "16x", {}) == ""  # no hf-best result there: no table
+
+
+def test_a_run_the_guard_gives_up_on_is_a_result_not_a_crash(tmp_path):
+    """A candidate that diverges (the guard stops after its last rollback) is recorded: the curve up to the stop
+    and, as the final loss, the loss of the last good state the guard restored; the search then decides on it."""
+    import dataclasses
+
+    mod = hb()
+    from budget_ladder import budget_setup, data_args
+    from time_to_loss import run_arm
+
+    from hf_fasttrain.run import prepare_data
+
+    setup = budget_setup(1, quick=True, base_steps=24)
+    tokenizer, lm = prepare_data(data_args(setup))
+    arm = mod.arm_for("recipe", mod.start_config("recipe", 1.6e-2, setup.max_steps), setup.max_steps)
+    wild = dataclasses.replace(arm, args={**arm.args, "learning_rate": 50.0, "max_grad_norm": 1e9,
+                                          "guard_max_rollbacks": 0, "guard_snapshot_every": 2})
+    r = run_arm(wild, 0, setup, tokenizer, lm, tmp_path)
+    assert "DivergenceGuardCallback stopped" in r["diverged"]["message"]
+    assert "The last good state" not in r["diverged"]["message"]  # no path of a folder that is gone
+    assert r["curve"][-1]["step"] == r["diverged"]["step"] and math.isfinite(r["final_eval_loss"])
+    assert r["final_eval_loss"] == r["curve"][-1]["eval_loss"]
