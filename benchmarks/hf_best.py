@@ -737,7 +737,8 @@ def one_run_ratios(ledger: Ledger, rung: str, summary: dict[str, Any]) -> list[d
         if r["rung"] == rung and r["family"] == "recipe" and r.get("curve"):
             budget = r["max_steps"] * r["tokens_per_step"]
             rows.append({"config": r["config"], "seed": r["seed"], "final_eval_loss": r["final_eval_loss"],
-                         "ratio": crossing(r["curve"], target, "tokens") / budget, "target": target})
+                         "ratio": crossing(r["curve"], target, "tokens") / budget, "target": target,
+                         "diverged_at": (r.get("diverged") or {}).get("step")})
     return sorted(rows, key=lambda x: (x["ratio"], x["final_eval_loss"]))
 
 
@@ -758,6 +759,8 @@ def one_run_table(ledger: Ledger, rung: str, summary: dict[str, Any]) -> str:
     for x in rows:
         diff = ", ".join(f"{k} {v}" for k, v in x["config"].items() if start.get(k, KNOB_DEFAULTS.get(k)) != v)
         ratio = "never" if math.isinf(x["ratio"]) else f"{x['ratio']:.3f}"
+        if x["diverged_at"] is not None:
+            ratio += f" (the guard stopped it at step {x['diverged_at']})"
         out.append(f"| {diff or 'the start'} | {x['seed']} | {ratio} | {x['final_eval_loss']:.3f} |")
     return "\n".join(out) + "\n"
 

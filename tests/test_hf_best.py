@@ -437,7 +437,7 @@ def test_one_run_table_ranks_recipe_runs_by_tokens_to_hf_bests_loss(tmp_path):
     ledger.data["runs"] = {
         "a": run(start, 0, [5.0, 4.0, 3.0, 2.0, 1.9], 1.9),             # reaches 3.0 at 2000 tokens: 0.5
         "b": run({**start, "lr_scale": 0.5}, 0, [5.0, 3.5, 2.5, 2.2, 2.0], 2.0),  # 3.0 at 1500 tokens: 0.375
-        "c": run({**start, "ema": False}, 0, [5.0, 4.5, 4.0, 3.5, 3.2], 3.2),     # never
+        "c": {**run({**start, "ema": False}, 0, [5.0, 4.5, 4.0, 3.5, 3.2], 3.2), "diverged": {"step": 31}},  # never
         "h": {**run(start, 0, [5.0, 3.0], 3.0), "family": "hf-best"},
     }
     rows = mod.one_run_ratios(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
@@ -445,7 +445,7 @@ def test_one_run_table_ranks_recipe_runs_by_tokens_to_hf_bests_loss(tmp_path):
     assert math.isinf(rows[2]["ratio"])
     text = mod.one_run_table(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
     assert "| lr_scale 0.5 | 0 | 0.375 | 2.000 |" in text and "| the start | 0 | 0.500 | 1.900 |" in text
-    assert "| ema False | 0 | never | 3.200 |" in text
+    assert "| ema False | 0 | never (the guard stopped it at step 31) | 3.200 |" in text
     assert mod.one_run_table(ledger, "16x", {}) == ""  # no hf-best result there: no table
 
 
