@@ -307,6 +307,11 @@ def coordinate_descent(start: dict[str, Any], knobs: list[tuple[str, list[Any]]]
 
 # --- Runs ----------------------------------------------------------------------------------------------
 _SHARED: dict[str, Any] = {}
+# Muon's Newton-Schulz precision in the recipe's runs: torch's bf16, as every ladder run. ``--ns-dtype float32``
+# runs it in fp32 (2-4x faster on a CPU without native bf16 matmuls); such a run records ``ns_dtype``, and
+# ``--precision-check`` measures what the precision does to a finished run's result (same settings, same seed).
+NS_DTYPE = "bfloat16"
+NS_DTYPES = ("bfloat16", "float32", "auto")
 
 
 def run_key(rung: str, family: str, config: dict[str, Any], seed: int) -> str:
@@ -320,10 +325,19 @@ def _run_one(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
     cpu0 = time.process_time()
     partial = _SHARED.get("partial")  # a checkpoint folder per run: a killed run resumes where it was
     ckpt = Path(partial) / hashlib.sha1(run_key(*job).encode()).hexdigest()[:16] if partial else None
-    r = run_arm(arm_for(family, config, setup.max_steps), seed, setup, tokenizer, lm, Path(_SHARED["work"]),
-                checkpoint_dir=ckpt, train_rows=setup.eval_rows)
+    arm = arm_for(family, config, setup.max_steps)
+    ns_dtype = _SHARED.get("ns_dtype", NS_DTYPE)
+    if family == "recipe" and ns_dtype != NS_DTYPE and knob_value(config, "optimizer") == "muon":
+        if ckpt is not None:  # a checkpoint left by a run at the other precision is not this run's
+            ckpt = ckpt.with_name(f"{ckpt.name}-ns-{ns_dtype}")
+        arm.args["optimizer_kwargs"] = {**arm.args["optimizer_kwargs"], "ns_dtype": ns_dtype}
+    else:
+        ns_dtype = None
+    r = run_arm(arm, seed, setup, tokenizer, lm, Path(_SHARED["work"]), checkpoint_dir=ckpt, train_rows=setup.eval_rows)
     r.update(rung=rung, family=family, config=config, cpu_seconds=time.process_time() - cpu0,
              max_steps=setup.max_steps, tokens_per_step=setup.tokens_per_step)
+    if ns_dtype:  # how Muon's iteration ran, not what was trained: the run key stays the config's
+        r["ns_dtype"] = ns_dtype
     return r
 
 
@@ -463,7 +477,10 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
                   if r["family"] == family and config_key(r["config"]) == config_key(best)]
         if not finals:
             continue
+        other_precision = sum(bool(r.get("ns_dtype")) for r in runs
+                              if r["family"] == family and config_key(r["config"]) == config_key(best))
         out[family] = {"best": best, "final_eval_loss": statistics.median(finals), "seeds": len(finals),
+                       **({"seeds_ns_other": other_precision} if other_precision else {}),
                        "decisions": decisions, "complete": complete}
         if (progress.get(family) or {}).get("transfer_from"):
             out[family]["transfer_from"] = progress[family]["transfer_from"]
@@ -533,7 +550,8 @@ def markdown(summary: dict[str, Any]) -> str:
     for family, s in summary.items():
         settings = ", ".join(f"{k} {v}" for k, v in s["best"].items())
         state = "" if s.get("complete", True) else " (search running)"
-        lines.append(f"| {family}{state} | {settings} | {s['final_eval_loss']:.3f} | {s['seeds']} |")
+        seeds = f"{s['seeds']} ({s['seeds_ns_other']} with Muon's Newton-Schulz in fp32)" if s.get("seeds_ns_other") else s["seeds"]
+        lines.append(f"| {family}{state} | {settings} | {s['final_eval_loss']:.3f} | {seeds} |")
     return "\n".join(lines) + "\n"
 
 
@@ -559,6 +577,18 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=2, help="seeds at each family's winner (the search runs seed 0)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (results do not depend on it)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
+    p.add_argument("--config", default=None, metavar="JSON",
+                   help="no search: run these settings (a JSON object of the family's knobs, as the report's winner "
+                        "rows show them; exactly one of --families) at seeds 0 .. --seeds - 1, skipping finished runs, "
+                        "e.g. more seeds of a candidate that did not win on its final loss")
+    p.add_argument("--ns-dtype", choices=NS_DTYPES, default=NS_DTYPE,
+                   help="the precision of Muon's Newton-Schulz iteration in the recipe's new runs (bfloat16: as every "
+                        "ladder run; float32 runs 2-4x faster on a CPU without native bf16 matmuls); a run that is not "
+                        "bfloat16 records it and the report marks it")
+    p.add_argument("--precision-check", action="store_true",
+                   help="with --config and --ns-dtype other than bfloat16: rerun finished runs of those settings at "
+                        "that precision and keep them apart (the JSON's precision_check), for the report's table of "
+                        "what the precision changes at the same seed")
     p.add_argument("--report", action="store_true", help="only rebuild the table from the JSON")
     p.add_argument("--quick", action="store_true", help="tiny smoke search (the quick setup, 2-step budget)")
     p.add_argument("--out", default=str(RESULTS))
@@ -588,6 +618,10 @@ def main(argv=None) -> dict[str, Any]:
         raise UsageError(f"--corpus: {ns.corpus}: a corpus other than the ladder's is not searched; give "
                          "--transfer-from <budget> (its winners there, the lr swept)")
     rung = rung_name(ns.budget, ns.model, ns.corpus)
+    given = parse_config(ns.config, families, ledger, rung) if ns.config is not None else None
+    if ns.precision_check and (given is None or ns.ns_dtype == NS_DTYPE):
+        raise UsageError(f"--precision-check: needs --config and --ns-dtype other than {NS_DTYPE} "
+                         f"(got --ns-dtype {ns.ns_dtype}{'' if given else ', no --config'})")
     if not ns.report:
         base_steps = 2 if ns.quick else BASE_STEPS
         setup = budget_setup(ns.budget, ns.quick, base_steps)
@@ -599,7 +633,9 @@ def main(argv=None) -> dict[str, Any]:
         ladder_path = RESULTS / "budget_ladder.json"
         ladder = json.loads(ladder_path.read_text()) if ladder_path.exists() and not ns.quick else {}
         transfer = f"{ns.transfer_from}x" if ns.transfer_from else None
-        if transfer:
+        if given is not None:
+            starts = {}
+        elif transfer:
             starts = transfer_starts(ledger, transfer, rung, families)
             if ns.model != LADDER_MODEL:
                 starts = {f: at_law_lr(c, f, setup) for f, c in starts.items()}
@@ -607,7 +643,9 @@ def main(argv=None) -> dict[str, Any]:
             firsts = {"hf-best": ladder_best_lr(ladder, rung, "adamw") or 2e-3,
                       "recipe": ladder_best_lr(ladder, rung, "recipe") or 1.6e-2}
             starts = {f: start_config(f, firsts[f], setup.max_steps) for f in families}
-        if not transfer and import_ladder_starts(ledger, ladder, rung, starts):
+        if given is not None:
+            starts = {}
+        elif not transfer and import_ladder_starts(ledger, ladder, rung, starts):
             print(f"[hf_best] the budget ladder's {rung} runs at the start lrs are the start points", flush=True)
         env = environment_info()
         env["argv"] = [display_path(a) if Path(a).is_absolute() else a for a in env.get("argv", [])]
@@ -628,7 +666,7 @@ def main(argv=None) -> dict[str, Any]:
                 else prepare_data(data_args(setup)))
         ledger.data.setdefault("corpora", {})[rung] = {"corpus": ns.corpus,
                                                        "train_tokens": len(data[1]["train"]) * setup.block_size}
-        _SHARED.update(setup=setup, data=data, partial=partial)
+        _SHARED.update(setup=setup, data=data, partial=partial, ns_dtype=ns.ns_dtype)
         with tempfile.TemporaryDirectory(prefix="hf-best-") as work:
             _SHARED["work"] = work
             ctx = multiprocessing.get_context("fork")
@@ -636,11 +674,18 @@ def main(argv=None) -> dict[str, Any]:
                                                            initializer=torch.set_num_threads, initargs=(ns.threads,))
                     if ns.jobs > 1 else None)
             try:
-                search(ledger, rung, starts, pool, ns.seeds, log=lambda m: print(m, flush=True), workers=ns.jobs,
-                       transfer_from=transfer)
+                if given is not None:
+                    run_config(ledger, rung, families[0], given, ns.seeds, pool, log=lambda m: print(m, flush=True),
+                               check=ns.ns_dtype if ns.precision_check else None)
+                else:
+                    search(ledger, rung, starts, pool, ns.seeds, log=lambda m: print(m, flush=True), workers=ns.jobs,
+                           transfer_from=transfer)
             finally:
                 if pool:
                     pool.shutdown(wait=True, cancel_futures=True)
+    if ns.report and not searched_rungs(ledger):
+        raise UsageError(f"--report: {display_path(str(ledger.path))}: no search recorded there; run one first "
+                         "(e.g. `python -m benchmarks.hf_best --budget 16 --jobs 2`)")
     for r in searched_rungs(ledger):  # a report rebuilds every budget's summary from the runs
         ledger.data.setdefault("summary", {})[r] = summarise(ledger, r)
     summary = ledger.data["summary"].get(rung) or summarise(ledger, rung)
@@ -649,6 +694,57 @@ def main(argv=None) -> dict[str, Any]:
     (out / f"{ns.name}.md").write_text(text)
     print(text)
     return {"summary": summary}
+
+
+def parse_config(text: str, families: list[str], ledger: Ledger, rung: str) -> dict[str, Any]:
+    """``--config``: a JSON object of one family's settings, every knob given (as the JSON's run keys show
+    them), so it names the same runs as the search's."""
+    if len(families) != 1:
+        raise UsageError(f"--families: {','.join(families)}: --config runs one family's settings; give one of "
+                         f"{', '.join(FAMILIES)}")
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--config: {text!r}: not JSON ({e.msg}); a JSON object of knob: value") from None
+    required = set(start_config(families[0], 1.0, 1))
+    if not isinstance(config, dict) or not required <= set(config):
+        missing = ", ".join(sorted(required - set(config))) if isinstance(config, dict) else "all"
+        raise UsageError(f"--config: {text!r}: a JSON object of every {families[0]} knob (missing: {missing})")
+    known = required | set(KNOB_DEFAULTS) | {"adamw_lr_scale"}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise UsageError(f"--config: {', '.join(unknown)}: not a knob of {families[0]}; knobs: {', '.join(sorted(known))}")
+    return config
+
+
+def run_config(ledger: Ledger, rung: str, family: str, config: dict[str, Any], seeds: int, pool, log=print,
+               check: Optional[str] = None) -> list[dict[str, Any]]:
+    """Seeds 0 .. ``seeds`` - 1 of one setting, the finished ones skipped; with ``check`` (a precision) each is a
+    rerun of a finished run at that Newton-Schulz precision, kept in ``precision_check``, not among the runs."""
+    runs = ledger.data["runs"]
+    store = ledger.data.setdefault("precision_check", {}) if check else runs
+    jobs = []
+    for seed in range(seeds):
+        key = run_key(rung, family, config, seed)
+        if check and key not in runs:
+            raise UsageError(f"--precision-check: {key}: no finished run to compare with; run it first")
+        if (f"{key}|{check}" if check else key) not in store:
+            jobs.append((rung, family, config, seed))
+    if pool is not None and len(jobs) > 1:
+        futures = {pool.submit(_run_one, job): job for job in jobs}
+        finished = ((futures[f], f.result()) for f in concurrent.futures.as_completed(futures))
+    else:
+        finished = ((job, _run_one(job)) for job in jobs)
+    out = []
+    for job, r in finished:  # each kept as soon as it ends
+        key = run_key(*job)
+        store[f"{key}|{check}" if check else key] = r
+        ledger.save()
+        log(f"[hf_best] {rung} {family:>7s} {config_key(config)} seed {job[3]}"
+            f"{' ns ' + r['ns_dtype'] if r.get('ns_dtype') else ''}: final eval loss {r['final_eval_loss']:.4f} "
+            f"({r['cpu_seconds']:.0f} CPU-s)")
+        out.append(r)
+    return out
 
 
 def transfer_starts(ledger: Ledger, source: str, rung: str, families: list[str]) -> dict[str, dict[str, Any]]:
@@ -721,7 +817,7 @@ def report_text(ledger: Ledger) -> str:
                     "and length (`learning_rate: auto`, hf_fasttrain/budget.py), so the sweep checks the law at a "
                     "point outside its fit.\n\n")
         text += (f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary) + memorisation(ledger, r)
-                 + one_run_table(ledger, r, summary))
+                 + one_run_table(ledger, r, summary) + precision_table(ledger, r, summary))
     return text
 
 
@@ -738,7 +834,7 @@ def one_run_ratios(ledger: Ledger, rung: str, summary: dict[str, Any]) -> list[d
             budget = r["max_steps"] * r["tokens_per_step"]
             rows.append({"config": r["config"], "seed": r["seed"], "final_eval_loss": r["final_eval_loss"],
                          "ratio": crossing(r["curve"], target, "tokens") / budget, "target": target,
-                         "diverged_at": (r.get("diverged") or {}).get("step")})
+                         "diverged_at": (r.get("diverged") or {}).get("step"), "ns_dtype": r.get("ns_dtype")})
     return sorted(rows, key=lambda x: (x["ratio"], x["final_eval_loss"]))
 
 
@@ -747,11 +843,7 @@ def one_run_table(ledger: Ledger, rung: str, summary: dict[str, Any]) -> str:
     rows = one_run_ratios(ledger, rung, summary)
     if not rows:
         return ""
-    start = ((ledger.data.get("progress") or {}).get(rung, {}).get("recipe") or {}).get("start")
-    if not start:  # a search that began from the budget ladder's run: that run's settings
-        first = [r for r in ledger.data["runs"].values()
-                 if r["rung"] == rung and r["family"] == "recipe" and r.get("imported_from")]
-        start = first[0]["config"] if first else {}
+    start = recipe_start(ledger, rung)
     out = ["", f"Inside one run: each recipe run's tokens to hf-best's final loss ({rows[0]['target']:.3f}) over the "
            "budget (the budget ladder's one-run measure; interpolated between evaluations), beside its final loss:",
            "", "| settings (as they differ from the recipe's start) | seed | tokens to hf-best's loss / budget | final eval loss |",
@@ -761,7 +853,45 @@ def one_run_table(ledger: Ledger, rung: str, summary: dict[str, Any]) -> str:
         ratio = "never" if math.isinf(x["ratio"]) else f"{x['ratio']:.3f}"
         if x["diverged_at"] is not None:
             ratio += f" (the guard stopped it at step {x['diverged_at']})"
-        out.append(f"| {diff or 'the start'} | {x['seed']} | {ratio} | {x['final_eval_loss']:.3f} |")
+        seed = f"{x['seed']} (Newton-Schulz in {x['ns_dtype']})" if x.get("ns_dtype") else str(x["seed"])
+        out.append(f"| {diff or 'the start'} | {seed} | {ratio} | {x['final_eval_loss']:.3f} |")
+    return "\n".join(out) + "\n"
+
+
+def recipe_start(ledger: Ledger, rung: str) -> dict[str, Any]:
+    """The recipe's settings the search at ``rung`` started from (the tables show each run's difference)."""
+    start = ((ledger.data.get("progress") or {}).get(rung, {}).get("recipe") or {}).get("start")
+    if not start:  # a search that began from the budget ladder's run: that run's settings
+        first = [r for r in ledger.data["runs"].values()
+                 if r["rung"] == rung and r["family"] == "recipe" and r.get("imported_from")]
+        start = first[0]["config"] if first else {}
+    return start
+
+
+def precision_table(ledger: Ledger, rung: str, summary: dict[str, Any]) -> str:
+    """``--precision-check``'s reruns at ``rung`` beside the runs they repeat (same settings, same seed, Muon's
+    Newton-Schulz iteration at another precision): what the precision alone moves, against the seed noise."""
+    checks = {k: r for k, r in (ledger.data.get("precision_check") or {}).items() if r["rung"] == rung}
+    if not checks:
+        return ""
+    target = (summary.get("hf-best") or {}).get("final_eval_loss")
+    start = recipe_start(ledger, rung)
+    out = ["", "The same run with Muon's Newton-Schulz iteration at another precision (`--precision-check`: same "
+           "settings, same seed; every other run here is bfloat16 unless its seed says otherwise), against the "
+           f"seed noise threshold {NOISE.get('recipe')}:", "",
+           "| settings | seed | precision | final eval loss: bfloat16 / it | difference | tokens to hf-best's loss / budget: bfloat16 / it |",
+           "|---|---|---|---|---|---|"]
+    for key, r in sorted(checks.items()):
+        base = ledger.data["runs"].get(key.rsplit("|", 1)[0])
+        if base is None:
+            continue
+        diff = ", ".join(f"{k} {v}" for k, v in r["config"].items() if start.get(k, KNOB_DEFAULTS.get(k)) != v)
+        ratios = "n/a"
+        if target is not None and base.get("curve") and r.get("curve"):
+            budget = r["max_steps"] * r["tokens_per_step"]
+            ratios = " / ".join(f"{crossing(x['curve'], target, 'tokens') / budget:.3f}" for x in (base, r))
+        out.append(f"| {diff or 'the start'} | {r['seed']} | {r['ns_dtype']} | {base['final_eval_loss']:.3f} / "
+                   f"{r['final_eval_loss']:.3f} | {r['final_eval_loss'] - base['final_eval_loss']:+.3f} | {ratios} |")
     return "\n".join(out) + "\n"
 
 

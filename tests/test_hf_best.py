@@ -470,3 +470,69 @@ def test_a_run_the_guard_gives_up_on_is_a_result_not_a_crash(tmp_path):
     assert "The last good state" not in r["diverged"]["message"]  # no path of a folder that is gone
     assert r["curve"][-1]["step"] == r["diverged"]["step"] and math.isfinite(r["final_eval_loss"])
     assert r["final_eval_loss"] == r["curve"][-1]["eval_loss"]
+
+
+def test_config_runs_more_seeds_of_one_setting_and_a_precision_check_keeps_its_reruns_apart(tmp_path, monkeypatch):
+    """``--config``: seeds of one setting outside the search (the finished ones skipped); ``--ns-dtype`` reaches
+    Muon's options of the recipe's runs only and is recorded; ``--precision-check`` keeps its reruns apart and
+    the report sets each beside the run it repeats."""
+    mod = hb()
+    ran, seen = [], []
+
+    def fake_run_arm(arm, seed, setup, tokenizer, lm, work, checkpoint_dir=None, train_rows=None):
+        seen.append((arm.args.get("optimizer_kwargs"), checkpoint_dir))
+        loss = 3.0 + 0.01 * seed + (0.004 if "ns_dtype" in (arm.args.get("optimizer_kwargs") or {}) else 0.0)
+        curve = [{"step": 0, "tokens": 0, "eval_loss": 5.0}, {"step": 40, "tokens": 4000, "eval_loss": loss}]
+        return {"seed": seed, "final_eval_loss": loss, "curve": curve}
+
+    monkeypatch.setattr(mod, "run_arm", fake_run_arm)
+    setup = type("S", (), {"max_steps": 40, "tokens_per_step": 100, "eval_rows": 4})
+    monkeypatch.setattr(mod, "_SHARED", {"setup": setup, "data": (None, None), "work": str(tmp_path),
+                                         "partial": str(tmp_path / "partial"), "ns_dtype": "float32"})
+    ledger = mod.Ledger(tmp_path / "hf_best.json")
+    recipe = mod.start_config("recipe", 0.016, 40)
+    ledger.data["runs"][mod.run_key("16x", "recipe", recipe, 0)] = {
+        "rung": "16x", "family": "recipe", "config": recipe, "seed": 0, "final_eval_loss": 3.0,
+        "max_steps": 40, "tokens_per_step": 100,
+        "curve": [{"step": 0, "tokens": 0, "eval_loss": 5.0}, {"step": 40, "tokens": 4000, "eval_loss": 3.0}]}
+    got = mod.run_config(ledger, "16x", "recipe", recipe, 3, None, log=ran.append)
+    assert [r["seed"] for r in got] == [1, 2] and all(r["ns_dtype"] == "float32" for r in got)  # seed 0 was there
+    assert seen[0][0]["ns_dtype"] == "float32" and seen[0][0]["betas"] == [0.9, 0.95]
+    assert seen[0][1].name.endswith("-ns-float32")  # never resumes a checkpoint of the bf16 run
+    assert "seed 1 ns float32: final eval loss 3.0140" in ran[0]
+    # the precision check: seed 0 again at fp32, kept apart; the runs keep the bf16 one
+    mod.run_config(ledger, "16x", "recipe", recipe, 1, None, log=ran.append, check="float32")
+    key = mod.run_key("16x", "recipe", recipe, 0)
+    assert ledger.data["runs"][key]["final_eval_loss"] == 3.0
+    assert ledger.data["precision_check"][key + "|float32"]["final_eval_loss"] == pytest.approx(3.004)
+    with pytest.raises(mod.UsageError, match="no finished run"):
+        mod.run_config(ledger, "16x", "recipe", {**recipe, "lr": 0.008}, 1, None, check="float32")
+    # hf-best and AdEMAMix have no Newton-Schulz iteration: nothing set, nothing recorded
+    seen.clear()
+    hf = mod._run_one(("16x", "hf-best", mod.start_config("hf-best", 4e-3, 40), 0))
+    ade = mod._run_one(("16x", "recipe", {**recipe, "optimizer": "ademamix"}, 0))
+    assert "ns_dtype" not in hf and "ns_dtype" not in ade and seen[0][0] is None
+    assert "ns_dtype" not in seen[1][0]
+    # the report: the seeds at fp32 named in the winner row, the one-run table and the precision table
+    ledger.data["progress"] = {"16x": {"recipe": {"start": recipe, "decisions": []}}}
+    summary = mod.summarise(ledger, "16x")
+    assert summary["recipe"]["seeds"] == 3 and summary["recipe"]["seeds_ns_other"] == 2
+    assert "| 3 (2 with Muon's Newton-Schulz in fp32) |" in mod.markdown(summary)
+    target = {"hf-best": {"final_eval_loss": 3.5}}
+    assert "| the start | 1 (Newton-Schulz in float32) | 0.755 | 3.014 |" in mod.one_run_table(ledger, "16x", target)
+    assert "| the start | 0 | float32 | 3.000 / 3.004 | +0.004 | 0.750 / 0.752 |" in mod.precision_table(ledger, "16x", target)
+
+
+def test_config_must_name_every_knob_of_one_family(tmp_path):
+    mod = hb()
+    ledger = mod.Ledger(tmp_path / "hf_best.json")
+    recipe = mod.start_config("recipe", 0.016, 40)
+    assert mod.parse_config(json.dumps(recipe), ["recipe"], ledger, "16x") == recipe
+    for text, families, message in [
+            (json.dumps(recipe), ["recipe", "hf-best"], "--families: recipe,hf-best: --config runs one family"),
+            ("{lr: 1}", ["recipe"], "--config: '{lr: 1}': not JSON"),
+            ('{"lr": 1}', ["recipe"], "missing: beta2, ema, lr_scale, schedule, seq_len_warmup, wd_timescale"),
+            (json.dumps({**recipe, "momentum": 0.9}), ["recipe"], "--config: momentum: not a knob of recipe")]:
+        with pytest.raises(mod.UsageError) as e:
+            mod.parse_config(text, families, ledger, "16x")
+        assert message in str(e.value)
