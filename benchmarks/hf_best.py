@@ -876,9 +876,9 @@ def precision_table(ledger: Ledger, rung: str, summary: dict[str, Any]) -> str:
         return ""
     target = (summary.get("hf-best") or {}).get("final_eval_loss")
     start = recipe_start(ledger, rung)
-    out = ["", "The same run with Muon's Newton-Schulz iteration at another precision (`--precision-check`: same "
-           "settings, same seed; every other run here is bfloat16 unless its seed says otherwise), against the "
-           f"seed noise threshold {NOISE.get('recipe')}:", "",
+    out = ["", ("The same run with Muon's Newton-Schulz iteration at another precision (`--precision-check`: same "
+                "settings, same seed; every other run here is bfloat16 unless its seed says otherwise), against the "
+                f"seed noise threshold {NOISE.get('recipe')}:"), "",
            "| settings | seed | precision | final eval loss: bfloat16 / it | difference | tokens to hf-best's loss / budget: bfloat16 / it |",
            "|---|---|---|---|---|---|"]
     for key, r in sorted(checks.items()):
