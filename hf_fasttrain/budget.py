@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 __all__ = ["tokens_per_parameter", "non_embedding_parameters", "BudgetRegime", "REGIMES", "budget_settings",
@@ -60,13 +60,17 @@ class BudgetRegime:
     # as "not given" (hf_fasttrain.optim.registry), so the measured beta2 would not reach it
     settings: dict[str, dict[str, Any]]
     source: str
+    # optimizer family -> the best peak lr measured in this regime over the best at the longest searched length
+    # (the settings the same): the lr stays the user's, the log says how far it moved
+    lr_factor: dict[str, float] = field(default_factory=dict)
 
 
 # The measured table: each row is one length where the settings were searched, reaching halfway (geometrically)
 # to the next. Short runs (1.5 tokens per parameter): what the long-horizon search at 1x kept over hf-tuned's
 # settings. Middle (6.2): for AdamW what the search at 4x kept; for Muon the budget ladder's 4x, where only the
 # recipe's peak lr was swept (cosine to 10%, weight decay 0.1, beta2 0.95: the bundled GPU recipes' settings).
-# Long runs (24.8): what the search at 16x kept.
+# Long runs (24.8): what the search at 16x kept. Over-training (99): nothing searched; the 16x winners with only the
+# peak lr swept at 64x, so the settings are the long row's and the row records how far the best lr moved.
 REGIMES: tuple[BudgetRegime, ...] = (
     BudgetRegime(
         "short", 3.1,
@@ -93,7 +97,7 @@ REGIMES: tuple[BudgetRegime, ...] = (
         "long-horizon search at 4x (AdamW) and budget ladder 4x (Muon) (benchmarks/results/hf_best.md, "
         "budget_ladder.md)"),
     BudgetRegime(
-        "long", math.inf,
+        "long", 49.6,
         # AdamW at 16x: warmup-stable-decay with a 1-sqrt cooldown to 0 over the last 20% ended at 3.006 against
         # cosine to 10%'s 3.093 (linear to 0: 3.080, cosine to 1%: 3.089, WSD with a linear cooldown: 3.018); then
         # beta2 0.99: 2.949 (0.999: 2.957); 2 seeds at the winner: 2.953
@@ -105,19 +109,32 @@ REGIMES: tuple[BudgetRegime, ...] = (
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
                   "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None}}},
         "long-horizon search at 16x (benchmarks/results/hf_best.md)"),
+    BudgetRegime(
+        "over-training", math.inf,
+        # 64x (99.3 tokens per parameter), each family at its 16x winner with the peak lr swept: AdamW ended at
+        # 2.724 / 2.697 / 2.705 / 2.728 at x0.25 / x0.5 / x1 / x2 of its 16x lr (4e-3), 2 seeds at x0.5: 2.683;
+        # the recipe at 2.654 / 2.575 / 2.599 / 2.604 / 2.818 / 2.940 at x0.0625 ... x2 of its 16x lr (1.6e-2)
+        {"adamw": {"lr_decay": "1-sqrt", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
+                   "adam_beta2": 0.99},
+         "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
+                  "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None}}},
+        "the 16x winners at 64x, only the peak lr swept (benchmarks/results/hf_best.md)",
+        lr_factor={"adamw": 0.5, "muon": 0.125}),
 )
 
 
 def budget_settings(tokens_per_param: float, optimizer: str) -> dict[str, Any]:
     """The measured settings for a run of ``tokens_per_param`` tokens per parameter with ``optimizer``
-    ("muon" for Muon, anything else AdamW-like): ``{"regime", "settings", "source", "extrapolated"}``;
-    ``extrapolated`` is True beyond the longest measured run (24.8 tokens per parameter).
+    ("muon" for Muon, anything else AdamW-like): ``{"regime", "settings", "source", "extrapolated",
+    "lr_factor"}``; ``extrapolated`` is True beyond the longest measured run (99.3 tokens per parameter);
+    ``lr_factor`` (None where not measured) is the best peak lr measured in that regime over the best at 24.8
+    tokens per parameter with the same settings: a hint for the lr sweep, not applied.
 
     Example:
         ```python
         >>> s = budget_settings(50, "adamw")
-        >>> s["regime"], s["extrapolated"]
-        ('long', True)
+        >>> s["regime"], s["extrapolated"], s["lr_factor"]
+        ('over-training', False, 0.5)
         ```
     """
     if not (isinstance(tokens_per_param, (int, float)) and tokens_per_param > 0):
@@ -125,10 +142,10 @@ def budget_settings(tokens_per_param: float, optimizer: str) -> dict[str, Any]:
     family = "muon" if optimizer == "muon" else "adamw"
     regime = next(r for r in REGIMES if tokens_per_param <= r.max_tokens_per_param)
     return {"regime": regime.name, "settings": copy.deepcopy(regime.settings[family]), "source": regime.source,
-            "extrapolated": tokens_per_param > LONGEST_MEASURED}
+            "extrapolated": tokens_per_param > LONGEST_MEASURED, "lr_factor": regime.lr_factor.get(family)}
 
 
-LONGEST_MEASURED = 24.8  # tokens per parameter of the ladder's 16x budget
+LONGEST_MEASURED = 99.3  # tokens per parameter of the 64x budget (the longest searched: 24.8, the 16x budget)
 
 # (width, tokens per non-embedding parameter, best peak lr: the vertex of a parabola through the best lr and its
 # neighbours in log lr, source). AdamW: hf-tuned settings; Muon: the scaling ladder's Muon arm (opt-muon) and the

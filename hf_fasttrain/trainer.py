@@ -194,7 +194,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         """``budget_aware``: the measured settings for this run's tokens per non-embedding parameter
         (:func:`hf_fasttrain.budget.budget_settings`) replace the given ones; returns what was chosen."""
         from ._validation import ConfigError
-        from .budget import budget_settings, non_embedding_parameters, tokens_per_parameter
+        from .budget import LONGEST_MEASURED, budget_settings, non_embedding_parameters, tokens_per_parameter
 
         args = self.args
         tokens = self._option("schedule_total_tokens")
@@ -220,9 +220,13 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             setattr(args, name, value)
         args._check_lr_schedule()  # the chosen schedule must fit this run (warmup, cooldown)
         settings = ", ".join(f"{k}={v}" for k, v in chosen["settings"].items())
-        logger.info("budget_aware: %.1f tokens per non-embedding parameter -> the %s-run settings %s (%s)%s", tpp,
-                    chosen["regime"], settings, chosen["source"],
-                    "; beyond the longest run measured (24.8)" if chosen["extrapolated"] else "")
+        hint = ""
+        if chosen["lr_factor"]:  # the lr stays the user's; the log says how far the measured best moved
+            hint = (f"; at this length the best peak lr measured {chosen['lr_factor']:g}x the best at 24.8 tokens "
+                    "per parameter with these settings: sweep the lr down from a shorter run's")
+        logger.info("budget_aware: %.1f tokens per non-embedding parameter -> the %s-run settings %s (%s)%s%s", tpp,
+                    chosen["regime"], settings, chosen["source"], hint,
+                    f"; beyond the longest run measured ({LONGEST_MEASURED})" if chosen["extrapolated"] else "")
         return {**chosen, "tokens_per_param": tpp}
 
     def _replace_jit_checkpoint(self) -> None:

@@ -23,8 +23,11 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     (8.7, "muon", "middle", False),  # the GPU recipe (gpt2_small.yaml)
     (12.4, "adamw", "middle", False),
     (12.5, "adamw", "long", False),
-    (24.8, "muon", "long", False),  # the longest measured
-    (100.0, "lion", "long", True),  # AdamW-like optimizers take AdamW's row
+    (24.8, "muon", "long", False),  # the longest searched
+    (49.6, "adamw", "long", False),
+    (49.7, "muon", "over-training", False),
+    (99.3, "muon", "over-training", False),  # the longest measured: 64x, only the lr swept
+    (200.0, "lion", "over-training", True),  # AdamW-like optimizers take AdamW's row
 ])
 def test_budget_settings_by_tokens_per_parameter(tpp, optimizer, regime, extrapolated):
     got = budget_settings(tpp, optimizer)
@@ -99,6 +102,20 @@ def test_the_regimes_are_what_the_search_kept(rung, regime, families):
             assert settings["optimizer_kwargs"]["betas"] == [0.9, best["beta2"]], rung
 
 
+def test_the_over_training_row_is_the_long_rows_settings_and_the_64x_sweeps_lr():
+    """Past 49.6 tokens per parameter: the 16x winners' settings (64x ran them with only the peak lr swept) and,
+    as a hint that is not applied, each family's best lr at 64x over its 16x winner's (results/hf_best.json)."""
+    data = json.loads((RESULTS / "hf_best.json").read_text())
+    long, over = (next(r for r in REGIMES if r.name == n) for n in ("long", "over-training"))
+    assert over.settings == long.settings and long.lr_factor == {}
+    for family, key in (("hf-best", "adamw"), ("recipe", "muon")):
+        at_64x = data["summary"]["64x"][family]
+        assert at_64x["transfer_from"] == "16x"
+        assert over.lr_factor[key] == at_64x["best"]["lr_scale"], family  # x the 16x winner's lr
+        assert budget_settings(99.3, key)["lr_factor"] == over.lr_factor[key]
+        assert budget_settings(24.8, key)["lr_factor"] is None
+
+
 def test_the_lr_law_and_its_leave_one_out_check():
     a, b = predict_learning_rate("adamw", 128, 1.55), predict_learning_rate("muon", 128, 1.55)
     assert 1e-3 < a < 4e-3 and 8e-3 < b < 2.5e-2
@@ -122,14 +139,21 @@ def test_tokens_per_parameter_and_non_embedding_parameters():
         budget_settings(0, "adamw")
 
 
-@pytest.mark.parametrize("max_steps, regime", [(2, "short"), (4000, "long")])
-def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, tiny_tokenizer, max_steps, regime):
+@pytest.mark.parametrize("max_steps, regime", [(2, "short"), (4000, "long"), (9000, "over-training")])
+def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, tiny_tokenizer, max_steps, regime,
+                                                            caplog):
     args = tiny_args(tmp_path, max_steps=max_steps, budget_aware=True, lr_decay="cosine", min_lr_ratio=0.5,
                      weight_decay=0.3, optimizer="muon", run_record=False,
                      optimizer_kwargs={"ns_steps": 4, "normuon_beta2": 0.5})
     model = make_tiny_gpt2(len(tiny_tokenizer))
-    trainer = FastTrainer(model=model, args=args, train_dataset=tiny_lm["train"])
+    with caplog.at_level("INFO", logger="hf_fasttrain.trainer"):
+        trainer = FastTrainer(model=model, args=args, train_dataset=tiny_lm["train"])
     tpp = max_steps * 8 * 32 / non_embedding_parameters(model)
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("budget_aware:")]
+    assert len(logged) == 1 and f"the {regime}-run settings" in logged[0]
+    # past 49.6 tokens per parameter the log gives the measured lr hint; the lr itself is not touched
+    assert ("the best peak lr measured 0.125x the best at 24.8" in logged[0]) == (regime == "over-training")
+    assert trainer.args.learning_rate == 3e-3  # tiny_args' lr
     assert trainer.budget["regime"] == regime and trainer.budget["tokens_per_param"] == pytest.approx(tpp)
     settings = budget_settings(tpp, "muon")["settings"]
     for name, value in settings.items():
