@@ -307,7 +307,8 @@ def coordinate_descent(start: dict[str, Any], knobs: list[tuple[str, list[Any]]]
 
 # --- Runs ----------------------------------------------------------------------------------------------
 _SHARED: dict[str, Any] = {}
-# Muon's Newton-Schulz precision in the recipe's runs: torch's bf16, as every ladder run. ``--ns-dtype float32``
+# Muon's Newton-Schulz precision in the recipe's runs: torch's bf16, as every ladder run (given explicitly: Muon's
+# default, "auto", is fp32 on a CPU without native bf16). ``--ns-dtype float32``
 # runs it in fp32 (2-4x faster on a CPU without native bf16 matmuls); such a run records ``ns_dtype``, and
 # ``--precision-check`` measures what the precision does to a finished run's result (same settings, same seed).
 NS_DTYPE = "bfloat16"
@@ -327,11 +328,13 @@ def _run_one(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
     ckpt = Path(partial) / hashlib.sha1(run_key(*job).encode()).hexdigest()[:16] if partial else None
     arm = arm_for(family, config, setup.max_steps)
     ns_dtype = _SHARED.get("ns_dtype", NS_DTYPE)
-    if family == "recipe" and ns_dtype != NS_DTYPE and knob_value(config, "optimizer") == "muon":
-        if ckpt is not None:  # a checkpoint left by a run at the other precision is not this run's
-            ckpt = ckpt.with_name(f"{ckpt.name}-ns-{ns_dtype}")
+    if family == "recipe" and knob_value(config, "optimizer") == "muon":
+        # given always: Muon's default ("auto") would run fp32 on a CPU without native bf16, and every run of
+        # the ladder ran bf16
         arm.args["optimizer_kwargs"] = {**arm.args["optimizer_kwargs"], "ns_dtype": ns_dtype}
-    else:
+        if ckpt is not None and ns_dtype != NS_DTYPE:  # a checkpoint left by a bf16 run is not this run's
+            ckpt = ckpt.with_name(f"{ckpt.name}-ns-{ns_dtype}")
+    if ns_dtype == NS_DTYPE or "ns_dtype" not in arm.args.get("optimizer_kwargs", {}):
         ns_dtype = None
     r = run_arm(arm, seed, setup, tokenizer, lm, Path(_SHARED["work"]), checkpoint_dir=ckpt, train_rows=setup.eval_rows)
     r.update(rung=rung, family=family, config=config, cpu_seconds=time.process_time() - cpu0,

@@ -400,8 +400,9 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "More options of `optimizer`, a mapping (YAML) or a JSON string (CLI), e.g. "
                   "'{\"betas\": [0.9, 0.99]}', '{\"muon_lr\": 0.02}', or for muon '{\"normuon_beta2\": 0.95}' (NorMuon), "
                   "'{\"cautious_wd\": true}' (cautious weight decay), '{\"hyperball\": true}' (Hyperball: weight norms "
-                  "held, no decay on Muon's matrices) and '{\"ns_dtype\": \"auto\"}' (Newton-Schulz in fp32 where bf16 "
-                  "is not native, e.g. an AVX2 CPU). Numbers written as strings ('1e-5') are "
+                  "held, no decay on Muon's matrices) and '{\"ns_dtype\": \"bfloat16\"}' (Newton-Schulz always in bf16; the "
+                  "default, auto, runs it in fp32 where bf16 is not native, e.g. an AVX2 CPU). Numbers written as "
+                  "strings ('1e-5') are "
                   "converted; unknown keys and bad values are errors. Overrides learning_rate / weight_decay when "
                   "it sets lr / weight_decay."},
     )

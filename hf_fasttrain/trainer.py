@@ -418,11 +418,11 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         # run's sharding (e.g. Muon under DeepSpeed ZeRO); under FSDP2 the model is not sharded yet here.
         sharding = detect_sharding(args=self.args, accelerator=self.accelerator, model=opt_model)
         self.optimizer = create_optimizer(name, opt_model, sharding=sharding, **kwargs)
-        if name == "muon" and kwargs.get("ns_dtype", "bfloat16") == "bfloat16" and self.args.device.type == "cpu" \
+        if name == "muon" and kwargs.get("ns_dtype") == "bfloat16" and self.args.device.type == "cpu" \
                 and not native_bf16_matmul("cpu"):
             logger.warning("muon: this CPU multiplies bf16 matrices without hardware support, so Newton-Schulz in "
-                           "bf16 (the default) is emulated and slow; optimizer_kwargs {ns_dtype: auto} runs it in "
-                           "fp32 here (docs: techniques/optimizers)")
+                           "bf16 (optimizer_kwargs ns_dtype: bfloat16) is emulated and slow; ns_dtype auto (the "
+                           "default) runs it in fp32 here (docs: techniques/optimizers)")
         return self.optimizer
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):

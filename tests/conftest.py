@@ -31,6 +31,16 @@ TINY_VOCAB = 300
 TINY_BLOCK = 32
 
 
+@pytest.fixture
+def bf16_native(monkeypatch):
+    """Muon's default precision ("auto") as on hardware that multiplies bf16 natively (CUDA, AVX512-BF16/AMX):
+    the bf16 iteration, torch's, on any machine; for the tests that compare Muon's steps with torch's or an
+    authors' bf16 reference."""
+    import hf_fasttrain.optim.orthogonalize as orth
+
+    monkeypatch.setattr(orth, "native_bf16_matmul", lambda device="cpu": True)
+
+
 @pytest.fixture(scope="session")
 def tiny_raw():
     from hf_fasttrain.data import build_stdlib_corpus

@@ -513,6 +513,12 @@ def test_config_runs_more_seeds_of_one_setting_and_a_precision_check_keeps_its_r
     ade = mod._run_one(("16x", "recipe", {**recipe, "optimizer": "ademamix"}, 0))
     assert "ns_dtype" not in hf and "ns_dtype" not in ade and seen[0][0] is None
     assert "ns_dtype" not in seen[1][0]
+    # by default the recipe's runs pin bf16 (every ladder run's), recorded as nothing special
+    mod._SHARED["ns_dtype"] = mod.NS_DTYPE
+    plain = mod._run_one(("16x", "recipe", {**recipe, "lr": 0.008}, 0))
+    assert seen[-1][0]["ns_dtype"] == "bfloat16" and "ns_dtype" not in plain
+    assert not seen[-1][1].name.endswith("-ns-bfloat16")
+    mod._SHARED["ns_dtype"] = "float32"
     # the report: the seeds at fp32 named in the winner row, the one-run table and the precision table
     ledger.data["progress"] = {"16x": {"recipe": {"start": recipe, "decisions": []}}}
     summary = mod.summarise(ledger, "16x")

@@ -26,6 +26,7 @@ def _authors_step(param, grad, momentum, radius, lr, mu=0.95, eps=1e-7):
 
 
 @pytest.mark.parametrize("shape", [(24, 40), (40, 24)])
+@pytest.mark.usefixtures("bf16_native")
 def test_steps_equal_the_authors_update(shape):
     gen = torch.Generator().manual_seed(0)
     w = nn.Parameter(torch.randn(shape, generator=gen) * torch.linspace(0.5, 2.0, shape[1]))  # unequal columns

@@ -28,6 +28,7 @@ def _authors_step(param, grad, momentum, second, lr, wd, mu=0.95, beta2=0.95):
 
 
 @pytest.mark.parametrize("shape", [(24, 40), (40, 24)])
+@pytest.mark.usefixtures("bf16_native")
 def test_steps_equal_the_authors_update(shape):
     gen = torch.Generator().manual_seed(0)
     w = nn.Parameter(torch.randn(shape, generator=gen))

@@ -78,9 +78,24 @@ def test_muon_steps_in_float32_train_keep_the_momentum_and_resume():
     assert _train(model, old, 1, batch)
 
 
-def test_default_stays_torchs_bf16_and_a_bad_value_is_one_line():
+@pytest.mark.parametrize("native", [True, False])
+def test_default_is_auto_torchs_bf16_where_native_and_a_bad_value_is_one_line(native, monkeypatch):
+    """The default, "auto", steps exactly as "bfloat16" (torch's) where bf16 is native (CUDA, AVX512-BF16/AMX
+    CPUs) and as "float32" on a CPU that would emulate it."""
+    import hf_fasttrain.optim.orthogonalize as orth
+
+    monkeypatch.setattr(orth, "native_bf16_matmul", lambda device="cpu": native)
     model = _tiny_gpt2()
-    assert {g["ns_dtype"] for g in create_optimizer("muon", model).param_groups if g["use_muon"]} == {"bfloat16"}
+    assert {g["ns_dtype"] for g in create_optimizer("muon", model).param_groups if g["use_muon"]} == {"auto"}
+    batch = _batch()
+    after = {}
+    for ns_dtype in (None, "bfloat16", "float32"):
+        m = _tiny_gpt2()
+        _train(m, create_optimizer("muon", m, lr=3e-3, **({"ns_dtype": ns_dtype} if ns_dtype else {})), 2, batch)
+        after[ns_dtype] = torch.cat([p.detach().flatten() for p in m.parameters()])
+    assert torch.equal(after[None], after["bfloat16" if native else "float32"])
+    assert not torch.equal(after["bfloat16"], after["float32"])  # the two precisions do differ
+    model = _tiny_gpt2()
     with pytest.raises(ValueError) as err:
         create_optimizer("muon", model, ns_dtype="fp16")
     assert str(err.value) == "Muon: ns_dtype must be one of ['bfloat16', 'float32', 'auto'], got 'fp16'"
@@ -94,14 +109,14 @@ def test_fasttrainer_says_when_muons_bf16_is_emulated(native, monkeypatch, caplo
     monkeypatch.setattr(trainer_module, "native_bf16_matmul", lambda device="cpu": native)
     data = [{"input_ids": torch.arange(16) % 64, "labels": torch.arange(16) % 64}] * 4
     said = {}
-    for kwargs in (None, {"ns_dtype": "auto"}):
+    for kwargs in (None, {"ns_dtype": "bfloat16"}):
         args = FastTrainingArguments(output_dir=str(tmp_path), max_steps=1, optimizer="muon", report_to="none",
                                      optimizer_kwargs=kwargs, run_record=False)
         caplog.clear()
         with caplog.at_level("WARNING", logger="hf_fasttrain.trainer"):
             FastTrainer(model=_tiny_gpt2(), args=args, train_dataset=data).create_optimizer()
         said[bool(kwargs)] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("muon:")]
-    assert said[True] == []  # ns_dtype set: nothing to say
-    assert len(said[False]) == (0 if native else 1)
+    assert said[False] == []  # the default, auto, runs fp32 there: nothing to say
+    assert len(said[True]) == (0 if native else 1)  # bf16 asked for on a CPU that emulates it
     if not native:
-        assert "optimizer_kwargs {ns_dtype: auto}" in said[False][0]
+        assert "ns_dtype auto (the default) runs it in fp32 here" in said[True][0]

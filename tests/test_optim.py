@@ -484,6 +484,7 @@ def _set_grads(params, seed):
         p.grad = torch.randn(p.shape, generator=gen)
 
 
+@pytest.mark.usefixtures("bf16_native")
 def test_muon_hybrid_equals_torch_muon_plus_adamw():
     model = _tiny_gpt2()
     twin = copy.deepcopy(model)
@@ -528,6 +529,7 @@ def test_muon_update_matches_float64_newton_schulz_and_adamw_rms():
     assert 0.14 * 0.01 < rms < 0.26 * 0.01  # Liu et al. 2025: about 0.2 lr, AdamW's update RMS
 
 
+@pytest.mark.usefixtures("bf16_native")
 def test_muon_original_scale_is_corrected_for_conv1d():
     from transformers.pytorch_utils import Conv1D
 

@@ -216,6 +216,7 @@ def test_polar_express_orthogonalises_a_random_matrix():
     assert float(pe6.min()) > 0.95 and float(pe6.max()) < 1.14
 
 
+@pytest.mark.usefixtures("bf16_native")
 def test_default_muon_is_bit_identical_to_torch_muon_and_explicit_triple():
     w0 = torch.randn(24, 40, generator=torch.Generator().manual_seed(0))
     results = {}

@@ -227,7 +227,7 @@ class Muon(Optimizer):
         normuon_beta2: Optional[float] = None,
         cautious_wd: bool = False,
         hyperball: bool = False,
-        ns_dtype: str = "bfloat16",
+        ns_dtype: str = "auto",
     ):
         ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises on bad values
         resolve_ns_dtype(ns_dtype)  # raises naming the field
@@ -461,8 +461,9 @@ class MuonWithAdamW(Optimizer):
         cautious: cautious AdamW part (Liang et al. 2024, see `hf_fasttrain.optim.AdamW`).
         ns_sharding: under FSDP2, "all_gather" (default) or "round_robin" (see `Muon`).
         ns_batched: orthogonalise matrices of one shape together (default True; see `Muon`).
-        ns_dtype: the Newton-Schulz precision: "bfloat16" (default, torch's), "float32", or "auto" (bf16
-            where the device multiplies bf16 natively, fp32 elsewhere; `hf_fasttrain.optim.orthogonalize`).
+        ns_dtype: the Newton-Schulz precision: "auto" (default: bf16, as torch's, where the device multiplies
+            bf16 natively, so on CUDA; fp32 on a CPU that would emulate it), "bfloat16" or "float32"
+            (`hf_fasttrain.optim.orthogonalize`).
         normuon_beta2: None (default) for Muon; a number in [0, 1) (the authors use 0.95) for NorMuon
             (`hf_fasttrain.optim.normuon`): each update normalised per output neuron by a second moment
             with this EMA coefficient. A group's ``normuon_dim`` (1, or 0 for `Conv1D` weights) names the
@@ -511,7 +512,7 @@ class MuonWithAdamW(Optimizer):
         normuon_beta2: Optional[float] = None,
         cautious_wd: bool = False,
         hyperball: bool = False,
-        ns_dtype: str = "bfloat16",
+        ns_dtype: str = "auto",
     ):
         if not hasattr(torch.optim, "Muon"):
             raise ImportError(f"MuonWithAdamW needs torch.optim.Muon (torch >= 2.9), found torch {torch.__version__}")

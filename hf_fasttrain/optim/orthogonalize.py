@@ -15,7 +15,8 @@ X -> a X + b (X X^T) X + c (X X^T)^2 X, i.e. every singular value s -> a s + b s
 Both functions compute as `torch.optim.Muon` does (bf16, the input divided by max(||X||_F, eps), wide
 orientation by transposing a tall matrix); with "jordan" they are bit-identical to it.
 
-Precision (`ns_dtype`): "bfloat16" (default, torch's) or "float32", or "auto": bf16 where the hardware
+Precision (`ns_dtype`): "bfloat16" (these functions' default, torch's) or "float32", or "auto" (Muon's
+default): bf16 where the hardware
 multiplies bf16 matrices natively (CUDA; x86 CPUs with AVX512-BF16 or AMX, Arm CPUs with the BF16
 extension), fp32 elsewhere. A CPU without native bf16 (an AVX2-only x86) emulates the bf16 matmuls, at
 several times the fp32 cost, and the iteration is most of Muon's step there; fp32 is also the more

@@ -181,7 +181,7 @@ def create_muon(
     normuon_beta2: Optional[float] = None,
     cautious_wd: bool = False,
     hyperball: bool = False,
-    ns_dtype: str = "bfloat16",
+    ns_dtype: str = "auto",
 ) -> MuonWithAdamW:
     """Muon on the hidden matrices, AdamW on the rest (see `muon_routing`), as one optimizer.
 
@@ -202,7 +202,7 @@ def create_muon(
     initial norms instead of decaying them (weight decay then reaches the AdamW part only); groups are split
     by layout, a `Conv1D` weight's carrying ``hyperball_dim=1``. A matrix with a vector of norm 0 (LoRA's
     `lora_B`) is refused here, before any step.
-    `ns_dtype` ("bfloat16", "float32" or "auto") is the Newton-Schulz precision (see `MuonWithAdamW`).
+    `ns_dtype` ("auto", the default, "bfloat16" or "float32") is the Newton-Schulz precision (see `MuonWithAdamW`).
     """
     lr = 1e-3 if lr is None else lr
     weight_decay = 0.1 if weight_decay is None else weight_decay
