@@ -353,8 +353,29 @@ def versus_hf_best(summary: dict[str, Any], runs: list[dict[str, Any]], hf_best:
             row["long_horizon_eval_loss"] = long_run["final_eval_loss"]
             row["long_horizon_token_ratio"] = (statistics.median(crossing(r["curve"], target, "tokens") for r in mine)
                                                / budget if mine else math.nan)
+        fastest = fastest_one_run(hf_best, rung, target, budget)
+        if fastest:
+            row["fastest_one_run"] = fastest
         out[rung] = row
     return out
+
+
+def fastest_one_run(hf_best: dict[str, Any], rung: str, target: float, budget: float,
+                    min_seeds: int = 2) -> Optional[dict[str, Any]]:
+    """Of the recipe settings run at ``rung`` with at least ``min_seeds`` seeds, the one that reaches ``target``
+    soonest inside a run (median over its seeds): the search decides by the final loss, and a setting can end
+    level and still get there much sooner. None without such a setting."""
+    by_config: dict[str, list] = {}
+    for r in (hf_best.get("runs") or {}).values():
+        if r["rung"] == rung and r["family"] == "recipe" and r.get("curve"):
+            by_config.setdefault(json.dumps(r["config"], sort_keys=True), []).append(r)
+    rows = [{"config": rs[0]["config"], "seeds": len(rs),
+             "token_ratio": statistics.median(crossing(r["curve"], target, "tokens") for r in rs) / budget,
+             "token_ratios": sorted(crossing(r["curve"], target, "tokens") / budget for r in rs),
+             "eval_loss": statistics.median(r["final_eval_loss"] for r in rs),
+             "ns_dtype_other": sum(bool(r.get("ns_dtype")) for r in rs)}
+            for rs in by_config.values() if len(rs) >= min_seeds]
+    return min(rows, key=lambda x: (x["token_ratio"], x["eval_loss"])) if rows else None
 
 
 def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, Any], finals: dict[int, float],
@@ -432,6 +453,15 @@ def hf_best_markdown(rows: dict[str, Any], tr: Optional[dict[str, Any]] = None) 
             running += " (no repeats)"
         lines.append(f"| {rung}{running} | {one} | {complete} | {lh_cell} | {_fmt(r['target_eval_loss'], 4)} "
                      f"| {_fmt(r['hf_tuned_eval_loss'], 4)} | {_fmt(r.get('long_horizon_eval_loss', math.nan), 4)} |")
+    for rung, r in rows.items():
+        f = r.get("fastest_one_run")
+        if f and r.get("long_horizon_recipe") and f["config"] != r["long_horizon_recipe"]:
+            diff = ", ".join(f"{k} {v}" for k, v in f["config"].items() if r["long_horizon_recipe"].get(k) != v)
+            other = f" ({f['ns_dtype_other']} with Muon's Newton-Schulz in fp32)" if f["ns_dtype_other"] else ""
+            lines.append(f"\nAt {rung}, fastest inside one run of the recipe settings with {f['seeds']} or more seeds: "
+                         f"the long-horizon recipe with {diff}, **{_fmt(f['token_ratio'])}** (median of {f['seeds']} "
+                         f"seeds{other}: {', '.join(_fmt(x) for x in f['token_ratios'])}), final loss "
+                         f"{_fmt(f['eval_loss'], 4)} (median).")
     for name, label in (("one_run", "one run"), ("complete_runs", "complete runs")):
         fit = (tr or {}).get(name)
         if fit:

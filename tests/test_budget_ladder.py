@@ -213,3 +213,30 @@ def test_a_corpus_too_small_to_cover_the_budget_without_repeats_is_refused_befor
     assert grown["validation"]["input_ids"] == lm["validation"]["input_ids"]
     # a longer budget reads further down the list: the earlier packages keep their place
     assert bl.SOURCE_PACKAGES[:7] == ("transformers", "torch", "datasets", "numpy", "pandas", "pyarrow", "accelerate")
+
+
+def test_the_fastest_setting_inside_one_run_needs_two_seeds_and_is_shown_beside_the_winner():
+    bl = _load()
+
+    def run(config, seed, at_3, final, ns=None):  # a curve that crosses 3.0 at ``at_3`` of a 1000-token budget
+        curve = [{"tokens": 0, "eval_loss": 5.0}, {"tokens": at_3, "eval_loss": 3.0}, {"tokens": 1000, "eval_loss": final}]
+        return {"rung": "16x", "family": "recipe", "config": config, "seed": seed, "curve": curve,
+                "final_eval_loss": final, **({"ns_dtype": ns} if ns else {})}
+
+    winner, fast, once = {"lr": 1.0}, {"lr": 0.5, "cautious_wd": True}, {"lr": 0.25}
+    runs = [run(winner, 0, 700, 2.7), run(winner, 1, 650, 2.8), run(fast, 0, 500, 2.72),
+            run(fast, 1, 400, 2.70, ns="float32"), run(once, 0, 100, 2.9)]  # once: fastest, but one seed only
+    hb = {"runs": {str(i): r for i, r in enumerate(runs)}}
+    got = bl.fastest_one_run(hb, "16x", 3.0, 1000)
+    assert got["config"] == fast and got["seeds"] == 2 and got["ns_dtype_other"] == 1
+    assert got["token_ratio"] == pytest.approx(0.45) and got["token_ratios"] == pytest.approx([0.4, 0.5])
+    assert got["eval_loss"] == pytest.approx(2.71)
+    assert bl.fastest_one_run(hb, "64x", 3.0, 1000) is None
+    row = {"recipe_token_ratio": 0.7, "recipe_complete_run_ratio": 0.6, "recipe_complete_run_extrapolated": False,
+           "target_eval_loss": 3.0, "hf_tuned_eval_loss": 3.1, "long_horizon_recipe": winner,
+           "long_horizon_token_ratio": 0.675, "long_horizon_eval_loss": 2.75, "fastest_one_run": got}
+    text = bl.hf_best_markdown({"16x": row})
+    assert ("At 16x, fastest inside one run of the recipe settings with 2 or more seeds: the long-horizon recipe "
+            "with lr 0.5, cautious_wd True, **0.45** (median of 2 seeds (1 with Muon's Newton-Schulz in fp32): "
+            "0.4, 0.5), final loss 2.71 (median).") in text
+    assert "fastest inside one run" not in bl.hf_best_markdown({"16x": {**row, "fastest_one_run": {**got, "config": winner}}})
