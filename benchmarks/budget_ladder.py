@@ -373,7 +373,7 @@ def fastest_one_run(hf_best: dict[str, Any], rung: str, target: float, budget: f
              "token_ratio": statistics.median(crossing(r["curve"], target, "tokens") for r in rs) / budget,
              "token_ratios": sorted(crossing(r["curve"], target, "tokens") / budget for r in rs),
              "eval_loss": statistics.median(r["final_eval_loss"] for r in rs),
-             "ns_dtype_other": sum(bool(r.get("ns_dtype")) for r in rs)}
+             "ns_dtype_other": sum(bool(r.get("ns_dtype")) for r in rs), "min_seeds": min_seeds}
             for rs in by_config.values() if len(rs) >= min_seeds]
     return min(rows, key=lambda x: (x["token_ratio"], x["eval_loss"])) if rows else None
 
@@ -458,7 +458,7 @@ def hf_best_markdown(rows: dict[str, Any], tr: Optional[dict[str, Any]] = None) 
         if f and r.get("long_horizon_recipe") and f["config"] != r["long_horizon_recipe"]:
             diff = ", ".join(f"{k} {v}" for k, v in f["config"].items() if r["long_horizon_recipe"].get(k) != v)
             other = f" ({f['ns_dtype_other']} with Muon's Newton-Schulz in fp32)" if f["ns_dtype_other"] else ""
-            lines.append(f"\nAt {rung}, fastest inside one run of the recipe settings with {f['seeds']} or more seeds: "
+            lines.append(f"\nAt {rung}, fastest inside one run of the recipe settings with {f.get('min_seeds', 2)} or more seeds: "
                          f"the long-horizon recipe with {diff}, **{_fmt(f['token_ratio'])}** (median of {f['seeds']} "
                          f"seeds{other}: {', '.join(_fmt(x) for x in f['token_ratios'])}), final loss "
                          f"{_fmt(f['eval_loss'], 4)} (median).")
