@@ -312,7 +312,7 @@ _SHARED: dict[str, Any] = {}
 # runs it in fp32 (2-4x faster on a CPU without native bf16 matmuls); such a run records ``ns_dtype``, and
 # ``--precision-check`` measures what the precision does to a finished run's result (same settings, same seed).
 NS_DTYPE = "bfloat16"
-NS_DTYPES = ("bfloat16", "float32", "auto")
+NS_DTYPES = ("bfloat16", "float32")  # not "auto": it would name a different precision on each machine
 
 
 def run_key(rung: str, family: str, config: dict[str, Any], seed: int) -> str:
@@ -327,15 +327,16 @@ def _run_one(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
     partial = _SHARED.get("partial")  # a checkpoint folder per run: a killed run resumes where it was
     ckpt = Path(partial) / hashlib.sha1(run_key(*job).encode()).hexdigest()[:16] if partial else None
     arm = arm_for(family, config, setup.max_steps)
-    ns_dtype = _SHARED.get("ns_dtype", NS_DTYPE)
+    ns_dtype = None  # recorded only where Muon runs and its iteration is not the ladder's bf16
     if family == "recipe" and knob_value(config, "optimizer") == "muon":
         # given always: Muon's default ("auto") would run fp32 on a CPU without native bf16, and every run of
         # the ladder ran bf16
-        arm.args["optimizer_kwargs"] = {**arm.args["optimizer_kwargs"], "ns_dtype": ns_dtype}
-        if ckpt is not None and ns_dtype != NS_DTYPE:  # a checkpoint left by a bf16 run is not this run's
-            ckpt = ckpt.with_name(f"{ckpt.name}-ns-{ns_dtype}")
-    if ns_dtype == NS_DTYPE or "ns_dtype" not in arm.args.get("optimizer_kwargs", {}):
-        ns_dtype = None
+        given = _SHARED.get("ns_dtype", NS_DTYPE)
+        arm.args["optimizer_kwargs"] = {**arm.args["optimizer_kwargs"], "ns_dtype": given}
+        if given != NS_DTYPE:
+            ns_dtype = given
+            if ckpt is not None:  # a checkpoint left by a bf16 run is not this run's
+                ckpt = ckpt.with_name(f"{ckpt.name}-ns-{given}")
     r = run_arm(arm, seed, setup, tokenizer, lm, Path(_SHARED["work"]), checkpoint_dir=ckpt, train_rows=setup.eval_rows)
     r.update(rung=rung, family=family, config=config, cpu_seconds=time.process_time() - cpu0,
              max_steps=setup.max_steps, tokens_per_step=setup.tokens_per_step)
@@ -621,7 +622,7 @@ def main(argv=None) -> dict[str, Any]:
         raise UsageError(f"--corpus: {ns.corpus}: a corpus other than the ladder's is not searched; give "
                          "--transfer-from <budget> (its winners there, the lr swept)")
     rung = rung_name(ns.budget, ns.model, ns.corpus)
-    given = parse_config(ns.config, families, ledger, rung) if ns.config is not None else None
+    given = parse_config(ns.config, families) if ns.config is not None else None
     if ns.precision_check and (given is None or ns.ns_dtype == NS_DTYPE):
         raise UsageError(f"--precision-check: needs --config and --ns-dtype other than {NS_DTYPE} "
                          f"(got --ns-dtype {ns.ns_dtype}{'' if given else ', no --config'})")
@@ -699,7 +700,7 @@ def main(argv=None) -> dict[str, Any]:
     return {"summary": summary}
 
 
-def parse_config(text: str, families: list[str], ledger: Ledger, rung: str) -> dict[str, Any]:
+def parse_config(text: str, families: list[str]) -> dict[str, Any]:
     """``--config``: a JSON object of one family's settings, every knob given (as the JSON's run keys show
     them), so it names the same runs as the search's."""
     if len(families) != 1:
