@@ -120,11 +120,13 @@ class FastTrainingArguments(TrainingArguments):
     budget_aware: bool = field(
         default=False,
         metadata={"help": "Take lr_decay, min_lr_ratio, decay_fraction, weight_decay, adam_beta2 and, with "
-                  "optimizer muon, its AdamW part's betas and NorMuon (optimizer_kwargs betas, normuon_beta2) from the settings measured best for this "
+                  "optimizer muon, its AdamW part's betas, NorMuon, cautious weight decay and the AdamW part's lr ratio "
+                  "(optimizer_kwargs betas, normuon_beta2, cautious_wd, adamw_lr_ratio) from the settings measured best for this "
                   "run's length in tokens per non-embedding parameter (hf_fasttrain.budget: the budget ladder and "
                   "the long-horizon searches at 1.5, 6.2 (AdamW) and 24.8); they replace the values given for those. The peak "
-                  "learning_rate stays yours; past 49.6 tokens per parameter the log says how far its measured best "
-                  "fell at 99 (the 64x sweep)."},
+                  "learning_rate stays yours; from 12.5 tokens per parameter on (Muon) and past 49.6 (AdamW) the log says "
+                  "at what multiple of the 24.8-tokens-per-parameter search winner's best lr those settings were "
+                  "measured best."},
     )
     warmup_start_factor: float = field(
         default=0.0,
@@ -399,7 +401,8 @@ class FastTrainingArguments(TrainingArguments):
         default=None,
         metadata={"help": "More options of `optimizer`, a mapping (YAML) or a JSON string (CLI), e.g. "
                   "'{\"betas\": [0.9, 0.99]}', '{\"muon_lr\": 0.02}', or for muon '{\"normuon_beta2\": 0.95}' (NorMuon), "
-                  "'{\"cautious_wd\": true}' (cautious weight decay), '{\"hyperball\": true}' (Hyperball: weight norms "
+                  "'{\"cautious_wd\": true}' (cautious weight decay), '{\"adamw_lr_ratio\": 0.25}' (the AdamW part at a quarter "
+                  "of Muon's lr), '{\"hyperball\": true}' (Hyperball: weight norms "
                   "held, no decay on Muon's matrices) and '{\"ns_dtype\": \"bfloat16\"}' (Newton-Schulz always in bf16; the "
                   "default, auto, runs it in fp32 where bf16 is not native, e.g. an AVX2 CPU). Numbers written as "
                   "strings ('1e-5') are "

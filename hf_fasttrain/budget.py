@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 __all__ = ["tokens_per_parameter", "non_embedding_parameters", "BudgetRegime", "REGIMES", "budget_settings",
-           "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check"]
+           "merge_optimizer_kwargs", "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check"]
 
 
 def tokens_per_parameter(tokens: float, non_embedding_parameters: int) -> float:
@@ -60,17 +60,23 @@ class BudgetRegime:
     # as "not given" (hf_fasttrain.optim.registry), so the measured beta2 would not reach it
     settings: dict[str, dict[str, Any]]
     source: str
-    # optimizer family -> the best peak lr measured in this regime over the best at the longest searched length
-    # (the settings the same): the lr stays the user's, the log says how far it moved
+    # optimizer family -> the peak lr these settings were measured best at, over the best lr of the 16x search's
+    # winner (24.8 tokens per parameter; AdamW 4e-3, the recipe 1.6e-2 on the ladder's model): the lr stays the
+    # user's, the log says how far the measured best moved
     lr_factor: dict[str, float] = field(default_factory=dict)
+
+
+# Muon's options that only the long row turns on (every row names them, so a given value is replaced)
+_NOT_LONG = {"cautious_wd": False, "adamw_lr_ratio": 1.0}
 
 
 # The measured table: each row is one length where the settings were searched, reaching halfway (geometrically)
 # to the next. Short runs (1.5 tokens per parameter): what the long-horizon search at 1x kept over hf-tuned's
 # settings. Middle (6.2): for AdamW what the search at 4x kept; for Muon the budget ladder's 4x, where only the
 # recipe's peak lr was swept (cosine to 10%, weight decay 0.1, beta2 0.95: the bundled GPU recipes' settings).
-# Long runs (24.8): what the search at 16x kept. Over-training (99): nothing searched; the 16x winners with only the
-# peak lr swept at 64x, so the settings are the long row's and the row records how far the best lr moved.
+# Long runs (24.8): what the search at 16x kept, and for Muon the four knobs that were level one at a time and
+# together reached the target sooner. Over-training (99): nothing searched; the 16x search's winners with only the
+# peak lr swept at 64x, so the settings are those winners' and the row records how far the best lr moved.
 REGIMES: tuple[BudgetRegime, ...] = (
     BudgetRegime(
         "short", 3.1,
@@ -82,7 +88,7 @@ REGIMES: tuple[BudgetRegime, ...] = (
          # the recipe (Muon) at 1x: cosine to 10% stays (3.973; linear to 0 3.981, WSD 4.021); beta2 0.999 of
          # Muon's AdamW part 3.947 (0.99: 3.948); then NorMuon (beta2 0.95) 3.900; 2 seeds at the winner 3.903
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.999, "optimizer_kwargs": {"betas": [0.9, 0.999], "normuon_beta2": 0.95}}},
+                  "adam_beta2": 0.999, "optimizer_kwargs": {"betas": [0.9, 0.999], "normuon_beta2": 0.95, **_NOT_LONG}}},
         "long-horizon search at 1x (benchmarks/results/hf_best.md)"),
     BudgetRegime(
         "middle", 12.4,
@@ -93,7 +99,7 @@ REGIMES: tuple[BudgetRegime, ...] = (
         {"adamw": {"lr_decay": "linear", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
                    "adam_beta2": 0.999},
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.95, "optimizer_kwargs": {"betas": [0.9, 0.95], "normuon_beta2": None}}},
+                  "adam_beta2": 0.95, "optimizer_kwargs": {"betas": [0.9, 0.95], "normuon_beta2": None, **_NOT_LONG}}},
         "long-horizon search at 4x (AdamW) and budget ladder 4x (Muon) (benchmarks/results/hf_best.md, "
         "budget_ladder.md)"),
     BudgetRegime(
@@ -105,10 +111,18 @@ REGIMES: tuple[BudgetRegime, ...] = (
                    "adam_beta2": 0.99},
          # the recipe (Muon) at 16x: cosine to 10% stays (2.832); linear to 0 ended at 2.823 and the 1-sqrt WSD
          # cooldown to 0 at 2.936; beta2 0.99 of Muon's AdamW part: 2.736 (0.999: 2.748), 3 seeds at it 2.736,
-         # 2.886, 2.720 (beta2 0.95: 2.832, 2.784); NorMuon lost: 2.913 (2.880 at half the lr)
+         # 2.886, 2.720 (beta2 0.95: 2.832, 2.784); NorMuon lost: 2.913 (2.880 at half the lr). Then, on that
+         # winner, four knobs that each ended level (cautious weight decay 2.732, the AdamW part at 0.25x Muon's lr
+         # 2.712, weight decay timescale 4 2.727, half the peak lr 2.729), together: 3 seeds 2.705 / 2.737 / 2.751,
+         # level at the end, but hf-best's final loss (2.953) reached inside one run at 0.423 / 0.484 / 0.509 of the
+         # budget against the winner's 0.661 / 0.663 / 0.831. Kept: the two that are options (cautious_wd,
+         # adamw_lr_ratio); weight decay 0.1 at half the winner's lr is timescale 3.84 (the combination ran 4.0:
+         # 0.104), and the half lr is the lr_factor hint
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None}}},
-        "long-horizon search at 16x (benchmarks/results/hf_best.md)"),
+                  "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None,
+                                                           "cautious_wd": True, "adamw_lr_ratio": 0.25}}},
+        "long-horizon search at 16x and its four level knobs together (benchmarks/results/hf_best.md)",
+        lr_factor={"muon": 0.5}),
     BudgetRegime(
         "over-training", math.inf,
         # 64x (99.3 tokens per parameter), each family at its 16x winner with the peak lr swept: AdamW ended at
@@ -117,8 +131,9 @@ REGIMES: tuple[BudgetRegime, ...] = (
         {"adamw": {"lr_decay": "1-sqrt", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
                    "adam_beta2": 0.99},
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None}}},
-        "the 16x winners at 64x, only the peak lr swept (benchmarks/results/hf_best.md)",
+                  "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None,
+                                                           **_NOT_LONG}}},
+        "the 16x search winners at 64x, only the peak lr swept (benchmarks/results/hf_best.md)",
         lr_factor={"adamw": 0.5, "muon": 0.125}),
 )
 
@@ -127,8 +142,8 @@ def budget_settings(tokens_per_param: float, optimizer: str) -> dict[str, Any]:
     """The measured settings for a run of ``tokens_per_param`` tokens per parameter with ``optimizer``
     ("muon" for Muon, anything else AdamW-like): ``{"regime", "settings", "source", "extrapolated",
     "lr_factor"}``; ``extrapolated`` is True beyond the longest measured run (99.3 tokens per parameter);
-    ``lr_factor`` (None where not measured) is the best peak lr measured in that regime over the best at 24.8
-    tokens per parameter with the same settings: a hint for the lr sweep, not applied.
+    ``lr_factor`` (None where not measured) is the peak lr the settings were measured best at in that regime,
+    over the best lr of the search's winner at 24.8 tokens per parameter: a hint for the lr sweep, not applied.
 
     Example:
         ```python
@@ -143,6 +158,34 @@ def budget_settings(tokens_per_param: float, optimizer: str) -> dict[str, Any]:
     regime = next(r for r in REGIMES if tokens_per_param <= r.max_tokens_per_param)
     return {"regime": regime.name, "settings": copy.deepcopy(regime.settings[family]), "source": regime.source,
             "extrapolated": tokens_per_param > LONGEST_MEASURED, "lr_factor": regime.lr_factor.get(family)}
+
+
+def merge_optimizer_kwargs(given: dict[str, Any], measured: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A regime's optimizer options over the user's ``given`` ones, by name; returns the merged options and the
+    measured ones left out, each with why. Left out: ``adamw_lr_ratio`` where the user set Muon's lr apart
+    (``muon_lr``, or ``adjust_lr_fn="original"``), and NorMuon and cautious weight decay with ``hyperball``,
+    which replaces both (Muon refuses them together).
+
+    Example:
+        ```python
+        >>> merge_optimizer_kwargs({"muon_lr": 0.02}, {"cautious_wd": True, "adamw_lr_ratio": 0.25})
+        ({'muon_lr': 0.02, 'cautious_wd': True}, ['adamw_lr_ratio (muon_lr given: the lrs stay yours)'])
+        ```
+    """
+    skipped = []
+    measured = dict(measured)
+    if measured.get("adamw_lr_ratio", 1.0) != 1.0:
+        why = ("muon_lr given" if given.get("muon_lr") is not None
+               else "adjust_lr_fn 'original'" if given.get("adjust_lr_fn") == "original" else None)
+        if why:
+            del measured["adamw_lr_ratio"]
+            skipped.append(f"adamw_lr_ratio ({why}: the lrs stay yours)")
+    if given.get("hyperball") is True:
+        for name, off in (("normuon_beta2", None), ("cautious_wd", False)):
+            if name in measured and measured[name] != off:
+                del measured[name]
+                skipped.append(f"{name} (hyperball given, which replaces it)")
+    return {**given, **measured}, skipped
 
 
 LONGEST_MEASURED = 99.3  # tokens per parameter of the 64x budget (the longest searched: 24.8, the 16x budget)

@@ -194,7 +194,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         """``budget_aware``: the measured settings for this run's tokens per non-embedding parameter
         (:func:`hf_fasttrain.budget.budget_settings`) replace the given ones; returns what was chosen."""
         from ._validation import ConfigError
-        from .budget import LONGEST_MEASURED, budget_settings, non_embedding_parameters, tokens_per_parameter
+        from .budget import (LONGEST_MEASURED, budget_settings, merge_optimizer_kwargs, non_embedding_parameters,
+                             tokens_per_parameter)
 
         args = self.args
         tokens = self._option("schedule_total_tokens")
@@ -212,20 +213,23 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                 * max(args.world_size, 1) * row
         tpp = tokens_per_parameter(tokens, non_embedding_parameters(self.model))
         chosen = budget_settings(tpp, self._option("optimizer") or "adamw")
+        kept = ""
         for name, value in chosen["settings"].items():
             if name == "optimizer_kwargs":  # the optimizer's own options: into the given ones, by name
                 from .optim import parse_optimizer_kwargs
 
-                value = {**parse_optimizer_kwargs(self._option("optimizer"), args.optimizer_kwargs), **value}
+                given = parse_optimizer_kwargs(self._option("optimizer"), args.optimizer_kwargs)
+                value, skipped = merge_optimizer_kwargs(given, value)
+                kept = f"; not applied: {', '.join(skipped)}" if skipped else ""
             setattr(args, name, value)
         args._check_lr_schedule()  # the chosen schedule must fit this run (warmup, cooldown)
         settings = ", ".join(f"{k}={v}" for k, v in chosen["settings"].items())
         hint = ""
         if chosen["lr_factor"]:  # the lr stays the user's; the log says how far the measured best moved
-            hint = (f"; at this length the best peak lr measured {chosen['lr_factor']:g}x the best at 24.8 tokens "
-                    "per parameter with these settings: sweep the lr down from a shorter run's")
-        logger.info("budget_aware: %.1f tokens per non-embedding parameter -> the %s-run settings %s (%s)%s%s", tpp,
-                    chosen["regime"], settings, chosen["source"], hint,
+            hint = (f"; these settings were measured best at {chosen['lr_factor']:g}x the peak lr that was best for the "
+                    "search's winner at 24.8 tokens per parameter: sweep the lr down from a shorter run's")
+        logger.info("budget_aware: %.1f tokens per non-embedding parameter -> the %s-run settings %s (%s)%s%s%s", tpp,
+                    chosen["regime"], settings, chosen["source"], hint, kept,
                     f"; beyond the longest run measured ({LONGEST_MEASURED})" if chosen["extrapolated"] else "")
         return {**chosen, "tokens_per_param": tpp}
 

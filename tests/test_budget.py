@@ -9,7 +9,8 @@ import pytest
 from hf_fasttrain import FastTrainer
 from hf_fasttrain._validation import ConfigError
 from hf_fasttrain.budget import (MEASURED_BEST_LR, REGIMES, budget_settings, learning_rate_law_check,
-                                 non_embedding_parameters, predict_learning_rate, tokens_per_parameter)
+                                 merge_optimizer_kwargs, non_embedding_parameters, predict_learning_rate,
+                                 tokens_per_parameter)
 
 from conftest import make_tiny_gpt2, tiny_args
 
@@ -48,8 +49,8 @@ def test_the_middle_regime_is_the_gpu_recipes_settings():
     settings = budget_settings(8.7, "muon")["settings"]
     assert {k: settings[k] for k in ("lr_decay", "min_lr_ratio", "weight_decay", "adam_beta2")} == {
         "lr_decay": "cosine", "min_lr_ratio": 0.1, "weight_decay": 0.1, "adam_beta2": 0.95}
-    assert settings["decay_fraction"] is None and settings["optimizer_kwargs"] == {"betas": [0.9, 0.95],
-                                                                                   "normuon_beta2": None}
+    assert settings["decay_fraction"] is None and settings["optimizer_kwargs"] == {
+        "betas": [0.9, 0.95], "normuon_beta2": None, "cautious_wd": False, "adamw_lr_ratio": 1.0}
     assert budget_settings(8.7, "adamw")["settings"] == {"lr_decay": "linear", "min_lr_ratio": 0.0,
                                                          "decay_fraction": 0.2, "weight_decay": 0.1,
                                                          "adam_beta2": 0.999}
@@ -102,18 +103,61 @@ def test_the_regimes_are_what_the_search_kept(rung, regime, families):
             assert settings["optimizer_kwargs"]["betas"] == [0.9, best["beta2"]], rung
 
 
-def test_the_over_training_row_is_the_long_rows_settings_and_the_64x_sweeps_lr():
-    """Past 49.6 tokens per parameter: the 16x winners' settings (64x ran them with only the peak lr swept) and,
+def test_the_over_training_row_is_the_16x_winners_and_the_64x_sweeps_lr():
+    """Past 49.6 tokens per parameter: the 16x search's winners (64x ran them with only the peak lr swept) and,
     as a hint that is not applied, each family's best lr at 64x over its 16x winner's (results/hf_best.json)."""
     data = json.loads((RESULTS / "hf_best.json").read_text())
     long, over = (next(r for r in REGIMES if r.name == n) for n in ("long", "over-training"))
-    assert over.settings == long.settings and long.lr_factor == {}
+    assert over.settings["adamw"] == long.settings["adamw"] and "adamw" not in long.lr_factor
+    # Muon: the long row's settings without the combination's two options (64x did not run them)
+    winner = {**long.settings["muon"], "optimizer_kwargs": {**long.settings["muon"]["optimizer_kwargs"],
+                                                            "cautious_wd": False, "adamw_lr_ratio": 1.0}}
+    assert over.settings["muon"] == winner
     for family, key in (("hf-best", "adamw"), ("recipe", "muon")):
         at_64x = data["summary"]["64x"][family]
         assert at_64x["transfer_from"] == "16x"
         assert over.lr_factor[key] == at_64x["best"]["lr_scale"], family  # x the 16x winner's lr
         assert budget_settings(99.3, key)["lr_factor"] == over.lr_factor[key]
-        assert budget_settings(24.8, key)["lr_factor"] is None
+    assert budget_settings(24.8, "adamw")["lr_factor"] is None
+
+
+def test_the_long_muon_row_is_the_level_knobs_together():
+    """At 24.8 tokens per parameter Muon takes, on the 16x search's winner, the four knobs that each ended level
+    and together reached hf-best's loss soonest inside one run (the budget ladder's fastest setting, 3 seeds):
+    cautious weight decay and the AdamW part at 0.25x as options, half the lr as the hint, and the timescale 4
+    as the weight decay 0.1 gives it at half the lr (3.84 against 4.0)."""
+    data = json.loads((RESULTS / "hf_best.json").read_text())
+    ladder = json.loads((RESULTS / "budget_ladder.json").read_text())
+    fastest = ladder["versus_hf_best"]["16x"]["fastest_one_run"]["config"]
+    winner = data["searches"]["16x"]["recipe"]["best"]
+    long = next(r for r in REGIMES if r.name == "long")
+    kwargs = long.settings["muon"]["optimizer_kwargs"]
+    assert (kwargs["cautious_wd"], kwargs["adamw_lr_ratio"], long.lr_factor["muon"]) == (
+        fastest["cautious_wd"], fastest["adamw_lr_scale"], fastest["lr_scale"]) == (True, 0.25, 0.5)
+    lr = winner["lr"] * fastest["lr_scale"]
+    steps = data["setups"]["16x"]["max_steps"]
+    assert fastest["wd_timescale"] == 4.0 and lr * long.settings["muon"]["weight_decay"] * steps == pytest.approx(3.84)
+    assert {k: v for k, v in fastest.items() if k not in ("cautious_wd", "adamw_lr_scale", "lr_scale",
+                                                          "wd_timescale")} == {
+        k: v for k, v in winner.items() if k not in ("lr_scale", "wd_timescale")}
+
+
+@pytest.mark.parametrize("given, measured, merged, skipped", [
+    ({"ns_steps": 4, "betas": [0.9, 0.95]}, {"betas": [0.9, 0.99], "adamw_lr_ratio": 0.25},
+     {"ns_steps": 4, "betas": [0.9, 0.99], "adamw_lr_ratio": 0.25}, []),
+    ({"muon_lr": 0.02}, {"cautious_wd": True, "adamw_lr_ratio": 0.25}, {"muon_lr": 0.02, "cautious_wd": True},
+     ["adamw_lr_ratio (muon_lr given: the lrs stay yours)"]),
+    ({"adjust_lr_fn": "original"}, {"adamw_lr_ratio": 0.25}, {"adjust_lr_fn": "original"},
+     ["adamw_lr_ratio (adjust_lr_fn 'original': the lrs stay yours)"]),
+    ({"muon_lr": 0.02}, {"adamw_lr_ratio": 1.0}, {"muon_lr": 0.02, "adamw_lr_ratio": 1.0}, []),
+    ({"hyperball": True}, {"normuon_beta2": 0.95, "cautious_wd": True, "betas": [0.9, 0.99]},
+     {"hyperball": True, "betas": [0.9, 0.99]},
+     ["normuon_beta2 (hyperball given, which replaces it)", "cautious_wd (hyperball given, which replaces it)"]),
+    ({"hyperball": True}, {"normuon_beta2": None, "cautious_wd": False},
+     {"hyperball": True, "normuon_beta2": None, "cautious_wd": False}, []),
+])
+def test_merge_optimizer_kwargs(given, measured, merged, skipped):
+    assert merge_optimizer_kwargs(given, measured) == (merged, skipped)
 
 
 def test_the_lr_law_and_its_leave_one_out_check():
@@ -151,8 +195,10 @@ def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, t
     tpp = max_steps * 8 * 32 / non_embedding_parameters(model)
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("budget_aware:")]
     assert len(logged) == 1 and f"the {regime}-run settings" in logged[0]
-    # past 49.6 tokens per parameter the log gives the measured lr hint; the lr itself is not touched
-    assert ("the best peak lr measured 0.125x the best at 24.8" in logged[0]) == (regime == "over-training")
+    # from 12.5 tokens per parameter on the log gives the measured lr hint; the lr itself is not touched
+    hint = {"short": None, "long": "0.5x", "over-training": "0.125x"}[regime]
+    assert ("measured best at" in logged[0]) == (hint is not None)
+    assert hint is None or f"measured best at {hint} the peak lr that was best for the search's winner" in logged[0]
     assert trainer.args.learning_rate == 3e-3  # tiny_args' lr
     assert trainer.budget["regime"] == regime and trainer.budget["tokens_per_param"] == pytest.approx(tpp)
     settings = budget_settings(tpp, "muon")["settings"]
@@ -167,6 +213,23 @@ def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, t
     assert {g["normuon_beta2"] for g in muon_groups} == {settings["optimizer_kwargs"]["normuon_beta2"]}
     adamw_groups = [g for g in optimizer.param_groups if "ns_steps" not in g]  # the measured beta2 reaches them
     assert adamw_groups and {tuple(g["betas"]) for g in adamw_groups} == {(0.9, settings["adam_beta2"])}
+    # long runs: cautious weight decay on Muon's matrices, the AdamW part at a quarter of the lr
+    ratio = settings["optimizer_kwargs"]["adamw_lr_ratio"]
+    assert {g["lr"] for g in muon_groups} == {3e-3} and {g["lr"] for g in adamw_groups} == {3e-3 * ratio}
+    assert {g["cautious_wd"] for g in muon_groups} == {regime == "long"} and (ratio == 0.25) == (regime == "long")
+
+
+def test_budget_aware_keeps_a_given_muon_lr(tmp_path, tiny_lm, tiny_tokenizer, caplog):
+    """A user who set Muon's lr apart keeps both lrs at 24.8 tokens per parameter; the log says what was left."""
+    args = tiny_args(tmp_path, max_steps=4000, budget_aware=True, lr_decay="cosine", optimizer="muon",
+                     run_record=False, optimizer_kwargs={"muon_lr": 2e-2})
+    with caplog.at_level("INFO", logger="hf_fasttrain.trainer"):
+        trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"])
+    assert trainer.budget["regime"] == "long"
+    assert "adamw_lr_ratio" not in trainer.args.optimizer_kwargs and trainer.args.optimizer_kwargs["cautious_wd"]
+    assert "not applied: adamw_lr_ratio (muon_lr given: the lrs stay yours)" in caplog.text
+    lrs = {g["use_muon"]: g["lr"] for g in trainer.create_optimizer().param_groups}
+    assert lrs == {True: 2e-2, False: 3e-3}
 
 
 def test_budget_aware_without_known_tokens_is_one_line(tmp_path, tiny_tokenizer):

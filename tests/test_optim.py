@@ -608,6 +608,21 @@ def test_weight_decay_only_on_decay_params(name):
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
 
 
+def test_muon_adamw_lr_ratio_is_the_adamw_part_at_a_multiple_of_muons_lr():
+    """adamw_lr_ratio=0.25 is muon_lr=lr with the AdamW part at lr/4: the same groups, the same steps."""
+    ratio, explicit = _tiny_gpt2(), _tiny_gpt2()
+    a = create_optimizer("muon", ratio, lr=8e-3, adamw_lr_ratio=0.25, ns_dtype="float32")
+    b = create_optimizer("muon", explicit, lr=2e-3, muon_lr=8e-3, ns_dtype="float32")
+    assert [g["lr"] for g in a.param_groups] == [8e-3, 2e-3, 2e-3] == [g["lr"] for g in b.param_groups]
+    for step in range(3):
+        for model, opt in ((ratio, a), (explicit, b)):
+            _set_grads(model.parameters(), step)
+            opt.step()
+    for (name, p), q in zip(ratio.named_parameters(), explicit.parameters()):
+        assert torch.equal(p, q), name
+    assert not torch.equal(ratio.transformer.wte.weight, _tiny_gpt2().transformer.wte.weight)  # it trained
+
+
 def _roundtrip(state_dict):
     buffer = io.BytesIO()
     torch.save(state_dict, buffer)
@@ -708,6 +723,10 @@ def test_unknown_optimizer_name_lists_known_ones():
         ("muon", {"adjust_lr_fn": "rms"}, r"Muon: adjust_lr_fn must be one of \['match_rms_adamw', 'original'\], got 'rms'"),
         ("muon", {"ns_steps": 0}, r"Muon: ns_steps must be an integer in \[1, 99\], got 0"),
         ("muon", {"muon_lr": -1.0}, r"Muon: muon_lr must be .* got -1.0"),
+        ("muon", {"adamw_lr_ratio": 0.0}, r"Muon: adamw_lr_ratio must be a finite number > 0, got 0.0"),
+        ("muon", {"adamw_lr_ratio": True}, r"Muon: adamw_lr_ratio must be a finite number > 0, got True"),
+        ("muon", {"adamw_lr_ratio": 0.25, "muon_lr": 2e-2}, r"adamw_lr_ratio=0.25 .* cannot be given with muon_lr"),
+        ("muon", {"adamw_lr_ratio": 0.25, "adjust_lr_fn": "original"}, r"adamw_lr_ratio=0.25 needs adjust_lr_fn"),
         ("soap", {"precondition_freq": 10}, r"soap has no option 'precondition_freq'.*Did you mean 'precondition_frequency'"),
     ],
 )
