@@ -151,4 +151,5 @@ def test_fasttrain_budget_arm_gets_the_1x_searchs_recipe_winner():
     winner = hf_best.summarise(hf_best.Ledger(hf_best.RESULTS / "hf_best.json"), "1x")["recipe"]["best"]
     assert chosen["regime"] == "short"
     assert chosen["settings"]["adam_beta2"] == winner["beta2"]
-    assert chosen["settings"]["optimizer_kwargs"] == {"betas": [0.9, winner["beta2"]], "normuon_beta2": winner["normuon"]}
+    assert chosen["settings"]["optimizer_kwargs"] == {"betas": [0.9, winner["beta2"]], "normuon_beta2": winner["normuon"],
+                                                      "cautious_wd": False, "adamw_lr_ratio": 1.0}
