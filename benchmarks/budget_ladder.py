@@ -327,8 +327,9 @@ def versus_hf_best(summary: dict[str, Any], runs: list[dict[str, Any]], hf_best:
     searched = hf_best.get("summary") or {}
     for rung, families in sorted(searched.items(), key=lambda kv: int(kv[0].split("x")[0])):
         s = summary.get(rung)
-        if not s and rung.split("-", 1)[1:] in ([], ["unique"]) and {"hf-best", "recipe"} <= set(families):
-            # a budget only hf_best.py ran (the 16x winners at 64x; the same on the corpus that does not repeat)
+        if not s and {"hf-best", "recipe"} <= set(families):
+            # a budget only hf_best.py ran (the 16x winners at 64x; the same on the corpus that does not repeat, or
+            # on a larger model)
             row = beyond_the_ladder(rung, families, summary, finals, hf_best)
             if row:
                 out[rung] = row
@@ -383,27 +384,33 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
     """A budget longer than the ladder's, where hf_best.py ran both families at their shorter budget's winners
     with the peak lr swept: the winner of the recipe's sweep against hf-best's. The complete-run measure
     interpolates between the ladder's recipe runs and this budget's recipe (the only complete run there); on the
-    corpus that does not repeat (``64x-unique``) there are no shorter complete runs, so that measure is n/a."""
+    corpus that does not repeat (``64x-unique``) and on a larger model (``54x-3x192``) there are no shorter complete
+    runs, so that measure is n/a there."""
     setup = (hf_best.get("setups") or {}).get(rung)
     ladder_rows = [v for v in summary.values() if v]
     if not setup or not ladder_rows:
         return None
     multiple = int(rung.split("x")[0])
     budget = setup["max_steps"] * setup["batch_size"] * setup["block_size"]
+    suffix = rung.split("-", 1)[1] if "-" in rung else ""
+    model = suffix if suffix not in ("", "unique") else None  # a larger model's rung, e.g. 54x-3x192
+    params = (non_embedding_params(setup["n_layer"], setup["n_embd"], setup.get("model_type", "gpt2"),
+                                   setup.get("n_head")) if model else ladder_rows[0]["non_embedding_params"])
     target = families["hf-best"]["final_eval_loss"]
     mine = families["recipe"]
     curves = [r["curve"] for r in hf_best.get("runs", {}).values() if r["rung"] == rung and r["family"] == "recipe"
               and json.dumps(r["config"], sort_keys=True) == json.dumps(mine["best"], sort_keys=True)]
     unique = rung.endswith("-unique")
+    alone = unique or model is not None  # no shorter complete runs of this corpus or model
     with_this = {**finals, multiple: mine["final_eval_loss"]}
-    complete = None if unique else complete_run_budget(with_this, target) / multiple
+    complete = None if alone else complete_run_budget(with_this, target) / multiple
     return {"target_eval_loss": target, "hf_best": families["hf-best"]["best"],
             "search_complete": families["hf-best"].get("complete", True) and mine.get("complete", True),
             "transfer_from": families["hf-best"].get("transfer_from"), "tokens": budget,
-            "tokens_per_param": budget / ladder_rows[0]["non_embedding_params"],
+            "tokens_per_param": budget / params, "model": model, "non_embedding_params": params,
             "hf_tuned_eval_loss": None, "recipe_token_ratio": None,
             "recipe_complete_run_ratio": complete, "corpus": "unique" if unique else "stdlib",
-            "recipe_complete_run_extrapolated": not unique and not (min(with_this.values()) <= target <= max(with_this.values())),
+            "recipe_complete_run_extrapolated": not alone and not (min(with_this.values()) <= target <= max(with_this.values())),
             "long_horizon_recipe": mine["best"], "long_horizon_eval_loss": mine["final_eval_loss"],
             "long_horizon_token_ratio": (statistics.median(crossing(c, target, "tokens") for c in curves) / budget
                                          if curves else math.nan)}
@@ -417,8 +424,8 @@ def versus_hf_best_trend(rows: dict[str, Any], summary: dict[str, Any]) -> dict[
     for name, key in (("one_run", "recipe_token_ratio"), ("complete_runs", "recipe_complete_run_ratio")):
         xs, ys = [], []
         for rung, r in rows.items():
-            if not r.get("search_complete", True) or r.get("corpus", "stdlib") != "stdlib":
-                continue  # hf-best not found yet there (its loss is not the target), or another corpus
+            if not r.get("search_complete", True) or r.get("corpus", "stdlib") != "stdlib" or r.get("model"):
+                continue  # hf-best not found yet there (its loss is not the target), or another corpus or model
             v = r.get(key)
             if v is None and key == "recipe_token_ratio":  # beyond the ladder: the recipe there is the winner's
                 v = r.get("long_horizon_token_ratio")
@@ -451,6 +458,9 @@ def hf_best_markdown(rows: dict[str, Any], tr: Optional[dict[str, Any]] = None) 
             running += f" ({r['transfer_from']} winners, lr swept)"
         if r.get("corpus", "stdlib") != "stdlib":
             running += " (no repeats)"
+        if r.get("model"):
+            running += (f" (GPT-2 {r['model']}, {r['non_embedding_params'] / 1e6:.2f}M non-embedding parameters, "
+                        f"{r['tokens_per_param']:.1f} tokens/param)")
         lines.append(f"| {rung}{running} | {one} | {complete} | {lh_cell} | {_fmt(r['target_eval_loss'], 4)} "
                      f"| {_fmt(r['hf_tuned_eval_loss'], 4)} | {_fmt(r.get('long_horizon_eval_loss', math.nan), 4)} |")
     for rung, r in rows.items():
@@ -519,7 +529,7 @@ def hf_best_points(rows: dict[str, Any], summary: dict[str, Any]) -> dict[str, l
     extrapolated) per measure; one run is the ladder's recipe, or the recipe's winner beyond the ladder."""
     out: dict[str, list[tuple[float, float, bool]]] = {"one_run": [], "complete_runs": []}
     for rung, r in rows.items():
-        if not r.get("search_complete", True) or r.get("corpus", "stdlib") != "stdlib":
+        if not r.get("search_complete", True) or r.get("corpus", "stdlib") != "stdlib" or r.get("model"):
             continue
         tpp = summary[rung]["tokens_per_param"] if summary.get(rung) else r["tokens_per_param"]
         one = r["recipe_token_ratio"] if r.get("recipe_token_ratio") is not None else r.get("long_horizon_token_ratio")

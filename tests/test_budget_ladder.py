@@ -194,6 +194,26 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     assert "| 64x-unique (16x winners, lr swept) (no repeats) | n/a (not on the ladder) | n/a |" in bl.hf_best_markdown(both)
     assert bl.hf_best_points(both, summary)["one_run"] == [(budget / 400_000, row["long_horizon_token_ratio"], False)]
 
+    # a larger model at its own budget: one run only (no shorter complete runs of that model), its own parameter
+    # count, and outside the trend and the plot (another model)
+    big = {"max_steps": 16200, "batch_size": 16, "block_size": 128, "n_layer": 3, "n_embd": 192, "n_head": 6}
+    larger = {**hf_best, "setups": {**hf_best["setups"], "54x-3x192": big},
+              "runs": {**hf_best["runs"], **{k + "l": {**r, "rung": "54x-3x192"} for k, r in hf_best["runs"].items()}},
+              "summary": {"64x": families, "54x-3x192": families}}
+    rows = bl.versus_hf_best(summary, [], larger)
+    got = rows["54x-3x192"]
+    n = bl.non_embedding_params(3, 192, "gpt2", 6)
+    assert 1.3e6 < n < 1.4e6 and got["non_embedding_params"] == n and got["model"] == "3x192"
+    assert got["tokens_per_param"] == pytest.approx(16200 * 2048 / n)
+    assert got["recipe_complete_run_ratio"] is None and not got["recipe_complete_run_extrapolated"]
+    assert got["long_horizon_token_ratio"] == pytest.approx(10_000_000 / (16200 * 2048))
+    assert f"| 54x-3x192 (16x winners, lr swept) (GPT-2 3x192, {n / 1e6:.2f}M non-embedding parameters, " in \
+        bl.hf_best_markdown(rows)
+    with_16x = {**rows, "16x": {"recipe_token_ratio": 0.8, "recipe_complete_run_ratio": 0.6,
+                                "recipe_complete_run_extrapolated": False}}
+    assert bl.versus_hf_best_trend(with_16x, summary)["one_run"]["points"] == 2  # 16x and 64x, not 54x-3x192
+    assert bl.hf_best_points(rows, summary)["one_run"] == [(budget / 400_000, row["long_horizon_token_ratio"], False)]
+
 
 def test_a_corpus_too_small_to_cover_the_budget_without_repeats_is_refused_before_training(monkeypatch):
     bl = _load()
