@@ -365,7 +365,10 @@ def fastest_one_run(hf_best: dict[str, Any], rung: str, target: float, budget: f
                     min_seeds: int = 2) -> Optional[dict[str, Any]]:
     """Of the recipe settings run at ``rung`` with at least ``min_seeds`` seeds, the one that reaches ``target``
     soonest inside a run (median over its seeds): the search decides by the final loss, and a setting can end
-    level and still get there much sooner. None without such a setting."""
+    level and still get there much sooner. None without such a setting. Where the same settings also ran as
+    complete runs at other budgets of the ladder's model and corpus (``hf_best --budget 8 --config ...``), the
+    row also gives the complete-run measure for them: ``complete_runs`` (multiple -> median final loss) and
+    ``complete_run_ratio`` (:func:`complete_run_budget` over this budget's multiple)."""
     by_config: dict[str, list] = {}
     for r in (hf_best.get("runs") or {}).values():
         if r["rung"] == rung and r["family"] == "recipe" and r.get("curve"):
@@ -376,7 +379,23 @@ def fastest_one_run(hf_best: dict[str, Any], rung: str, target: float, budget: f
              "eval_loss": statistics.median(r["final_eval_loss"] for r in rs),
              "ns_dtype_other": sum(bool(r.get("ns_dtype")) for r in rs), "min_seeds": min_seeds}
             for rs in by_config.values() if len(rs) >= min_seeds]
-    return min(rows, key=lambda x: (x["token_ratio"], x["eval_loss"])) if rows else None
+    if not rows:
+        return None
+    best = min(rows, key=lambda x: (x["token_ratio"], x["eval_loss"]))
+    if "-" not in rung:  # the ladder's model and corpus: complete runs of the same settings at other budgets
+        key = json.dumps(best["config"], sort_keys=True)
+        by_multiple: dict[int, list] = {}
+        for r in (hf_best.get("runs") or {}).values():
+            if (r["family"] == "recipe" and "-" not in r["rung"] and r["rung"] != rung
+                    and json.dumps(r["config"], sort_keys=True) == key):
+                by_multiple.setdefault(int(r["rung"].split("x")[0]), []).append(r["final_eval_loss"])
+        if by_multiple:
+            multiple = int(rung.split("x")[0])
+            finals = {**{m: statistics.median(v) for m, v in sorted(by_multiple.items())}, multiple: best["eval_loss"]}
+            best["complete_runs"] = dict(sorted(finals.items()))
+            best["complete_run_ratio"] = complete_run_budget(finals, target) / multiple
+            best["complete_run_extrapolated"] = not (min(finals.values()) <= target <= max(finals.values()))
+    return best
 
 
 def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, Any], finals: dict[int, float],
@@ -468,10 +487,16 @@ def hf_best_markdown(rows: dict[str, Any], tr: Optional[dict[str, Any]] = None) 
         if f and r.get("long_horizon_recipe") and f["config"] != r["long_horizon_recipe"]:
             diff = ", ".join(f"{k} {v}" for k, v in f["config"].items() if r["long_horizon_recipe"].get(k) != v)
             other = f" ({f['ns_dtype_other']} with Muon's Newton-Schulz in fp32)" if f["ns_dtype_other"] else ""
+            complete = ""
+            if f.get("complete_run_ratio") is not None:
+                runs = ", ".join(f"{m}x {_fmt(v, 4)}" for m, v in f["complete_runs"].items())
+                complete = (f" By complete runs of these settings ({runs}): "
+                            f"**{_fmt(f['complete_run_ratio'])}** of the budget"
+                            + (" (extrapolated)." if f["complete_run_extrapolated"] else "."))
             lines.append(f"\nAt {rung}, fastest inside one run of the recipe settings with {f.get('min_seeds', 2)} or more seeds: "
                          f"the long-horizon recipe with {diff}, **{_fmt(f['token_ratio'])}** (median of {f['seeds']} "
                          f"seeds{other}: {', '.join(_fmt(x) for x in f['token_ratios'])}), final loss "
-                         f"{_fmt(f['eval_loss'], 4)} (median).")
+                         f"{_fmt(f['eval_loss'], 4)} (median).{complete}")
     for name, label in (("one_run", "one run"), ("complete_runs", "complete runs")):
         fit = (tr or {}).get(name)
         if fit:

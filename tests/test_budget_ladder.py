@@ -260,3 +260,18 @@ def test_the_fastest_setting_inside_one_run_needs_two_seeds_and_is_shown_beside_
             "with lr 0.5, cautious_wd True, **0.45** (median of 2 seeds (1 with Muon's Newton-Schulz in fp32): "
             "0.4, 0.5), final loss 2.71 (median).") in text
     assert "fastest inside one run" not in bl.hf_best_markdown({"16x": {**row, "fastest_one_run": {**got, "config": winner}}})
+    assert "complete_run_ratio" not in got and "By complete runs" not in text  # no complete runs elsewhere yet
+
+    # the same settings as complete runs at shorter budgets: the complete-run measure for them, in log budget
+    # between the two that bracket the target; runs of other settings, corpora or models are not read
+    shorter = [{**run(fast, 0, 900, 3.1), "rung": "8x"}, {**run(fast, 0, 900, 3.6), "rung": "4x"},
+               {**run(fast, 1, 900, 3.5), "rung": "4x"}, {**run(winner, 0, 900, 2.0), "rung": "8x"},
+               {**run(fast, 0, 900, 1.0), "rung": "8x-unique"}]
+    hb2 = {"runs": {str(i): r for i, r in enumerate(runs + shorter)}}
+    got2 = bl.fastest_one_run(hb2, "16x", 3.0, 1000)
+    assert got2["complete_runs"] == pytest.approx({4: 3.55, 8: 3.1, 16: 2.71})
+    assert got2["complete_run_ratio"] == pytest.approx(8 * 2 ** ((3.1 - 3.0) / (3.1 - 2.71)) / 16)
+    assert not got2["complete_run_extrapolated"]
+    text2 = bl.hf_best_markdown({"16x": {**row, "fastest_one_run": got2}})
+    assert (f"By complete runs of these settings (4x 3.55, 8x 3.1, 16x 2.71): **{got2['complete_run_ratio']:.3g}** "
+            "of the budget.") in text2
