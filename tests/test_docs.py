@@ -1161,6 +1161,11 @@ FIGURES += [
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['long_horizon_token_ratio']:.2f}"),
     ("README.md", r"at 99\*\* \(complete runs: (\d\.\d\d);",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['recipe_complete_run_ratio']:.2f}"),
+    # the larger model (3x192 at 25 tokens per parameter), each family at the lr law's value
+    ("README.md", r"lr law and not yet swept: \*\*(\d\.\d\d)\*\*",
+     lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['long_horizon_token_ratio']:.2f}"),
+    ("docs/benchmarks.md", r"inside one run in\s+\*\*(\d\.\d\d\d)\*\* of the tokens \(the ladder's model at 16x",
+     lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['long_horizon_token_ratio']:.3f}"),
     ("docs/index.md", r"the corpus read 12 times\) (\d\.\d\d)",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['long_horizon_token_ratio']:.2f}"),
 ]
