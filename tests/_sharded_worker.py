@@ -26,7 +26,8 @@ KW = {
     "muon": {"lr": 2e-2, "weight_decay": 0.1},
     "muon-roundrobin": {"lr": 2e-2, "weight_decay": 0.1, "ns_sharding": "round_robin"},
     "muon-polar-cautious": {"lr": 2e-2, "weight_decay": 0.1, "ns_coefficients": "polar_express", "cautious": True},
-    "muon-cautious-wd": {"lr": 2e-2, "weight_decay": 0.5, "cautious_wd": True},
+    # the long-run row's Muon: cautious weight decay, the AdamW part at a quarter of Muon's lr
+    "muon-cautious-wd": {"lr": 2e-2, "weight_decay": 0.5, "cautious_wd": True, "adamw_lr_ratio": 0.25},
 }
 
 

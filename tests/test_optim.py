@@ -623,6 +623,45 @@ def test_muon_adamw_lr_ratio_is_the_adamw_part_at_a_multiple_of_muons_lr():
     assert not torch.equal(ratio.transformer.wte.weight, _tiny_gpt2().transformer.wte.weight)  # it trained
 
 
+def test_muon_adamw_lr_ratio_resumes_under_a_schedule_bit_for_bit():
+    """The long-run settings (the AdamW part at 0.25x, cautious weight decay) under a warmup + cosine schedule:
+    a run saved after 3 steps and resumed into a fresh optimizer and scheduler equals the straight run, and the
+    AdamW part stays at 0.25x Muon's lr through the schedule."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    batch, kw = _batch(), dict(lr=8e-3, weight_decay=0.1, adamw_lr_ratio=0.25, cautious_wd=True, ns_dtype="float32")
+
+    def build(model):
+        opt = create_optimizer("muon", model, **kw)
+        return opt, get_cosine_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=6)
+
+    def train(model, opt, sched, steps):
+        for _ in range(steps):
+            model(input_ids=batch, labels=batch).loss.backward()
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+
+    straight = _tiny_gpt2()
+    opt, sched = build(straight)
+    train(straight, opt, sched, 3)
+    saved = copy.deepcopy(straight.state_dict()), _roundtrip(opt.state_dict()), _roundtrip(sched.state_dict())
+    train(straight, opt, sched, 2)
+    lrs = [g["lr"] for g in opt.param_groups]
+    assert lrs[0] > 0 and lrs[1:] == [pytest.approx(lrs[0] * 0.25, rel=1e-12)] * 2, lrs
+
+    resumed = _tiny_gpt2(seed=1)
+    resumed.load_state_dict(saved[0])
+    opt2, sched2 = build(resumed)
+    opt2.load_state_dict(saved[1])
+    sched2.load_state_dict(saved[2])
+    train(resumed, opt2, sched2, 2)
+    assert [g["lr"] for g in opt2.param_groups] == lrs
+    for (n, a), b in zip(straight.named_parameters(), resumed.parameters()):
+        assert torch.equal(a, b), n
+    assert not torch.equal(saved[0]["transformer.wte.weight"], straight.transformer.wte.weight)  # it trained on
+
+
 def _roundtrip(state_dict):
     buffer = io.BytesIO()
     torch.save(state_dict, buffer)
