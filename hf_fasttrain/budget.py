@@ -74,6 +74,7 @@ _NOT_LONG = {"cautious_wd": False, "adamw_lr_ratio": 1.0}
 # to the next. Short runs (1.5 tokens per parameter): what the long-horizon search at 1x kept over hf-tuned's
 # settings. Middle (6.2): for AdamW what the search at 4x kept; for Muon the budget ladder's 4x, where only the
 # recipe's peak lr was swept (cosine to 10%, weight decay 0.1, beta2 0.95: the bundled GPU recipes' settings).
+# Middle-long (12.4): for Muon the long row's settings, which ran as complete runs at 8x and beat the middle row's.
 # Long runs (24.8): what the search at 16x kept, and for Muon the four knobs that were level one at a time and
 # together reached the target sooner. Over-training (99): nothing searched; the 16x search's winners with only the
 # peak lr swept at 64x, so the settings are those winners' and the row records how far the best lr moved.
@@ -91,7 +92,7 @@ REGIMES: tuple[BudgetRegime, ...] = (
                   "adam_beta2": 0.999, "optimizer_kwargs": {"betas": [0.9, 0.999], "normuon_beta2": 0.95, **_NOT_LONG}}},
         "long-horizon search at 1x (benchmarks/results/hf_best.md)"),
     BudgetRegime(
-        "middle", 12.4,
+        "middle", 8.8,
         # AdamW at 4x: warmup-stable-decay with a linear cooldown to 0 over the last 20% ended at 3.600 against
         # cosine to 10%'s 3.733 (1-sqrt cooldown 3.602, linear to 0 3.748, cosine to 1% 3.770); then beta2 0.999:
         # 3.505 (0.99: 3.514); weight decay timescales 0.5-8, lr x0.5 / x2 and schedule-free lost; 2 seeds at the
@@ -102,6 +103,22 @@ REGIMES: tuple[BudgetRegime, ...] = (
                   "adam_beta2": 0.95, "optimizer_kwargs": {"betas": [0.9, 0.95], "normuon_beta2": None, **_NOT_LONG}}},
         "long-horizon search at 4x (AdamW) and budget ladder 4x (Muon) (benchmarks/results/hf_best.md, "
         "budget_ladder.md)"),
+    BudgetRegime(
+        "middle-long", 12.4,
+        # AdamW: the middle row's settings (nothing measured at 12.4: its 6.2 and 24.8 rows meet here, as before).
+        # Muon at 8x (12.4 tokens per parameter): the long row's combination (below) as complete runs, at 0.5x the
+        # 16x winner's lr (8e-3, also the budget ladder recipe's best lr at 8x) and weight decay timescale 4.0,
+        # ended at 2.913 and 2.929 against the budget ladder recipe's (this table's middle row) 3.005 and 3.057;
+        # at 4x (6.2) the combination lost (3.379 against 3.245), so the rows meet halfway between, at 8.8. Weight
+        # decay 0.2 at that lr over 2,400 steps is timescale 3.84 (the long row's 0.1 over 4,800)
+        {"adamw": {"lr_decay": "linear", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
+                   "adam_beta2": 0.999},
+         "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.2,
+                  "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None,
+                                                           "cautious_wd": True, "adamw_lr_ratio": 0.25}}},
+        "budget ladder 8x (AdamW: the long-horizon search at 4x) and the 16x combination's complete runs at 8x "
+        "(benchmarks/results/hf_best.md, budget_ladder.md)",
+        lr_factor={"muon": 0.5}),
     BudgetRegime(
         "long", 49.6,
         # AdamW at 16x: warmup-stable-decay with a 1-sqrt cooldown to 0 over the last 20% ended at 3.006 against

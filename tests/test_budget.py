@@ -21,8 +21,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     (1.5, "muon", "short", False),  # the tiny recipe
     (3.1, "adamw", "short", False),  # a boundary belongs to the shorter regime
     (3.2, "adamw", "middle", False),
-    (8.7, "muon", "middle", False),  # the GPU recipe (gpt2_small.yaml)
-    (12.4, "adamw", "middle", False),
+    (8.7, "muon", "middle", False),  # the GPU recipes (gpt2_small.yaml 7.7, llama_small.yaml 8.7)
+    (8.9, "muon", "middle-long", False),
+    (12.4, "adamw", "middle-long", False),
     (12.5, "adamw", "long", False),
     (24.8, "muon", "long", False),  # the longest searched
     (49.6, "adamw", "long", False),
@@ -40,7 +41,7 @@ def test_budget_settings_by_tokens_per_parameter(tpp, optimizer, regime, extrapo
 
 
 def test_the_middle_regime_is_the_gpu_recipes_settings():
-    """With Muon, runs of 3.1 to 12.4 tokens per parameter keep what the bundled GPU recipes set (the budget
+    """With Muon, runs of 3.1 to 8.8 tokens per parameter keep what the bundled GPU recipes set (the budget
     ladder's 4x settings), so budget_aware changes nothing for them; AdamW there takes the 4x search's winner."""
     import yaml
 
@@ -101,6 +102,49 @@ def test_the_regimes_are_what_the_search_kept(rung, regime, families):
         if family == "recipe":  # NorMuon: on where the search kept it, off where it lost; beta2 of the AdamW part
             assert settings["optimizer_kwargs"]["normuon_beta2"] == best.get("normuon"), rung
             assert settings["optimizer_kwargs"]["betas"] == [0.9, best["beta2"]], rung
+
+
+def _median(values):
+    values = sorted(values)
+    return (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2
+
+
+def test_muon_takes_the_long_settings_from_where_they_won_as_complete_runs():
+    """The 16x combination ran as complete runs at 4x and 8x (results/hf_best.json): at 8x (12.4 tokens per
+    parameter) it ended below the budget ladder recipe (the middle row's settings) at its best lr by more than
+    either's seed spread, at 4x (6.2) above it; so the middle-long row, from halfway between (8.8), is the long
+    row's Muon with the weight decay that gives the timescale that ran, and AdamW keeps the middle row."""
+    data = json.loads((RESULTS / "hf_best.json").read_text())
+    ladder = json.loads((RESULTS / "budget_ladder.json").read_text())
+    fastest = ladder["versus_hf_best"]["16x"]["fastest_one_run"]["config"]
+    rows = {r.name: r for r in REGIMES}
+    middle, mid_long, long = rows["middle"], rows["middle-long"], rows["long"]
+
+    def combination(rung):
+        return [r["final_eval_loss"] for r in data["runs"].values()
+                if r["rung"] == rung and r["family"] == "recipe" and r["config"] == fastest]
+
+    def ladder_recipe(rung):  # the middle row's Muon settings, its lr swept: the seeds at its best lr
+        best = ladder["summary"][rung]["optimizers"]["recipe"]["best_lr"]
+        return [r["final_eval_loss"] for r in ladder["runs"].values()
+                if r["rung"] == rung and r["optimizer"] == "recipe" and r["lr"] == best]
+
+    at_8x, base_8x = combination("8x"), ladder_recipe("8x")
+    assert len(at_8x) >= 2 and len(base_8x) >= 2
+    spread = max(max(at_8x) - min(at_8x), max(base_8x) - min(base_8x))
+    assert max(at_8x) < min(base_8x) and _median(base_8x) - _median(at_8x) > spread
+    assert _median(combination("4x")) > _median(ladder_recipe("4x"))
+    tpp = {rung: ladder["summary"][rung]["tokens_per_param"] for rung in ("4x", "8x")}
+    assert middle.max_tokens_per_param == pytest.approx((tpp["4x"] * tpp["8x"]) ** 0.5, abs=0.05)
+    assert mid_long.max_tokens_per_param == pytest.approx(tpp["8x"], abs=0.05)
+    muon = mid_long.settings["muon"]
+    assert {k: v for k, v in muon.items() if k != "weight_decay"} == {
+        k: v for k, v in long.settings["muon"].items() if k != "weight_decay"}
+    lr = data["searches"]["16x"]["recipe"]["best"]["lr"] * fastest["lr_scale"]
+    steps = data["setups"]["8x"]["max_steps"]
+    assert lr * muon["weight_decay"] * steps == pytest.approx(3.84) and fastest["wd_timescale"] == 4.0
+    assert mid_long.lr_factor == {"muon": fastest["lr_scale"]}
+    assert mid_long.settings["adamw"] == middle.settings["adamw"]
 
 
 def test_the_over_training_row_is_the_16x_winners_and_the_64x_sweeps_lr():
@@ -183,7 +227,8 @@ def test_tokens_per_parameter_and_non_embedding_parameters():
         budget_settings(0, "adamw")
 
 
-@pytest.mark.parametrize("max_steps, regime", [(2, "short"), (4000, "long"), (9000, "over-training")])
+@pytest.mark.parametrize("max_steps, regime", [(2, "short"), (1000, "middle-long"), (4000, "long"),
+                                               (9000, "over-training")])
 def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, tiny_tokenizer, max_steps, regime,
                                                             caplog):
     args = tiny_args(tmp_path, max_steps=max_steps, budget_aware=True, lr_decay="cosine", min_lr_ratio=0.5,
@@ -195,8 +240,8 @@ def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, t
     tpp = max_steps * 8 * 32 / non_embedding_parameters(model)
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("budget_aware:")]
     assert len(logged) == 1 and f"the {regime}-run settings" in logged[0]
-    # from 12.5 tokens per parameter on the log gives the measured lr hint; the lr itself is not touched
-    hint = {"short": None, "long": "0.5x", "over-training": "0.125x"}[regime]
+    # from 8.8 tokens per parameter on the log gives the measured lr hint; the lr itself is not touched
+    hint = {"short": None, "middle-long": "0.5x", "long": "0.5x", "over-training": "0.125x"}[regime]
     assert ("measured best at" in logged[0]) == (hint is not None)
     assert hint is None or f"measured best at {hint} the peak lr that was best for the search's winner" in logged[0]
     assert trainer.args.learning_rate == 3e-3  # tiny_args' lr
@@ -216,7 +261,8 @@ def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, t
     # long runs: cautious weight decay on Muon's matrices, the AdamW part at a quarter of the lr
     ratio = settings["optimizer_kwargs"]["adamw_lr_ratio"]
     assert {g["lr"] for g in muon_groups} == {3e-3} and {g["lr"] for g in adamw_groups} == {3e-3 * ratio}
-    assert {g["cautious_wd"] for g in muon_groups} == {regime == "long"} and (ratio == 0.25) == (regime == "long")
+    combined = regime in ("middle-long", "long")
+    assert {g["cautious_wd"] for g in muon_groups} == {combined} and (ratio == 0.25) == combined
 
 
 def test_budget_aware_keeps_a_given_muon_lr(tmp_path, tiny_lm, tiny_tokenizer, caplog):
