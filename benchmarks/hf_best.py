@@ -490,7 +490,7 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
             out[family]["transfer_from"] = progress[family]["transfer_from"]
         knobs = TRANSFER_KNOBS if out[family].get("transfer_from") else KNOBS.get(family, [])
         if not complete:  # the knob being tried now: the values that have finished
-            trying = {}
+            trying, finished = {}, []
             running = [config_key(c) for c in progress[family].get("running") or []]
             for knob, value in _knob_of(knobs, best, running):
                 c = with_knob(best, knob, value)
@@ -498,8 +498,11 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
                        and config_key(r["config"]) == config_key(c)]
                 trying.setdefault("knob", knob)
                 trying.setdefault("finished", {})[str(knob_value(c, knob))] = got[0] if got else None
+                finished += [(got[0], c)] if got else []
             seed0 = [r["final_eval_loss"] for r in runs if r["family"] == family and r["seed"] == 0
                      and config_key(r["config"]) == config_key(best)]
+            if trying.get("knob"):
+                trying["from"] = knob_value(best, trying["knob"])
             trying["from_loss"] = seed0[0] if seed0 else out[family]["final_eval_loss"]
             out[family]["trying"] = trying
             # runs that finished ahead of their knob's turn (a restarted search, a reordered knob list): shown,
@@ -514,6 +517,17 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
                     if got and knob not in settled and c != best:
                         ahead.setdefault(knob, {})[str(knob_value(c, knob))] = got[0]
             out[family]["ahead"] = ahead
+            # an lr sweep keeps the lowest loss, with no threshold: so does its best so far, before the batch is
+            # decided (the baseline a ratio is measured against must be the best run there is)
+            lower = min(finished, key=lambda lc: lc[0], default=None)
+            if out[family].get("transfer_from") and lower and lower[0] < trying["from_loss"]:
+                finals = [r["final_eval_loss"] for r in runs
+                          if r["family"] == family and config_key(r["config"]) == config_key(lower[1])]
+                out[family].update(best=lower[1], final_eval_loss=statistics.median(finals), seeds=len(finals))
+                out[family].pop("seeds_ns_other", None)
+                others = sum(bool(r.get("ns_dtype")) for r in runs
+                             if r["family"] == family and config_key(r["config"]) == config_key(lower[1]))
+                out[family].update({"seeds_ns_other": others} if others else {})
     return out
 
 
@@ -543,7 +557,7 @@ def markdown(summary: dict[str, Any]) -> str:
         t = s.get("trying")
         if t and t.get("knob"):
             tried = ", ".join(f"{v}: {'running' if loss is None else f'{loss:.3f}'}" for v, loss in t["finished"].items())
-            lines.append(f"| {family} | {t['knob']} | {knob_value(s['best'], t['knob'])} ({t['from_loss']:.3f}) | {tried} | "
+            lines.append(f"| {family} | {t['knob']} | {t.get('from', knob_value(s['best'], t['knob']))} ({t['from_loss']:.3f}) | {tried} | "
                          "deciding |")
         for knob, got in (s.get("ahead") or {}).items():
             tried = ", ".join(f"{v}: {loss:.3f}" for v, loss in got.items())

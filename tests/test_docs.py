@@ -1171,13 +1171,13 @@ FIGURES += [
     ("README.md", r"at 99\*\* \(complete runs: (\d\.\d\d);",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['recipe_complete_run_ratio']:.2f}"),
     # the larger model (3x192 at 25 tokens per parameter), each family at the lr law's value
-    ("README.md", r"lr law and not yet swept: \*\*(\d\.\d\d)\*\*",
+    ("README.md", r"recipe's not yet swept\): \*\*(\d\.\d\d)\*\*",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['long_horizon_token_ratio']:.2f}"),
-    ("docs/benchmarks.md", r"inside one run in\s+\*\*(\d\.\d\d\d)\*\* of the tokens \(the ladder's model at 16x",
+    ("docs/benchmarks.md", r"inside one run in\s+\*\*(\d\.\d\d\d)\*\* of the tokens \(against hf-best at the law's lr",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['long_horizon_token_ratio']:.3f}"),
     # the larger model memorises the repeated corpus: its final loss on training rows, at each family's best
     ("docs/benchmarks.md", r"training rows as eval rows hf-best ends at (\d\.\d{3})", lambda: _train_rows_loss("hf-best")),
-    ("docs/benchmarks.md", r"below its eval loss\) and the recipe at (\d\.\d{3})", lambda: _train_rows_loss("recipe")),
+    ("docs/benchmarks.md", r"best lr so far\) and the recipe at (\d\.\d{3})", lambda: _train_rows_loss("recipe")),
     ("docs/index.md", r"the corpus read 12 times\) (\d\.\d\d)",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['long_horizon_token_ratio']:.2f}"),
 ]
