@@ -69,6 +69,14 @@ class BudgetRegime:
 # Muon's options that only the long row turns on (every row names them, so a given value is replaced)
 _NOT_LONG = {"cautious_wd": False, "adamw_lr_ratio": 1.0}
 
+# AdamW at 4x (the middle row; also the middle-long row's, where AdamW was not measured)
+_MIDDLE_ADAMW = {"lr_decay": "linear", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
+                 "adam_beta2": 0.999}
+# Muon's long-run settings (the long row's; the middle-long row's with the weight decay of the timescale that ran)
+_LONG_MUON = {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
+              "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None,
+                                                       "cautious_wd": True, "adamw_lr_ratio": 0.25}}
+
 
 # The measured table: each row is one length where the settings were searched, reaching halfway (geometrically)
 # to the next. Short runs (1.5 tokens per parameter): what the long-horizon search at 1x kept over hf-tuned's
@@ -97,8 +105,7 @@ REGIMES: tuple[BudgetRegime, ...] = (
         # cosine to 10%'s 3.733 (1-sqrt cooldown 3.602, linear to 0 3.748, cosine to 1% 3.770); then beta2 0.999:
         # 3.505 (0.99: 3.514); weight decay timescales 0.5-8, lr x0.5 / x2 and schedule-free lost; 2 seeds at the
         # winner: 3.515 against hf-tuned's 3.746
-        {"adamw": {"lr_decay": "linear", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
-                   "adam_beta2": 0.999},
+        {"adamw": _MIDDLE_ADAMW,
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
                   "adam_beta2": 0.95, "optimizer_kwargs": {"betas": [0.9, 0.95], "normuon_beta2": None, **_NOT_LONG}}},
         "long-horizon search at 4x (AdamW) and budget ladder 4x (Muon) (benchmarks/results/hf_best.md, "
@@ -111,11 +118,7 @@ REGIMES: tuple[BudgetRegime, ...] = (
         # ended at 2.913 and 2.929 against the budget ladder recipe's (this table's middle row) 3.005 and 3.057;
         # at 4x (6.2) the combination lost (3.379 against 3.245), so the rows meet halfway between, at 8.8. Weight
         # decay 0.2 at that lr over 2,400 steps is timescale 3.84 (the long row's 0.1 over 4,800)
-        {"adamw": {"lr_decay": "linear", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
-                   "adam_beta2": 0.999},
-         "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.2,
-                  "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None,
-                                                           "cautious_wd": True, "adamw_lr_ratio": 0.25}}},
+        {"adamw": _MIDDLE_ADAMW, "muon": {**_LONG_MUON, "weight_decay": 0.2}},
         "budget ladder 8x (AdamW: the long-horizon search at 4x) and the 16x combination's complete runs at 8x "
         "(benchmarks/results/hf_best.md, budget_ladder.md)",
         lr_factor={"muon": 0.5}),
@@ -135,9 +138,7 @@ REGIMES: tuple[BudgetRegime, ...] = (
          # budget against the winner's 0.661 / 0.663 / 0.831. Kept: the two that are options (cautious_wd,
          # adamw_lr_ratio); weight decay 0.1 at half the winner's lr is timescale 3.84 (the combination ran 4.0:
          # 0.104), and the half lr is the lr_factor hint
-         "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None,
-                                                           "cautious_wd": True, "adamw_lr_ratio": 0.25}}},
+         "muon": _LONG_MUON},
         "long-horizon search at 16x and its four level knobs together (benchmarks/results/hf_best.md)",
         lr_factor={"muon": 0.5}),
     BudgetRegime(
