@@ -477,15 +477,10 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
             for d in decisions:
                 if d["accepted"]:
                     best = set_knob(best, d["knob"], d["best_value"])
-        finals = [r["final_eval_loss"] for r in runs
-                  if r["family"] == family and config_key(r["config"]) == config_key(best)]
-        if not finals:
+        at_best = _seeds_of(runs, family, best)
+        if not at_best:
             continue
-        other_precision = sum(bool(r.get("ns_dtype")) for r in runs
-                              if r["family"] == family and config_key(r["config"]) == config_key(best))
-        out[family] = {"best": best, "final_eval_loss": statistics.median(finals), "seeds": len(finals),
-                       **({"seeds_ns_other": other_precision} if other_precision else {}),
-                       "decisions": decisions, "complete": complete}
+        out[family] = {"best": best, **at_best, "decisions": decisions, "complete": complete}
         if (progress.get(family) or {}).get("transfer_from"):
             out[family]["transfer_from"] = progress[family]["transfer_from"]
         knobs = TRANSFER_KNOBS if out[family].get("transfer_from") else KNOBS.get(family, [])
@@ -521,14 +516,20 @@ def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
             # decided (the baseline a ratio is measured against must be the best run there is)
             lower = min(finished, key=lambda lc: lc[0], default=None)
             if out[family].get("transfer_from") and lower and lower[0] < trying["from_loss"]:
-                finals = [r["final_eval_loss"] for r in runs
-                          if r["family"] == family and config_key(r["config"]) == config_key(lower[1])]
-                out[family].update(best=lower[1], final_eval_loss=statistics.median(finals), seeds=len(finals))
                 out[family].pop("seeds_ns_other", None)
-                others = sum(bool(r.get("ns_dtype")) for r in runs
-                             if r["family"] == family and config_key(r["config"]) == config_key(lower[1]))
-                out[family].update({"seeds_ns_other": others} if others else {})
+                out[family].update(best=lower[1], **_seeds_of(runs, family, lower[1]))
     return out
+
+
+def _seeds_of(runs: list[dict[str, Any]], family: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The median final loss of ``family``'s runs of ``config`` over its seeds, how many, and how many ran Muon's
+    iteration at another precision; empty where none ran."""
+    mine = [r for r in runs if r["family"] == family and config_key(r["config"]) == config_key(config)]
+    if not mine:
+        return {}
+    other_precision = sum(bool(r.get("ns_dtype")) for r in mine)
+    return {"final_eval_loss": statistics.median(r["final_eval_loss"] for r in mine), "seeds": len(mine),
+            **({"seeds_ns_other": other_precision} if other_precision else {})}
 
 
 def _knob_of(knobs: list[tuple[str, list[Any]]], best: dict[str, Any], keys: list[str]) -> list[tuple[str, Any]]:
