@@ -40,9 +40,10 @@ told their losses, so a rerun replays its decisions from the JSON and runs only 
 families share the ``--jobs`` workers, each asking for its next batch as soon as its own has finished.
 
 A budget too long to search (``--budget 64 --transfer-from 16``) starts each family at its winner of a shorter
-budget's search and sweeps only the peak lr: x0.5 and x2, then up to three times more from the best so far (so the sweep
-extends by a factor 2 while the best is at an edge, at most three times); the weight decay's timescale is in units of the run, so it
-carries over as is. ``--model 3x192`` does the same on a larger model (1.33M non-embedding parameters; rung
+budget's search and walks only the peak lr, one run at a time (``lr_walk``): x0.5 first, on down while each step
+lowers the final loss, and x2 and on up where the first step down does not; it stops at the first step that does not
+(the best then lies inside the sweep) or after four steps one way. The weight decay's timescale is in units of the
+run, so it carries over as is. ``--model 3x192`` does the same on a larger model (1.33M non-embedding parameters; rung
 ``<budget>x-3x192``, e.g. ``--budget 54``: 24.9 tokens per parameter), each family's lr there starting at the
 measured law's (``learning_rate: auto``), so the sweep also checks the law at a point outside its fit. ``--corpus unique``
 does the same on the ladder's corpus that does not repeat (the stdlib corpus plus Python sources of the installed
@@ -151,11 +152,13 @@ MUON_ONLY = ("normuon", "cautious_wd", "adamw_lr_scale", "hyperball")
 # Knobs whose values multiply the current one (the peak lr: x0.5 and x2 of wherever the search stands).
 RELATIVE_KNOBS = ("lr_scale",)
 
-# ``--transfer-from``: a budget too long to search takes each family's winner at a searched budget and sweeps
-# only its peak lr, x0.5 and x2, then three more rounds from the best so far (the sweep extends by a factor 2 each time
-# the best is at an edge, at most three times; a value already run is not run again, so a best inside the sweep costs
-# nothing more). The best lr is the lowest loss: no threshold.
-TRANSFER_KNOBS = [("lr_scale", [0.5, 2.0])] * 4
+# ``--transfer-from``: a budget too long to search takes each family's winner at a searched budget and walks only
+# its peak lr, one run at a time (``lr_walk``): x0.5 first, then on down while each step lowers the final loss; where
+# the first step down does not, x2 and on up. The walk stops at the first step that does not lower the loss (the best
+# then has both neighbours run: an interior best in three runs where the budget allows no more) or after
+# ``TRANSFER_STEPS`` steps one way (at the edge: x1/16 or x16). The best lr is the lowest loss: no threshold.
+TRANSFER_KNOBS = [("lr_scale", [0.5, 2.0])]  # the values one step of the walk tries, from the best so far
+TRANSFER_STEPS = 4
 
 
 def knob_value(config: dict[str, Any], knob: str) -> Any:
@@ -305,6 +308,40 @@ def coordinate_descent(start: dict[str, Any], knobs: list[tuple[str, list[Any]]]
     return {"best": best, "loss": best_loss, "decisions": decisions}
 
 
+def lr_walk(start: dict[str, Any], steps: Optional[int] = None, decisions: Optional[list] = None,
+            ) -> Generator[list[dict[str, Any]], dict[str, float], dict[str, Any]]:
+    """The peak lr walked from ``start`` one run at a time, downhill first: a generator as ``coordinate_descent``
+    (one setting a batch; each step one decision), returning ``{"best", "loss", "decisions"}``.
+
+    Down first because in every transferred sweep measured before the walk (both families at 64x, hf-best on the
+    larger model) the best lr sat below the start. One run at a time because each run at these lengths takes
+    hours: after x1 and x0.5, a loss that rose at x0.5 sends the walk to x2 and one that fell to x0.25, so a best
+    inside the sweep costs three runs, not the four of a batch of x0.5 and x2 followed by the next point out (with
+    ``--jobs 2``, give both families: each walks on its own worker)."""
+    steps = TRANSFER_STEPS if steps is None else steps
+    knob, (down, up) = TRANSFER_KNOBS[0][0], TRANSFER_KNOBS[0][1]
+    losses = yield [start]
+    best, best_loss = dict(start), losses[config_key(start)]
+    decisions = [] if decisions is None else decisions
+    factor, taken = down, 0
+    while taken < steps:
+        cand = with_knob(best, knob, factor)
+        losses = yield [cand]
+        loss = losses[config_key(cand)]
+        taken += 1
+        accepted = loss < best_loss
+        decisions.append({"knob": knob, "from": knob_value(best, knob), "tried": {str(knob_value(cand, knob)): loss},
+                          "current_loss": best_loss, "best_value": knob_value(cand, knob), "best_loss": loss,
+                          "accepted": accepted})
+        if accepted:
+            best, best_loss = cand, loss
+        elif factor == down and len(decisions) == 1:  # the first step down lost: the other way, as far
+            factor, taken = up, 0
+        else:
+            break
+    return {"best": best, "loss": best_loss, "decisions": decisions}
+
+
 # --- Runs ----------------------------------------------------------------------------------------------
 _SHARED: dict[str, Any] = {}
 # Muon's Newton-Schulz precision in the recipe's runs: torch's bf16, as every ladder run (given explicitly: Muon's
@@ -371,8 +408,8 @@ def import_ladder_starts(ledger: Ledger, ladder: dict[str, Any], rung: str, star
 def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, seeds: int, log=print,
            workers: Optional[int] = None, transfer_from: Optional[str] = None) -> dict[str, Any]:
     """Both families' coordinate descents over one pool of ``workers`` workers; then later seeds at each winner.
-    With ``transfer_from`` (a searched budget whose winners are the starts) only the peak lr is swept
-    (``TRANSFER_KNOBS``, no noise threshold).
+    With ``transfer_from`` (a searched budget whose winners are the starts) only the peak lr is walked
+    (``lr_walk``, no noise threshold).
 
     A family asks for its next batch as soon as its own batch has finished, and a free worker takes the next
     job of the family with the fewest jobs running, so one family's long batch does not hold the other back;
@@ -380,8 +417,8 @@ def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, s
     workers = workers or getattr(pool, "_max_workers", 1)
     runs = ledger.data["runs"]
     traces: dict[str, list] = {f: [] for f in starts}
-    plan = {f: (TRANSFER_KNOBS, 0.0) if transfer_from else (KNOBS[f], NOISE[f]) for f in starts}
-    gens = {f: coordinate_descent(starts[f], *plan[f], traces[f]) for f in starts}
+    gens = {f: lr_walk(starts[f], decisions=traces[f]) if transfer_from else
+            coordinate_descent(starts[f], KNOBS[f], NOISE[f], traces[f]) for f in starts}
     pending = {f: next(g) for f, g in gens.items()}
     outcome: dict[str, Any] = {}
     futures: dict[Any, tuple] = {}  # submitted and not finished: future -> its job
@@ -589,7 +626,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "--transfer-from")
     p.add_argument("--transfer-from", type=int, default=None, metavar="BUDGET",
                    help="start each family at its winner of the search at this (shorter, searched) budget and sweep "
-                        "only the peak lr (x0.5, x2, extended at most three times), for a budget too long to search")
+                        "only the peak lr, one run at a time: x0.5, on down while the loss falls, else x2 and up (at most 4 "
+                        "steps one way), for a budget too long to search")
     p.add_argument("--checkpoints", choices=("auto", "on", "off"), default="auto",
                    help=f"save a checkpoint at every eval into <out>/<name>_partial/ and resume a killed run from it "
                         f"(auto: from budget {CHECKPOINT_FROM_BUDGET} on)")
@@ -821,8 +859,10 @@ def report_text(ledger: Ledger) -> str:
         shown = "; then ".join(f"`{c}`" for c in given)
         summary = summarise(ledger, r)
         source = next((f["transfer_from"] for f in summary.values() if f.get("transfer_from")), None)
-        how = (f"Not searched: each family starts at its {source} winner and only the peak lr is swept (x0.5, x2, "
-               f"extended at most three times from the best).\n\n" if source else "")
+        how = (f"Not searched: each family starts at its {source} winner and only the peak lr is walked, one run at "
+               "a time: x0.5 first, on down while the final loss falls, x2 and on up where the first step down loses, "
+               "at most four steps one way. A sweep begun before the walk ran x0.5 and x2 side by side, extended "
+               "while its best was at an edge (its rows list two values).\n\n" if source else "")
         setup = (ledger.data.get("setups") or {}).get(r)
         corpus = ((ledger.data.get("corpora") or {}).get(r) or {})
         if corpus.get("corpus", "stdlib") != "stdlib":

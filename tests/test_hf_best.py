@@ -43,6 +43,33 @@ def test_coordinate_descent_keeps_only_changes_larger_than_the_noise():
     assert out["best"] == start and not any(d["accepted"] for d in out["decisions"])
 
 
+def test_the_lr_walk_goes_downhill_one_run_at_a_time_and_stops_where_the_loss_rises():
+    """``lr_walk``: x0.5 first, on while the loss falls; where the first step down loses, x2 and on up; at most
+    ``steps`` steps one way. Each batch is one run; each step is one decision."""
+    mod = hb()
+    start = {"lr": 1e-2, "lr_scale": 1.0}
+
+    def walk(best_scale, steps=4):
+        batches, out = drive(mod.lr_walk(start, steps=steps),
+                             lambda c: 3.0 + abs(math.log2(c["lr_scale"] / best_scale)) * 0.1)
+        assert all(len(b) == 1 for b in batches)
+        return [b[0]["lr_scale"] for b in batches], out
+
+    scales, out = walk(0.25)  # down twice, the third step down loses: the best has both neighbours
+    assert scales == [1.0, 0.5, 0.25, 0.125] and out["best"]["lr_scale"] == 0.25 and out["loss"] == 3.0
+    assert [(d["from"], d["best_value"], d["accepted"]) for d in out["decisions"]] == \
+        [(1.0, 0.5, True), (0.5, 0.25, True), (0.25, 0.125, False)]
+    scales, out = walk(4.0)  # the first step down loses: up, twice, then the third step up loses
+    assert scales == [1.0, 0.5, 2.0, 4.0, 8.0] and out["best"]["lr_scale"] == 4.0
+    scales, out = walk(1.0)  # the start is the best: one step each way, three runs in all
+    assert scales == [1.0, 0.5, 2.0] and out["best"] == start
+    scales, out = walk(1 / 64, steps=4)  # four steps down and still falling: stops at the edge
+    assert scales == [1.0, 0.5, 0.25, 0.125, 0.0625] and out["best"]["lr_scale"] == 0.0625
+    # a step that ties does not move the walk (the lowest loss wins, ties keep the current best)
+    _, out = drive(mod.lr_walk(start), lambda c: 3.0)
+    assert out["best"] == start and [d["best_value"] for d in out["decisions"]] == [0.5, 2.0]
+
+
 def test_arms_use_the_trainers_own_options_for_hf_best():
     mod = hb()
     steps = 4800
@@ -328,10 +355,9 @@ def test_a_budget_too_long_to_search_sweeps_only_the_peak_lr_from_the_shorter_bu
     assert out["recipe"]["best"] == winners["recipe"]
     scales = {f: sorted(r["config"]["lr_scale"] for r in ledger.data["runs"].values() if r["family"] == f and r["seed"] == 0)
               for f in starts}
-    # x0.5 and x2, then three more rounds from each new best (x0.25, x0.125, x0.0625; the higher neighbour is run
-    # already); the recipe's stays at x1: its later rounds ask only for values it has run, so nothing more runs
-    assert scales == {"hf-best": [0.0625, 0.125, 0.25, 0.5, 1.0, 2.0], "recipe": [0.5, 1.0, 2.0]}
-    assert [d["knob"] for d in out["recipe"]["decisions"]] == ["lr_scale"]
+    # hf-best walks down four steps (its edge: x1/16, where its best is); the recipe's x0.5 loses, so does x2: done
+    assert scales == {"hf-best": [0.0625, 0.125, 0.25, 0.5, 1.0], "recipe": [0.5, 1.0, 2.0]}
+    assert [(d["best_value"], d["accepted"]) for d in out["recipe"]["decisions"]] == [(0.5, False), (2.0, False)]
     summary = mod.summarise(ledger, "64x")
     assert summary["hf-best"]["transfer_from"] == "16x" and summary["hf-best"]["seeds"] == 2
     assert summary["hf-best"]["final_eval_loss"] == 3.0
@@ -355,11 +381,11 @@ def test_a_finished_sweep_that_asks_for_more_is_reported_as_running_until_it_end
                 "final_eval_loss": 3.0 + abs(math.log2(config["lr_scale"] / 0.125)) * 0.1}
 
     monkeypatch.setattr(mod, "_run_one", fake_run)
-    monkeypatch.setattr(mod, "TRANSFER_KNOBS", [("lr_scale", [0.5, 2.0])] * 2)
+    monkeypatch.setattr(mod, "TRANSFER_STEPS", 2)
     first = mod.search(ledger, "64x", {"recipe": start}, None, seeds=1, log=lambda m: None, transfer_from="16x")
     assert first["recipe"]["best"]["lr_scale"] == 0.25  # at the edge: two rounds were all it had
     assert mod.summarise(ledger, "64x")["recipe"]["complete"] is True
-    monkeypatch.setattr(mod, "TRANSFER_KNOBS", [("lr_scale", [0.5, 2.0])] * 3)
+    monkeypatch.setattr(mod, "TRANSFER_STEPS", 3)
     again = mod.search(ledger, "64x", {"recipe": start}, None, seeds=1, log=lambda m: None, transfer_from="16x")
     (searches_then, summary_then), = seen
     assert "recipe" not in searches_then
