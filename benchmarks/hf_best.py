@@ -155,7 +155,7 @@ RELATIVE_KNOBS = ("lr_scale",)
 # ``--transfer-from``: a budget too long to search takes each family's winner at a searched budget and walks only
 # its peak lr, one run at a time (``lr_walk``): x0.5 first, then on down while each step lowers the final loss; where
 # the first step down does not, x2 and on up. The walk stops at the first step that does not lower the loss (the best
-# then has both neighbours run: an interior best in three runs where the budget allows no more) or after
+# then has both neighbours run: an interior best in as few as three runs) or after
 # ``TRANSFER_STEPS`` steps one way (at the edge: x1/16 or x16). The best lr is the lowest loss: no threshold.
 TRANSFER_KNOBS = [("lr_scale", [0.5, 2.0])]  # the values one step of the walk tries, from the best so far
 TRANSFER_STEPS = 4
@@ -626,8 +626,8 @@ def make_parser() -> argparse.ArgumentParser:
                         "--transfer-from")
     p.add_argument("--transfer-from", type=int, default=None, metavar="BUDGET",
                    help="start each family at its winner of the search at this (shorter, searched) budget and sweep "
-                        "only the peak lr, one run at a time: x0.5, on down while the loss falls, else x2 and up (at most 4 "
-                        "steps one way), for a budget too long to search")
+                        f"only the peak lr, one run at a time: x0.5, on down while the loss falls, else x2 and up (at most "
+                        f"{TRANSFER_STEPS} steps one way), for a budget too long to search")
     p.add_argument("--checkpoints", choices=("auto", "on", "off"), default="auto",
                    help=f"save a checkpoint at every eval into <out>/<name>_partial/ and resume a killed run from it "
                         f"(auto: from budget {CHECKPOINT_FROM_BUDGET} on)")
@@ -861,7 +861,7 @@ def report_text(ledger: Ledger) -> str:
         source = next((f["transfer_from"] for f in summary.values() if f.get("transfer_from")), None)
         how = (f"Not searched: each family starts at its {source} winner and only the peak lr is walked, one run at "
                "a time: x0.5 first, on down while the final loss falls, x2 and on up where the first step down loses, "
-               "at most four steps one way. A sweep begun before the walk ran x0.5 and x2 side by side, extended "
+               f"at most {TRANSFER_STEPS} steps one way. A sweep begun before the walk ran x0.5 and x2 side by side, extended "
                "while its best was at an edge (its rows list two values).\n\n" if source else "")
         setup = (ledger.data.get("setups") or {}).get(r)
         corpus = ((ledger.data.get("corpora") or {}).get(r) or {})
