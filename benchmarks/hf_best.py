@@ -771,7 +771,7 @@ def parse_config(text: str, families: list[str]) -> dict[str, Any]:
     unknown = sorted(set(config) - known)
     if unknown:
         raise UsageError(f"--config: {', '.join(unknown)}: not a knob of {families[0]}; knobs: {', '.join(sorted(known))}")
-    return config
+    return dict(sorted(config.items()))  # one order, whatever the JSON's: the report lists settings by name
 
 
 def run_config(ledger: Ledger, rung: str, family: str, config: dict[str, Any], seeds: int, pool, log=print,
@@ -908,7 +908,7 @@ def one_run_table(ledger: Ledger, rung: str, summary: dict[str, Any]) -> str:
            "", "| settings (as they differ from the recipe's start) | seed | tokens to hf-best's loss / budget | final eval loss |",
            "|---|---|---|---|"]
     for x in rows:
-        diff = ", ".join(f"{k} {v}" for k, v in x["config"].items() if start.get(k, KNOB_DEFAULTS.get(k)) != v)
+        diff = ", ".join(f"{k} {v}" for k, v in sorted(x["config"].items()) if start.get(k, KNOB_DEFAULTS.get(k)) != v)
         ratio = "never" if math.isinf(x["ratio"]) else f"{x['ratio']:.3f}"
         if x["diverged_at"] is not None:
             ratio += f" (the guard stopped it at step {x['diverged_at']})"
@@ -964,7 +964,7 @@ def memorisation(ledger: Ledger, rung: str) -> str:
             "run that measured it:", "", "| family | settings | seed | epochs read | eval loss | training-rows loss | gap |",
             "|---|---|---|---|---|---|---|"]
     for r in sorted(runs, key=lambda r: (r["family"], r["final_eval_loss"])):
-        settings = ", ".join(f"{k} {v}" for k, v in r["config"].items())
+        settings = ", ".join(f"{k} {v}" for k, v in sorted(r["config"].items()))
         rows.append(f"| {r['family']} | {settings} | {r['seed']} | {r['epochs']:.2f} | "
                     f"{r['final_eval_loss']:.3f} | {r['final_train_loss']:.3f} | "
                     f"{r['final_eval_loss'] - r['final_train_loss']:+.3f} |")

@@ -492,6 +492,7 @@ def test_one_run_table_ranks_recipe_runs_by_tokens_to_hf_bests_loss(tmp_path):
         "a": run(start, 0, [5.0, 4.0, 3.0, 2.0, 1.9], 1.9),             # reaches 3.0 at 2000 tokens: 0.5
         "b": run({**start, "lr_scale": 0.5}, 0, [5.0, 3.5, 2.5, 2.2, 2.0], 2.0),  # 3.0 at 1500 tokens: 0.375
         "c": {**run({**start, "ema": False}, 0, [5.0, 4.5, 4.0, 3.5, 3.2], 3.2), "diverged": {"step": 31}},  # never
+        "d": run({**start, "lr_scale": 2.0, "ema": False}, 0, [5.0, 4.0, 3.6, 3.5, 3.5], 3.5),  # never
         "h": {**run(start, 0, [5.0, 3.0], 3.0), "family": "hf-best"},
     }
     rows = mod.one_run_ratios(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
@@ -500,6 +501,7 @@ def test_one_run_table_ranks_recipe_runs_by_tokens_to_hf_bests_loss(tmp_path):
     text = mod.one_run_table(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
     assert "| lr_scale 0.5 | 0 | 0.375 | 2.000 |" in text and "| the start | 0 | 0.500 | 1.900 |" in text
     assert "| ema False | 0 | never (the guard stopped it at step 31) | 3.200 |" in text
+    assert "| ema False, lr_scale 2.0 | 0 | never | 3.500 |" in text  # settings by name, whatever the run's order
     assert mod.one_run_table(ledger, "16x", {}) == ""  # no hf-best result there: no table
 
 
@@ -589,6 +591,10 @@ def test_config_must_name_every_knob_of_one_family():
     mod = hb()
     recipe = mod.start_config("recipe", 0.016, 40)
     assert mod.parse_config(json.dumps(recipe), ["recipe"]) == recipe
+    # any order in the JSON names the same run and lists its settings in one order (by name) in the report
+    shuffled = json.dumps(dict(reversed(list(recipe.items()))))
+    assert list(mod.parse_config(shuffled, ["recipe"])) == sorted(recipe)
+    assert mod.run_key("4x", "recipe", mod.parse_config(shuffled, ["recipe"]), 0) == mod.run_key("4x", "recipe", recipe, 0)
     for text, families, message in [
             (json.dumps(recipe), ["recipe", "hf-best"], "--families: recipe,hf-best: --config runs one family"),
             ("{lr: 1}", ["recipe"], "--config: '{lr: 1}': not JSON"),
