@@ -700,9 +700,7 @@ def main(argv=None) -> dict[str, Any]:
             firsts = {"hf-best": ladder_best_lr(ladder, rung, "adamw") or 2e-3,
                       "recipe": ladder_best_lr(ladder, rung, "recipe") or 1.6e-2}
             starts = {f: start_config(f, firsts[f], setup.max_steps) for f in families}
-        if given is not None:
-            starts = {}
-        elif not transfer and import_ladder_starts(ledger, ladder, rung, starts):
+        if given is None and not transfer and import_ladder_starts(ledger, ladder, rung, starts):
             print(f"[hf_best] the budget ladder's {rung} runs at the start lrs are the start points", flush=True)
         env = environment_info()
         env["argv"] = [display_path(a) if Path(a).is_absolute() else a for a in env.get("argv", [])]
