@@ -4,7 +4,9 @@ Signals are sent by the process to itself from a callback at a chosen step (no t
 of step k must give checkpoint-k, exit code 143 and a resumed run equal to a straight one, step for step.
 """
 
+import concurrent.futures
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -43,6 +45,20 @@ def test_exit_codes_and_message():
     assert stop_message(178) == "stopped at step 178: saved checkpoint-178; rerun the same command to resume"
     stopped = TrainingStopped(signal.SIGTERM, 7)
     assert isinstance(stopped, SystemExit) and stopped.code == 143 and stopped.step == 7
+
+
+def test_a_stop_in_a_worker_process_reaches_the_caller_whole():
+    # a pool worker sends its exception back pickled: before, unpickling raised TypeError (SystemExit's one argument)
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with pytest.raises(TrainingStopped) as stopped:
+            pool.submit(_stop_in_worker, 12).result()
+    assert (stopped.value.signum, stopped.value.step, stopped.value.code) == (signal.SIGTERM, 12, 143)
+    assert stopped.value.checkpoint == "out/checkpoint-12"
+    assert str(stopped.value) == stop_message(12)
+
+
+def _stop_in_worker(step: int):
+    raise TrainingStopped(signal.SIGTERM, step, f"out/checkpoint-{step}")
 
 
 def test_manager_restores_the_handlers_it_replaced():

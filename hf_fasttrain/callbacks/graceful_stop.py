@@ -78,6 +78,11 @@ class TrainingStopped(SystemExit):
     def __str__(self) -> str:
         return stop_message(self.step)
 
+    def __reduce__(self):
+        # rebuilt from its own fields: a run stopped in a worker process (``concurrent.futures``, Ray) reaches
+        # the caller as this exception, not as a TypeError from unpickling SystemExit's single argument
+        return (type(self), (self.signum, self.step, self.checkpoint))
+
 
 class SignalStopManager(CheckpointManager):
     """transformers' JIT ``CheckpointManager`` for several signals, with no wait before the request.
