@@ -49,7 +49,9 @@ measured law's (``learning_rate: auto``), so the sweep also checks the law at a 
 does the same on the ladder's corpus that does not repeat (the stdlib corpus plus Python sources of the installed
 packages; rung ``<budget>x-unique``): at 64x the stdlib corpus is read about 12 times, and this rung tells
 whether the repeats, rather than the optimizers, decide the result there. From budget 32 on (``--checkpoints auto``) every run saves a checkpoint at each eval into
-``<out>/<name>_partial/`` and a killed run resumes from it, so a search cut short loses at most one eval interval.
+``<out>/<name>_partial/`` and a killed run resumes from it, so a search cut short loses at most one eval interval;
+one stopped by SIGTERM or Ctrl-C loses nothing: each running run finishes its step, saves it and stops, no queued
+run starts, and the search exits 143 (130 for Ctrl-C) once they have saved. The same command resumes.
 
 Writes hf_best.json (every run, every decision) and hf_best.md into --out (benchmarks/results); the budget
 ladder's report reads hf_best.json for its hf-best rows.
@@ -59,12 +61,15 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import itertools
 import math
 import json
 import multiprocessing
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -78,6 +83,7 @@ from scaling import Ledger  # noqa: E402
 from time_to_loss import ARMS, QUICK, RESULTS, Arm, crossing, run_arm  # noqa: E402
 
 from benchmarks._harness import display_command, display_path, run_cli, UsageError  # noqa: E402
+from hf_fasttrain.callbacks.graceful_stop import TrainingStopped, stop_exit_code  # noqa: E402
 from hf_fasttrain.runinfo import environment_info  # noqa: E402
 
 FAMILIES = ("hf-best", "recipe")
@@ -344,6 +350,53 @@ def lr_walk(start: dict[str, Any], steps: Optional[int] = None, decisions: Optio
 
 # --- Runs ----------------------------------------------------------------------------------------------
 _SHARED: dict[str, Any] = {}
+_STOP: list[int] = []  # the signal that stopped this search: no run starts after it
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    # a forked worker would inherit the parent's forwarding handler; its trainer installs its own stop handler
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _stopping(signum: int) -> None:
+    if not _STOP:
+        _STOP.append(signum)
+
+
+@contextlib.contextmanager
+def stops_forwarded(pool) -> Generator[None, None, None]:
+    """While the pool runs: SIGTERM or Ctrl-C to this process reaches each worker as SIGTERM, so its running run
+    finishes the step in flight, saves a checkpoint and raises TrainingStopped; no queued run starts after it.
+    (Ctrl-C in a terminal reaches the workers too; a second signal to a stopping trainer is ignored.)"""
+    def forward(signum, frame):
+        _stopping(signum)
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def finished_results(futures: dict[Any, tuple], done) -> Generator[tuple[tuple, dict[str, Any]], None, None]:
+    """(job, result) of each finished future in ``done`` (removed from ``futures``); a run stopped by a signal
+    (its checkpoint saved) yields nothing and stops the search from starting another."""
+    for fut in done:
+        job = futures.pop(fut)
+        try:
+            result = fut.result()
+        except TrainingStopped as exc:
+            _stopping(exc.signum)
+            continue
+        yield job, result
 # Muon's Newton-Schulz precision in the recipe's runs: torch's bf16, as every ladder run (given explicitly: Muon's
 # default, "auto", is fp32 on a CPU without native bf16). ``--ns-dtype float32``
 # runs it in fp32 (2-4x faster on a CPU without native bf16 matmuls); such a run records ``ns_dtype``, and
@@ -446,7 +499,7 @@ def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, s
 
     def dispatch() -> None:
         """Hand queued jobs to free workers, the family with the fewest jobs running first."""
-        while pool is not None and len(futures) < workers and any(queued.values()):
+        while pool is not None and not _STOP and len(futures) < workers and any(queued.values()):
             family = min((f for f in queued if queued[f]), key=lambda f: sum(j[1] == f for j in futures.values()))
             job = queued[family].pop(0)
             futures[pool.submit(_run_one, job)] = job
@@ -485,11 +538,11 @@ def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, s
     advance()
     while futures:
         done, _ = concurrent.futures.wait(list(futures), return_when=concurrent.futures.FIRST_COMPLETED)
-        for fut in done:
-            futures.pop(fut)
-            record(fut.result())
+        for _, r in finished_results(futures, done):
+            record(r)
         advance()
-    ledger.data.setdefault("searches", {}).setdefault(rung, {}).update(outcome)
+    if outcome:  # a search stopped before either family finished records none
+        ledger.data.setdefault("searches", {}).setdefault(rung, {}).update(outcome)
     ledger.save()
     return outcome
 
@@ -630,7 +683,8 @@ def make_parser() -> argparse.ArgumentParser:
                         f"{TRANSFER_STEPS} steps one way), for a budget too long to search")
     p.add_argument("--checkpoints", choices=("auto", "on", "off"), default="auto",
                    help=f"save a checkpoint at every eval into <out>/<name>_partial/ and resume a killed run from it "
-                        f"(auto: from budget {CHECKPOINT_FROM_BUDGET} on)")
+                        f"(auto: from budget {CHECKPOINT_FROM_BUDGET} on); with checkpoints, SIGTERM or Ctrl-C makes each "
+                        "running run save the step it reached, and the search exits 143 (130) once they have")
     p.add_argument("--seeds", type=int, default=2, help="seeds at each family's winner (the search runs seed 0)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes (results do not depend on it)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
@@ -726,24 +780,34 @@ def main(argv=None) -> dict[str, Any]:
             _SHARED["work"] = work
             ctx = multiprocessing.get_context("fork")
             pool = (concurrent.futures.ProcessPoolExecutor(ns.jobs, mp_context=ctx,
-                                                           initializer=torch.set_num_threads, initargs=(ns.threads,))
+                                                           initializer=_init_worker, initargs=(ns.threads,))
                     if ns.jobs > 1 else None)
+            forwarded = stops_forwarded(pool) if pool is not None and partial is not None else contextlib.nullcontext()
             try:
-                if given is not None:
-                    run_config(ledger, rung, families[0], given, ns.seeds, pool, log=lambda m: print(m, flush=True),
-                               check=ns.ns_dtype if ns.precision_check else None)
-                else:
-                    search(ledger, rung, starts, pool, ns.seeds, log=lambda m: print(m, flush=True), workers=ns.jobs,
-                           transfer_from=transfer)
+                with forwarded:
+                    if given is not None:
+                        run_config(ledger, rung, families[0], given, ns.seeds, pool,
+                                   log=lambda m: print(m, flush=True), check=ns.ns_dtype if ns.precision_check else None)
+                    else:
+                        search(ledger, rung, starts, pool, ns.seeds, log=lambda m: print(m, flush=True),
+                               workers=ns.jobs, transfer_from=transfer)
+                    if pool:  # the stop's forwarding lasts while the stopped runs save
+                        pool.shutdown(wait=True, cancel_futures=True)
             finally:
                 if pool:
                     pool.shutdown(wait=True, cancel_futures=True)
+        if _STOP:  # each run that was running saved its checkpoint (FastTrainer's save_on_signal or run_arm's callback)
+            kept = (f"the running runs saved their checkpoints in {display_path(str(partial))}" if partial is not None
+                    else f"below budget {CHECKPOINT_FROM_BUDGET} runs keep no checkpoint: the running runs start over")
+            print(f"[hf_best] stopped by {signal.Signals(_STOP[0]).name}: {kept}; rerun the same command to resume",
+                  flush=True)
+            raise SystemExit(stop_exit_code(_STOP[0]))
     if ns.report and not searched_rungs(ledger):
         raise UsageError(f"--report: {display_path(str(ledger.path))}: no search recorded there; run one first "
                          "(e.g. `python -m benchmarks.hf_best --budget 16 --jobs 2`)")
     for r in searched_rungs(ledger):  # a report rebuilds every budget's summary from the runs
         ledger.data.setdefault("summary", {})[r] = summarise(ledger, r)
-    summary = ledger.data["summary"].get(rung) or summarise(ledger, rung)
+    summary = ledger.data.get("summary", {}).get(rung) or summarise(ledger, rung)
     ledger.save()
     text = report_text(ledger)
     (out / f"{ns.name}.md").write_text(text)
@@ -787,7 +851,8 @@ def run_config(ledger: Ledger, rung: str, family: str, config: dict[str, Any], s
             jobs.append((rung, family, config, seed))
     if pool is not None and len(jobs) > 1:
         futures = {pool.submit(_run_one, job): job for job in jobs}
-        finished = ((futures[f], f.result()) for f in concurrent.futures.as_completed(futures))
+        finished = (pair for f in concurrent.futures.as_completed(list(futures))
+                    for pair in finished_results(futures, [f]))
     else:
         finished = ((job, _run_one(job)) for job in jobs)
     out = []

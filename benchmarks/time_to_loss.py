@@ -51,7 +51,7 @@ import torch  # noqa: E402
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments, set_seed  # noqa: E402
 
 from hf_fasttrain import DataArguments, DivergenceError, FastTrainer, FastTrainingArguments, ModelArguments  # noqa: E402
-from hf_fasttrain.callbacks import RunRecorderCallback  # noqa: E402
+from hf_fasttrain.callbacks import GracefulStopCallback, RunRecorderCallback  # noqa: E402
 from hf_fasttrain.modeling import build_model  # noqa: E402
 from hf_fasttrain.run import prepare_data  # noqa: E402
 from benchmarks._harness import display_command, machine_info as environment_info  # noqa: E402
@@ -320,7 +320,8 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
 
     With ``checkpoint_dir`` the run saves a checkpoint there at every eval (the latest one kept) and, when
     one is there already (a run killed part way), resumes from it: a long run cut short loses at most one
-    eval interval. The folder is removed once the run has finished."""
+    eval interval, and one stopped by SIGTERM or Ctrl-C saves the step it reached and raises
+    :class:`~hf_fasttrain.callbacks.TrainingStopped`. The folder is removed once the run has finished."""
     if arm.run is not None:
         return arm.run(arm, seed, setup, workdir)
     out = checkpoint_dir if checkpoint_dir is not None else workdir / f"{arm.name}-seed{seed}"
@@ -352,6 +353,10 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
     if arm.fast:
         trainer.recorder.write_files = False
         recorder = trainer.recorder
+    elif checkpoint_dir is not None:
+        # SIGTERM or Ctrl-C: finish the step, save it, raise TrainingStopped (FastTrainer's save_on_signal does
+        # the same for the fast arms), so a stopped search keeps every step of its running runs
+        trainer.add_callback(GracefulStopCallback(trainer))
     wall0 = time.perf_counter()
     diverged = None
     try:

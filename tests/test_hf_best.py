@@ -310,6 +310,47 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_equals_a_straight_run(tmp_
                                                                         abs=1e-6)
 
 
+def _sigterm_at(step):
+    import os
+    import signal
+
+    from transformers import TrainerCallback
+
+    class SigtermAt(TrainerCallback):  # the signal a session's end or `kill` sends, in the middle of a step
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == step - 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return lambda: [SigtermAt()]
+
+
+def test_a_baseline_run_stopped_by_sigterm_saves_the_step_it_reached_and_resumes_from_it(tmp_path):
+    import dataclasses
+
+    mod = hb()
+    from budget_ladder import budget_setup, data_args
+    from time_to_loss import run_arm
+
+    from hf_fasttrain.callbacks import TrainingStopped
+    from hf_fasttrain.run import prepare_data
+
+    setup = budget_setup(1, quick=True, base_steps=24)  # 24 steps, eval (and a checkpoint) every 2
+    tokenizer, lm = prepare_data(data_args(setup))
+    arm = mod.arm_for("hf-best", mod.start_config("hf-best", 2e-3, setup.max_steps), setup.max_steps)
+    straight = run_arm(arm, 0, setup, tokenizer, lm, tmp_path / "straight")
+    ckpt = tmp_path / "partial" / "run"
+    with pytest.raises(TrainingStopped) as stopped:  # the plain Trainer's step 15, between two evals
+        run_arm(dataclasses.replace(arm, callbacks=_sigterm_at(15)), 0, setup, tokenizer, lm, tmp_path / "w",
+                checkpoint_dir=ckpt)
+    assert (stopped.value.step, stopped.value.code) == (15, 143)
+    assert [p.name for p in ckpt.iterdir() if p.name.startswith("checkpoint-")] == ["checkpoint-15"]
+    resumed = run_arm(arm, 0, setup, tokenizer, lm, tmp_path / "w", checkpoint_dir=ckpt)
+    assert resumed["resumed_from_step"] == 15 and not ckpt.exists()
+    assert [p["step"] for p in resumed["curve"]] == [p["step"] for p in straight["curve"]]
+    assert [p["eval_loss"] for p in resumed["curve"]] == pytest.approx([p["eval_loss"] for p in straight["curve"]],
+                                                                        abs=1e-6)
+
+
 def test_the_train_rows_loss_shows_a_run_that_memorised_repeated_data(tmp_path):
     mod = hb()
     from budget_ladder import budget_setup, data_args
@@ -603,3 +644,84 @@ def test_config_must_name_every_knob_of_one_family():
         with pytest.raises(mod.UsageError) as e:
             mod.parse_config(text, families)
         assert message in str(e.value)
+
+
+def test_a_stopped_search_starts_no_run_after_the_stop_and_its_rerun_ends_as_a_straight_one(tmp_path, monkeypatch):
+    import concurrent.futures
+    import signal
+
+    from hf_fasttrain.callbacks import TrainingStopped
+
+    mod = hb()
+    monkeypatch.setattr(mod, "_STOP", [])
+    started, stop_at = [], {"n": 3}
+
+    def fake_run(job):  # the 3rd run started is stopped by a signal (its checkpoint saved); the others finish
+        rung, family, config, seed = job
+        started.append(job)
+        if len(started) == stop_at["n"]:
+            raise TrainingStopped(signal.SIGTERM, 7)
+        return {"rung": rung, "family": family, "config": config, "seed": seed, "cpu_seconds": 0.0,
+                "final_eval_loss": 3.0 - 0.05 * (config["schedule"] == "wsd-1-sqrt") + 0.01 * config["lr_scale"]}
+
+    monkeypatch.setattr(mod, "_run_one", fake_run)
+    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.FAMILIES}
+    ledger = mod.Ledger(tmp_path / "hf_best.json")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # one worker: the order of the runs is fixed
+        mod.search(ledger, "16x", starts, pool, seeds=2, log=lambda m: None)
+    assert mod._STOP == [signal.SIGTERM]
+    assert len(started) == 3 and len(ledger.data["runs"]) == 2  # the stopped run is not a result; none started after
+    assert mod.run_key(*started[2]) not in ledger.data["runs"]
+    assert "16x" not in ledger.data.get("searches", {})  # neither family's search is recorded as finished
+    mod._STOP.clear()
+    stop_at["n"] = 0
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        resumed = mod.search(mod.Ledger(tmp_path / "hf_best.json"), "16x", starts, pool, seeds=2, log=lambda m: None)
+    assert started[3] == started[2]  # the rerun starts with the stopped run, then goes on
+    straight = mod.search(mod.Ledger(tmp_path / "straight.json"), "16x", starts, None, seeds=2, log=lambda m: None)
+    assert resumed == straight
+
+
+def _run_until_sigterm(ready_dir: str, i: int) -> int:
+    # a worker's run: waits for its stop as a trainer's step loop would, then raises what FastTrainer raises
+    import pathlib
+    import signal
+    import time
+
+    from hf_fasttrain.callbacks import TrainingStopped
+
+    got = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    pathlib.Path(ready_dir, str(i)).touch()
+    deadline = time.monotonic() + 30
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if got:
+        raise TrainingStopped(got[0], 40 + i)
+    return i
+
+
+def test_sigterm_to_the_search_reaches_each_worker_and_the_search_outlives_it(tmp_path, monkeypatch):
+    import concurrent.futures
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    mod = hb()
+    monkeypatch.setattr(mod, "_STOP", [])
+    pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"),
+                                                  initializer=mod._init_worker, initargs=(1,))
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with mod.stops_forwarded(pool):
+            futures = {pool.submit(_run_until_sigterm, str(tmp_path), i): i for i in range(2)}
+            deadline = time.monotonic() + 60
+            while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGTERM)  # to the search's process only, as `kill <pid>` does
+            got = list(mod.finished_results(futures, concurrent.futures.as_completed(list(futures))))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    assert got == [] and not futures and mod._STOP == [signal.SIGTERM]  # both runs stopped, neither is a result
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
