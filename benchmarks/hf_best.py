@@ -360,6 +360,23 @@ def _init_worker(threads: int) -> None:
     # a forked worker would inherit the parent's forwarding handler; its trainer installs its own stop handler
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    _term_when_parent_dies()
+
+
+def _term_when_parent_dies() -> None:
+    """On Linux, SIGTERM this worker when the search's process dies (SIGKILL, a crash): its running run saves
+    its step and stops, rather than training on as an orphan whose result nobody reads (and racing the
+    rerun's worker for the same checkpoint folder). Elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request: act on it now
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _stopping(signum: int) -> None:
@@ -410,6 +427,23 @@ def run_key(rung: str, family: str, config: dict[str, Any], seed: int) -> str:
 
 
 def _run_one(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
+    """One run (in a pool worker or here). A run stopped by a signal raises TrainingStopped to the search; in a
+    worker whose search has died (the parent-death SIGTERM) there is no one to tell, so the worker exits."""
+    parent = os.getppid()
+    try:
+        return _run_job(job)
+    except TrainingStopped as exc:
+        # the parent-death signal comes as the search's first thread exits, before the worker is reparented:
+        # give the exit a moment to finish (a stop the search forwarded waits this long for nothing)
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            if os.getppid() != parent:
+                os._exit(exc.code)
+            time.sleep(0.02)
+        raise
+
+
+def _run_job(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
     rung, family, config, seed = job
     setup = _SHARED["setup"]
     tokenizer, lm = _SHARED["data"]

@@ -3,6 +3,7 @@ search; benchmarks/lora_fine_tuning.py: a smoke run."""
 
 import json
 import math
+import sys
 
 import pytest
 
@@ -725,3 +726,72 @@ def test_sigterm_to_the_search_reaches_each_worker_and_the_search_outlives_it(tm
         pool.shutdown(wait=True, cancel_futures=True)
     assert got == [] and not futures and mod._STOP == [signal.SIGTERM]  # both runs stopped, neither is a result
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
+
+
+_ORPHAN_SCRIPT = """
+import concurrent.futures, multiprocessing, os, pathlib, signal, sys, time
+sys.path[:0] = [sys.argv[2], sys.argv[2] + "/benchmarks"]
+from benchmarks import hf_best
+from hf_fasttrain.callbacks import TrainingStopped
+out = pathlib.Path(sys.argv[1])
+
+def run_job(job):  # a run: waits for its stop as a trainer's step loop would, then raises what a trainer raises
+    got = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    (out / f"ready{job}").write_text(str(os.getpid()))
+    t0 = time.monotonic()
+    while not got and time.monotonic() - t0 < 30:
+        time.sleep(0.01)
+    (out / f"{'term' if got else 'timeout'}{job}").touch()
+    raise TrainingStopped(signal.SIGTERM, 7)
+
+hf_best._run_job = run_job  # forked workers inherit it
+pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"),
+                                              initializer=hf_best._init_worker, initargs=(1,))
+for i in range(2):
+    pool.submit(hf_best._run_one, i)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_worker_whose_search_was_killed_is_told_to_stop(tmp_path):
+    # SIGKILL to the search (no handler can run): its workers get SIGTERM, so a running run saves and stops
+    import os
+    import signal
+    import subprocess
+    import time
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    search = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path), root])
+    try:
+        deadline = time.monotonic() + 90
+        while not ((tmp_path / "ready0").exists() and (tmp_path / "ready1").exists()):
+            assert time.monotonic() < deadline and search.poll() is None, "the workers did not start"
+            time.sleep(0.05)
+        os.kill(search.pid, signal.SIGKILL)
+        search.wait()
+        deadline = time.monotonic() + 20
+        while len([p for p in tmp_path.iterdir() if not p.name.startswith("ready")]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        if search.poll() is None:
+            search.kill()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("ready")) == ["term0", "term1"]
+    workers = [int((tmp_path / f"ready{i}").read_text()) for i in range(2)]
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in workers)  # stopped, then gone: no orphan waits for work
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # an exited child of init not reaped yet is a zombie, not a worker
+        return f.read().split(") ")[-1][0] != "Z"
