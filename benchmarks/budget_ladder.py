@@ -383,28 +383,59 @@ def fastest_one_run(hf_best: dict[str, Any], rung: str, target: float, budget: f
         return None
     best = min(rows, key=lambda x: (x["token_ratio"], x["eval_loss"]))
     if "-" not in rung:  # the ladder's model and corpus: complete runs of the same settings at other budgets
-        key = json.dumps(best["config"], sort_keys=True)
-        by_multiple: dict[int, list] = {}
-        for r in (hf_best.get("runs") or {}).values():
-            if (r["family"] == "recipe" and "-" not in r["rung"] and r["rung"] != rung
-                    and json.dumps(r["config"], sort_keys=True) == key):
-                by_multiple.setdefault(int(r["rung"].split("x")[0]), []).append(r["final_eval_loss"])
-        if by_multiple:
+        chosen = complete_runs_of(hf_best, best["config"], rung)
+        if chosen:
             multiple = int(rung.split("x")[0])
-            finals = {**{m: statistics.median(v) for m, v in sorted(by_multiple.items())}, multiple: best["eval_loss"]}
+            finals = {**{m: loss for m, (loss, _) in chosen.items()}, multiple: best["eval_loss"]}
+            lrs = {**{m: lr for m, (_, lr) in chosen.items()}, multiple: peak_lr(best["config"])}
             best["complete_runs"] = dict(sorted(finals.items()))
+            if len(set(lrs.values())) > 1:
+                best["complete_run_lrs"] = dict(sorted(lrs.items()))
             best["complete_run_ratio"] = complete_run_budget(finals, target) / multiple
             best["complete_run_extrapolated"] = not (min(finals.values()) <= target <= max(finals.values()))
     return best
+
+
+def complete_runs_of(hf_best: dict[str, Any], config: dict[str, Any], rung: str) -> dict[int, tuple[float, float]]:
+    """The recipe ``config``'s settings as complete runs at the ladder's other budgets (its model and corpus):
+    multiple -> (median final loss over the seeds, peak lr). Each budget counts at its own tuned lr, as complete
+    runs are compared in the optimizer literature: the budget's search or walk winner where that is these
+    settings, else the lr that ended lowest there."""
+    key = _settings_key(config)
+    by_multiple: dict[int, dict[float, list]] = {}
+    for r in (hf_best.get("runs") or {}).values():
+        if r["family"] == "recipe" and "-" not in r["rung"] and r["rung"] != rung and _settings_key(r["config"]) == key:
+            by_lr = by_multiple.setdefault(int(r["rung"].split("x")[0]), {})
+            by_lr.setdefault(peak_lr(r["config"]), []).append(r["final_eval_loss"])
+    chosen = {}
+    for m, by_lr in sorted(by_multiple.items()):
+        winner = ((hf_best.get("summary") or {}).get(f"{m}x") or {}).get("recipe", {}).get("best")
+        if winner and _settings_key(winner) == key and peak_lr(winner) in by_lr:
+            chosen[m] = (statistics.median(by_lr[peak_lr(winner)]), peak_lr(winner))
+        else:
+            chosen[m] = min((statistics.median(v), lr) for lr, v in by_lr.items())
+    return chosen
+
+
+def peak_lr(config: dict[str, Any]) -> float:
+    """A recipe setting's peak lr: its ``lr`` times its ``lr_scale`` (the walk's factor), rounded for equality."""
+    return float(f"{config.get('lr', 0.0) * config.get('lr_scale', 1.0):.6g}")
+
+
+def _settings_key(config: dict[str, Any]) -> str:
+    """A recipe setting apart from its peak lr: the same settings run at another lr share it."""
+    return json.dumps({k: v for k, v in config.items() if k not in ("lr", "lr_scale")}, sort_keys=True)
 
 
 def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, Any], finals: dict[int, float],
                       hf_best: dict[str, Any]) -> Optional[dict[str, Any]]:
     """A budget longer than the ladder's, where hf_best.py ran both families at their shorter budget's winners
     with the peak lr swept: the winner of the recipe's sweep against hf-best's. The complete-run measure
-    interpolates between the ladder's recipe runs and this budget's recipe (the only complete run there); on the
+    interpolates between complete runs of the same settings at shorter budgets (each at its own tuned lr; the
+    ladder's recipe runs where these settings ran nowhere else) and this budget's winner; on the
     corpus that does not repeat (``64x-unique``) and on a larger model (``54x-3x192``) there are no shorter complete
-    runs, so that measure is n/a there."""
+    runs, so that measure is n/a there. As at a searched budget, the recipe setting with two or more seeds that
+    reaches hf-best's loss soonest inside one run is ``fastest_one_run``."""
     setup = (hf_best.get("setups") or {}).get(rung)
     ladder_rows = [v for v in summary.values() if v]
     if not setup or not ladder_rows:
@@ -421,14 +452,20 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
               and json.dumps(r["config"], sort_keys=True) == json.dumps(mine["best"], sort_keys=True)]
     unique = rung.endswith("-unique")
     alone = unique or model is not None  # no shorter complete runs of this corpus or model
-    with_this = {**finals, multiple: mine["final_eval_loss"]}
+    # the complete-run measure interpolates between complete runs of one recipe: this winner's settings where
+    # they ran at shorter budgets (the transfer's source winner, each at its own lr), else the ladder's recipe
+    same = {} if alone else complete_runs_of(hf_best, mine["best"], rung)
+    with_this = {**({m: loss for m, (loss, _) in same.items()} if same else finals), multiple: mine["final_eval_loss"]}
     complete = None if alone else complete_run_budget(with_this, target) / multiple
-    return {"target_eval_loss": target, "hf_best": families["hf-best"]["best"],
+    fastest = fastest_one_run(hf_best, rung, target, budget)
+    return {**({"fastest_one_run": fastest} if fastest else {}),"target_eval_loss": target, "hf_best": families["hf-best"]["best"],
             "search_complete": families["hf-best"].get("complete", True) and mine.get("complete", True),
             "transfer_from": families["hf-best"].get("transfer_from"), "tokens": budget,
             "tokens_per_param": budget / params, "model": model, "non_embedding_params": params,
             "hf_tuned_eval_loss": None, "recipe_token_ratio": None,
             "recipe_complete_run_ratio": complete, "corpus": "unique" if unique else "stdlib",
+            **({} if alone else {"complete_runs": dict(sorted(with_this.items())),
+                                 "complete_runs_of": "these settings" if same else "the ladder's recipe"}),
             "recipe_complete_run_extrapolated": not alone and not (min(with_this.values()) <= target <= max(with_this.values())),
             "long_horizon_recipe": mine["best"], "long_horizon_eval_loss": mine["final_eval_loss"],
             "long_horizon_token_ratio": (statistics.median(crossing(c, target, "tokens") for c in curves) / budget
@@ -489,8 +526,11 @@ def hf_best_markdown(rows: dict[str, Any], tr: Optional[dict[str, Any]] = None) 
             other = f" ({f['ns_dtype_other']} with Muon's Newton-Schulz in fp32)" if f["ns_dtype_other"] else ""
             complete = ""
             if f.get("complete_run_ratio") is not None:
-                runs = ", ".join(f"{m}x {_fmt(v, 4)}" for m, v in f["complete_runs"].items())
-                complete = (f" By complete runs of these settings ({runs}): "
+                lrs = f.get("complete_run_lrs") or {}
+                runs = ", ".join(f"{m}x {_fmt(v, 4)}" + (f" at lr {lrs[m]:g}" if m in lrs else "")
+                                 for m, v in f["complete_runs"].items())
+                each = ", each budget at its best lr run" if lrs else ""
+                complete = (f" By complete runs of these settings ({runs}{each}): "
                             f"**{_fmt(f['complete_run_ratio'])}** of the budget"
                             + (" (extrapolated)." if f["complete_run_extrapolated"] else "."))
             lines.append(f"\nAt {rung}, fastest inside one run of the recipe settings with {f.get('min_seeds', 2)} or more seeds: "

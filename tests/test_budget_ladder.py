@@ -172,8 +172,29 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     # between the 16x run (2.808) and the 64x winner (2.5), in log budget
     assert row["recipe_complete_run_ratio"] == pytest.approx(16 * 4 ** ((2.808 - 2.7) / (2.808 - 2.5)) / 64)
     assert not row["recipe_complete_run_extrapolated"] and row["recipe_token_ratio"] is None
+    assert row["complete_runs_of"] == "the ladder's recipe" and row["complete_runs"] == {4: 3.245, 16: 2.808, 64: 2.5}
     rows = bl.versus_hf_best(summary, [], {**hf_best, "summary": {"64x": families}})
-    assert rows["64x"] == row
+    assert rows["64x"] == row and "fastest_one_run" not in row  # no setting has two seeds there
+    # the winner's settings also ran as complete runs at 16x (its source, at two lrs, the winner's decided by the
+    # 16x search): the measure interpolates between those, one recipe, not the ladder's
+    at_16x = {f"s{i}": {"rung": "16x", "family": "recipe", "config": {"lr": lr}, "seed": seed, "final_eval_loss": loss}
+              for i, (lr, seed, loss) in enumerate([(1.6e-2, 0, 2.76), (1.6e-2, 1, 2.74), (8e-3, 0, 2.70)])}
+    own = {**hf_best, "runs": {**hf_best["runs"], **at_16x}, "summary": {"16x": {"recipe": {"best": {"lr": 1.6e-2}}}}}
+    mine = bl.beyond_the_ladder("64x", families, summary, finals, own)
+    assert mine["complete_runs_of"] == "these settings" and mine["complete_runs"] == pytest.approx({16: 2.75, 64: 2.5})
+    assert mine["recipe_complete_run_ratio"] == pytest.approx(16 * 4 ** ((2.75 - 2.7) / (2.75 - 2.5)) / 64)
+    # without the 16x search's decision, the lr that ended lowest there
+    assert bl.complete_runs_of({**own, "summary": {}}, {"lr": 2e-3}, "64x") == {16: (2.70, 8e-3)}
+    # two seeds of another setting at this budget: the fastest inside one run, as at a searched budget
+    faster = [{"tokens": 0, "eval_loss": 8.0}, {"tokens": 5_000_000, "eval_loss": 2.7}, {"tokens": 40_000_000,
+                                                                                       "eval_loss": 2.55}]
+    seeded = {**hf_best, "runs": {**hf_best["runs"], **{
+        f"c{seed}": {"rung": "64x", "family": "recipe", "config": {"lr": 1.6e-2, "lr_scale": 0.125, "cautious_wd": True},
+                     "seed": seed, "curve": faster, "final_eval_loss": 2.55} for seed in (0, 1)}}}
+    fast = bl.beyond_the_ladder("64x", families, summary, finals, seeded)["fastest_one_run"]
+    assert fast["seeds"] == 2 and fast["token_ratio"] == pytest.approx(5_000_000 / budget)
+    assert "At 64x, fastest inside one run of the recipe settings with 2 or more seeds" in bl.hf_best_markdown(
+        bl.versus_hf_best(summary, [], {**seeded, "summary": {"64x": families}}))
     text = bl.hf_best_markdown(rows)
     assert "| 64x (16x winners, lr swept) | n/a (not on the ladder) |" in text
     tr = bl.versus_hf_best_trend({**rows, "16x": {"recipe_token_ratio": 0.8, "recipe_complete_run_ratio": 0.6,
@@ -275,3 +296,20 @@ def test_the_fastest_setting_inside_one_run_needs_two_seeds_and_is_shown_beside_
     text2 = bl.hf_best_markdown({"16x": {**row, "fastest_one_run": got2}})
     assert (f"By complete runs of these settings (4x 3.55, 8x 3.1, 16x 2.71): **{got2['complete_run_ratio']:.3g}** "
             "of the budget.") in text2
+    assert "complete_run_lrs" not in got2  # every budget ran at the same peak lr
+
+    # a longer budget ran the same settings at other peak lrs (lr x lr_scale): each budget counts at the lr that
+    # ended lowest there (the median of its seeds), and the text says which
+    longer = [{**run({**fast, "lr_scale": 0.25}, 0, 900, 2.5), "rung": "64x"},
+              {**run({**fast, "lr_scale": 0.25}, 1, 900, 2.6), "rung": "64x"},
+              {**run({**fast, "lr_scale": 0.5}, 0, 900, 2.52), "rung": "64x"},
+              {**run({**fast, "lr_scale": 2.0}, 0, 900, 2.3), "rung": "8x-unique"}]
+    hb3 = {"runs": {str(i): r for i, r in enumerate(runs + shorter + longer)}}
+    got3 = bl.fastest_one_run(hb3, "16x", 3.0, 1000)
+    assert got3["complete_runs"] == pytest.approx({4: 3.55, 8: 3.1, 16: 2.71, 64: 2.52})
+    assert got3["complete_run_lrs"] == {4: 0.5, 8: 0.5, 16: 0.5, 64: 0.25}
+    assert got3["complete_run_ratio"] == pytest.approx(got2["complete_run_ratio"])  # 2.71 still brackets 3.0 with 8x
+    text3 = bl.hf_best_markdown({"16x": {**row, "fastest_one_run": got3}})
+    assert ("By complete runs of these settings (4x 3.55 at lr 0.5, 8x 3.1 at lr 0.5, 16x 2.71 at lr 0.5, 64x 2.52 "
+            "at lr 0.25, each budget at its best lr run): ") in text3
+    assert bl.peak_lr({"lr": 0.016, "lr_scale": 0.125}) == 0.002 and bl.peak_lr({"lr": 0.004}) == 0.004

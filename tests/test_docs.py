@@ -1170,6 +1170,10 @@ FIGURES += [
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['long_horizon_token_ratio']:.2f}"),
     ("README.md", r"at 99\*\* \(complete runs: (\d\.\d\d);",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['recipe_complete_run_ratio']:.2f}"),
+    ("docs/benchmarks.md", r"by complete runs (\d\.\d\d\d) of the budget\*\* \(interpolated",
+     lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['recipe_complete_run_ratio']:.3f}"),
+    ("docs/benchmarks.md", r"n/a \(not on the ladder\) \| \*\*(\d\.\d\d\d)\*\* \(the searched recipe's\)",
+     lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['recipe_complete_run_ratio']:.3f}"),
     # the larger model (3x192 at 25 tokens per parameter), each family at its best lr so far
     ("README.md", r"the best so far each side\): \*\*(\d\.\d\d)\*\*",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['long_horizon_token_ratio']:.2f}"),
