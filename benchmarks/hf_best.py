@@ -414,6 +414,8 @@ def finished_results(futures: dict[Any, tuple], done) -> Generator[tuple[tuple, 
             _stopping(exc.signum)
             continue
         yield job, result
+
+
 # Muon's Newton-Schulz precision in the recipe's runs: torch's bf16, as every ladder run (given explicitly: Muon's
 # default, "auto", is fp32 on a CPU without native bf16). ``--ns-dtype float32``
 # runs it in fp32 (2-4x faster on a CPU without native bf16 matmuls); such a run records ``ns_dtype``, and
