@@ -146,7 +146,9 @@ REGIMES: tuple[BudgetRegime, ...] = (
         "over-training", math.inf,
         # 64x (99.3 tokens per parameter), each family at its 16x winner with the peak lr swept: AdamW ended at
         # 2.724 / 2.697 / 2.705 / 2.728 at x0.25 / x0.5 / x1 / x2 of its 16x lr (4e-3), 2 seeds at x0.5: 2.683;
-        # the recipe at 2.654 / 2.575 / 2.599 / 2.604 / 2.818 / 2.940 at x0.0625 ... x2 of its 16x lr (1.6e-2)
+        # the recipe at 2.654 / 2.575 / 2.599 / 2.604 / 2.818 / 2.940 at x0.0625 ... x2 of its 16x lr (1.6e-2);
+        # the long row's combination at x0.125 ended at 2.658 (seed 0, against the recipe's 2.575), so Muon keeps
+        # the 16x winner's settings here
         {"adamw": {"lr_decay": "1-sqrt", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
                    "adam_beta2": 0.99},
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
