@@ -482,8 +482,7 @@ def _recipe_stem(source: str) -> str:
     """A run name from a recipe source: ``gpt2_tiny``, ``my.yaml`` -> ``my``, ``hf://o/r@rev`` -> ``r``."""
     text = str(source).split("@")[0].rstrip("/")
     if is_hub_uri(text):
-        parts = text[len("hf://"):].split("/")
-        text = parts[-1] if not parts[-1].endswith((".yaml", ".yml")) or len(parts) < 3 else parts[-1]
+        text = text[len("hf://"):].split("/")[-1]  # the repo's name, or the config file's in it
     return Path(text).stem or "run"
 
 

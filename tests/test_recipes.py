@@ -105,3 +105,16 @@ def test_help_all_documents_every_option():
                  "--mfu_peak_tflops", "--auto_resume", "--adam_beta1", "--restart_num_seeds"):
         assert flag in text, flag
     assert "the embedded corpus" in text
+
+
+@pytest.mark.parametrize("source, stem", [
+    ("gpt2_tiny", "gpt2_tiny"),
+    ("configs/my.yaml", "my"),
+    ("hf://owner/repo", "repo"),
+    ("hf://owner/repo@v1", "repo"),
+    ("hf://owner/repo/", "repo"),
+    ("hf://owner/repo/configs/small.yaml@main", "small"),
+])
+def test_a_run_is_named_after_its_recipe_source(source, stem):
+    from hf_fasttrain.recipes import _recipe_stem
+    assert _recipe_stem(source) == stem

@@ -66,7 +66,7 @@ def open_stream(dataset: str, dataset_config: Optional[str] = None, split: str =
     ``data_files``, ``data_dir``, ``trust_remote_code``).
 
     Returns None when ``split`` does not exist (e.g. no ``validation`` split). Errors with the user's data are
-    one-line :class:`~hf_fasttrain.data.sources.DataError`\ s.
+    one-line errors (:class:`~hf_fasttrain.data.sources.DataError`).
     """
     from .sources import load_source
 
