@@ -150,9 +150,12 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
 # Knobs added after a search began: absent from its start point, so the runs it has keep their keys; a
 # setting without the knob means this value.
 KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_lr_scale": 1.0, "lr_scale": 1.0,
-                                 "hyperball": False, "optimizer": "muon"}
+                                 "hyperball": False, "optimizer": "muon", "beta3": 0.9999}
 # Muon's own options, which mean nothing to another optimizer of the recipe
 MUON_ONLY = ("normuon", "cautious_wd", "adamw_lr_scale", "hyperball")
+# AdEMAMix's own: the slow momentum's decay (the paper's 0.9999 is a half-life of about 6,900 steps, longer than every
+# run here below 32x; 0.999's is about 690)
+ADEMAMIX_ONLY = ("beta3",)
 
 
 # Knobs whose values multiply the current one (the peak lr: x0.5 and x2 of wherever the search stands).
@@ -180,6 +183,7 @@ def settled(config: dict[str, Any]) -> dict[str, Any]:
     matrices, so cautious weight decay on them has nothing to act on; Muon's options do nothing to AdEMAMix."""
     if config.get("optimizer", "muon") != "muon":
         return {k: v for k, v in config.items() if k not in MUON_ONLY}
+    config = {k: v for k, v in config.items() if k not in ADEMAMIX_ONLY}
     if config.get("hyperball") and config.get("cautious_wd"):
         return {**config, "cautious_wd": False}
     return config
@@ -254,7 +258,7 @@ def arm_for(family: str, config: dict[str, Any], steps: int) -> Arm:
                                                         "seq_len_warmup_min", "seq_len_warmup_fraction")}
     if knob_value(config, "optimizer") == "ademamix":  # the whole model on AdEMAMix, the paper's beta3 and alpha
         args.update(optimizer="ademamix", learning_rate=lr, weight_decay=wd, adam_beta2=config["beta2"],
-                    optimizer_kwargs={"betas": [0.9, config["beta2"], 0.9999], "alpha": 5.0},
+                    optimizer_kwargs={"betas": [0.9, config["beta2"], knob_value(config, "beta3")], "alpha": 5.0},
                     **recipe_schedule(config["schedule"]))
         return _recipe_arm(name, args, config, base)
     optimizer_kwargs: dict[str, Any] = {"betas": [0.9, config["beta2"]]}
