@@ -80,9 +80,10 @@ _LONG_MUON = {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None,
 
 # The measured table: each row is one length where the settings were searched, reaching halfway (geometrically)
 # to the next. Short runs (1.5 tokens per parameter): what the long-horizon search at 1x kept over hf-tuned's
-# settings. Middle (6.2): for AdamW what the search at 4x kept; for Muon the budget ladder's 4x, where only the
-# recipe's peak lr was swept (cosine to 10%, weight decay 0.1, beta2 0.95: the bundled GPU recipes' settings).
-# Middle-long (12.4): for Muon the long row's settings, which ran as complete runs at 8x and beat the middle row's.
+# settings. Middle (6.2): what the search at 4x kept (for Muon: beta2 0.99 of its AdamW part, now also the bundled
+# GPU recipes' setting).
+# Middle-long (12.4): for Muon the long row's settings, which ran as complete runs at 8x and beat the budget
+# ladder's recipe there.
 # Long runs (24.8): what the search at 16x kept, and for Muon the four knobs that were level one at a time and
 # together reached the target sooner. Over-training (99): nothing searched; the 16x search's winners with only the
 # peak lr swept at 64x, so the settings are those winners' and the row records how far the best lr moved.
@@ -106,17 +107,21 @@ REGIMES: tuple[BudgetRegime, ...] = (
         # 3.505 (0.99: 3.514); weight decay timescales 0.5-8, lr x0.5 / x2 and schedule-free lost; 2 seeds at the
         # winner: 3.515 against hf-tuned's 3.746
         {"adamw": _MIDDLE_ADAMW,
+         # the recipe (Muon) at 4x, from the budget ladder's best (lr 8e-3, cosine to 10%, beta2 0.95: 3.243 and
+         # 3.246): cosine to 10% stays (linear to 0 3.265, WSD 1-sqrt 3.307); beta2 0.99 of Muon's AdamW part 3.178
+         # (0.999: 3.188); then NorMuon 3.178 (3.203 at half the lr), cautious weight decay 3.184, the AdamW part at
+         # 0.25x 3.384, weight decay timescale 4 / 16 3.188 / 3.496, the lr x0.5 / x2 3.201 / 3.197, EMA off 3.194,
+         # sequence-length warmup off 3.218, Hyperball and AdEMAMix lost; 2 seeds at the winner: 3.184 (3.178, 3.190)
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.95, "optimizer_kwargs": {"betas": [0.9, 0.95], "normuon_beta2": None, **_NOT_LONG}}},
-        "long-horizon search at 4x (AdamW) and budget ladder 4x (Muon) (benchmarks/results/hf_best.md, "
-        "budget_ladder.md)"),
+                  "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None, **_NOT_LONG}}},
+        "long-horizon search at 4x (benchmarks/results/hf_best.md)"),
     BudgetRegime(
         "middle-long", 12.4,
         # AdamW: the middle row's settings (nothing measured at 12.4: its 6.2 and 24.8 rows meet here, as before).
         # Muon at 8x (12.4 tokens per parameter): the long row's combination (below) as complete runs, at 0.5x the
         # 16x winner's lr (8e-3, also the budget ladder recipe's best lr at 8x) and weight decay timescale 4.0,
-        # ended at 2.913 and 2.929 against the budget ladder recipe's (this table's middle row) 3.005 and 3.057;
-        # at 4x (6.2) the combination lost (3.379 and 3.346 against 3.243 and 3.246), so the rows meet halfway
+        # ended at 2.913 and 2.929 against the budget ladder recipe's (beta2 0.95; lr 8e-3) 3.005 and 3.057;
+        # at 4x (6.2) the combination lost (3.379 and 3.346 against 3.243 and 3.246; the 4x search's winner 3.184), so the rows meet halfway
         # between, at 8.8. Weight decay 0.2 at that lr over 2,400 steps is timescale 3.84 (the long row's 0.1 over
         # 4,800)
         {"adamw": _MIDDLE_ADAMW, "muon": {**_LONG_MUON, "weight_decay": 0.2}},

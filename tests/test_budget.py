@@ -41,22 +41,26 @@ def test_budget_settings_by_tokens_per_parameter(tpp, optimizer, regime, extrapo
 
 
 def test_the_middle_regime_is_the_gpu_recipes_settings():
-    """With Muon, runs of 3.1 to 8.8 tokens per parameter keep what the bundled GPU recipes set (the budget
-    ladder's 4x settings), so budget_aware changes nothing for them; AdamW there takes the 4x search's winner."""
+    """With Muon, runs of 3.1 to 8.8 tokens per parameter take the 4x search's winner (beta2 0.99 in Muon's AdamW
+    part), which the bundled GPU recipes also set, so budget_aware changes nothing for them; AdamW there takes the
+    4x search's winner too."""
     import yaml
 
     recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes/configs/gpt2_small.yaml").read_text())
     assert recipe["optimizer"] == "muon"
     settings = budget_settings(8.7, "muon")["settings"]
     assert {k: settings[k] for k in ("lr_decay", "min_lr_ratio", "weight_decay", "adam_beta2")} == {
-        "lr_decay": "cosine", "min_lr_ratio": 0.1, "weight_decay": 0.1, "adam_beta2": 0.95}
+        "lr_decay": "cosine", "min_lr_ratio": 0.1, "weight_decay": 0.1, "adam_beta2": 0.99}
     assert settings["decay_fraction"] is None and settings["optimizer_kwargs"] == {
-        "betas": [0.9, 0.95], "normuon_beta2": None, "cautious_wd": False, "adamw_lr_ratio": 1.0}
+        "betas": [0.9, 0.99], "normuon_beta2": None, "cautious_wd": False, "adamw_lr_ratio": 1.0}
     assert budget_settings(8.7, "adamw")["settings"] == {"lr_decay": "linear", "min_lr_ratio": 0.0,
                                                          "decay_fraction": 0.2, "weight_decay": 0.1,
                                                          "adam_beta2": 0.999}
-    assert {k: recipe[k] for k in ("lr_decay", "min_lr_ratio", "weight_decay", "adam_beta2")} == {
-        "lr_decay": "cosine", "min_lr_ratio": 0.1, "weight_decay": 0.1, "adam_beta2": 0.95}
+    for name in ("gpt2_small", "llama_small"):
+        recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / f"recipes/configs/{name}.yaml").read_text())
+        assert recipe["budget_aware"] is True and "optimizer_kwargs" not in recipe, name
+        assert {k: recipe[k] for k in ("lr_decay", "min_lr_ratio", "weight_decay", "adam_beta2")} == {
+            "lr_decay": "cosine", "min_lr_ratio": 0.1, "weight_decay": 0.1, "adam_beta2": 0.99}, name
 
 
 # benchmarks/hf_best.py's names -> the settings FastTrainer takes for them
@@ -83,11 +87,10 @@ def _kept(data, rung, family):
 
 
 @pytest.mark.parametrize("rung, regime, families", [("1x", "short", ("hf-best", "recipe")),
-                                                     ("4x", "middle", ("hf-best",)),
+                                                     ("4x", "middle", ("hf-best", "recipe")),
                                                      ("16x", "long", ("hf-best", "recipe"))])
 def test_the_regimes_are_what_the_search_kept(rung, regime, families):
-    """Those rows are the measured ones: each knob the search at that budget decided (results/hf_best.json);
-    at 4x only AdamW was searched."""
+    """Those rows are the measured ones: each knob the search at that budget decided (results/hf_best.json)."""
     data = json.loads((RESULTS / "hf_best.json").read_text())
     row = next(r for r in REGIMES if r.name == regime)
     for family, key in (("hf-best", "adamw"), ("recipe", "muon")):
@@ -111,7 +114,7 @@ def _median(values):
 
 def test_muon_takes_the_long_settings_from_where_they_won_as_complete_runs():
     """The 16x combination ran as complete runs at 4x and 8x (results/hf_best.json): at 8x (12.4 tokens per
-    parameter) it ended below the budget ladder recipe (the middle row's settings) at its best lr by more than
+    parameter) it ended below the budget ladder recipe (beta2 0.95, the GPU recipes' before the 4x search) at its best lr by more than
     either's seed spread, at 4x (6.2) above it; so the middle-long row, from halfway between (8.8), is the long
     row's Muon with the weight decay that gives the timescale that ran, and AdamW keeps the middle row."""
     data = json.loads((RESULTS / "hf_best.json").read_text())
