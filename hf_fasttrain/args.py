@@ -393,9 +393,10 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "Optimizer from hf_fasttrain.optim: 'adamw', 'lion', 'ademamix', 'soap' or 'muon' "
                   "(Muon on hidden matrices + AdamW on embeddings, head, biases, norms). Replaces `optim`, which "
                   "must then be left at its default. learning_rate and weight_decay are its lr and weight decay "
-                  "(adam_beta1/2 and adam_epsilon too for 'adamw'; they reach Muon's AdamW part and SOAP's Adam "
-                  "when set away from the Trainer's defaults 0.9, 0.999, 1e-8, else those keep their own betas "
-                  "(0.9, 0.95) and (0.95, 0.95)); 'ademamix' warms alpha and beta3 up over the whole run. "
+                  "(adam_beta1/2 and adam_epsilon too for 'adamw'; they reach Muon's AdamW part, SOAP's Adam and "
+                  "AdEMAMix's first two betas when set away from the Trainer's defaults 0.9, 0.999, 1e-8, else those "
+                  "keep their own betas (0.9, 0.95), (0.95, 0.95) and (0.9, 0.999, 0.9999)); 'ademamix' warms alpha "
+                  "and beta3 up over the whole run and warns when beta3's half-life is longer than the run. "
                   "Default: null, the Trainer's `optim`."},
     )
     optimizer_kwargs: dict | str | None = field(

@@ -36,6 +36,7 @@ from .data.streaming import StreamPosition, TokenStream
 from .modeling import is_causal_lm
 from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .optim.orthogonalize import native_bf16_matmul
+from .optim.ademamix import slow_momentum_half_life
 from .precision import logger as precision_logger
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress, make_scheduler
@@ -427,7 +428,19 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             logger.warning("muon: this CPU multiplies bf16 matrices without hardware support, so Newton-Schulz in "
                            "bf16 (optimizer_kwargs ns_dtype: bfloat16) is emulated and slow; ns_dtype auto (the "
                            "default) runs it in fp32 here (docs: techniques/optimizers)")
+        if name == "ademamix":
+            self._note_ademamix_half_life(kwargs.get("T_alpha_beta3") or self.args.max_steps)
         return self.optimizer
+
+    def _note_ademamix_half_life(self, steps: int) -> None:
+        """A run shorter than AdEMAMix's slow momentum's half-life: say so once (measured to stall)."""
+        beta3 = self.optimizer.defaults["betas"][2]
+        half_life = slow_momentum_half_life(beta3)
+        if steps and steps > 0 and half_life > steps:
+            logger.warning("ademamix: beta3 %s gives the slow momentum a half-life of %s steps, longer than this "
+                           "run (%s steps); on a 1,200-step run beta3 0.9999 stalled 0.6 above 0.999's final loss: "
+                           "set optimizer_kwargs betas [0.9, 0.999, <beta3>] with a half-life inside the run "
+                           "(docs: techniques/optimizers)", beta3, f"{half_life:,.0f}", f"{steps:,}")
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         if self.weight_averaging is not None:  # also for a user's call mid-training; on_evaluate swaps back

@@ -42,7 +42,9 @@ def test_values_come_from_the_training_args(tmp_path):
     assert kwargs == {"lr": 5e-4, "weight_decay": 0.05}
     assert optimizer_cls_and_kwargs_for("adamw", args)[1] == {
         "lr": 5e-4, "weight_decay": 0.05, "betas": (0.9, 0.95), "eps": 1e-6}
-    assert optimizer_cls_and_kwargs_for("ademamix", args)[1] == {"lr": 5e-4, "weight_decay": 0.05, "T_alpha_beta3": 300}
+    # AdEMAMix: Adam's two betas and eps from the args (set away from the defaults), its own beta3
+    assert optimizer_cls_and_kwargs_for("ademamix", args)[1] == {"lr": 5e-4, "weight_decay": 0.05, "T_alpha_beta3": 300,
+                                                                 "betas": (0.9, 0.95, 0.9999), "eps": 1e-6}
     # explicit kwargs win
     assert optimizer_cls_and_kwargs_for("lion", args, lr=1e-4)[1] == {"lr": 1e-4, "weight_decay": 0.05}
 

@@ -1,5 +1,5 @@
-"""The Trainer's adam_beta1 / adam_beta2 / adam_epsilon reach Muon's AdamW part and SOAP when set away
-from the Trainer's defaults; at the defaults those keep their own betas; optimizer_kwargs overrides."""
+"""The Trainer's adam_beta1 / adam_beta2 / adam_epsilon reach Muon's AdamW part, SOAP and AdEMAMix when set
+away from the Trainer's defaults; at the defaults those keep their own betas; optimizer_kwargs overrides."""
 
 import pytest
 import torch
@@ -27,7 +27,12 @@ TABLE = [
     ("adamw", {}, None, {**BASE, "betas": (0.9, 0.999), "eps": 1e-8}),  # AdamW: always the Trainer's
     ("adamw", {"adam_beta2": 0.95}, None, {**BASE, "betas": (0.9, 0.95), "eps": 1e-8}),
     ("lion", {"adam_beta2": 0.99}, None, {**BASE}),  # Lion's betas are not Adam's
-    ("ademamix", {"adam_beta2": 0.99}, None, {**BASE, "T_alpha_beta3": 10}),
+    ("ademamix", {}, None, {**BASE, "T_alpha_beta3": 10}),  # the paper's (0.9, 0.999, 0.9999) are the Trainer's
+    ("ademamix", {"adam_beta2": 0.99}, None, {**BASE, "betas": (0.9, 0.99, 0.9999), "T_alpha_beta3": 10}),
+    ("ademamix", {"adam_beta1": 0.8, "adam_epsilon": 1e-6}, None,
+     {**BASE, "betas": (0.8, 0.999, 0.9999), "eps": 1e-6, "T_alpha_beta3": 10}),
+    ("ademamix", {"adam_beta2": 0.99}, {"betas": [0.9, 0.95, 0.999]}, {**BASE, "betas": [0.9, 0.95, 0.999],
+                                                                        "T_alpha_beta3": 10}),
 ]
 
 
@@ -76,3 +81,36 @@ def test_muon_adamw_part_steps_with_the_betas(fields, betas):
         torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
     other = (0.9, 0.99) if betas == (0.9, 0.95) else (0.9, 0.95)
     assert not all(torch.allclose(p.detach(), q.detach(), rtol=1e-6, atol=1e-7) for p, q in zip(part, ref[other]))
+
+
+def test_ademamix_half_life():
+    from hf_fasttrain.optim import slow_momentum_half_life
+
+    assert slow_momentum_half_life(0.9999) == pytest.approx(6931.1, abs=0.1)
+    assert slow_momentum_half_life(0.999) == pytest.approx(692.8, abs=0.1)
+    assert slow_momentum_half_life(0.5) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("max_steps, betas, warned", [
+    (1200, None, True),                    # the paper's 0.9999: a half-life of 6,931 steps
+    (10_000, None, False),
+    (1200, [0.9, 0.999, 0.999], False),    # 693 steps
+    (500, [0.9, 0.999, 0.999], True),
+])
+def test_fasttrainer_says_when_ademamixs_slow_momentum_outlasts_the_run(max_steps, betas, warned, caplog, tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from hf_fasttrain import FastTrainer
+
+    args = FastTrainingArguments(output_dir=str(tmp_path), max_steps=max_steps, optimizer="ademamix", report_to="none",
+                                 optimizer_kwargs={"betas": betas} if betas else None, run_record=False)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    data = [{"input_ids": torch.arange(16) % 64, "labels": torch.arange(16) % 64}] * 4
+    with caplog.at_level("WARNING", logger="hf_fasttrain.trainer"):
+        FastTrainer(model=model, args=args, train_dataset=data).create_optimizer()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ademamix:")]
+    assert len(said) == int(warned)
+    if warned:
+        beta3 = (betas or [0.9, 0.999, 0.9999])[2]
+        assert f"beta3 {beta3} gives the slow momentum a half-life of" in said[0]
+        assert f"longer than this run ({max_steps:,} steps)" in said[0]

@@ -16,7 +16,7 @@ The Trainer's scheduler (`lr_scheduler_type`, warmup) scales every param group o
 With FastTrainer, set `FastTrainingArguments(optimizer="lion", optimizer_kwargs={...})` instead.
 """
 
-from .ademamix import AdEMAMix, ademamix_alpha, ademamix_beta3
+from .ademamix import AdEMAMix, ademamix_alpha, ademamix_beta3, slow_momentum_half_life
 from .adamw import AdamW, build_adamw
 from .lion import Lion
 from .muon import MuonWithAdamW, conv1d_lr_multiplier, muon_routing

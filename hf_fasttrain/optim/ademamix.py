@@ -45,7 +45,23 @@ from ._common import (
     zero_state,
 )
 
-__all__ = ["AdEMAMix", "ademamix_alpha", "ademamix_beta3"]
+__all__ = ["AdEMAMix", "ademamix_alpha", "ademamix_beta3", "slow_momentum_half_life"]
+
+
+def slow_momentum_half_life(beta3: float) -> float:
+    """Steps after which the slow EMA's weight on a gradient has halved: ln(1/2) / ln(beta3) (0.9999: about
+    6,931 steps; 0.999: about 693). Longer than the run, the slow momentum still carries the first steps'
+    gradients at its end.
+
+    Example:
+        ```python
+        >>> round(slow_momentum_half_life(0.999))
+        693
+        ```
+    """
+    if not 0.0 < beta3 < 1.0:
+        return math.inf if beta3 >= 1.0 else 0.0
+    return math.log(0.5) / math.log(beta3)
 
 
 def ademamix_alpha(step: int, alpha: float, warmup: Optional[int]) -> float:

@@ -392,25 +392,31 @@ class OptimizerFactory:
 _TRAINER_ADAM_DEFAULTS = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8}
 
 
+# the optimizers whose betas begin with Adam's (beta1, beta2), each by its factory (whose defaults are its own)
+_ADAM_LIKE = {"muon": create_muon, "soap": create_soap, "ademamix": create_ademamix}
+
+
 def _adam_kwargs(name: str, args: Any) -> dict[str, Any]:
     """betas / eps of optimizer `name` from the Trainer's adam_beta1, adam_beta2 and adam_epsilon.
 
-    "adamw": all three, as the Trainer's own AdamW. "muon" (its AdamW part) and "soap" (Adam run in the
-    preconditioner's eigenbasis: its betas and eps are Adam's): each of the three that is set away from
-    the Trainer's default replaces the optimizer's own value, the others keep theirs (Muon's AdamW
-    (0.9, 0.95), Moonlight's; SOAP's (0.95, 0.95), the paper's), since a Trainer default says nothing
+    "adamw": all three, as the Trainer's own AdamW. "muon" (its AdamW part), "soap" (Adam run in the
+    preconditioner's eigenbasis: its betas and eps are Adam's) and "ademamix" (Adam's two betas, then its
+    slow momentum's beta3): each of the three that is set away from the Trainer's default replaces the
+    optimizer's own value, the others keep theirs (Muon's AdamW (0.9, 0.95), Moonlight's; SOAP's
+    (0.95, 0.95) and AdEMAMix's (0.9, 0.999, 0.9999), the papers'), since a Trainer default says nothing
     about what the user wants for these optimizers. Only what differs from the optimizer's own default
     is returned. SOAP's `shampoo_beta` (the L / R EMA) follows beta2 unless set, as in the paper. Lion's
-    betas are not Adam's (sign of an interpolation) and AdEMAMix keeps its own: both get nothing here.
+    betas are not Adam's (sign of an interpolation): it gets nothing here.
     """
     value = {field: getattr(args, field, default) for field, default in _TRAINER_ADAM_DEFAULTS.items()}
     if name == "adamw":
         return {"betas": (value["adam_beta1"], value["adam_beta2"]), "eps": value["adam_epsilon"]}
-    if name not in ("muon", "soap"):
+    if name not in _ADAM_LIKE:
         return {}
-    own = _defaults(create_muon if name == "muon" else create_soap)
+    own = _defaults(_ADAM_LIKE[name])
     away = {field: v != _TRAINER_ADAM_DEFAULTS[field] for field, v in value.items()}
     betas = tuple(value[f] if away[f] else b for f, b in zip(("adam_beta1", "adam_beta2"), own["betas"]))
+    betas += tuple(own["betas"][2:])  # AdEMAMix's beta3 is not the Trainer's
     kwargs: dict[str, Any] = {}
     if betas != tuple(own["betas"]):
         kwargs["betas"] = betas
@@ -545,10 +551,11 @@ def trainer_optimizer_kwargs(args: Any, num_training_steps: Optional[int] = None
 
     `lr` is `args.learning_rate` and `weight_decay` is `args.weight_decay`; for "adamw" the Trainer's
     `adam_beta1`, `adam_beta2` and `adam_epsilon` are its betas and eps; for "muon" (the AdamW part
-    on embeddings, head, biases and norms) and "soap" (Adam in the preconditioner's eigenbasis), each
-    of them set away from the Trainer's default (0.9, 0.999, 1e-8) replaces the optimizer's own value
-    and the others keep theirs: at the Trainer's defaults Muon's AdamW keeps (0.9, 0.95) (Moonlight's)
-    and SOAP (0.95, 0.95) (the paper's), and `adam_beta2=0.99` gives Muon (0.9, 0.99). A value equal to
+    on embeddings, head, biases and norms), "soap" (Adam in the preconditioner's eigenbasis) and
+    "ademamix" (its first two betas), each of them set away from the Trainer's default (0.9, 0.999, 1e-8)
+    replaces the optimizer's own value and the others keep theirs: at the Trainer's defaults Muon's AdamW
+    keeps (0.9, 0.95) (Moonlight's) and SOAP (0.95, 0.95) (the paper's), and `adam_beta2=0.99` gives Muon
+    (0.9, 0.99) and AdEMAMix (0.9, 0.99, 0.9999). A value equal to
     the Trainer's default cannot be told from an unset one; set `optimizer_kwargs={"betas": ...}` for it.
     For "ademamix" the alpha/beta3 warmup spans the whole run (`T_alpha_beta3 = num_training_steps`,
     the paper's choice). `args.optimizer_kwargs` overrides any of these.
