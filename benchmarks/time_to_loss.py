@@ -224,6 +224,8 @@ def optimizer_arm(name: str, lr: float) -> Arm:
         args["weight_decay"] = HF_TUNED["weight_decay"] * HF_TUNED["learning_rate"] / lr
     if name == "soap":  # the 4096-token embedding stays unrotated on its vocab side, as a 50k one would
         args["optimizer_kwargs"] = {"max_precond_dim": 1024}
+    if name == "ademamix":  # the paper's betas, as measured (hf-tuned's beta2 0.95 did not reach AdEMAMix then)
+        args["optimizer_kwargs"] = {"betas": [0.9, 0.999, 0.9999]}
     return Arm(f"opt-{name}", f"FastTrainer, hf-tuned settings, optimizer={name} at lr {lr:g}", fast=True, args=args)
 
 

@@ -153,3 +153,17 @@ def test_fasttrain_budget_arm_gets_the_1x_searchs_recipe_winner():
     assert chosen["settings"]["adam_beta2"] == winner["beta2"]
     assert chosen["settings"]["optimizer_kwargs"] == {"betas": [0.9, winner["beta2"]], "normuon_beta2": winner["normuon"],
                                                       "cautious_wd": False, "adamw_lr_ratio": 1.0}
+
+
+def test_the_ademamix_arm_trains_what_was_measured():
+    """opt-ademamix ran with the paper's betas while the Trainer's adam_beta2 did not reach AdEMAMix; now that it
+    does, the arm pins them, so hf-tuned's beta2 0.95 does not change what its committed results measured."""
+    ttl = _load()
+    from hf_fasttrain.optim import trainer_optimizer_kwargs
+    from hf_fasttrain import FastTrainingArguments
+
+    args = ttl.ARMS["opt-ademamix"].args
+    assert args["adam_beta2"] == 0.95  # hf-tuned's
+    fa = FastTrainingArguments(output_dir="x", optimizer="ademamix", learning_rate=args["learning_rate"],
+                               adam_beta2=args["adam_beta2"], optimizer_kwargs=args["optimizer_kwargs"], report_to=[])
+    assert trainer_optimizer_kwargs(fa, 300)["betas"] == [0.9, 0.999, 0.9999]
