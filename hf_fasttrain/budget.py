@@ -121,9 +121,9 @@ REGIMES: tuple[BudgetRegime, ...] = (
         # Muon at 8x (12.4 tokens per parameter): the long row's combination (below) as complete runs, at 0.5x the
         # 16x winner's lr (8e-3, also the budget ladder recipe's best lr at 8x) and weight decay timescale 4.0,
         # ended at 2.913 and 2.929 against the budget ladder recipe's (beta2 0.95; lr 8e-3) 3.005 and 3.057;
-        # at 4x (6.2) the combination lost (3.379 and 3.346 against 3.243 and 3.246; the 4x search's winner 3.184), so the rows meet halfway
-        # between, at 8.8. Weight decay 0.2 at that lr over 2,400 steps is timescale 3.84 (the long row's 0.1 over
-        # 4,800)
+        # at 4x (6.2) the combination lost (3.379 and 3.346 against 3.243 and 3.246; the 4x search's winner 3.184),
+        # so the rows meet halfway between, at 8.8. Weight decay 0.2 at that lr over 2,400 steps is timescale 3.84
+        # (the long row's 0.1 over 4,800)
         {"adamw": _MIDDLE_ADAMW, "muon": {**_LONG_MUON, "weight_decay": 0.2}},
         "budget ladder 8x (AdamW: the long-horizon search at 4x) and the 16x combination's complete runs at 8x "
         "(benchmarks/results/hf_best.md, budget_ladder.md)",
