@@ -83,7 +83,7 @@ _LONG_MUON = {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None,
 # settings. Middle (6.2): what the search at 4x kept (for Muon: beta2 0.99 of its AdamW part, now also the bundled
 # GPU recipes' setting).
 # Middle-long (12.4): for Muon the long row's settings, which ran as complete runs at 8x and beat the budget
-# ladder's recipe there.
+# ladder's recipe and the middle row's settings there.
 # Long runs (24.8): what the search at 16x kept, and for Muon the four knobs that were level one at a time and
 # together reached the target sooner. Over-training (99): nothing searched; the 16x search's winners with only the
 # peak lr swept at 64x, so the settings are those winners' and the row records how far the best lr moved.
@@ -120,7 +120,8 @@ REGIMES: tuple[BudgetRegime, ...] = (
         # AdamW: the middle row's settings (nothing measured at 12.4: its 6.2 and 24.8 rows meet here, as before).
         # Muon at 8x (12.4 tokens per parameter): the long row's combination (below) as complete runs, at 0.5x the
         # 16x winner's lr (8e-3, also the budget ladder recipe's best lr at 8x) and weight decay timescale 4.0,
-        # ended at 2.913 and 2.929 against the budget ladder recipe's (beta2 0.95; lr 8e-3) 3.005 and 3.057;
+        # ended at 2.913 and 2.929 against the budget ladder recipe's (beta2 0.95; lr 8e-3) 3.005 and 3.057 and
+        # the middle row's (the 4x search's winner, beta2 0.99, weight decay 0.1 at 8e-3) 2.970 and 2.961;
         # at 4x (6.2) the combination lost (3.379 and 3.346 against 3.243 and 3.246; the 4x search's winner 3.184),
         # so the rows meet halfway between, at 8.8. Weight decay 0.2 at that lr over 2,400 steps is timescale 3.84
         # (the long row's 0.1 over 4,800)

@@ -114,9 +114,10 @@ def _median(values):
 
 def test_muon_takes_the_long_settings_from_where_they_won_as_complete_runs():
     """The 16x combination ran as complete runs at 4x and 8x (results/hf_best.json): at 8x (12.4 tokens per
-    parameter) it ended below the budget ladder recipe (beta2 0.95, the GPU recipes' before the 4x search) at its best lr by more than
-    either's seed spread, at 4x (6.2) above it; so the middle-long row, from halfway between (8.8), is the long
-    row's Muon with the weight decay that gives the timescale that ran, and AdamW keeps the middle row."""
+    parameter) it ended below the budget ladder recipe (beta2 0.95) at its best lr and below the middle row's
+    settings (the 4x search's winner, beta2 0.99) by more than either's seed spread, at 4x (6.2) above both; so
+    the middle-long row, from halfway between (8.8), is the long row's Muon with the weight decay that gives the
+    timescale that ran, and AdamW keeps the middle row."""
     data = json.loads((RESULTS / "hf_best.json").read_text())
     ladder = json.loads((RESULTS / "budget_ladder.json").read_text())
     fastest = ladder["versus_hf_best"]["16x"]["fastest_one_run"]["config"]
@@ -132,11 +133,19 @@ def test_muon_takes_the_long_settings_from_where_they_won_as_complete_runs():
         return [r["final_eval_loss"] for r in ladder["runs"].values()
                 if r["rung"] == rung and r["optimizer"] == "recipe" and r["lr"] == best]
 
-    at_8x, base_8x = combination("8x"), ladder_recipe("8x")
-    assert len(at_8x) >= 2 and len(base_8x) >= 2
-    spread = max(max(at_8x) - min(at_8x), max(base_8x) - min(base_8x))
-    assert max(at_8x) < min(base_8x) and _median(base_8x) - _median(at_8x) > spread
-    assert _median(combination("4x")) > _median(ladder_recipe("4x"))
+    def middle_row(rung):  # the middle row's Muon settings (the 4x search's winner), weight decay 0.1 at 8e-3
+        won = dict(data["searches"]["4x"]["recipe"]["best"])
+        won["wd_timescale"] = round(won["lr"] * won["lr_scale"] * 0.1 * data["setups"][rung]["max_steps"], 3)
+        return [r["final_eval_loss"] for r in data["runs"].values()
+                if r["rung"] == rung and r["family"] == "recipe" and r["config"] == won]
+
+    at_8x = combination("8x")
+    assert len(at_8x) >= 2
+    for base_8x in (ladder_recipe("8x"), middle_row("8x")):  # before the 4x search (beta2 0.95) and after (0.99)
+        assert len(base_8x) >= 2
+        spread = max(max(at_8x) - min(at_8x), max(base_8x) - min(base_8x))
+        assert max(at_8x) < min(base_8x) and _median(base_8x) - _median(at_8x) > spread
+    assert _median(combination("4x")) > _median(ladder_recipe("4x")) > _median(middle_row("4x"))
     tpp = {rung: ladder["summary"][rung]["tokens_per_param"] for rung in ("4x", "8x")}
     assert middle.max_tokens_per_param == pytest.approx((tpp["4x"] * tpp["8x"]) ** 0.5, abs=0.05)
     assert mid_long.max_tokens_per_param == pytest.approx(tpp["8x"], abs=0.05)
