@@ -1179,9 +1179,9 @@ FIGURES += [
      lambda: "%.3f" % next(r["final_eval_loss"] for r in _result("hf_best")["runs"].values()
                            if r["rung"] == "64x" and r["config"].get("cautious_wd") and r["seed"] == 0)),
     # the larger model (3x192 at 25 tokens per parameter), each family at its best lr so far
-    ("README.md", r"the law.s lr, the best so far\): \*\*(\d\.\d\d)\*\*",
+    ("README.md", r"the law.s lr; the recipe.s best so far\): \*\*(\d\.\d\d)\*\*",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['long_horizon_token_ratio']:.2f}"),
-    ("docs/benchmarks.md", r"recipe's best so far reaches hf-best's final loss inside one run in\s+\*\*(\d\.\d\d\d)\*\*",
+    ("docs/benchmarks.md", r"best\s+so far reaches hf-best's final loss inside one run in\s+\*\*(\d\.\d\d\d)\*\*",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['long_horizon_token_ratio']:.3f}"),
     # the larger model memorises the repeated corpus: its final loss on training rows, at each family's best
     ("docs/benchmarks.md", r"training rows as eval rows hf-best ends at (\d\.\d{3})", lambda: _train_rows_loss("hf-best")),
