@@ -396,20 +396,29 @@ def fastest_one_run(hf_best: dict[str, Any], rung: str, target: float, budget: f
     return best
 
 
+def _rung_suffix(rung: str) -> str:
+    """What a rung name says beside its budget: ``""`` on the ladder, ``3x192`` (a model), ``unique`` (a corpus)."""
+    return rung.split("-", 1)[1] if "-" in rung else ""
+
+
 def complete_runs_of(hf_best: dict[str, Any], config: dict[str, Any], rung: str) -> dict[int, tuple[float, float]]:
-    """The recipe ``config``'s settings as complete runs at the ladder's other budgets (its model and corpus):
-    multiple -> (median final loss over the seeds, peak lr). Each budget counts at its own tuned lr, as complete
-    runs are compared in the optimizer literature: the budget's search or walk winner where that is these
-    settings, else the lr that ended lowest there."""
+    """The recipe ``config``'s settings as complete runs at ``rung``'s other budgets, on its model and corpus (the
+    ladder's, or a larger model's such as ``27x-3x192`` beside ``54x-3x192``): multiple -> (median final loss over
+    the seeds, peak lr). Each budget counts at its own tuned lr, as complete runs are compared in the optimizer
+    literature: the budget's search or walk winner where that is these settings, else the lr that ended lowest
+    there (at a budget with one lr, that lr, untuned: the ratio then leans against the recipe)."""
     key = _settings_key(config)
+    suffix = _rung_suffix(rung)
     by_multiple: dict[int, dict[float, list]] = {}
     for r in (hf_best.get("runs") or {}).values():
-        if r["family"] == "recipe" and "-" not in r["rung"] and r["rung"] != rung and _settings_key(r["config"]) == key:
+        if (r["family"] == "recipe" and _rung_suffix(r["rung"]) == suffix and r["rung"] != rung
+                and _settings_key(r["config"]) == key):
             by_lr = by_multiple.setdefault(int(r["rung"].split("x")[0]), {})
             by_lr.setdefault(peak_lr(r["config"]), []).append(r["final_eval_loss"])
     chosen = {}
     for m, by_lr in sorted(by_multiple.items()):
-        winner = ((hf_best.get("summary") or {}).get(f"{m}x") or {}).get("recipe", {}).get("best")
+        name = f"{m}x-{suffix}" if suffix else f"{m}x"
+        winner = ((hf_best.get("summary") or {}).get(name) or {}).get("recipe", {}).get("best")
         if winner and _settings_key(winner) == key and peak_lr(winner) in by_lr:
             chosen[m] = (statistics.median(by_lr[peak_lr(winner)]), peak_lr(winner))
         else:
@@ -433,8 +442,8 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
     with the peak lr swept: the winner of the recipe's sweep against hf-best's. The complete-run measure
     interpolates between complete runs of the same settings at shorter budgets (each at its own tuned lr; the
     ladder's recipe runs where these settings ran nowhere else) and this budget's winner; on the
-    corpus that does not repeat (``64x-unique``) and on a larger model (``54x-3x192``) there are no shorter complete
-    runs, so that measure is n/a there. As at a searched budget, the recipe setting with two or more seeds that
+    corpus that does not repeat (``64x-unique``) and on a larger model (``54x-3x192``) only complete runs of the same
+    settings on that corpus or model count (the ladder's recipe ran on neither); without any, that measure is n/a. As at a searched budget, the recipe setting with two or more seeds that
     reaches hf-best's loss soonest inside one run is ``fastest_one_run``."""
     setup = (hf_best.get("setups") or {}).get(rung)
     ladder_rows = [v for v in summary.values() if v]
@@ -451,10 +460,11 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
     curves = [r["curve"] for r in hf_best.get("runs", {}).values() if r["rung"] == rung and r["family"] == "recipe"
               and json.dumps(r["config"], sort_keys=True) == json.dumps(mine["best"], sort_keys=True)]
     unique = rung.endswith("-unique")
-    alone = unique or model is not None  # no shorter complete runs of this corpus or model
     # the complete-run measure interpolates between complete runs of one recipe: this winner's settings where
-    # they ran at shorter budgets (the transfer's source winner, each at its own lr), else the ladder's recipe
-    same = {} if alone else complete_runs_of(hf_best, mine["best"], rung)
+    # they ran at other budgets (the transfer's source winner, each at its own lr), else the ladder's recipe,
+    # which ran on the ladder's model and corpus only
+    same = complete_runs_of(hf_best, mine["best"], rung)
+    alone = (unique or model is not None) and not same  # no other complete runs of this corpus or model
     with_this = {**({m: loss for m, (loss, _) in same.items()} if same else finals), multiple: mine["final_eval_loss"]}
     complete = None if alone else complete_run_budget(with_this, target) / multiple
     fastest = fastest_one_run(hf_best, rung, target, budget)

@@ -234,6 +234,20 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
                                 "recipe_complete_run_extrapolated": False}}
     assert bl.versus_hf_best_trend(with_16x, summary)["one_run"]["points"] == 2  # 16x and 64x, not 54x-3x192
     assert bl.hf_best_points(rows, summary)["one_run"] == [(budget / 400_000, row["long_horizon_token_ratio"], False)]
+    # a complete run of the winner's settings on the larger model at half its budget: the complete-run measure
+    # interpolates between that and the winner (never the ladder's model's runs), and the row stays off the trend
+    half = {"rung": "27x-3x192", "family": "recipe", "config": best["recipe"], "seed": 0, "final_eval_loss": 2.9}
+    other_model = {"rung": "16x", "family": "recipe", "config": best["recipe"], "seed": 0, "final_eval_loss": 2.6}
+    assert bl.complete_runs_of({**larger, "runs": {**larger["runs"], "h": half, "o": other_model}}, best["recipe"],
+                               "54x-3x192") == {27: (2.9, 1.6e-2)}
+    with_half = bl.versus_hf_best(summary, [], {**larger, "runs": {**larger["runs"], "h": half, "o": other_model}})
+    got = with_half["54x-3x192"]
+    assert got["complete_runs_of"] == "these settings" and got["complete_runs"] == {27: 2.9, 54: 2.5}
+    assert got["recipe_complete_run_ratio"] == pytest.approx(27 * 2 ** ((2.9 - 2.7) / (2.9 - 2.5)) / 54)
+    assert not got["recipe_complete_run_extrapolated"]
+    assert bl.versus_hf_best_trend({**with_half, **with_16x}, summary)["complete_runs"]["points"] == 2  # not 54x-3x192
+    assert (budget / 400_000) in [p[0] for p in bl.hf_best_points(with_half, summary)["complete_runs"]]
+    assert len(bl.hf_best_points(with_half, summary)["complete_runs"]) == 1
 
 
 def test_a_corpus_too_small_to_cover_the_budget_without_repeats_is_refused_before_training(monkeypatch):
