@@ -289,7 +289,9 @@ def complete_run_budget(finals: dict[int, float], target: float) -> float:
 
     Example:
         >>> round(complete_run_budget({1: 3.973, 4: 3.245, 16: 2.808}, 3.746), 3)   # recipe runs vs AdamW at 4x
-        1.542
+        1.541
+        >>> complete_run_budget({27: 2.429, 54: 2.446}, 2.501)   # the shorter run ends lower: at most 27
+        27.0
     """
     pts = sorted((math.log(m), loss) for m, loss in finals.items() if math.isfinite(loss))
     if len(pts) < 2:
@@ -297,9 +299,10 @@ def complete_run_budget(finals: dict[int, float], target: float) -> float:
     for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
         if min(y0, y1) <= target <= max(y0, y1) and y0 != y1:
             return math.exp(x0 + (y0 - target) / (y0 - y1) * (x1 - x0))
-    (x0, y0), (x1, y1) = (pts[:2] if target > pts[0][1] else pts[-2:])
+    below = target > pts[0][1]  # the shortest complete run already ends under the target
+    (x0, y0), (x1, y1) = (pts[:2] if below else pts[-2:])
     if y1 >= y0:  # the loss did not fall with the budget there: no budget is found by extending it
-        return math.inf
+        return math.exp(x0) if below else math.inf  # below: at most the shortest run's budget (a bound)
     return math.exp(x0 + (y0 - target) / (y0 - y1) * (x1 - x0))
 
 

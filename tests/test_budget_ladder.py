@@ -115,6 +115,8 @@ def test_smoke_run_is_resumable(tmp_path):
     ({1: 4.0, 4: 3.0}, 4.5, 4 ** -0.5),  # above every run: the line through the first two, extended
     ({4: 3.0}, 3.5, math.inf),  # one run: no line
     ({8: 3.031, 16: 2.808, 64: 2.818}, 2.705, math.inf),  # below every run, the loss no longer falling: not reached
+    ({27: 2.429, 54: 2.446}, 2.501, 27.0),  # above every run, the shorter one lower: at most the shorter budget
+    ({13: 2.70, 27: 2.429, 54: 2.446}, 2.501, 13 * (27 / 13) ** ((2.70 - 2.501) / (2.70 - 2.429))),  # the first crossing
 ])
 def test_complete_run_budget_interpolates_in_log_budget(finals, target, expected):
     bl = _load()
