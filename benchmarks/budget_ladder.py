@@ -477,6 +477,8 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
             "tokens_per_param": budget / params, "model": model, "non_embedding_params": params,
             "hf_tuned_eval_loss": None, "recipe_token_ratio": None,
             "recipe_complete_run_ratio": complete, "corpus": "unique" if unique else "stdlib",
+            "hf_best_multiples": sorted({int(r["rung"].split("x")[0]) for r in hf_best.get("runs", {}).values()
+                                         if r["family"] == "hf-best" and _rung_suffix(r["rung"]) == _rung_suffix(rung)}),
             **({} if alone else {"complete_runs": dict(sorted(with_this.items())),
                                  "complete_runs_of": "these settings" if same else "the ladder's recipe"}),
             "recipe_complete_run_extrapolated": not alone and not (min(with_this.values()) <= target <= max(with_this.values())),
@@ -550,6 +552,13 @@ def hf_best_markdown(rows: dict[str, Any], tr: Optional[dict[str, Any]] = None) 
                          f"the long-horizon recipe with {diff}, **{_fmt(f['token_ratio'])}** (median of {f['seeds']} "
                          f"seeds{other}: {', '.join(_fmt(x) for x in f['token_ratios'])}), final loss "
                          f"{_fmt(f['eval_loss'], 4)} (median).{complete}")
+    for rung, r in rows.items():
+        if (r.get("model") or r.get("corpus", "stdlib") != "stdlib") and r.get("complete_runs_of") == "these settings":
+            runs = ", ".join(f"{m}x {_fmt(v, 4)}" for m, v in r["complete_runs"].items())
+            ran = ", ".join(f"{m}x" for m in r.get("hf_best_multiples") or [])
+            lines.append(f"\nAt {rung}, complete runs of the long-horizon recipe's settings ({runs}) give the complete-run "
+                         f"ratio against hf-best's {rung.split('-')[0]} loss (hf-best ran at: {ran}; on a repeated "
+                         "corpus a shorter run of either may end lower).")
     for name, label in (("one_run", "one run"), ("complete_runs", "complete runs")):
         fit = (tr or {}).get(name)
         if fit:

@@ -242,11 +242,17 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     other_model = {"rung": "16x", "family": "recipe", "config": best["recipe"], "seed": 0, "final_eval_loss": 2.6}
     assert bl.complete_runs_of({**larger, "runs": {**larger["runs"], "h": half, "o": other_model}}, best["recipe"],
                                "54x-3x192") == {27: (2.9, 1.6e-2)}
-    with_half = bl.versus_hf_best(summary, [], {**larger, "runs": {**larger["runs"], "h": half, "o": other_model}})
+    hb = {"rung": "54x-3x192", "family": "hf-best", "config": best["hf-best"], "seed": 0, "final_eval_loss": 2.7}
+    with_half = bl.versus_hf_best(summary, [], {**larger, "runs": {**larger["runs"], "h": half, "o": other_model,
+                                                                   "hb": hb}})
+    assert with_half["54x-3x192"]["hf_best_multiples"] == [54]
     got = with_half["54x-3x192"]
     assert got["complete_runs_of"] == "these settings" and got["complete_runs"] == {27: 2.9, 54: 2.5}
     assert got["recipe_complete_run_ratio"] == pytest.approx(27 * 2 ** ((2.9 - 2.7) / (2.9 - 2.5)) / 54)
     assert not got["recipe_complete_run_extrapolated"]
+    assert ("At 54x-3x192, complete runs of the long-horizon recipe's settings (27x 2.9, 54x 2.5) give the "
+            "complete-run ratio against hf-best's 54x loss (hf-best ran at: 54x;") in bl.hf_best_markdown(with_half)
+    assert "complete runs of the long-horizon recipe's settings" not in bl.hf_best_markdown(rows)
     assert bl.versus_hf_best_trend({**with_half, **with_16x}, summary)["complete_runs"]["points"] == 2  # not 54x-3x192
     assert (budget / 400_000) in [p[0] for p in bl.hf_best_points(with_half, summary)["complete_runs"]]
     assert len(bl.hf_best_points(with_half, summary)["complete_runs"]) == 1
