@@ -446,15 +446,16 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
     interpolates between complete runs of the same settings at shorter budgets (each at its own tuned lr; the
     ladder's recipe runs where these settings ran nowhere else) and this budget's winner; on the
     corpus that does not repeat (``64x-unique``) and on a larger model (``54x-3x192``) only complete runs of the same
-    settings on that corpus or model count (the ladder's recipe ran on neither); without any, that measure is n/a. As at a searched budget, the recipe setting with two or more seeds that
-    reaches hf-best's loss soonest inside one run is ``fastest_one_run``."""
+    settings on that corpus or model count (the ladder's recipe ran on neither); without any, that measure is n/a.
+    As at a searched budget, the recipe setting with two or more seeds that reaches hf-best's loss soonest inside
+    one run is ``fastest_one_run``."""
     setup = (hf_best.get("setups") or {}).get(rung)
     ladder_rows = [v for v in summary.values() if v]
     if not setup or not ladder_rows:
         return None
     multiple = int(rung.split("x")[0])
     budget = setup["max_steps"] * setup["batch_size"] * setup["block_size"]
-    suffix = rung.split("-", 1)[1] if "-" in rung else ""
+    suffix = _rung_suffix(rung)
     model = suffix if suffix not in ("", "unique") else None  # a larger model's rung, e.g. 54x-3x192
     params = (non_embedding_params(setup["n_layer"], setup["n_embd"], setup.get("model_type", "gpt2"),
                                    setup.get("n_head")) if model else ladder_rows[0]["non_embedding_params"])
@@ -478,7 +479,7 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
             "hf_tuned_eval_loss": None, "recipe_token_ratio": None,
             "recipe_complete_run_ratio": complete, "corpus": "unique" if unique else "stdlib",
             "hf_best_multiples": sorted({int(r["rung"].split("x")[0]) for r in hf_best.get("runs", {}).values()
-                                         if r["family"] == "hf-best" and _rung_suffix(r["rung"]) == _rung_suffix(rung)}),
+                                         if r["family"] == "hf-best" and _rung_suffix(r["rung"]) == suffix}),
             **({} if alone else {"complete_runs": dict(sorted(with_this.items())),
                                  "complete_runs_of": "these settings" if same else "the ladder's recipe"}),
             "recipe_complete_run_extrapolated": not alone and not (min(with_this.values()) <= target <= max(with_this.values())),
