@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import textwrap
@@ -212,14 +213,17 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
 
 
 def _close_process_group() -> None:
-    """End the run's process group once training is over (a launched run of several processes).
+    """End the run's process group once training is over (a launched run of several processes), threads included.
 
-    Left to the interpreter's exit, gloo's worker threads can still hold work while Python is torn down,
-    and a rank then aborts (SIGABRT) after a run that finished; torch asks programs to call
-    ``destroy_process_group`` before they exit."""
+    ``destroy_process_group`` unregisters the group, but the DDP-wrapped model, garbage once the run returned,
+    still holds it, and with it gloo's worker threads. Left to the interpreter's exit, a worker that frees its last
+    collective's tensors needs the GIL of an interpreter being torn down, and the rank aborts (SIGABRT) after a run
+    that finished. Collecting the garbage now frees the group while Python is whole: its destructor joins the
+    threads (torch releases the GIL there)."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        gc.collect()
 
 
 def _train(argv: Sequence[str]) -> int:

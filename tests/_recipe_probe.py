@@ -75,8 +75,22 @@ _train = run.train
 run.train = lambda *a, callbacks=None, **k: _train(*a, callbacks=[*(callbacks or []), Probe()], **k)
 
 
+def _collective_threads() -> list[str]:
+    """The names of this process's collective threads still running (gloo's worker and transport threads)."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # a thread that ended while we looked
+            pass
+    return sorted(n for n in names if "gloo" in n)
+
+
 @atexit.register
 def _dump():
+    # at exit, once the recipe returned: a gloo thread still running here would meet the interpreter's teardown
+    record["collective_threads_at_exit"] = _collective_threads()
     os.makedirs(PROBE_DIR, exist_ok=True)
     with open(os.path.join(PROBE_DIR, f"rank{RANK}.json"), "w") as f:
         json.dump(record, f)

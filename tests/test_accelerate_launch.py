@@ -59,6 +59,9 @@ def test_two_process_ddp_disjoint_data_rank0_outputs_and_resume(tmp_path):
                                                    "--save_steps", "10", "--eval_steps", "10"])
     # both processes ran, as one world of 2, every step
     assert (r0["rank"], r1["rank"], r0["world_size"], r1["world_size"]) == (0, 1, 2, 2)
+    # the process group's gloo threads ended with the run, not in the interpreter's teardown (where one can abort
+    # a rank that finished)
+    assert r0["collective_threads_at_exit"] == r1["collective_threads_at_exit"] == []
     assert r0["steps"] == r1["steps"] == list(range(1, 21))
     assert len(r0["rows"]) == len(r1["rows"]) == 20 * 8
     # disjoint data: no row seen by both (rows duplicated in the corpus itself set aside)

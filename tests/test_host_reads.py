@@ -259,8 +259,11 @@ logs = [h for h in trainer.state.log_history if "loss" in h]
 json.dump({"world_size": args.world_size, "collated": collated[:6], "added": added,
            "tokens_seen": trainer.token_progress.tokens_seen, "lr": [h["learning_rate"] for h in logs],
            "padding": [h["padding_fraction"] for h in logs]}, open(f"{out}/rank{args.process_index}.json", "w"))
-# gloo's worker threads must stop before the interpreter does, or a rank can abort at exit
+# the DDP wrapper holds the process group and its gloo threads: free it now, or the threads end in the
+# interpreter's teardown, where one can abort the rank
+del trainer
 torch.distributed.destroy_process_group()
+import gc; gc.collect()
 """
 
 

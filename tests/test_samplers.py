@@ -459,7 +459,11 @@ trainer.train()
 limits = [h["length_limit"] for h in trainer.state.log_history if "loss" in h]
 json.dump({"world_size": args.world_size, "rank": args.process_index, "batches": seen[:6], "limits": limits,
            "lengths": get_lengths(ds).tolist()}, open(f"{out}/rank{args.process_index}.json", "w"))
-torch.distributed.destroy_process_group()  # gloo's threads stop before the interpreter does
+# the DDP wrapper holds the process group and its gloo threads: free it now, or the threads end in the
+# interpreter's teardown, where one can abort the rank
+del trainer
+torch.distributed.destroy_process_group()
+import gc; gc.collect()
 '''
 
 

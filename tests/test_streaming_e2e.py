@@ -177,6 +177,10 @@ run.train(model_args, data_args, training_args, callbacks=[digest])
 json.dump({"rows": rows, "global_step": digest.step, "epoch": digest.epoch, "weights": digest.weights,
            "micro_batches": digest.micro_batches},
           open(f"{out}/rank{training_args.process_index}.json", "w"))
+# the run's DDP wrapper, now garbage, holds the process group and its gloo threads: free it now, or the
+# threads end in the interpreter's teardown, where one can abort the rank
+import gc, torch.distributed
+torch.distributed.destroy_process_group(); gc.collect()
 '''
 
 
@@ -202,4 +206,8 @@ state = json.load(open(f"{training_args.output_dir}/checkpoint-6/trainer_state.j
 json.dump({"rank": training_args.process_index, "world_size": training_args.world_size, "docs": docs,
            "held_out": len(stream.exclude), "global_step": state["global_step"]},
           open(f"{out}/rank{training_args.process_index}.json", "w"))
+# the run's DDP wrapper, now garbage, holds the process group and its gloo threads: free it now, or the
+# threads end in the interpreter's teardown, where one can abort the rank
+import gc, torch.distributed
+torch.distributed.destroy_process_group(); gc.collect()
 '''
