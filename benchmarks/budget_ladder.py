@@ -404,24 +404,25 @@ def _rung_suffix(rung: str) -> str:
     return rung.split("-", 1)[1] if "-" in rung else ""
 
 
-def complete_runs_of(hf_best: dict[str, Any], config: dict[str, Any], rung: str) -> dict[int, tuple[float, float]]:
-    """The recipe ``config``'s settings as complete runs at ``rung``'s other budgets, on its model and corpus (the
+def complete_runs_of(hf_best: dict[str, Any], config: dict[str, Any], rung: str,
+                     family: str = "recipe") -> dict[int, tuple[float, float]]:
+    """``family``'s ``config`` settings as complete runs at ``rung``'s other budgets, on its model and corpus (the
     ladder's, or a larger model's such as ``27x-3x192`` beside ``54x-3x192``): multiple -> (median final loss over
     the seeds, peak lr). Each budget counts at its own tuned lr, as complete runs are compared in the optimizer
     literature: the budget's search or walk winner where that is these settings, else the lr that ended lowest
-    there (at a budget with one lr, that lr, untuned: the ratio then leans against the recipe)."""
+    there (at a budget with one lr, that lr, untuned: the ratio then leans against the family)."""
     key = _settings_key(config)
     suffix = _rung_suffix(rung)
     by_multiple: dict[int, dict[float, list]] = {}
     for r in (hf_best.get("runs") or {}).values():
-        if (r["family"] == "recipe" and _rung_suffix(r["rung"]) == suffix and r["rung"] != rung
+        if (r["family"] == family and _rung_suffix(r["rung"]) == suffix and r["rung"] != rung
                 and _settings_key(r["config"]) == key):
             by_lr = by_multiple.setdefault(int(r["rung"].split("x")[0]), {})
             by_lr.setdefault(peak_lr(r["config"]), []).append(r["final_eval_loss"])
     chosen = {}
     for m, by_lr in sorted(by_multiple.items()):
         name = f"{m}x-{suffix}" if suffix else f"{m}x"
-        winner = ((hf_best.get("summary") or {}).get(name) or {}).get("recipe", {}).get("best")
+        winner = ((hf_best.get("summary") or {}).get(name) or {}).get(family, {}).get("best")
         if winner and _settings_key(winner) == key and peak_lr(winner) in by_lr:
             chosen[m] = (statistics.median(by_lr[peak_lr(winner)]), peak_lr(winner))
         else:
@@ -472,6 +473,9 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
     with_this = {**({m: loss for m, (loss, _) in same.items()} if same else finals), multiple: mine["final_eval_loss"]}
     complete = None if alone else complete_run_budget(with_this, target) / multiple
     fastest = fastest_one_run(hf_best, rung, target, budget)
+    # hf-best's own winner as complete runs at shorter budgets of this model or corpus: were one to end under its
+    # full-length loss, the complete-run ratio would compare the recipe's best length with hf-best's worse one
+    theirs = complete_runs_of(hf_best, families["hf-best"]["best"], rung, family="hf-best") if suffix else {}
     return {**({"fastest_one_run": fastest} if fastest else {}),"target_eval_loss": target, "hf_best": families["hf-best"]["best"],
             "search_complete": families["hf-best"].get("complete", True) and mine.get("complete", True),
             "transfer_from": families["hf-best"].get("transfer_from"), "tokens": budget,
@@ -480,6 +484,9 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
             "recipe_complete_run_ratio": complete, "corpus": "unique" if unique else "stdlib",
             "hf_best_multiples": sorted({int(r["rung"].split("x")[0]) for r in hf_best.get("runs", {}).values()
                                          if r["family"] == "hf-best" and _rung_suffix(r["rung"]) == suffix}),
+            **({"hf_best_complete_runs": {m: loss for m, (loss, _) in sorted(theirs.items())},
+                "hf_best_complete_run_lrs": {m: lr for m, (_, lr) in sorted(theirs.items())},
+                "hf_best_shorter_run_lower": any(loss < target for loss, _ in theirs.values())} if theirs else {}),
             **({} if alone else {"complete_runs": dict(sorted(with_this.items())),
                                  "complete_runs_of": "these settings" if same else "the ladder's recipe"}),
             "recipe_complete_run_extrapolated": not alone and not (min(with_this.values()) <= target <= max(with_this.values())),
@@ -557,9 +564,19 @@ def hf_best_markdown(rows: dict[str, Any], tr: Optional[dict[str, Any]] = None) 
         if (r.get("model") or r.get("corpus", "stdlib") != "stdlib") and r.get("complete_runs_of") == "these settings":
             runs = ", ".join(f"{m}x {_fmt(v, 4)}" for m, v in r["complete_runs"].items())
             ran = ", ".join(f"{m}x" for m in r.get("hf_best_multiples") or [])
+            whole = rung.split("-")[0]
+            theirs = r.get("hf_best_complete_runs") or {}
+            if not theirs:
+                caveat = f"hf-best ran at: {ran}; on a repeated corpus a shorter run of either may end lower"
+            else:
+                lrs = r.get("hf_best_complete_run_lrs") or {}
+                shorter = ", ".join(f"{m}x {_fmt(v, 4)} at lr {lrs[m]:g}" for m, v in theirs.items())
+                caveat = (f"hf-best's winner as complete runs at shorter budgets: {shorter}; "
+                          + ("one ends under its full-length loss, so the ratio compares the recipe's best length "
+                             "with a worse one of hf-best's" if r.get("hf_best_shorter_run_lower") else
+                             f"none ends under its {whole} loss, {_fmt(r['target_eval_loss'], 4)}"))
             lines.append(f"\nAt {rung}, complete runs of the long-horizon recipe's settings ({runs}) give the complete-run "
-                         f"ratio against hf-best's {rung.split('-')[0]} loss (hf-best ran at: {ran}; on a repeated "
-                         "corpus a shorter run of either may end lower).")
+                         f"ratio against hf-best's {whole} loss ({caveat}).")
     for name, label in (("one_run", "one run"), ("complete_runs", "complete runs")):
         fit = (tr or {}).get(name)
         if fit:

@@ -252,6 +252,21 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     assert not got["recipe_complete_run_extrapolated"]
     assert ("At 54x-3x192, complete runs of the long-horizon recipe's settings (27x 2.9, 54x 2.5) give the "
             "complete-run ratio against hf-best's 54x loss (hf-best ran at: 54x;") in bl.hf_best_markdown(with_half)
+    assert "hf_best_complete_runs" not in got
+    # hf-best's winner as a complete run at half the budget too: ending above its full-length loss, it says so; a
+    # lower one would make the ratio compare the recipe's best length with a worse one of hf-best's
+    for loss, lower, says in ((2.8, False, "none ends under its 54x loss, 2.7)"),
+                              (2.6, True, "one ends under its full-length loss")):
+        hb_half = {**hb, "rung": "27x-3x192", "final_eval_loss": loss}
+        hb_other = {**hb, "rung": "27x-3x192", "config": {**best["hf-best"], "beta2": 0.9}, "final_eval_loss": 1.0}
+        both_half = bl.versus_hf_best(summary, [], {**larger, "runs": {**larger["runs"], "h": half, "hb": hb,
+                                                                       "hh": hb_half, "ho": hb_other}})["54x-3x192"]
+        assert both_half["hf_best_complete_runs"] == {27: loss} and both_half["hf_best_shorter_run_lower"] is lower
+        assert both_half["hf_best_complete_run_lrs"] == {27: bl.peak_lr(best["hf-best"])}
+        assert both_half["recipe_complete_run_ratio"] == got["recipe_complete_run_ratio"]  # the target stays its own
+        text = bl.hf_best_markdown({"54x-3x192": both_half})
+        assert (f"hf-best's winner as complete runs at shorter budgets: 27x {loss} at lr "
+                f"{bl.peak_lr(best['hf-best']):g}; {says}") in text
     assert "complete runs of the long-horizon recipe's settings" not in bl.hf_best_markdown(rows)
     assert bl.versus_hf_best_trend({**with_half, **with_16x}, summary)["complete_runs"]["points"] == 2  # not 54x-3x192
     assert (budget / 400_000) in [p[0] for p in bl.hf_best_points(with_half, summary)["complete_runs"]]
