@@ -3,6 +3,7 @@ against the single-process run, and a sharded checkpoint round trip. Run through
 `torch.multiprocessing.spawn(run, args=(world, port, out_dir, names))`; each rank writes a JSON
 report to out_dir/rank{r}.json (max |diff| per optimizer and step count, resume exactness)."""
 
+import gc
 import json
 import os
 import sys
@@ -78,6 +79,13 @@ def _name(key):
 
 
 def run(rank, world, port, out_dir, keys):
+    _run(rank, world, port, out_dir, keys)
+    # the sharded models, garbage now, hold the process group and its gloo threads: free them before the
+    # interpreter's teardown, where a gloo thread that frees tensors can abort the process
+    gc.collect()
+
+
+def _run(rank, world, port, out_dir, keys):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
