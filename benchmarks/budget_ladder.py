@@ -475,7 +475,7 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
     fastest = fastest_one_run(hf_best, rung, target, budget)
     # hf-best's own winner as complete runs at shorter budgets of this model or corpus: were one to end under its
     # full-length loss, the complete-run ratio would compare the recipe's best length with hf-best's worse one
-    theirs = complete_runs_of(hf_best, families["hf-best"]["best"], rung, family="hf-best") if suffix else {}
+    theirs = complete_runs_of(hf_best, families["hf-best"]["best"], rung, family="hf-best")
     return {**({"fastest_one_run": fastest} if fastest else {}),"target_eval_loss": target, "hf_best": families["hf-best"]["best"],
             "search_complete": families["hf-best"].get("complete", True) and mine.get("complete", True),
             "transfer_from": families["hf-best"].get("transfer_from"), "tokens": budget,
@@ -489,6 +489,8 @@ def beyond_the_ladder(rung: str, families: dict[str, Any], summary: dict[str, An
                 "hf_best_shorter_run_lower": any(loss < target for loss, _ in theirs.values())} if theirs else {}),
             **({} if alone else {"complete_runs": dict(sorted(with_this.items())),
                                  "complete_runs_of": "these settings" if same else "the ladder's recipe"}),
+            **({"complete_run_lrs": {**{m: lr for m, (_, lr) in sorted(same.items())},
+                                     multiple: peak_lr(mine["best"])}} if same else {}),
             "recipe_complete_run_extrapolated": not alone and not (min(with_this.values()) <= target <= max(with_this.values())),
             "long_horizon_recipe": mine["best"], "long_horizon_eval_loss": mine["final_eval_loss"],
             "long_horizon_token_ratio": (statistics.median(crossing(c, target, "tokens") for c in curves) / budget
@@ -561,8 +563,10 @@ def hf_best_markdown(rows: dict[str, Any], tr: Optional[dict[str, Any]] = None) 
                          f"seeds{other}: {', '.join(_fmt(x) for x in f['token_ratios'])}), final loss "
                          f"{_fmt(f['eval_loss'], 4)} (median).{complete}")
     for rung, r in rows.items():
-        if (r.get("model") or r.get("corpus", "stdlib") != "stdlib") and r.get("complete_runs_of") == "these settings":
-            runs = ", ".join(f"{m}x {_fmt(v, 4)}" for m, v in r["complete_runs"].items())
+        if r.get("complete_runs_of") == "these settings":
+            at = r.get("complete_run_lrs") or {}
+            runs = ", ".join(f"{m}x {_fmt(v, 4)}" + (f" at lr {at[m]:g}" if m in at else "")
+                             for m, v in r["complete_runs"].items())
             ran = ", ".join(f"{m}x" for m in r.get("hf_best_multiples") or [])
             whole = rung.split("-")[0]
             theirs = r.get("hf_best_complete_runs") or {}

@@ -185,6 +185,16 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     mine = bl.beyond_the_ladder("64x", families, summary, finals, own)
     assert mine["complete_runs_of"] == "these settings" and mine["complete_runs"] == pytest.approx({16: 2.75, 64: 2.5})
     assert mine["recipe_complete_run_ratio"] == pytest.approx(16 * 4 ** ((2.75 - 2.7) / (2.75 - 2.5)) / 64)
+    assert mine["complete_run_lrs"] == {16: 1.6e-2, 64: 1.6e-2}
+    # hf-best's winner as a complete run at 16x too (its search's source): the line names the recipe's complete runs
+    # with their lrs and hf-best's shorter run, as on a larger model
+    hb16 = {"rung": "16x", "family": "hf-best", "config": best["hf-best"], "seed": 0, "final_eval_loss": 2.9}
+    theirs = bl.versus_hf_best(summary, [], {**own, "runs": {**own["runs"], "hb": hb16},
+                                             "summary": {**own["summary"], "64x": families}})["64x"]
+    assert theirs["hf_best_complete_runs"] == {16: 2.9} and theirs["hf_best_shorter_run_lower"] is False
+    assert ("At 64x, complete runs of the long-horizon recipe's settings (16x 2.75 at lr 0.016, 64x 2.5 at lr 0.016) "
+            "give the complete-run ratio against hf-best's 64x loss (hf-best's winner as complete runs at shorter "
+            "budgets: 16x 2.9 at lr 0.004; none ends under its 64x loss, 2.7).") in bl.hf_best_markdown({"64x": theirs})
     # without the 16x search's decision, the lr that ended lowest there
     assert bl.complete_runs_of({**own, "summary": {}}, {"lr": 2e-3}, "64x") == {16: (2.70, 8e-3)}
     # two seeds of another setting at this budget: the fastest inside one run, as at a searched budget
@@ -250,7 +260,8 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     assert got["complete_runs_of"] == "these settings" and got["complete_runs"] == {27: 2.9, 54: 2.5}
     assert got["recipe_complete_run_ratio"] == pytest.approx(27 * 2 ** ((2.9 - 2.7) / (2.9 - 2.5)) / 54)
     assert not got["recipe_complete_run_extrapolated"]
-    assert ("At 54x-3x192, complete runs of the long-horizon recipe's settings (27x 2.9, 54x 2.5) give the "
+    assert ("At 54x-3x192, complete runs of the long-horizon recipe's settings (27x 2.9 at lr 0.016, 54x 2.5 at lr "
+            "0.016) give the "
             "complete-run ratio against hf-best's 54x loss (hf-best ran at: 54x;") in bl.hf_best_markdown(with_half)
     assert "hf_best_complete_runs" not in got
     # hf-best's winner as a complete run at half the budget too: ending above its full-length loss, it says so; a
