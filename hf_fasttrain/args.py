@@ -95,7 +95,8 @@ class FastTrainingArguments(TrainingArguments):
                   "and loss_curve.png at the end (RunRecorderCallback, whose clock is saved with checkpoints); "
                   "training logs gain tokens_per_second (samples_per_second for batches without tokens), "
                   "padding_fraction, train_seconds, clip statistics and, on a GPU with a known peak, mfu; "
-                  "a causal LM's evaluation gains eval_perplexity. Off (with save_on_signal off): FastTrainer's logs, checkpoints, "
+                  "a causal LM's evaluation gains eval_perplexity (exp of eval_loss; in the logs, log_history and "
+                  "metrics.json). Off (with save_on_signal off): FastTrainer's logs, checkpoints, "
                   "output_dir and callback list are exactly the Trainer's. A plain TrainingArguments (no such field) "
                   "reads as off."},
     )

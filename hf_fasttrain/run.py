@@ -320,8 +320,7 @@ def _finish_from_checkpoint(trainer, checkpoint: str) -> None:
 
 
 def _tidy_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each eval once (the final evaluate repeats the one at the last step: the last copy is kept), with
-    its perplexity."""
+    """Each eval once (the final evaluate repeats the one at the last step: the last copy is kept)."""
     last_eval_at: dict[int, int] = {}
     for i, r in enumerate(records):
         if "eval_loss" in r:
@@ -331,8 +330,6 @@ def _tidy_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if "eval_loss" in r:
             if last_eval_at[r.get("step", -1)] != i:
                 continue
-            if "eval_perplexity" not in r and isinstance(r["eval_loss"], (int, float)):
-                r = {**r, "eval_perplexity": math.exp(min(r["eval_loss"], 50.0))}
         out.append(r)
     return out
 

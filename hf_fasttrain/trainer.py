@@ -445,11 +445,18 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         if self.weight_averaging is not None:  # also for a user's call mid-training; on_evaluate swaps back
             self.weight_averaging.swap_in(self.model)
-        metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
-        loss = metrics.get(f"{metric_key_prefix}_loss")
+        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix: str = "eval"):
+        """The Trainer's loop; a causal LM's metrics gain ``<prefix>_perplexity`` here, before ``evaluate`` logs
+        them, so the logs, ``state.log_history``, ``metrics.json`` and the returned metrics all carry it."""
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                         metric_key_prefix)
+        loss = output.metrics.get(f"{metric_key_prefix}_loss")
         if loss is not None and self.run_record and is_causal_lm(self.model):  # a perplexity only for an LM's loss
-            metrics[f"{metric_key_prefix}_perplexity"] = math.exp(min(loss, 50.0))
-        return metrics
+            output.metrics[f"{metric_key_prefix}_perplexity"] = math.exp(min(loss, 50.0))
+        return output
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         if self.run_record and self.is_world_process_zero():

@@ -27,16 +27,33 @@ def preprocess_logits_for_metrics(logits: torch.Tensor, labels: torch.Tensor) ->
 
 
 def make_compute_metrics():
-    """``compute_metrics`` for causal LMs: next-token accuracy over positions whose label is not -100."""
+    """``compute_metrics`` for causal LMs: next-token accuracy over positions whose label is not -100.
+
+    Works on the arg-max ids that :func:`preprocess_logits_for_metrics` keeps and on the full logits the Trainer
+    gathers without it (their arg-max is taken here). Pass ``preprocess_logits_for_metrics`` beside it all the
+    same: without it the Trainer holds every [batch, length, vocab] logit of the evaluation in memory.
+
+    Example:
+        >>> from hf_fasttrain.metrics import make_compute_metrics, preprocess_logits_for_metrics
+        >>> # Trainer(..., compute_metrics=make_compute_metrics(),
+        >>> #         preprocess_logits_for_metrics=preprocess_logits_for_metrics)
+    """
     metric = load_next_token_accuracy()
 
     def compute_metrics(eval_pred):
         preds, labels = eval_pred.predictions, eval_pred.label_ids
         if isinstance(preds, tuple):
             preds = preds[0]
+        preds, labels = np.asarray(preds), np.asarray(labels)
+        if preds.ndim == labels.ndim + 1:  # logits (no preprocess_logits_for_metrics): their arg-max ids
+            preds = preds.argmax(axis=-1)
+        if preds.shape != labels.shape:
+            raise ValueError(f"next_token_accuracy: predictions of shape {preds.shape} do not line up with labels of "
+                             f"shape {labels.shape}; it needs the model's logits or their arg-max ids per position "
+                             "(pass preprocess_logits_for_metrics=hf_fasttrain.metrics.preprocess_logits_for_metrics)")
         # the model at position i predicts token i + 1
-        preds = np.asarray(preds)[:, :-1].reshape(-1)
-        labels = np.asarray(labels)[:, 1:].reshape(-1)
+        preds = preds[:, :-1].reshape(-1)
+        labels = labels[:, 1:].reshape(-1)
         keep = labels != -100
         return metric.compute(predictions=preds[keep], references=labels[keep])
 
