@@ -48,6 +48,9 @@ __all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
 
 logger = logging.getLogger(__name__)
 
+# transformers >= 5.25 hands a resume's batches to skip to this Trainer hook (before, the loop skipped them itself)
+RESUME_HOOK = hasattr(Trainer, "get_resumed_dataloader")
+
 # WALL_CLOCK_LOG_KEYS (from the run record): the log keys FastTrainer adds with run_record on that measure
 # wall-clock: the only ones (with the Trainer's own *_runtime and *_per_second) in which a resumed run's logs differ
 # from a straight run's. They are in the logs, not in state.log_history (the run record keeps them per checkpoint).
@@ -176,6 +179,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             precision_logger.info("precision: %s", choice.reason)
         # streaming: the trained position of a TokenStream, saved in every checkpoint (None for other data)
         self.stream_position = StreamPosition(self.train_dataset) if isinstance(self.train_dataset, TokenStream) else None
+        self._stream_at_position = False  # a resume restored the stream's position: nothing to skip
         if self.stream_position is not None:
             self.add_callback(StreamPositionCallback(self.stream_position))
         # sequence-length options (samplers, packing, warmup); None when all are off
@@ -269,6 +273,16 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if self.run_record or (self._option("lr_decay") and self._option("schedule_unit") == "tokens"):
             _collate_with_host_batch(loader)  # tokens counted on the host (see _count_tokens)
         return loader
+
+    def get_resumed_dataloader(self, dataloader, num_batches: int):
+        """transformers >= 5.25: the train dataloader of a resume, past the ``num_batches`` trained in its epoch.
+
+        A stream restored at its checkpoint's position starts at the next untrained row: it is returned as it
+        is. Anything else gets the Trainer's skip (accelerate's ``skip_first_batches``), which for this
+        package's samplers re-iterates the epoch's plan of indices and reads no rows."""
+        if self._stream_at_position:
+            return dataloader
+        return super().get_resumed_dataloader(dataloader, num_batches)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         if self.stream_position is not None and self.args.world_size > 1:
@@ -492,7 +506,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         return output
 
     def _train_from_stream_position(self, checkpoint, trial, ignore_keys_for_eval, **kwargs):
-        """Resume a stream at the position its checkpoint saved; the Trainer then skips nothing (O(1))."""
+        """Resume a stream at the position its checkpoint saved: nothing before it is read again to skip it (O(1))."""
         if checkpoint is True:
             from transformers.trainer_utils import get_last_checkpoint
 
@@ -503,13 +517,18 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             return super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
         self.train_dataset.load_state_dict(position)
         self.stream_position.restore(position)
-        skip, self.args.ignore_data_skip = self.args.ignore_data_skip, True
-        epochs = ResumedEpochCallback()
+        # transformers >= 5.25: the Trainer counts the trained batches and asks get_resumed_dataloader to skip
+        # them (it returns the stream as it is); before, ignore_data_skip keeps the loop from reading them again
+        hook = RESUME_HOOK and not self.args.ignore_data_skip
+        skip, self.args.ignore_data_skip = self.args.ignore_data_skip, not hook
+        self._stream_at_position = hook
+        epochs = ResumedEpochCallback(counted_steps=hook)
         self.add_callback(epochs)
         try:
             return super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
         finally:
             self.args.ignore_data_skip = skip
+            self._stream_at_position = False
             self.remove_callback(epochs)
 
     # -- helpers -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from datasets import Dataset
 from transformers import DataCollatorForLanguageModeling, TrainerCallback
 
 from hf_fasttrain import FastTrainer, FastTrainingArguments
+from hf_fasttrain.trainer import RESUME_HOOK
 
 from conftest import TINY_BLOCK, make_tiny_gpt2, tiny_args
 
@@ -81,8 +82,12 @@ def test_curriculum_resumed_equals_straight(tiny_tokenizer, tmp_path):
               save_strategy="steps", save_steps=3, include_num_input_tokens_seen="non_padding")
     straight = _train_logs(_fast_trainer(tiny_tokenizer, ds, tiny_args(tmp_path / "a", **kw)))
     _train_logs(_fast_trainer(tiny_tokenizer, ds, tiny_args(tmp_path / "b", **kw), callbacks=[_StopAt(3)]))
-    resumed = _train_logs(_fast_trainer(tiny_tokenizer, ds, tiny_args(tmp_path / "b", **kw)),
-                          resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-3"))
+    trainer = _fast_trainer(tiny_tokenizer, ds, tiny_args(tmp_path / "b", **kw))
+    hook, skips = trainer.get_resumed_dataloader, []
+    trainer.get_resumed_dataloader = lambda loader, n: skips.append(n) or hook(loader, n)
+    resumed = _train_logs(trainer, resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-3"))
+    if RESUME_HOOK:  # transformers >= 5.25: the sampler's skip goes through the Trainer's resume hook
+        assert skips == [3]
     resumed = [e for e in resumed if e["step"] > 3]
     assert [e["step"] for e in resumed] == [4, 5, 6]
     for key in ("length_limit", "num_input_tokens_seen"):

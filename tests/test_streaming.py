@@ -15,6 +15,7 @@ from hf_fasttrain import FastTrainer
 from hf_fasttrain.callbacks.data_position import ResumedEpochCallback, load_stream_position
 from hf_fasttrain.data.from_args import planned_optimizer_steps
 from hf_fasttrain.data.streaming import STREAM_KEY, TokenStream, holdout_rows
+from hf_fasttrain.trainer import RESUME_HOOK
 
 from conftest import make_tiny_gpt2, tiny_args
 
@@ -179,7 +180,7 @@ def test_fasttrainer_stream_resumed_equals_straight_bit_exact(tiny_tokenizer, tm
     assert position["readers"]["0"]["epoch"] == 0 and position["next_worker"] == 0
     resumed, counting = _stream_trainer(tiny_tokenizer, tmp_path / "resumed")
     resumed.train(resume_from_checkpoint=str(checkpoint))
-    assert resumed.state.global_step == 6 and resumed.args.ignore_data_skip is False  # restored after train()
+    assert resumed.state.global_step == 6 and resumed.args.ignore_data_skip is False
     # the resume read one window again (16 documents), not the 3 steps x 2 x 4 rows trained before it
     straight_docs = straight.train_dataset.tokenizer.count
     assert counting.count < straight_docs
@@ -195,7 +196,62 @@ def test_fasttrainer_stream_resumed_equals_straight_bit_exact(tiny_tokenizer, tm
     assert not any(isinstance(c, ResumedEpochCallback) for c in resumed.callback_handler.callbacks)
 
 
-def test_resumed_epoch_continues_across_passes(tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("counted_steps,trainer_epochs,expected", [
+    # resumed at step 5 of 8 (one micro-batch a step) in the stream's second pass, 2 steps into it: E = 1.25.
+    # Skipped nothing: the Trainer counts 1/8, 2/8 in its first pass, then 1 + 1/8 in its next
+    (False, [(0.125, False), (0.25, True), (1.125, False)], [1.375, 1.5, 2.125]),
+    # its resume hook given the stream (transformers >= 5.25): it counts the 5 steps, 6/8 and 7/8, then 1 + 1/8
+    (True, [(0.75, False), (0.875, True), (1.125, False)], [1.375, 1.5, 2.125]),
+])
+def test_resumed_epoch_is_the_straight_runs(counted_steps, trainer_epochs, expected):
+    from types import SimpleNamespace
+
+    state = SimpleNamespace(epoch=1.25, global_step=5, max_steps=8)
+    callback = ResumedEpochCallback(counted_steps=counted_steps)
+    callback.on_train_begin(None, state, None)
+    got = []
+    for epoch, pass_ends in trainer_epochs:
+        state.epoch = epoch  # as the Trainer sets it before on_step_end
+        callback.on_step_end(None, state, None)
+        got.append(state.epoch)
+        if pass_ends:
+            callback.on_epoch_end(None, state, None)
+    assert got == expected
+
+
+class _SkipSeen(TrainerCallback):
+    """What the resumed Trainer was told about skipping: ``ignore_data_skip`` as training began, and each call of
+    its resume hook (``get_resumed_dataloader``) with the batches to skip and whether the loader came back as is."""
+
+    def __init__(self, trainer):
+        self.ignore_data_skip, self.hook_calls, hook = None, [], trainer.get_resumed_dataloader
+
+        def spy(loader, num_batches):
+            out = hook(loader, num_batches)
+            self.hook_calls.append((num_batches, out is loader))
+            return out
+
+        trainer.get_resumed_dataloader = spy
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.ignore_data_skip = args.ignore_data_skip
+
+
+def _no_skip_by_reading(*args, **kwargs):
+    raise AssertionError("the stream's trained batches were skipped by reading them")
+
+
+@pytest.mark.parametrize("hook", [
+    pytest.param(True, marks=pytest.mark.skipif(not RESUME_HOOK, reason="transformers < 5.25 has no resume hook")),
+    pytest.param(False, id="before-5.25", marks=pytest.mark.slow),
+])
+def test_resumed_epoch_continues_across_passes(hook, tiny_tokenizer, tmp_path, monkeypatch):
+    """A resume in the stream's first pass whose steps cross into its second: the Trainer's resume hook (given the
+    stream as it is, no batch read to skip it) on transformers >= 5.25, ``ignore_data_skip`` before (both here)."""
+    import transformers.trainer
+
+    monkeypatch.setattr("hf_fasttrain.trainer.RESUME_HOOK", hook)
+    monkeypatch.setattr(transformers.trainer, "skip_first_batches", _no_skip_by_reading)
     _write_docs(tmp_path / "docs.jsonl", n=12)  # the first pass ends in step 6: the resumed steps 5-6 cross it
     straight, _ = _stream_trainer(tiny_tokenizer, tmp_path / "straight", save_steps=4)
     straight.train()
@@ -203,7 +259,14 @@ def test_resumed_epoch_continues_across_passes(tiny_tokenizer, tmp_path):
     first.add_callback(_StopAt(4))
     first.train()
     resumed, _ = _stream_trainer(tiny_tokenizer, tmp_path / "resumed", save_steps=4)
+    seen = _SkipSeen(resumed)
+    resumed.add_callback(seen)
     resumed.train(resume_from_checkpoint=str(tmp_path / "resumed" / "checkpoint-4"))
+    if hook:  # 4 steps x 2 micro-batches to skip: the stream, already at its position, is returned as it is
+        assert seen.ignore_data_skip is False and seen.hook_calls == [(8, True)]
+    else:
+        assert seen.ignore_data_skip is True and seen.hook_calls == []
+    assert resumed.args.ignore_data_skip is False  # the user's value, after train()
     epochs = lambda t: [e["epoch"] for e in t.state.log_history if "loss" in e]  # noqa: E731
     assert epochs(straight)[-2] < 1 < epochs(straight)[-1]  # the straight run crossed into its second pass
     assert epochs(resumed)[-2:] == pytest.approx(epochs(straight)[-2:])

@@ -6,11 +6,13 @@
 - `StreamPositionCallback`: at every save, writes this rank's trained position into the checkpoint
   (``stream_position_rank<r>.json``); `load_stream_position` reads it back for a resume.
 - `ResumedEpochCallback`: during a resume from that position, the logged and saved ``epoch`` continue the
-  straight run's (the Trainer, having skipped nothing, counts its epoch loop from 0 again).
+  straight run's (the Trainer counts its epoch loop from 0 again).
 
-FastTrainer uses both (see its ``get_train_dataloader``, ``get_batch_samples`` and ``train``): a resumed run
-restores the position and sets ``ignore_data_skip`` for that ``train()`` call, so the Trainer does not
-re-read and drop the batches trained before (which, for a stream, means reading and tokenizing them all).
+FastTrainer uses both (see its ``get_train_dataloader``, ``get_batch_samples``, ``get_resumed_dataloader`` and
+``train``): a resumed run restores the position, and the Trainer must not re-read and drop the batches trained
+before (which, for a stream, means reading and tokenizing them all). With transformers >= 5.25 the Trainer asks
+``Trainer.get_resumed_dataloader`` for the resumed dataloader, and FastTrainer's returns the stream, already at
+its position, as it is; before 5.25 FastTrainer sets ``ignore_data_skip`` for that ``train()`` call instead.
 """
 
 from __future__ import annotations
@@ -88,26 +90,32 @@ class StreamPositionCallback(TrainerCallback):
 
 
 class ResumedEpochCallback(TrainerCallback):
-    """Adds the checkpoint's epoch back to ``state.epoch`` after a resume that skipped no batches.
+    """Makes ``state.epoch`` after a resume at a stream's position continue the straight run's.
 
     For a dataset without a length the Trainer sets ``state.epoch = pass + (micro_step + 1) / (max_steps x
-    accumulation)``. Resumed at the stream's position it starts its pass and micro-step counters at 0 again,
-    so without this the logged epoch would restart at 0. The checkpoint's epoch (pass k plus the fraction
-    trained) is added during the first pass, and k alone during later ones, which gives the straight run's
-    values.
+    accumulation)``, its pass counted from 0 again after a resume. The straight run stood at the checkpoint's
+    epoch E (pass k plus the fraction of it trained). With ``counted_steps=False`` (the Trainer skipped nothing,
+    ``ignore_data_skip``) its micro-step counter restarts at 0 too, so E is added during the first pass. With
+    ``counted_steps=True`` (transformers >= 5.25, whose loop counts the checkpoint's ``global_step`` into its first
+    pass and hands the batches to skip to ``get_resumed_dataloader``) E - global_step / max_steps is added,
+    which is 0 for a resume within the stream's first pass. Later passes add k.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, counted_steps: bool = False) -> None:
+        self.counted_steps = counted_steps
         self.offset = 0.0
+        self.later = 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.offset = float(state.epoch or 0.0)  # restored from the checkpoint's trainer_state.json
+        epoch = float(state.epoch or 0.0)  # restored from the checkpoint's trainer_state.json
+        counted = state.global_step / state.max_steps if self.counted_steps and state.max_steps else 0.0
+        self.offset, self.later = epoch - counted, float(math.floor(epoch))
 
     def on_step_end(self, args, state, control, **kwargs):
         state.epoch += self.offset  # the Trainer set it afresh before this call: the shift does not pile up
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        self.offset = float(math.floor(self.offset))  # later passes start at a whole epoch
+        self.offset = self.later  # later passes start at a whole epoch
 
 
 def load_stream_position(checkpoint: str, rank: int) -> Optional[dict]:

@@ -145,7 +145,8 @@ def batch_sampler_dataloader(trainer, batch_sampler: Sampler, data_collator: Cal
     worker settings and seeding), prepares it with the Trainer's accelerator, and turns the
     `BatchSamplerShard` that accelerate wraps around it into a passthrough: the sampler already
     yields only this rank's batches (the Trainer does the same for its `BatchRebalanceSampler`).
-    Skipping on resume (`skip_first_batches`) and `set_epoch` keep working.
+    Skipping on resume (accelerate's `skip_first_batches`, which `Trainer.get_resumed_dataloader` calls from
+    transformers 5.25 on) and `set_epoch` keep working.
 
     One line for a plain `transformers.Trainer`:
 
