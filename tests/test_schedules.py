@@ -236,6 +236,28 @@ def test_equals_transformers_schedules_with_a_zero_start_warmup(decay, hf_name, 
         ref.step(), ours.step()
 
 
+@pytest.mark.parametrize("decay", ["1-sqrt", "cosine", "linear"])
+def test_equals_transformers_warmup_stable_decay(decay):
+    # the Trainer's warmup_stable_decay is lr_decay with decay_fraction = num_decay_steps / max_steps and a warmup
+    # that starts at the floor (warmup_start_factor = min_lr_ratio); it holds the floor past the end as ours does
+    from transformers import get_scheduler
+
+    ref_opt, opt = sgd(2e-3, 2e-4), sgd(2e-3, 2e-4)
+    ref = get_scheduler("warmup_stable_decay", ref_opt, num_warmup_steps=10, num_training_steps=200,
+                        scheduler_specific_kwargs={"num_decay_steps": 40, "decay_type": decay, "min_lr_ratio": 0.1})
+    ours = make_scheduler(opt, 200, lr_decay=decay, warmup_steps=10, warmup_start_factor=0.1, min_lr_ratio=0.1,
+                          decay_fraction=0.2)
+    lrs = []
+    for step in range(211):
+        for g_ref, g in zip(ref_opt.param_groups, opt.param_groups):
+            assert g["lr"] == pytest.approx(g_ref["lr"], rel=1e-12, abs=1e-18), step
+        lrs.append(opt.param_groups[0]["lr"])
+        ref_opt.step(), opt.step()
+        ref.step(), ours.step()
+    assert lrs[0] == pytest.approx(2e-4) and lrs[10] == lrs[159] == 2e-3 and lrs[160] == 2e-3
+    assert lrs[161] < 2e-3 and lrs[200] == lrs[210] == pytest.approx(2e-4)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Token-based progress
 # ----------------------------------------------------------------------------------------------------------
