@@ -41,7 +41,8 @@ commands:
 RECIPE_DESCRIPTION = (
     "Pretrain a causal language model (a GPT-2 built from scratch, or --model_name_or_path) with "
     "hf_fasttrain's techniques. Options come from --config (a recipe) and are overridden by the flags "
-    "below; a killed run resumes from its last checkpoint when started again with the same command."
+    "below; a killed run resumes from its last checkpoint when started again with the same command. "
+    "recipes/gpt2_small.py takes the same options."
 )
 
 
@@ -89,19 +90,18 @@ def with_default_recipe(argv: Sequence[str]) -> list[str]:
     return ["--config", name, *argv]
 
 
-def _print_help(argv: Sequence[str], prog: str, full: bool = False) -> int:
+def _print_help(argv: Sequence[str], full: bool = False) -> int:
     from ._options import _load_local_recipe, render_help
 
     source = _config_source(argv)
     recipe = _load_local_recipe(source) if source else None
     if full and source and recipe is None:  # a Hub recipe: the parser's help with the recipe's values
         return -1
-    text = render_help(prog, RECIPE_DESCRIPTION, recipe, recipe_name=source if recipe is not None else None,
-                       full=full)
+    text = render_help(RECIPE_DESCRIPTION, recipe, recipe_name=source if recipe is not None else None, full=full)
     if text is None:  # the option list could not be read from the sources: the full parser's help
         from .recipes import make_parser
 
-        make_parser().print_help()
+        make_parser(prog="hf-fasttrain train").print_help()
     else:
         print(text, end="")
     return 0
@@ -147,7 +147,7 @@ def _is_config_error(exc: BaseException) -> bool:
     return isinstance(exc, (ValueError, FileNotFoundError, yaml.YAMLError))
 
 
-def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
+def run_recipe(argv: Sequence[str]) -> int:
     """The recipe command (``recipes/gpt2_small.py`` and ``hf-fasttrain train``): help, refusals, the run.
 
     A configuration error prints ``error: <field>: <what is wrong>; <what is allowed>`` and returns 2
@@ -156,14 +156,14 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
     """
     debug, argv = _debug(argv)
     if any(a in ("-h", "--help") for a in argv):
-        return _print_help(argv, prog)
+        return _print_help(argv)
     try:
-        if "--help-all" in argv and _print_help(argv, prog, full=True) == 0:  # grouped as --help is
+        if "--help-all" in argv and _print_help(argv, full=True) == 0:  # grouped as --help is
             return 0
         if "--help-all" in argv:
             from .recipes import load_recipe, make_parser, validate_recipe
 
-            parser = make_parser(prog=prog)
+            parser = make_parser(prog="hf-fasttrain train")
             source = _config_source(argv)
             if source:  # the recipe's values as the defaults shown
                 sections = validate_recipe(load_recipe(source))
@@ -227,7 +227,7 @@ def _close_process_group() -> None:
 
 
 def _train(argv: Sequence[str]) -> int:
-    return run_recipe(argv, prog="hf-fasttrain train")
+    return run_recipe(argv)
 
 
 RESTART_FLAGS = ("num-seeds", "explore-fraction", "rungs", "keep-fraction", "metric", "direction",
