@@ -27,7 +27,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from ._validation import TRAINING_RANGES, ConfigError, check_ranges, unknown_name, unknown_recipe_key
 
 __all__ = ["Option", "load_schema", "find_recipes", "default_recipe_dirs", "preflight", "render_help",
-           "check_duplicate_keys", "split_flags", "choices", "allowed_values"]
+           "check_duplicate_keys", "split_flags", "choices", "allowed_values",
+           "config_source"]
 
 _PKG = Path(__file__).resolve().parent
 MISSING = object()
@@ -263,6 +264,17 @@ def _load_local_recipe(source: str) -> Optional[dict[str, Any]]:
         return None
     check_duplicate_keys(text, str(path))
     return data if isinstance(data, dict) else None
+
+
+def config_source(argv: Sequence[str]) -> Optional[str]:
+    """The value of ``--config`` in ``argv`` (the last one given), or None."""
+    found = None
+    for i, a in enumerate(argv):
+        if a == "--config" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.startswith("--config="):
+            found = a.split("=", 1)[1]
+    return found
 
 
 # -- flags -----------------------------------------------------------------------------------------

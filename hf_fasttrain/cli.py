@@ -17,6 +17,7 @@ import sys
 import textwrap
 from typing import Optional, Sequence
 
+from ._options import config_source as _config_source
 from ._validation import check_output_dir
 
 __all__ = ["main"]
@@ -25,7 +26,8 @@ USAGE = """usage: hf-fasttrain <command> [options]
 
 commands:
   train        train a causal LM from a recipe (--config <path, bundled name or hf://owner/repo>);
-               --help lists the options by technique, --help-all adds the Trainer's
+               --help lists the options by technique, --help-all adds the Trainer's; --dry_run prints
+               the resolved options and where each value came from, and writes nothing
   tokenize     tokenize a dataset once into packed parquet shards + manifest.json (--dataset, --tokenizer,
                --block_size, --out); train on them with --dataset <out>
   recipes      recipes list: the bundled recipes
@@ -51,15 +53,6 @@ def _debug(argv: Sequence[str]) -> tuple[bool, list[str]]:
     rest = [a for a in argv if a != "--debug"]
     env = os.environ.get("HF_FASTTRAIN_DEBUG", "").strip().lower() in ("1", "true", "yes")
     return env or len(rest) != len(argv), rest
-
-
-def _config_source(argv: Sequence[str]) -> Optional[str]:
-    for i, a in enumerate(argv):
-        if a == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--config="):
-            return a.split("=", 1)[1]
-    return None
 
 
 def _is_main_process() -> bool:
@@ -172,8 +165,15 @@ def run_recipe(argv: Sequence[str]) -> int:
             return 0
         from ._options import preflight
 
+        dry = "--dry_run" in argv
+        argv = [a for a in argv if a != "--dry_run"]
         preflight(argv)  # unknown flags / keys, duplicate keys, ranges: before torch is imported
         argv = with_default_recipe(argv)
+        if dry:  # the resolved options and their sources; nothing is written
+            from .dry_run import dry_run, render
+
+            print(render(*dry_run(argv)), end="")
+            return 0
         from .recipes import parse_config
 
         model_args, data_args, training_args = parse_config(argv)
