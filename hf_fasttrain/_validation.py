@@ -34,6 +34,7 @@ __all__ = [
     "check_ranges",
     "unknown_name",
     "unknown_recipe_key",
+    "argparse_error",
     "check_output_dir",
     "TRAINING_RANGES",
     "is_int",
@@ -94,6 +95,45 @@ def unknown_recipe_key(key: str, section: Optional[str], valid: Iterable[str], h
         place = "at the top level" if home is None else f"in the {home}: section"
         return ConfigError(key, problem=f"unknown recipe key {where}", allowed=f"'{key}' belongs {place}")
     return unknown_name("recipe key", key, valid, where)
+
+
+_TYPE_WORDS = {"int": "must be an integer", "float": "must be a number"}
+
+
+def argparse_error(message: str, flags: Iterable[str] = ()) -> ConfigError:
+    """An ``argparse`` error message as the one-line :class:`ConfigError` (for ``parser.error``, which would print
+    the usage and exit): ``argument --top_k: invalid int value: 'x'`` -> ``top_k: got 'x'; must be an integer``.
+    ``flags``: the parser's options, for the did-you-mean of an unrecognized one.
+
+    Example:
+        >>> str(argparse_error("argument --weights: invalid choice: 'ema' (choose from 'average', 'iterate')"))
+        "weights: got 'ema'; allowed: average, iterate"
+        >>> str(argparse_error("unrecognized arguments: --max_new_token 3", ["--max_new_tokens", "--seed"]))
+        "--max_new_token: unknown option; did you mean '--max_new_tokens'?"
+    """
+    import re
+
+    m = re.match(r"argument (?:--)?([\w-]+)(?:/[^:]*)?: (.*)", message)
+    if m:
+        field, problem = m.group(1), m.group(2)
+        bad = re.match(r"invalid (\w+) value: (.*)", problem)
+        if bad:
+            return ConfigError(field, problem=f"got {bad.group(2)}", allowed=_TYPE_WORDS.get(bad.group(1), f"expected {bad.group(1)}"))
+        choice = re.match(r"invalid choice: (.*) \(choose from (.*)\)", problem)
+        if choice:
+            names = ", ".join(n.strip().strip("'") for n in choice.group(2).split(","))
+            return ConfigError(field, problem=f"got {choice.group(1)}", allowed=f"allowed: {names}")
+        if problem.startswith("expected one argument"):
+            return ConfigError(field, problem="has no value", allowed=f"give --{field} <value>")
+        return ConfigError(field, problem=problem)
+    m = re.match(r"the following arguments are required: (.*)", message)
+    if m:
+        first = m.group(1).split(",")[0].strip().lstrip("-")
+        return ConfigError(first, problem="is required")
+    m = re.match(r"unrecognized arguments: (\S+)", message)
+    if m:
+        return unknown_name("option", m.group(1).split("=")[0], list(flags))
+    return ConfigError("arguments", problem=message)
 
 
 def check_output_dir(output_dir: Any, field: str = "output_dir") -> None:

@@ -1,6 +1,7 @@
 """``hf-fasttrain``: the console entry point.
 
     hf-fasttrain train --config gpt2_tiny [--<field> <value> ...]   # same as recipes/gpt2_small.py
+    hf-fasttrain generate --model <output_dir or checkpoint> [--prompt TEXT] [--max_new_tokens N]
     hf-fasttrain tokenize --dataset <files> --block_size N --out DIR  # pre-tokenized shards + manifest
     hf-fasttrain recipes list                                      # the bundled recipes
     hf-fasttrain push-recipe <recipe> --repo <owner>/<repo> [--dry-run] [--run-dir <output_dir>]
@@ -28,6 +29,8 @@ commands:
   train        train a causal LM from a recipe (--config <path, bundled name or hf://owner/repo>);
                --help lists the options by technique, --help-all adds the Trainer's; --dry_run prints
                the resolved options and where each value came from, and writes nothing
+  generate     sample text from a run's model (--model <output_dir or checkpoint>, --prompt, --max_new_tokens,
+               --temperature, --top_k, --seed), offline
   tokenize     tokenize a dataset once into packed parquet shards + manifest.json (--dataset, --tokenizer,
                --block_size, --out); train on them with --dataset <out>
   recipes      recipes list: the bundled recipes
@@ -170,7 +173,7 @@ def run_recipe(argv: Sequence[str]) -> int:
         preflight(argv)  # unknown flags / keys, duplicate keys, ranges: before torch is imported
         argv = with_default_recipe(argv)
         if dry:  # the resolved options and their sources; nothing is written
-            from .dry_run import dry_run, render
+            from ._dry_run import dry_run, render
 
             print(render(*dry_run(argv)), end="")
             return 0
@@ -469,8 +472,14 @@ def _push_recipe(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "tokenize": _tokenize, "recipes": _recipes, "push-recipe": _push_recipe,
-            "restarts": _restarts, "version": _version}
+def _generate(argv: Sequence[str]) -> int:
+    from ._generate import main as generate_main
+
+    return generate_main(argv)
+
+
+COMMANDS = {"train": _train, "generate": _generate, "tokenize": _tokenize, "recipes": _recipes,
+            "push-recipe": _push_recipe, "restarts": _restarts, "version": _version}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

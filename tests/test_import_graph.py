@@ -65,8 +65,8 @@ LAYERS = {
     "trainer": TOP,
     "run": TOP,
     "cli": TOP,
-    "dry_run": TOP,  # --dry_run: resolves the options as a run does
-    "generate": TOP,  # hf-fasttrain generate: samples from a run's model
+    "_dry_run": TOP,  # --dry_run: resolves the options as a run does
+    "_generate": TOP,  # hf-fasttrain generate: samples from a run's model
     "": TOP,  # hf_fasttrain/__init__.py
 }
 
