@@ -307,6 +307,24 @@ def _run_restarts(model_args, data_args, training_args, debug: bool = False) -> 
     return 0 if summary["winner"] else 1
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Optional[argparse.Namespace]:
+    """``parser.parse_args(argv)``, its mistakes printed as one line (``error: <field>: <what is wrong>; <what is
+    allowed>``) instead of the usage: None then (the command exits 2)."""
+    from ._validation import ConfigError, argparse_error
+
+    flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+
+    def fail(message: str):
+        raise argparse_error(message, flags)
+
+    parser.error = fail  # type: ignore[method-assign]
+    try:
+        return parser.parse_args(list(argv))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
 def _tokenize_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hf-fasttrain tokenize",
@@ -335,7 +353,9 @@ def _tokenize_parser() -> argparse.ArgumentParser:
 def _tokenize(argv: Sequence[str]) -> int:
     """``hf-fasttrain tokenize``: refusals are one line and exit 2, as for ``train``."""
     debug, argv = _debug(argv)
-    args = _tokenize_parser().parse_args(list(argv))
+    args = _parse(_tokenize_parser(), argv)
+    if args is None:
+        return 2
     try:
         from .args import DataArguments
         from .data.prepare import pretokenize
@@ -348,7 +368,7 @@ def _tokenize(argv: Sequence[str]) -> int:
             preprocessing_num_workers=args.num_proc,
         )
         if args.shard_tokens is not None and args.shard_tokens < 1:
-            raise ValueError(f"shard_tokens: got {args.shard_tokens}; must be a positive integer")
+            raise ValueError(f"shard_tokens: got {args.shard_tokens}; must be an integer >= 1")
         manifest = pretokenize(data_args, args.out, trust_remote_code=args.trust_remote_code,
                                shard_tokens=args.shard_tokens)
     except ValueError as exc:  # DataError and ConfigError are ValueErrors
@@ -397,7 +417,8 @@ def _recipe_description(path) -> str:
 def _recipes(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="hf-fasttrain recipes", allow_abbrev=False, description="Recipes bundled with hf_fasttrain.")
     parser.add_argument("action", choices=["list"], help="list: name, file and description of each bundled recipe")
-    parser.parse_args(list(argv))
+    if _parse(parser, argv) is None:
+        return 2
     from ._options import default_recipe_dirs, find_recipes
 
     names = find_recipes(default_recipe_dirs())
@@ -435,7 +456,9 @@ def _push_parser() -> argparse.ArgumentParser:
 
 def _push_recipe(argv: Sequence[str]) -> int:
     debug, argv = _debug(argv)
-    args = _push_parser().parse_args(list(argv))
+    args = _parse(_push_parser(), argv)
+    if args is None:
+        return 2
     from ._validation import check_ranges
     from .args import DataArguments, ModelArguments
     from .push import push_recipe

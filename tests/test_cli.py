@@ -4,6 +4,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,7 +124,7 @@ def test_refusal_from_the_full_validation_is_one_line_and_exit_2():
             "--output_dir", "/nonexistent/x"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr
-    assert out.stderr.strip().splitlines()[-1].startswith("error: warmup_steps=20")
+    assert out.stderr.strip().splitlines()[-1].startswith("error: warmup_steps: got 20")
     assert "from the recipe" not in out.stderr  # the user's own flag
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) <= 2
     debug = subprocess.run(argv + ["--debug"], capture_output=True, text=True, timeout=300)
@@ -195,7 +196,7 @@ def test_a_refused_recipe_value_says_it_came_from_the_recipe(tmp_path, capsys):
     argv = ["--config", str(recipe), "--max_steps", "5", "--output_dir", str(tmp_path / "o")]
     assert run_recipe(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: warmup_steps=20") and err.count("\n") == 1
+    assert err.startswith("error: warmup_steps: got 20") and err.count("\n") == 1
     assert err.rstrip().endswith(f"(warmup_steps: 20 is from the recipe {recipe}; override it with --warmup_steps <value>)")
     # the user's own value, or a field the recipe does not set: the message is left alone
     assert recipe_origin("warmup_steps=20 is long", [*argv, "--warmup_steps", "20"]) == "warmup_steps=20 is long"
@@ -468,3 +469,61 @@ def test_a_finished_recipe_run_ends_its_process_group(tmp_path, monkeypatch):
     assert cli.run_recipe(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "out")]) == 0
     assert not dist.is_initialized()
     cli._close_process_group()  # and without one: nothing to do
+
+
+# -- one error style: `error: <field>: <what is wrong>; <what is allowed>` ----------------------------------------
+ONE_STYLE = re.compile(r"^error: [\w.-]+: [^\n]+; [^\n]+\n$")
+ERROR_CASES = [
+    (["--lr", "1e-3"], "--lr: unknown option; did you mean '--learning_rate'?"),
+    (["--bs", "8"], "--bs: unknown option; did you mean '--per_device_train_batch_size'?"),
+    (["--learnig_rate", "1e-3"], "--learnig_rate: unknown option; did you mean '--learning_rate'?"),
+    (["--optimizer", "adamx"], "optimizer: got 'adamx'; allowed: adamw, lion, ademamix, soap, muon (did you mean 'adamw'?)"),
+    (["--lr_decay", "cosin"], "lr_decay: got 'cosin'; allowed: cosine, sqrt, linear, 1-sqrt, constant"),
+    (["--clip_mode", "nrm"], "clip_mode: got 'nrm'; allowed: norm, value, agc, none"),
+    (["--packing", "flat"], "packing: got 'flat'; allowed: none, flatten, rows"),
+    (["--weight_averaging", "emma"], "weight_averaging: got 'emma'; allowed: none, ema, lawa"),
+    (["--precision", "bf32"], "precision: got 'bf32'; allowed: auto, bf16, fp16, fp32"),
+    (["--ema_decay", "1.5"], "ema_decay: got 1.5; must be in (0, 1), e.g. 0.99"),
+    (["--min_lr_ratio", "2"], "min_lr_ratio: got 2.0; must be in [0, 1] or null"),
+    (["--n_layer", "x"], "n_layer: got 'x'; must be an integer"),
+    (["--eval_strategy", "sometimes"], "eval_strategy: got 'sometimes'; allowed: no, steps, epoch"),
+    (["--max_steps"], "max_steps: has no value; give --max_steps <value>"),
+    (["--max_steps", "5", "--warmup_steps", "20"],
+     "warmup_steps: got 20.0 (20 steps), longer than training (5 steps); must be at most 5 steps, or a fraction < 1 "
+     "of the run"),
+    (["--restart_direction", "up"], "restart_direction: got 'up'; must be one of ['min', 'max']"),
+    (["--seq_len_warmup_mode", "crop"], "seq_len_warmup_mode: got 'crop'; allowed: truncate, rechunk"),
+]
+
+
+@pytest.mark.parametrize("flags, expected", ERROR_CASES, ids=[" ".join(f) for f, _ in ERROR_CASES])
+def test_every_refusal_has_one_style_and_close_suggestions_only(flags, expected, tmp_path, capsys):
+    from hf_fasttrain.cli import run_recipe
+
+    out = tmp_path / "run"
+    assert run_recipe(["--config", "gpt2_tiny", "--output_dir", str(out), *flags, "--dry_run"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {expected}\n"
+    assert ONE_STYLE.match(err), err
+    assert not out.exists()
+
+
+def test_the_other_commands_refuse_in_the_same_style(tmp_path, capsys):
+    from hf_fasttrain.cli import main
+    from hf_fasttrain.recipes import bundled_recipes
+
+    for argv, expected in [
+        (["recipes", "lst"], "action: got 'lst'; allowed: list"),
+        (["tokenize", "--dataset", "x", "--out", str(tmp_path / "t"), "--block_size", "q"],
+         "block_size: got 'q'; must be an integer"),
+        (["train", "--config", "nope", "--dry_run"],
+         f"config: got 'nope', which is neither a file, a bundled recipe nor a hf:// URI; allowed: a YAML path, a "
+         f"bundled name ({', '.join(sorted(bundled_recipes()))}) or hf://<owner>/<repo>"),
+        (["generate", "--model", str(tmp_path / "none")],
+         f"model: {tmp_path / 'none'} does not exist; give a run's output_dir or one of its checkpoint-<step> folders"),
+    ]:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err == f"error: {expected}\n", argv
+        assert ONE_STYLE.match(err), err
+
