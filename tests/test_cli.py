@@ -493,6 +493,10 @@ ERROR_CASES = [
      "of the run"),
     (["--restart_direction", "up"], "restart_direction: got 'up'; must be one of ['min', 'max']"),
     (["--seq_len_warmup_mode", "crop"], "seq_len_warmup_mode: got 'crop'; allowed: truncate, rechunk"),
+    # a bad name is refused even while its technique is off (gpt2_tiny has no curriculum, no batch warmup)
+    (["--curriculum_pacing", "fast"], "curriculum_pacing: got 'fast'; allowed: linear, sqrt, steps"),
+    (["--batch_warmup_fraction", "2"],
+     "batch_warmup_fraction: got 2.0; must be in [0, 1] (the share of max_steps over which the batch grows)"),
 ]
 
 

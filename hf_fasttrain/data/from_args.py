@@ -97,6 +97,19 @@ def planned_optimizer_steps(args, row_length: Optional[int]) -> Optional[int]:
 
 def check_seqlen_args(args) -> None:
     """Validate the sequence-length fields of FastTrainingArguments (called from ``__post_init__``)."""
+    # names and shares are checked whether or not their technique is on: a typo is refused now, not on the day
+    # the technique is switched on
+    for prefix in ("curriculum", "seq_len_warmup"):
+        if getattr(args, f"{prefix}_pacing") not in PACINGS:
+            _fail(f"{prefix}_pacing", getattr(args, f"{prefix}_pacing"), f"allowed: {', '.join(PACINGS)}")
+        fraction = getattr(args, f"{prefix}_fraction")
+        if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0.0 <= fraction <= 1.0):
+            _fail(f"{prefix}_fraction", fraction, "must be in [0, 1] (the share of max_steps over which lengths grow)")
+    if args.seq_len_warmup_mode not in SEQ_LEN_MODES:
+        _fail("seq_len_warmup_mode", args.seq_len_warmup_mode, f"allowed: {', '.join(SEQ_LEN_MODES)}")
+    fraction = getattr(args, "batch_warmup_fraction", 0.2)
+    if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0.0 <= fraction <= 1.0):
+        _fail("batch_warmup_fraction", fraction, "must be in [0, 1] (the share of max_steps over which the batch grows)")
     if not isinstance(args.length_grouping, bool):
         _fail("length_grouping", args.length_grouping, "must be true or false")
     if args.max_tokens_per_batch is not None and not (_is_int(args.max_tokens_per_batch) and args.max_tokens_per_batch >= 1):
