@@ -27,25 +27,47 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from ._validation import TRAINING_RANGES, ConfigError, check_ranges, unknown_name, unknown_recipe_key
 
 __all__ = ["Option", "load_schema", "find_recipes", "default_recipe_dirs", "preflight", "render_help",
-           "check_duplicate_keys", "split_flags"]
+           "check_duplicate_keys", "split_flags", "choices", "allowed_values",
+           "config_source"]
 
 _PKG = Path(__file__).resolve().parent
 MISSING = object()
 
-# Trainer options shown in the short help (the rest: --help-all)
-TRAINER_ESSENTIALS = (
-    "output_dir", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "learning_rate", "weight_decay", "warmup_steps", "max_grad_norm", "eval_steps", "save_steps",
-    "logging_steps", "seed",
+# The headline options, in the order a new user reaches for them: (group title, Trainer options shown with the
+# group). Every other group follows in the order of args.py, then the run's Trainer options, model, peft, data.
+HEADLINE = (
+    ("Optimizer by name", ("learning_rate", "weight_decay")),
+    ("LR schedule", ("warmup_steps",)),
+    ("Sequence length", ("per_device_train_batch_size", "gradient_accumulation_steps")),
+    ("Stability", ("max_grad_norm",)),
+    ("Weight averaging", ()),
 )
-# groups listed by name only in the short help (each has many options)
-COMPACT_GROUPS = ("Sequence length", "Random restart", "Weight averaging")
-# model/data keys shown one per line in the short help; the others are listed by name
-SECTION_ESSENTIALS = {
-    "model": ("model_name_or_path", "model_type", "n_layer", "n_head", "n_embd", "num_key_value_heads"),
-    "data": ("dataset", "tokenizer", "vocab_size", "block_size"),
-    "peft": ("lora_r", "lora_alpha", "lora_target_modules"),
+# group -> heading shown (the source's comment titles are the modules' names)
+GROUP_TITLES = {"Optimizer by name": "optimizer", "LR schedule": "lr schedule",
+                "Sequence length": "batching and sequence length", "Stability": "stability: clipping and the guard",
+                "Weight averaging": "weight averaging"}
+# the run's Trainer options shown in the short help (all of them: --help-all)
+TRAINER_ESSENTIALS = ("output_dir", "max_steps", "eval_steps", "save_steps", "logging_steps", "seed")
+# options whose allowed names live in a module of the package: field -> (module file, constant); the names are
+# read from there (a registry's keys, a tuple of modes), so a new optimizer or schedule shows up by itself
+CHOICES = {
+    "optimizer": ("optim/registry.py", "OPTIMIZERS"),
+    "lr_decay": ("schedules.py", "DECAY_SHAPES"),
+    "clip_mode": ("clipping.py", "CLIP_MODES"),
+    "guard_rollback": ("guard.py", "ROLLBACK_MODES"),
+    "weight_averaging": ("averaging.py", "AVERAGING_MODES"),
+    "precision": ("precision.py", "PRECISIONS"),
+    "packing": ("data/from_args.py", "PACKING_MODES"),
+    "curriculum_pacing": ("data/seqlen.py", "PACINGS"),
+    "seq_len_warmup_pacing": ("data/seqlen.py", "PACINGS"),
+    "seq_len_warmup_mode": ("data/seqlen.py", "SEQ_LEN_MODES"),
+    "restart_direction": ("restarts/config.py", "DIRECTIONS"),
+    "restart_vary": ("restarts/config.py", "VARY"),
+    "restart_backend": ("restarts/config.py", "BACKENDS"),
+    "data_format": ("_model_data_args.py", "DATA_FORMATS"),
 }
+# choices checked in place (no constant to read)
+INLINE_CHOICES = {"schedule_unit": ("steps", "tokens"), "restart_parallel": ("no", "per_gpu")}
 
 
 def _in_section(opt: "Option", key: str) -> bool:
@@ -53,8 +75,6 @@ def _in_section(opt: "Option", key: str) -> bool:
     if key == "peft":
         return opt.section == "model" and opt.name.startswith("lora_")
     return opt.section == key and not (key == "model" and opt.name.startswith("lora_"))
-# the techniques a new user reaches for first; other groups follow in the order of args.py
-FIRST_GROUPS = ("Optimizer by name", "LR schedule", "Stability")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +266,17 @@ def _load_local_recipe(source: str) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
+def config_source(argv: Sequence[str]) -> Optional[str]:
+    """The value of ``--config`` in ``argv`` (the last one given), or None."""
+    found = None
+    for i, a in enumerate(argv):
+        if a == "--config" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.startswith("--config="):
+            found = a.split("=", 1)[1]
+    return found
+
+
 # -- flags -----------------------------------------------------------------------------------------
 _BOOL_WORDS = ("true", "false", "yes", "no", "1", "0", "t", "f", "y", "n")
 
@@ -385,18 +416,24 @@ def _fmt_default(v: Any) -> str:
     return str(v)
 
 
+# a sentence ends at '.' or ';' and a space, except after an abbreviation (e.g., i.e., et al.)
+_SENTENCE_END = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bal\.)(?<=[.;])\s")
+
+
 def _first_sentence(text: str, width: int) -> str:
     """The first sentence of a help text, cut at a word boundary to fit ``width`` (with "..."); a cut
     inside brackets (a list of values) is moved before the bracket, so no value is shown half.
 
     >>> _first_sentence("Pick one. More text.", 40)
     'Pick one'
+    >>> _first_sentence("Warmup (Li et al. 2022) for rows, e.g. text. More.", 60)
+    'Warmup (Li et al. 2022) for rows, e.g. text'
     >>> _first_sentence("Optimizer by name ('adamw', 'lion', 'ademamix', 'soap', 'muon')", 40)
     'Optimizer by name...'
     >>> _first_sentence("Train for this many steps, then stop and save a checkpoint", 30)
     'Train for this many steps...'
     """
-    s = re.split(r"(?<=[.;])\s", text.strip(), maxsplit=1)[0].rstrip(".;")
+    s = _SENTENCE_END.split(text.strip(), maxsplit=1)[0].rstrip(".;")
     if len(s) <= width:
         return s
     cut = s[: width - 3]
@@ -409,11 +446,92 @@ def _first_sentence(text: str, width: int) -> str:
     return cut.rstrip(" ,;:-") + "..."
 
 
-def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]] = None,
-                recipe_name: Optional[str] = None, width: int = 100, full: bool = False) -> Optional[str]:
-    """The short ``--help``: description, ``--config``, the package's options grouped by technique with the
-    recipe's values as defaults, the essential Trainer options. ``full`` (``--help-all``): the same groups
-    in the same order, every option on its own line with its whole help text, and every Trainer option."""
+@functools.lru_cache(maxsize=None)
+def _read_names(module: str, constant: str) -> Optional[tuple[str, ...]]:
+    """The string keys of a dict, or the strings of a tuple, assigned to ``constant`` in a package module's source
+    (read with :mod:`ast`; nothing is imported); None when the module or the constant cannot be read."""
+    try:
+        tree = ast.parse((_PKG / module).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        else:
+            continue
+        if not (isinstance(target, ast.Name) and target.id == constant):
+            continue
+        if isinstance(value, ast.Dict):
+            items = value.keys
+        elif isinstance(value, (ast.Tuple, ast.List)):
+            items = value.elts
+        else:
+            return None
+        names = tuple(v for v in (_literal(k) for k in items) if isinstance(v, str))
+        return names or None
+    return None
+
+
+def choices(name: str) -> Optional[tuple[str, ...]]:
+    """The names option ``name`` accepts (``optimizer``: the optimizer registry's), or None for a free value.
+
+    >>> "muon" in choices("optimizer") and "cosine" in choices("lr_decay")
+    True
+    """
+    if name in INLINE_CHOICES:
+        return INLINE_CHOICES[name]
+    spec = CHOICES.get(name)
+    return _read_names(*spec) if spec else None
+
+
+def _optional(opt: Option) -> bool:
+    return "None" in opt.annotation or opt.annotation.startswith("Optional[")
+
+
+def allowed_values(opt: Option) -> str:
+    """What option ``opt`` accepts, in full: its names, true | false, its range, or its type.
+
+    >>> schema = load_schema()
+    >>> allowed_values(schema["clip_mode"]), allowed_values(schema["divergence_guard"])
+    ('norm | value | agc | none', 'true | false')
+    >>> allowed_values(schema["learning_rate"])
+    'a finite number > 0'
+    """
+    names = choices(opt.name)
+    if names is not None:
+        text = " | ".join(names)
+        return text + " | null" if _optional(opt) and "none" not in names else text
+    if opt.kind == "bool":
+        return "true | false"
+    if opt.name in TRAINING_RANGES:
+        return TRAINING_RANGES[opt.name][1].removeprefix("must be ")
+    interval = re.search(r"\bin ([\[(][-\d.]+, [-\d.]+[\])])", opt.help)  # "in (0, 1)" in the help text
+    if interval and opt.kind in ("int", "float"):
+        text = f"{'an integer' if opt.kind == 'int' else 'a number'} in {interval.group(1)}"
+    elif "dict" in opt.annotation:
+        text = "a mapping (YAML) or a JSON string"
+    else:
+        text = {"int": "an integer", "float": "a number", "str": "a string"}.get(opt.kind)
+        if text is None:  # a Trainer field of a union type: its own words
+            text = re.sub(r"^Optional\[(.*)\]$", r"\1", opt.annotation).replace("Union[", "").rstrip("]")
+            text = " | ".join(p.strip() for p in text.split(",") if p.strip() != "None") if "," in text else text
+            text = text.replace(" | None", "")
+    return f"{text} or null" if _optional(opt) else text
+
+
+USAGE_LINES = ("usage: hf-fasttrain train [--config RECIPE] [--<option> VALUE ...]",
+               "   or: python recipes/gpt2_small.py [--config RECIPE] [--<option> VALUE ...]")
+
+
+def render_help(description: str, recipe: Optional[Mapping[str, Any]] = None, recipe_name: Optional[str] = None,
+                width: int = 100, full: bool = False) -> Optional[str]:
+    """The ``--help`` of ``hf-fasttrain train`` and ``recipes/gpt2_small.py`` (one text for both): description,
+    ``--config``, then every option of the package with its allowed values in full, the headline options first
+    (optimizer, lr schedule, batching, stability, weight averaging), the run's essential Trainer options, the
+    model, peft and data sections; the recipe's values as the defaults shown. ``full`` (``--help-all``): the same
+    groups in the same order, every help text whole, and every Trainer option."""
     schema = load_schema()
     if schema is None:
         return None
@@ -424,53 +542,43 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
         else:
             values[key] = value
     col = 34
-    lines = [f"usage: {prog} [--config RECIPE] [--<option> VALUE ...]", ""]
+    lines = [*USAGE_LINES, ""]
     lines += textwrap.wrap(description, width) + [""]
     bundled = ", ".join(find_recipes(default_recipe_dirs()))
     lines += textwrap.wrap(f"a YAML path, hf://<owner>/<repo> or a bundled name ({bundled}); without it: gpt2_small "
                            "on a GPU, gpt2_tiny on CPU", width, initial_indent=f"  {'--config RECIPE':<{col - 2}}",
                            subsequent_indent=" " * col)
     lines += [
-        f"  {'--help-all':<{col - 2}}this list, every Trainer option (about 200) and full help texts"
-        if not full else f"  {'--help':<{col - 2}}the short list: the main options, first sentences only",
+        f"  {'--dry_run':<{col - 2}}print the resolved options and their sources; write nothing",
+        f"  {'--help-all':<{col - 2}}this list with whole help texts, and every Trainer option"
+        if not full else f"  {'--help':<{col - 2}}the same list, first sentences only, the run's main Trainer options",
         f"  {'--debug':<{col - 2}}a refusal shows its traceback (or HF_FASTTRAIN_DEBUG=1)",
     ]
+    indent = " " * col
 
-    def row(opt: Option) -> str:
+    def row(opt: Option) -> list[str]:
         dv = values.get(opt.name, opt.default)
         tag = f" [{_fmt_default(dv)}]" if _fmt_default(dv) else ""
         head = f"  --{opt.name}"
-        if len(head) > col - 1:
-            head += "\n" + " " * col
-        else:
-            head = f"{head:<{col}}"
+        out = [head] if len(head) > col - 1 else []
+        first = "" if out else f"{head:<{col}}"
         if full:
-            text = " ".join(f"{opt.help}{tag}".split())
-            body = textwrap.wrap(text, width - col, break_on_hyphens=False) or [""]
-            return head + ("\n" + " " * col).join(body)
-        room = max(width - col - len(tag), 20)
-        return head + _first_sentence(opt.help, room) + tag
-
-    def section(title: str, opts: list[Option], shown: Optional[Sequence[str]] = None) -> None:
-        if not opts:
-            return
-        lines.extend(["", f"{title}:"])
-        if full:
-            rows, rest = opts, []
-        elif title in COMPACT_GROUPS:
-            rows, rest = [], opts
-        elif shown is not None:
-            rows = [o for o in opts if o.name in shown]
-            rest = [o for o in opts if o.name not in shown]
+            body = textwrap.wrap(" ".join(f"{opt.help}{tag}".split()), width - col, break_on_hyphens=False) or [""]
         else:
-            rows, rest = opts, []
-        lines.extend(row(o) for o in rows)
-        if rest:
-            names = ("also: " if rows else "") + ", ".join(f"--{o.name}" for o in rest)
-            lines.extend(textwrap.wrap(names + " (see --help-all)", width, initial_indent="  ", break_on_hyphens=False,
-                                       subsequent_indent="  "))
+            body = [_first_sentence(opt.help, max(width - col - len(tag), 20)) + tag]
+        out.append((first or indent) + body[0])
+        out += [indent + b for b in body[1:]]
+        out += textwrap.wrap(f"values: {allowed_values(opt)}", width, initial_indent=indent, subsequent_indent=indent + "  ",
+                             break_on_hyphens=False)
+        return out
 
-    off = ("Every option is also a recipe key; one that can be off ([null]) is switched off with none, None or "
+    def section(title: str, opts: list[Option]) -> None:
+        if opts:
+            lines.extend(["", f"{title}:"])
+            for o in opts:
+                lines.extend(row(o))
+
+    off = ("Every option is also a recipe key; one that can be off (null) is switched off with none, None or "
            "null, e.g. --seq_len_warmup_min none.")
     if recipe_name:
         lines += [""] + textwrap.wrap(f"Values in [brackets] are recipe {recipe_name}'s. {off}", width)
@@ -481,12 +589,15 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
     for o in schema.values():
         if o.section is None and not o.trainer:
             groups.setdefault(o.group or "Other", []).append(o)
-    # the package's techniques first; single-option groups share one heading
+    pulled = {name for _, names in HEADLINE for name in names}
+    for title, trainer_names in HEADLINE:
+        opts = [schema[n] for n in trainer_names if n in schema] + groups.get(title, [])
+        section(GROUP_TITLES.get(title, title), opts)
+    # the other groups in the order of args.py; single-option groups share one heading
     merged: list[tuple[str, list[Option], bool]] = []
-    order = [g for g in FIRST_GROUPS if g in groups] + [g for g in groups if g not in FIRST_GROUPS]
-    for title in order:
-        opts = groups[title]
-        if title in COMPACT_GROUPS:  # after model and data, as in the short help
+    heads = {t for t, _ in HEADLINE}
+    for title, opts in groups.items():
+        if title in heads:
             continue
         if len(opts) == 1 and merged and merged[-1][2]:
             merged[-1] = (f"{merged[-1][0]}, {title.lower()}", merged[-1][1] + opts, True)
@@ -495,13 +606,11 @@ def render_help(prog: str, description: str, recipe: Optional[Mapping[str, Any]]
     for title, opts, _ in merged:
         section(title, opts)
     if full:
-        trainer = [o for o in schema.values() if o.trainer and o.section is None]
-        section("run (every transformers.TrainingArguments option)", trainer)
+        trainer = [o for o in schema.values() if o.trainer and o.section is None and o.name not in pulled]
+        section("run (every other transformers.TrainingArguments option)", trainer)
     else:
         section("run (Trainer options; all of them: --help-all)", [schema[n] for n in TRAINER_ESSENTIALS if n in schema])
     for name in ("model", "peft", "data"):
         title = "peft (LoRA adapters on a frozen model_name_or_path; recipe section peft:)" if name == "peft" else name
-        section(title, [o for o in schema.values() if _in_section(o, name)], SECTION_ESSENTIALS[name])
-    for title in COMPACT_GROUPS:
-        section(title, groups.get(title, []))
+        section(title, [o for o in schema.values() if _in_section(o, name)])
     return "\n".join(lines) + "\n"

@@ -33,7 +33,9 @@ __all__ = [
     "check",
     "check_ranges",
     "unknown_name",
+    "ALIASES",
     "unknown_recipe_key",
+    "argparse_error",
     "check_output_dir",
     "TRAINING_RANGES",
     "is_int",
@@ -66,10 +68,52 @@ def check(cond: bool, field: str, value: Any, allowed: str, problem: Optional[st
         raise ConfigError(field, value, allowed, problem)
 
 
+# Names users bring from other trainers (nanoGPT, TRL, axolotl, the Trainer's own short words) -> the option
+# they mean. A suggestion is made only from here or when the name is close to a known one.
+ALIASES = {
+    "lr": "learning_rate", "learning-rate": "learning_rate", "wd": "weight_decay",
+    "bs": "per_device_train_batch_size", "batch_size": "per_device_train_batch_size",
+    "micro_batch_size": "per_device_train_batch_size", "train_batch_size": "per_device_train_batch_size",
+    "grad_accum": "gradient_accumulation_steps", "gradient_accumulation": "gradient_accumulation_steps",
+    "gradient_accumulation_iters": "gradient_accumulation_steps",
+    "epochs": "num_train_epochs", "num_epochs": "num_train_epochs",
+    "steps": "max_steps", "max_iters": "max_steps", "total_steps": "max_steps", "train_steps": "max_steps",
+    "warmup": "warmup_steps", "warmup_iters": "warmup_steps", "warmup_ratio": "warmup_steps",
+    "grad_clip": "max_grad_norm", "clip_grad_norm": "max_grad_norm", "clip": "max_grad_norm",
+    "beta1": "adam_beta1", "beta2": "adam_beta2", "eps": "adam_epsilon",
+    "scheduler": "lr_decay", "lr_scheduler": "lr_decay", "decay_lr": "lr_decay", "schedule": "lr_decay",
+    "optim": "optimizer", "opt": "optimizer",
+    "model": "model_name_or_path", "model_name": "model_name_or_path", "base_model": "model_name_or_path",
+    "dataset_name": "dataset", "data": "dataset", "data_path": "dataset", "tokenizer_name": "tokenizer",
+    "seq_len": "block_size", "seq_length": "block_size", "max_seq_length": "block_size", "max_length": "block_size",
+    "context_length": "block_size", "sequence_len": "block_size",
+    "n_layers": "n_layer", "num_layers": "n_layer", "n_heads": "n_head", "num_heads": "n_head",
+    "d_model": "n_embd", "hidden_dim": "n_embd", "ema": "weight_averaging",
+    "out": "output_dir", "out_dir": "output_dir", "output": "output_dir",
+    "eval_interval": "eval_steps", "log_interval": "logging_steps", "save_interval": "save_steps",
+    "dry-run": "dry_run",
+}
+
+
 def unknown_name(kind: str, name: str, known: Iterable[str], where: str = "") -> ConfigError:
-    """``<name>: unknown <kind>[ where]; did you mean '<closest>'?`` (or the list when nothing is close)."""
+    """``<name>: unknown <kind>[ where]; did you mean '<suggestion>'?`` (or the list when nothing is close).
+
+    The suggestion is the option :data:`ALIASES` maps the name to, else the closest known name compared without
+    leading dashes (so ``--lr`` is not taken for ``--min_lr``).
+
+    Example:
+        >>> str(unknown_name("option", "--lr", ["--learning_rate", "--min_lr"]))
+        "--lr: unknown option; did you mean '--learning_rate'?"
+        >>> str(unknown_name("option", "--learnig_rate", ["--learning_rate", "--min_lr"]))
+        "--learnig_rate: unknown option; did you mean '--learning_rate'?"
+    """
     known = list(known)
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    bare = {k.lstrip("-"): k for k in known}
+    target = ALIASES.get(name.lstrip("-").replace("-", "_")) or ALIASES.get(name.lstrip("-"))
+    if target in bare:
+        close = [bare[target]]
+    else:
+        close = [bare[c] for c in difflib.get_close_matches(name.lstrip("-"), list(bare), n=1, cutoff=0.6)]
     if close:
         allowed = f"did you mean '{close[0]}'?"
     elif len(known) <= 12:
@@ -94,6 +138,45 @@ def unknown_recipe_key(key: str, section: Optional[str], valid: Iterable[str], h
         place = "at the top level" if home is None else f"in the {home}: section"
         return ConfigError(key, problem=f"unknown recipe key {where}", allowed=f"'{key}' belongs {place}")
     return unknown_name("recipe key", key, valid, where)
+
+
+_TYPE_WORDS = {"int": "must be an integer", "float": "must be a number"}
+
+
+def argparse_error(message: str, flags: Iterable[str] = ()) -> ConfigError:
+    """An ``argparse`` error message as the one-line :class:`ConfigError` (for ``parser.error``, which would print
+    the usage and exit): ``argument --top_k: invalid int value: 'x'`` -> ``top_k: got 'x'; must be an integer``.
+    ``flags``: the parser's options, for the did-you-mean of an unrecognized one.
+
+    Example:
+        >>> str(argparse_error("argument --weights: invalid choice: 'ema' (choose from 'average', 'iterate')"))
+        "weights: got 'ema'; allowed: average, iterate"
+        >>> str(argparse_error("unrecognized arguments: --max_new_token 3", ["--max_new_tokens", "--seed"]))
+        "--max_new_token: unknown option; did you mean '--max_new_tokens'?"
+    """
+    import re
+
+    m = re.match(r"argument (?:--)?([\w-]+)(?:/[^:]*)?: (.*)", message)
+    if m:
+        field, problem = m.group(1), m.group(2)
+        bad = re.match(r"invalid (\w+) value: (.*)", problem)
+        if bad:
+            return ConfigError(field, problem=f"got {bad.group(2)}", allowed=_TYPE_WORDS.get(bad.group(1), f"expected {bad.group(1)}"))
+        choice = re.match(r"invalid choice: (.*) \(choose from (.*)\)", problem)
+        if choice:
+            names = ", ".join(n.strip().strip("'") for n in choice.group(2).split(","))
+            return ConfigError(field, problem=f"got {choice.group(1)}", allowed=f"allowed: {names}")
+        if problem.startswith("expected one argument"):
+            return ConfigError(field, problem="has no value", allowed=f"give --{field} <value>")
+        return ConfigError(field, problem=problem)
+    m = re.match(r"the following arguments are required: (.*)", message)
+    if m:
+        first = m.group(1).split(",")[0].strip().lstrip("-")
+        return ConfigError(first, problem="is required")
+    m = re.match(r"unrecognized arguments: (\S+)", message)
+    if m:
+        return unknown_name("option", m.group(1).split("=")[0], list(flags))
+    return ConfigError("arguments", problem=message)
 
 
 def check_output_dir(output_dir: Any, field: str = "output_dir") -> None:

@@ -77,12 +77,12 @@ def check_averaging_settings(mode: str, decay: float, update_every: int, lawa_k:
     spells each setting, e.g. ``ARGS_FIELDS``)."""
     names = {k: k for k in ARGS_FIELDS} | dict(names or {})
     if mode not in AVERAGING_MODES:
-        raise ValueError(f"{names['mode']}={mode!r} is invalid: allowed: {', '.join(AVERAGING_MODES)}")
+        raise ValueError(f"{names['mode']}: got {mode!r}; allowed: {', '.join(AVERAGING_MODES)}")
     if not (isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0.0 < decay < 1.0):
-        raise ValueError(f"{names['decay']}={decay!r} is invalid: it must be in (0, 1), e.g. 0.99")
+        raise ValueError(f"{names['decay']}: got {decay!r}; must be in (0, 1), e.g. 0.99")
     for key, value in (("update_every", update_every), ("lawa_k", lawa_k), ("lawa_interval", lawa_interval)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{names[key]}={value!r} is invalid: it must be an integer >= 1")
+            raise ValueError(f"{names[key]}: got {value!r}; must be an integer >= 1")
 
 
 class WeightAverage:

@@ -1,6 +1,7 @@
 """``hf-fasttrain``: the console entry point.
 
     hf-fasttrain train --config gpt2_tiny [--<field> <value> ...]   # same as recipes/gpt2_small.py
+    hf-fasttrain generate --model <output_dir or checkpoint> [--prompt TEXT] [--max_new_tokens N]
     hf-fasttrain tokenize --dataset <files> --block_size N --out DIR  # pre-tokenized shards + manifest
     hf-fasttrain recipes list                                      # the bundled recipes
     hf-fasttrain push-recipe <recipe> --repo <owner>/<repo> [--dry-run] [--run-dir <output_dir>]
@@ -17,6 +18,7 @@ import sys
 import textwrap
 from typing import Optional, Sequence
 
+from ._options import config_source as _config_source
 from ._validation import check_output_dir
 
 __all__ = ["main"]
@@ -25,7 +27,10 @@ USAGE = """usage: hf-fasttrain <command> [options]
 
 commands:
   train        train a causal LM from a recipe (--config <path, bundled name or hf://owner/repo>);
-               --help lists the options by technique, --help-all adds the Trainer's
+               --help lists the options by technique, --help-all adds the Trainer's; --dry_run prints
+               the resolved options and where each value came from, and writes nothing
+  generate     sample text from a run's model (--model <output_dir or checkpoint>, --prompt, --max_new_tokens,
+               --temperature, --top_k, --seed), offline
   tokenize     tokenize a dataset once into packed parquet shards + manifest.json (--dataset, --tokenizer,
                --block_size, --out); train on them with --dataset <out>
   recipes      recipes list: the bundled recipes
@@ -41,7 +46,8 @@ commands:
 RECIPE_DESCRIPTION = (
     "Pretrain a causal language model (a GPT-2 built from scratch, or --model_name_or_path) with "
     "hf_fasttrain's techniques. Options come from --config (a recipe) and are overridden by the flags "
-    "below; a killed run resumes from its last checkpoint when started again with the same command."
+    "below; a killed run resumes from its last checkpoint when started again with the same command. "
+    "recipes/gpt2_small.py takes the same options."
 )
 
 
@@ -50,15 +56,6 @@ def _debug(argv: Sequence[str]) -> tuple[bool, list[str]]:
     rest = [a for a in argv if a != "--debug"]
     env = os.environ.get("HF_FASTTRAIN_DEBUG", "").strip().lower() in ("1", "true", "yes")
     return env or len(rest) != len(argv), rest
-
-
-def _config_source(argv: Sequence[str]) -> Optional[str]:
-    for i, a in enumerate(argv):
-        if a == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--config="):
-            return a.split("=", 1)[1]
-    return None
 
 
 def _is_main_process() -> bool:
@@ -89,19 +86,18 @@ def with_default_recipe(argv: Sequence[str]) -> list[str]:
     return ["--config", name, *argv]
 
 
-def _print_help(argv: Sequence[str], prog: str, full: bool = False) -> int:
+def _print_help(argv: Sequence[str], full: bool = False) -> int:
     from ._options import _load_local_recipe, render_help
 
     source = _config_source(argv)
     recipe = _load_local_recipe(source) if source else None
     if full and source and recipe is None:  # a Hub recipe: the parser's help with the recipe's values
         return -1
-    text = render_help(prog, RECIPE_DESCRIPTION, recipe, recipe_name=source if recipe is not None else None,
-                       full=full)
+    text = render_help(RECIPE_DESCRIPTION, recipe, recipe_name=source if recipe is not None else None, full=full)
     if text is None:  # the option list could not be read from the sources: the full parser's help
         from .recipes import make_parser
 
-        make_parser().print_help()
+        make_parser(prog="hf-fasttrain train").print_help()
     else:
         print(text, end="")
     return 0
@@ -147,7 +143,7 @@ def _is_config_error(exc: BaseException) -> bool:
     return isinstance(exc, (ValueError, FileNotFoundError, yaml.YAMLError))
 
 
-def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
+def run_recipe(argv: Sequence[str]) -> int:
     """The recipe command (``recipes/gpt2_small.py`` and ``hf-fasttrain train``): help, refusals, the run.
 
     A configuration error prints ``error: <field>: <what is wrong>; <what is allowed>`` and returns 2
@@ -156,14 +152,14 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
     """
     debug, argv = _debug(argv)
     if any(a in ("-h", "--help") for a in argv):
-        return _print_help(argv, prog)
+        return _print_help(argv)
     try:
-        if "--help-all" in argv and _print_help(argv, prog, full=True) == 0:  # grouped as --help is
+        if "--help-all" in argv and _print_help(argv, full=True) == 0:  # grouped as --help is
             return 0
         if "--help-all" in argv:
             from .recipes import load_recipe, make_parser, validate_recipe
 
-            parser = make_parser(prog=prog)
+            parser = make_parser(prog="hf-fasttrain train")
             source = _config_source(argv)
             if source:  # the recipe's values as the defaults shown
                 sections = validate_recipe(load_recipe(source))
@@ -172,8 +168,15 @@ def run_recipe(argv: Sequence[str], prog: str = "hf-fasttrain train") -> int:
             return 0
         from ._options import preflight
 
+        dry = "--dry_run" in argv
+        argv = [a for a in argv if a != "--dry_run"]
         preflight(argv)  # unknown flags / keys, duplicate keys, ranges: before torch is imported
         argv = with_default_recipe(argv)
+        if dry:  # the resolved options and their sources; nothing is written
+            from ._dry_run import dry_run, render
+
+            print(render(*dry_run(argv)), end="")
+            return 0
         from .recipes import parse_config
 
         model_args, data_args, training_args = parse_config(argv)
@@ -227,7 +230,7 @@ def _close_process_group() -> None:
 
 
 def _train(argv: Sequence[str]) -> int:
-    return run_recipe(argv, prog="hf-fasttrain train")
+    return run_recipe(argv)
 
 
 RESTART_FLAGS = ("num-seeds", "explore-fraction", "rungs", "keep-fraction", "metric", "direction",
@@ -304,6 +307,24 @@ def _run_restarts(model_args, data_args, training_args, debug: bool = False) -> 
     return 0 if summary["winner"] else 1
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Optional[argparse.Namespace]:
+    """``parser.parse_args(argv)``, its mistakes printed as one line (``error: <field>: <what is wrong>; <what is
+    allowed>``) instead of the usage: None then (the command exits 2)."""
+    from ._validation import ConfigError, argparse_error
+
+    flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+
+    def fail(message: str):
+        raise argparse_error(message, flags)
+
+    parser.error = fail  # type: ignore[method-assign]
+    try:
+        return parser.parse_args(list(argv))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
 def _tokenize_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hf-fasttrain tokenize",
@@ -332,7 +353,9 @@ def _tokenize_parser() -> argparse.ArgumentParser:
 def _tokenize(argv: Sequence[str]) -> int:
     """``hf-fasttrain tokenize``: refusals are one line and exit 2, as for ``train``."""
     debug, argv = _debug(argv)
-    args = _tokenize_parser().parse_args(list(argv))
+    args = _parse(_tokenize_parser(), argv)
+    if args is None:
+        return 2
     try:
         from .args import DataArguments
         from .data.prepare import pretokenize
@@ -345,7 +368,7 @@ def _tokenize(argv: Sequence[str]) -> int:
             preprocessing_num_workers=args.num_proc,
         )
         if args.shard_tokens is not None and args.shard_tokens < 1:
-            raise ValueError(f"shard_tokens: got {args.shard_tokens}; must be a positive integer")
+            raise ValueError(f"shard_tokens: got {args.shard_tokens}; must be an integer >= 1")
         manifest = pretokenize(data_args, args.out, trust_remote_code=args.trust_remote_code,
                                shard_tokens=args.shard_tokens)
     except ValueError as exc:  # DataError and ConfigError are ValueErrors
@@ -394,7 +417,8 @@ def _recipe_description(path) -> str:
 def _recipes(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="hf-fasttrain recipes", allow_abbrev=False, description="Recipes bundled with hf_fasttrain.")
     parser.add_argument("action", choices=["list"], help="list: name, file and description of each bundled recipe")
-    parser.parse_args(list(argv))
+    if _parse(parser, argv) is None:
+        return 2
     from ._options import default_recipe_dirs, find_recipes
 
     names = find_recipes(default_recipe_dirs())
@@ -432,7 +456,9 @@ def _push_parser() -> argparse.ArgumentParser:
 
 def _push_recipe(argv: Sequence[str]) -> int:
     debug, argv = _debug(argv)
-    args = _push_parser().parse_args(list(argv))
+    args = _parse(_push_parser(), argv)
+    if args is None:
+        return 2
     from ._validation import check_ranges
     from .args import DataArguments, ModelArguments
     from .push import push_recipe
@@ -469,8 +495,14 @@ def _push_recipe(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "tokenize": _tokenize, "recipes": _recipes, "push-recipe": _push_recipe,
-            "restarts": _restarts, "version": _version}
+def _generate(argv: Sequence[str]) -> int:
+    from ._generate import main as generate_main
+
+    return generate_main(argv)
+
+
+COMMANDS = {"train": _train, "generate": _generate, "tokenize": _tokenize, "recipes": _recipes,
+            "push-recipe": _push_recipe, "restarts": _restarts, "version": _version}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

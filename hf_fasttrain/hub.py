@@ -118,7 +118,7 @@ def check_repo_id(repo_id: Any, uri: str | None = None) -> str:
     def fail(problem):
         if uri is not None:
             return _uri_error(uri, problem)
-        return ValueError(f"repo_id={repo_id!r} is invalid: {problem}.")
+        return ValueError(f"repo_id: got {repo_id!r}; {problem}")
 
     if not isinstance(repo_id, str) or repo_id.count("/") != 1 or "" in repo_id.split("/"):
         raise fail("the repo id must have an owner and a name, '<owner>/<repo>'")

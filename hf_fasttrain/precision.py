@@ -164,7 +164,7 @@ class PrecisionChoice:
 
 def _check_request(value, field: str = "precision") -> str:
     if not isinstance(value, str) or value not in PRECISIONS:
-        raise ValueError(f"{field} must be one of {', '.join(PRECISIONS)}; got {value!r}")
+        raise ValueError(f"{field}: got {value!r}; allowed: {', '.join(PRECISIONS)}")
     return value
 
 

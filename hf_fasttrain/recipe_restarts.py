@@ -176,14 +176,14 @@ def train_with_restarts(model_args, data_args, training_args, callbacks: Optiona
     config = restart_config_from_args(training_args, **config_overrides)
     if training_args.max_steps is None or training_args.max_steps <= 0:
         raise ValueError(
-            f"max_steps={training_args.max_steps!r} is invalid for random restart: set max_steps > 0 (the "
-            "exploration budget is a fraction of it)."
+            f"max_steps: got {training_args.max_steps!r}, which random restart cannot split; set max_steps > 0 (the "
+            "exploration budget is a fraction of it)"
         )
     if training_args.batch_warmup_min_tokens is not None:
         raise ValueError(
-            f"batch_warmup_min_tokens={training_args.batch_warmup_min_tokens!r} is invalid for random restart: the "
-            "search needs the run's step count up front and a batch-size warmup ends by its token budget; set it "
-            "to null or restart_num_seeds to 1."
+            f"batch_warmup_min_tokens: got {training_args.batch_warmup_min_tokens!r} with random restart, whose "
+            "search needs the run's step count up front (a batch-size warmup ends by its token budget); set it "
+            "to null or restart_num_seeds to 1"
         )
     # a token-counted sequence-length warmup takes more (shorter) optimizer steps than max_steps: rungs and
     # the winner's continuation are counted in the steps the run really takes

@@ -95,11 +95,12 @@ def _yaml_error(source: str, err: yaml.YAMLError) -> RecipeYAMLError:
     if tag is not None:
         shown = tag.group(1).replace("tag:yaml.org,2002:", "!!")
         return RecipeYAMLError(
-            f"{where}: not a plain YAML mapping: YAML tag {shown!r} is not allowed in a recipe. Recipes are data, read with "
-            "yaml.safe_load: only mappings, lists, strings, numbers, booleans and null are accepted, "
-            "and no Python object is ever constructed. Nothing was executed; remove the tag."
+            f"config: {where}: not a plain YAML mapping: YAML tag {shown!r} is not allowed in a recipe (recipes are data, "
+            "read with yaml.safe_load; nothing was executed); allowed: mappings, lists, strings, numbers, booleans "
+            "and null: remove the tag"
         )
-    return RecipeYAMLError(f"{where}: not valid YAML: {problem}")
+    return RecipeYAMLError(f"config: {where}: not valid YAML ({problem}); allowed: a YAML mapping of option names "
+                           "to values")
 
 
 def safe_load_yaml(path_or_text: str | os.PathLike, *, source: str | None = None, allow_empty: bool = False) -> dict:
@@ -132,16 +133,17 @@ def safe_load_yaml(path_or_text: str | os.PathLike, *, source: str | None = None
         path = Path(path_or_text)
         source = source or str(path)
         if not path.is_file():
-            raise FileNotFoundError(f"Recipe file {str(path)!r} does not exist.")
+            raise FileNotFoundError(f"config: {str(path)!r} does not exist; allowed: a YAML path, a bundled name or "
+                                    "hf://<owner>/<repo>")
         size = path.stat().st_size
         if size > RECIPE_MAX_BYTES:
-            raise RecipeYAMLError(f"{source}: {size} bytes is more than a recipe's limit of {RECIPE_MAX_BYTES} bytes.")
+            raise RecipeYAMLError(f"config: {source}: {size} bytes; allowed: a recipe of at most {RECIPE_MAX_BYTES} bytes")
         text = path.read_text(encoding="utf-8")
     elif isinstance(path_or_text, str):
         text = path_or_text
         source = source or "<recipe text>"
         if len(text.encode("utf-8")) > RECIPE_MAX_BYTES:
-            raise RecipeYAMLError(f"{source}: more than a recipe's limit of {RECIPE_MAX_BYTES} bytes.")
+            raise RecipeYAMLError(f"config: {source}: too large; allowed: a recipe of at most {RECIPE_MAX_BYTES} bytes")
     else:
         raise TypeError(f"safe_load_yaml expects a path or YAML text, got {type(path_or_text).__name__}")
     try:
@@ -151,15 +153,14 @@ def safe_load_yaml(path_or_text: str | os.PathLike, *, source: str | None = None
     if data is None and allow_empty:
         return {}
     if data is None:
-        raise RecipeYAMLError(f"{source}: the recipe is empty; expected a mapping of field names to values.")
+        raise RecipeYAMLError(f"config: {source}: the recipe is empty; allowed: a mapping of option names to values")
     if not isinstance(data, dict):
         raise RecipeYAMLError(
-            f"{source}: the top level of a recipe must be a mapping of field names to values, "
-            f"got a {type(data).__name__}."
+            f"config: {source}: the top level is a {type(data).__name__}; allowed: a mapping of option names to values"
         )
     bad = [k for k in data if not isinstance(k, str)]
     if bad:
-        raise RecipeYAMLError(f"{source}: top-level keys must be field names (strings), got {bad!r}.")
+        raise RecipeYAMLError(f"config: {source}: top-level keys {bad!r}; allowed: option names (strings)")
     return data
 
 
@@ -239,8 +240,8 @@ def recipe_path(source: str | Path) -> Path:
     if str(source) in bundled:
         return bundled[str(source)]
     raise FileNotFoundError(
-        f"recipe {str(source)!r} is neither a file, a bundled recipe nor a hf://<owner>/<repo> URI; "
-        f"bundled: {sorted(bundled)}"
+        f"config: got {str(source)!r}, which is neither a file, a bundled recipe nor a hf:// URI; allowed: a YAML "
+        f"path, a bundled name ({', '.join(sorted(bundled))}) or hf://<owner>/<repo>"
     )
 
 
@@ -340,7 +341,8 @@ def validate_recipe(recipe: Mapping[str, Any]) -> dict[Optional[str], dict[str, 
             if value is None:
                 continue
             if not isinstance(value, dict):
-                raise ValueError(f"recipe section 'peft:' must be a mapping, got {type(value).__name__}")
+                raise ConfigError("peft", problem=f"a {type(value).__name__}, not a mapping",
+                                  allowed="a mapping of LoRA keys, e.g. peft: {lora_r: 8}")
             model_types = _field_types(ModelArguments)
             for k, v in value.items():
                 if k not in PEFT_FIELDS:
@@ -353,7 +355,8 @@ def validate_recipe(recipe: Mapping[str, Any]) -> dict[Optional[str], dict[str, 
             if value is None:
                 continue
             if not isinstance(value, dict):
-                raise ValueError(f"recipe section '{key}:' must be a mapping, got {type(value).__name__}")
+                raise ConfigError(key, problem=f"a {type(value).__name__}, not a mapping",
+                                  allowed=f"a mapping of {key} keys, e.g. {key}: {{{'n_layer: 2' if key == 'model' else 'block_size: 128'}}}")
             types_ = _field_types(SECTIONS[key])
             for k, v in value.items():
                 if k not in types_:
@@ -367,11 +370,10 @@ def validate_recipe(recipe: Mapping[str, Any]) -> dict[Optional[str], dict[str, 
 
 
 def _raise_usage_error(message: str):
-    """argparse's error(), which prints the 170-line usage and exits, as a one-line ValueError instead."""
-    m = re.match(r"argument --(\w+)(?:/[^:]*)?: (.*)", message)
-    if m:
-        raise ConfigError(m.group(1), problem=m.group(2))
-    raise ValueError(message)
+    """argparse's error(), which prints the 170-line usage and exits, as a one-line ConfigError instead."""
+    from ._validation import argparse_error
+
+    raise argparse_error(message)
 
 
 def make_parser(prog: Optional[str] = None) -> "HfArgumentParser":

@@ -119,7 +119,7 @@ DEFAULT_DECAY_FRACTION: dict[str, float] = {"1-sqrt": 0.2}
 def get_decay_shape(name: str) -> Callable[[float], float]:
     """The shape function registered under `name`; an unknown name raises ValueError listing the known ones."""
     if name not in DECAY_SHAPES:
-        raise ValueError(f"lr_decay={name!r} is not a known decay shape; known: {', '.join(DECAY_SHAPES)}")
+        raise ValueError(f"lr_decay: got {name!r}; allowed: {', '.join(DECAY_SHAPES)}")
     return DECAY_SHAPES[name]
 
 
@@ -266,19 +266,19 @@ def resolve_warmup_steps(warmup_steps: float, num_training_steps: int) -> int:
     """
     if not _is_number(warmup_steps) or warmup_steps < 0:
         raise ValueError(
-            f"warmup_steps={warmup_steps!r} is not allowed; use an integer >= 0 (steps) "
+            f"warmup_steps: got {warmup_steps!r}; must be an integer >= 0 (steps) "
             f"or a fraction 0 < warmup_steps < 1 of the training steps"
         )
     if warmup_steps >= 1 and warmup_steps != int(warmup_steps):
         raise ValueError(
-            f"warmup_steps={warmup_steps!r} is not allowed; values >= 1 count steps and must be whole numbers "
+            f"warmup_steps: got {warmup_steps!r}; values >= 1 count steps and must be whole numbers "
             f"(a fraction of training must be < 1)"
         )
     steps = int(warmup_steps) if warmup_steps >= 1 or warmup_steps == 0 else math.ceil(num_training_steps * warmup_steps)
     if steps > num_training_steps:
         raise ValueError(
-            f"warmup_steps={warmup_steps!r} ({steps} steps) is longer than training "
-            f"(num_training_steps={num_training_steps}); allowed: at most {num_training_steps}"
+            f"warmup_steps: got {warmup_steps!r} ({steps} steps), longer than training ({num_training_steps} "
+            f"steps); must be at most {num_training_steps} steps, or a fraction < 1 of the run"
         )
     return steps
 
@@ -293,24 +293,24 @@ def check_schedule_settings(
     """Validate the settings that do not depend on the run length or the optimizer. Raises ValueError."""
     get_decay_shape(lr_decay)
     if not _is_number(warmup_start_factor) or not 0.0 <= warmup_start_factor <= 1.0:
-        raise ValueError(f"warmup_start_factor={warmup_start_factor!r} is not allowed; it must be in [0, 1]")
+        raise ValueError(f"warmup_start_factor: got {warmup_start_factor!r}; must be in [0, 1]")
     if min_lr is not None and min_lr_ratio is not None:
         raise ValueError(
-            f"min_lr={min_lr!r} and min_lr_ratio={min_lr_ratio!r} were both given; set at most one "
+            f"min_lr: got {min_lr!r} with min_lr_ratio={min_lr_ratio!r}; set at most one "
             f"(min_lr is an absolute floor, min_lr_ratio a fraction of each param group's peak lr)"
         )
     if min_lr_ratio is not None and (not _is_number(min_lr_ratio) or not 0.0 <= min_lr_ratio <= 1.0):
-        raise ValueError(f"min_lr_ratio={min_lr_ratio!r} is not allowed; it must be in [0, 1] (a floor above the peak is not)")
+        raise ValueError(f"min_lr_ratio: got {min_lr_ratio!r}; must be in [0, 1] (a floor above the peak is not)")
     if min_lr is not None:
         values = list(min_lr) if isinstance(min_lr, (list, tuple)) else [min_lr]
         if not values or not all(_is_number(v) and v >= 0 for v in values):
-            raise ValueError(f"min_lr={min_lr!r} is not allowed; it must be a number >= 0 or one per param group")
+            raise ValueError(f"min_lr: got {min_lr!r}; must be a number >= 0 or one per param group")
     if decay_fraction is not None:
         if not _is_number(decay_fraction) or not 0.0 < decay_fraction <= 1.0:
-            raise ValueError(f"decay_fraction={decay_fraction!r} is not allowed; it must be in (0, 1]")
+            raise ValueError(f"decay_fraction: got {decay_fraction!r}; must be in (0, 1]")
         if lr_decay == "constant":
             raise ValueError(
-                f"decay_fraction={decay_fraction!r} was given with lr_decay='constant', which never decays; "
+                f"decay_fraction: got {decay_fraction!r} with lr_decay='constant', which never decays; "
                 f"choose a decaying shape ({', '.join(n for n in DECAY_SHAPES if n != 'constant')}) or drop decay_fraction"
             )
 
@@ -370,8 +370,8 @@ def build_lr_lambdas(
     decay_start = warmup_x if decay_fraction is None else total * (1.0 - decay_fraction)
     if decay_start < warmup_x - 1e-9 * total:
         raise ValueError(
-            f"decay_fraction={decay_fraction!r} starts the decay inside the warmup (warmup_steps={warmup_steps!r} of "
-            f"{num_training_steps} steps); allowed: decay_fraction <= {1.0 - warmup_x / total:g}"
+            f"decay_fraction: got {decay_fraction!r}, which starts the decay inside the warmup (warmup_steps="
+            f"{warmup_steps!r} of {num_training_steps} steps); must be <= {1.0 - warmup_x / total:g}"
         )
     decay_start = max(decay_start, warmup_x)
 

@@ -59,7 +59,9 @@ def _row_length(dataset, column: str) -> int:
 
 
 def _fail(name, value, allowed: str) -> None:
-    raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+    from ._validation import ConfigError
+
+    raise ConfigError(name, value, allowed)
 
 
 class SeqLenWiring:

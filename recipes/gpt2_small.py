@@ -22,7 +22,7 @@ from hf_fasttrain.cli import run_recipe  # imports nothing heavy: torch loads on
 
 
 def main(argv=None):
-    return run_recipe(sys.argv[1:] if argv is None else list(argv), prog="recipes/gpt2_small.py")
+    return run_recipe(sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":

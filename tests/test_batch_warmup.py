@@ -94,9 +94,9 @@ def test_bad_plan_settings(kw, match):
 
 
 def test_args_need_a_token_counted_run(tmp_path):
-    with pytest.raises(ValueError, match="batch_warmup_min_tokens=64.*schedule_unit='tokens'"):
+    with pytest.raises(ValueError, match="batch_warmup_min_tokens: got 64;.*schedule_unit='tokens'"):
         tiny_args(tmp_path, batch_warmup_min_tokens=64)
-    with pytest.raises(ValueError, match="batch_warmup_fraction=2"):
+    with pytest.raises(ValueError, match="batch_warmup_fraction: got 2;"):
         tiny_args(tmp_path, batch_warmup_min_tokens=64, batch_warmup_fraction=2, lr_decay="cosine",
                   schedule_unit="tokens", schedule_total_tokens=1000)
     with pytest.raises(ValueError, match="choose one batching option"):

@@ -475,6 +475,8 @@ CLI_COMMANDS = [
      "`python recipes/gpt2_small.py` and `accelerate launch recipes/gpt2_small.py` take the same flags; "
      "`--help --config <recipe>` shows that recipe's values, and `--help-all` lists every "
      "`TrainingArguments` field as well (about 200). Every option is described on [All options](options.md)."),
+    ("hf-fasttrain generate --help", ["generate", "--help"],
+     "Sample text from a run's model, offline (see *Before and after a run* above)."),
     ("hf-fasttrain restarts --help", ["restarts", "--help"],
      "Random restart from the command line ([Random restart](techniques/random-restart.md))."),
     ("hf-fasttrain tokenize --help", ["tokenize", "--help"],
@@ -489,8 +491,20 @@ CLI_COMMANDS = [
 CLI_INTRO = """# Command line
 
 `pip install -e .` installs the `hf-fasttrain` command; `python -m hf_fasttrain.cli` is the same.
-A configuration error prints one line, `error: <field>: <value> ...; <what is allowed>`, and exits with
+A configuration error prints one line, `error: <field>: <what is wrong>; <what is allowed>`, and exits with
 status 2 before any training (`--debug`, or `HF_FASTTRAIN_DEBUG=1`, shows the traceback).
+
+## Before and after a run
+
+`hf-fasttrain train --config gpt2_tiny --max_steps 100 --dry_run` prints the options the run would train with
+as YAML (the `config.yaml` it would save), each followed by where its value came from: `default`, `recipe`,
+`flag`, `budget_aware` (what `--budget_aware true` picks for the run's length) or `derived` (set from other
+options, such as the precision). It validates as a run does, writes nothing and exits 0.
+
+`hf-fasttrain generate --model runs/gpt2_tiny --prompt "def " --max_new_tokens 40` samples from a run's
+final model, offline; `--model runs/gpt2_tiny/checkpoint-150` samples from a checkpoint. With weight averaging
+the final model is the average; a checkpoint gives the average saved with it (`--weights iterate`: its own
+weights). The same `--seed` gives the same text; `--temperature 0` is greedy.
 
 This page is the commands' own output (`python tests/test_docs.py --write-cli`), and
 `tests/test_docs.py` fails when it is out of date.

@@ -65,6 +65,8 @@ LAYERS = {
     "trainer": TOP,
     "run": TOP,
     "cli": TOP,
+    "_dry_run": TOP,  # --dry_run: resolves the options as a run does
+    "_generate": TOP,  # hf-fasttrain generate: samples from a run's model
     "": TOP,  # hf_fasttrain/__init__.py
 }
 

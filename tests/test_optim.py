@@ -736,7 +736,7 @@ def test_tiny_gpt2_loss_falls(name):
 
 
 def test_unknown_optimizer_name_lists_known_ones():
-    with pytest.raises(ValueError, match=r"one of \['adamw', 'ademamix', 'lion', 'muon', 'soap'\], got 'lino'.*'lion'"):
+    with pytest.raises(ValueError, match=r"^optimizer: got 'lino'; allowed: adamw, lion, ademamix, soap, muon \(did you mean 'lion'\?\)$"):
         create_optimizer("lino", _tiny_gpt2())
     with pytest.raises(ValueError, match="got 'sgd'"):
         optimizer_cls_and_kwargs_for("sgd")
@@ -849,7 +849,7 @@ def test_trainer_optimizer_kwargs_from_args():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"optimizer": "lino"}, r"optimizer must be one of .* got 'lino'. Did you mean 'lion'\?"),
+        ({"optimizer": "lino"}, r"optimizer: got 'lino'; allowed: adamw, lion, ademamix, soap, muon \(did you mean 'lion'\?\)"),
         ({"optimizer_kwargs": {"lr": 1e-3}}, r"optimizer_kwargs: got \{'lr': 0.001\}; only allowed together with `optimizer`"),
         ({"optimizer": "lion", "optim": "adafactor"}, r"optim: got 'adafactor'; set either `optim` or `optimizer`"),
         ({"optimizer": "lion", "optim_args": "foo=1"}, r"optim_args: got 'foo=1'; applies to `optim` only"),

@@ -77,7 +77,7 @@ def test_help_cuts_at_word_boundaries_and_never_inside_a_value_list():
         kept = cut.removesuffix("...")
         assert text.startswith(kept) and text[len(kept)] in " ,;:'("  # ends where a word ends
         assert kept.count("'") % 2 == 0  # no value shown half
-    for line in render_help("p", "d").splitlines():
+    for line in render_help("d").splitlines():
         if line.endswith("...") or "... [" in line:
             word = line.split("...")[0].split()[-1]
             assert not word.startswith("'") or word.endswith("'") or word.endswith("',"), line
@@ -186,7 +186,7 @@ def test_help_all_is_grouped_as_help_is_and_lists_every_flag(capsys):
     assert main(["train", "--help-all"]) == 0
     full = capsys.readouterr().out
     lines = full.splitlines()
-    assert lines[0] == "usage: hf-fasttrain train [--config RECIPE] [--<option> VALUE ...]" and not lines[1].strip()
+    assert lines[0] == "usage: hf-fasttrain train [--config RECIPE] [--<option> VALUE ...]" and not lines[2].strip()
     heads = [line for line in lines if line and not line.startswith(" ") and line.endswith(":")]
     short_heads = [line for line in short.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
     firsts = [h for h in heads if h in short_heads]
@@ -197,7 +197,7 @@ def test_help_all_is_grouped_as_help_is_and_lists_every_flag(capsys):
     names = {n for n in names if not (n.startswith("--no_") and "--" + n[5:] in names)}  # bools' --no_<name>
     missing = sorted(names - rows)
     assert not missing, missing[:20]
-    assert len(lines) < 800 and max(len(line) for line in lines) <= 110
+    assert len(lines) < 1000 and max(len(line) for line in lines) <= 110
 
 
 def test_the_recipe_final_evaluate_has_no_bar_of_its_own():

@@ -599,26 +599,26 @@ def test_summary_files_json_markdown_and_png(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, field",
     [
-        ({"num_seeds": 0}, "num_seeds=0"),
-        ({"num_seeds": -2}, "num_seeds=-2"),
-        ({"num_seeds": 2.0}, "num_seeds=2.0"),
-        ({"explore_fraction": 0.0}, "explore_fraction=0.0"),
-        ({"explore_fraction": 1.5}, "explore_fraction=1.5"),
-        ({"explore_fraction": -0.1}, "explore_fraction=-0.1"),
-        ({"explore_fraction": NAN}, "explore_fraction=nan"),
-        ({"direction": "minimize"}, "direction='minimize'"),
-        ({"direction": "up"}, "direction='up'"),
-        ({"metric": ""}, "metric=''"),
-        ({"rungs": 0}, "rungs=0"),
-        ({"keep_fraction": 1.0}, "keep_fraction=1.0"),
-        ({"keep_fraction": 0}, "keep_fraction=0"),
-        ({"divergence_threshold": math.inf}, "divergence_threshold=inf"),
-        ({"vary": "neither"}, "vary='neither'"),
-        ({"parallel": True}, "parallel=True"),
-        ({"parallel": "per_node"}, "parallel='per_node'"),
-        ({"max_replacements": -1}, "max_replacements=-1"),
-        ({"seed": -1}, "seed=-1"),
-        ({"devices": []}, "devices=[]"),
+        ({"num_seeds": 0}, "num_seeds: got 0;"),
+        ({"num_seeds": -2}, "num_seeds: got -2;"),
+        ({"num_seeds": 2.0}, "num_seeds: got 2.0;"),
+        ({"explore_fraction": 0.0}, "explore_fraction: got 0.0;"),
+        ({"explore_fraction": 1.5}, "explore_fraction: got 1.5;"),
+        ({"explore_fraction": -0.1}, "explore_fraction: got -0.1;"),
+        ({"explore_fraction": NAN}, "explore_fraction: got nan;"),
+        ({"direction": "minimize"}, "direction: got 'minimize';"),
+        ({"direction": "up"}, "direction: got 'up';"),
+        ({"metric": ""}, "metric: got '';"),
+        ({"rungs": 0}, "rungs: got 0;"),
+        ({"keep_fraction": 1.0}, "keep_fraction: got 1.0;"),
+        ({"keep_fraction": 0}, "keep_fraction: got 0;"),
+        ({"divergence_threshold": math.inf}, "divergence_threshold: got inf;"),
+        ({"vary": "neither"}, "vary: got 'neither';"),
+        ({"parallel": True}, "parallel: got True;"),
+        ({"parallel": "per_node"}, "parallel: got 'per_node';"),
+        ({"max_replacements": -1}, "max_replacements: got -1;"),
+        ({"seed": -1}, "seed: got -1;"),
+        ({"devices": []}, "devices: got [];"),
     ],
 )
 def test_invalid_config_fails_naming_the_field(kwargs, field):
@@ -628,7 +628,7 @@ def test_invalid_config_fails_naming_the_field(kwargs, field):
 
 def test_invalid_settings_fail_before_any_trial_starts(tmp_path, monkeypatch):
     runner = StubRunner(hyperbolic(SH_COEFFS), 40)
-    msg = r"RestartConfig.metric='eval_accuracy' is invalid: this runner reports \['eval_loss'\]"
+    msg = r"RestartConfig.metric: got 'eval_accuracy'; allowed: eval_loss \(what this runner reports\)"
     with pytest.raises(ValueError, match=msg):
         _search(RestartConfig(metric="accuracy"), runner, tmp_path / "a", 40)
     with pytest.raises(ValueError, match=r"rung steps \[1, 1, 2, 4\]"):
@@ -636,7 +636,7 @@ def test_invalid_settings_fail_before_any_trial_starts(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"max_steps=0"):
         _search(RestartConfig(), runner, tmp_path / "c", 0)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    with pytest.raises(ValueError, match=r"parallel='per_gpu' is invalid here: no GPU is visible"):
+    with pytest.raises(ValueError, match=r"parallel: got 'per_gpu', but no GPU is visible"):
         _search(RestartConfig(parallel="per_gpu"), runner, tmp_path / "d", 40)
     assert runner.calls == []
     assert not any((tmp_path / d).exists() for d in "abcd")
@@ -862,14 +862,14 @@ def test_max_concurrent_bounds_the_stages_in_flight(tmp_path, max_concurrent, pe
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(backend="slurm"), "backend='slurm' is invalid: it must be one of ['local', 'ray']"),
-        (dict(backend="ray", ray_address="somewhere"), "ray_address='somewhere' is invalid"),
-        (dict(backend="ray", trial_resources={"num_gpus": -1}), "trial_resources={'num_gpus': -1} is invalid"),
-        (dict(backend="ray", trial_resources="{not json"), "trial_resources='{not json' is invalid"),
-        (dict(backend="ray", max_concurrent=0), "max_concurrent=0 is invalid"),
-        (dict(max_concurrent=2), "max_concurrent=2 is invalid: it must be None with backend='local'"),
-        (dict(ray_address="auto"), "ray_address='auto' is invalid: it must be None with backend='local'"),
-        (dict(backend="ray", parallel="per_gpu"), "parallel='per_gpu' is invalid: it must be False with backend='ray'"),
+        (dict(backend="slurm"), "backend: got 'slurm'; must be one of ['local', 'ray']"),
+        (dict(backend="ray", ray_address="somewhere"), "ray_address: got 'somewhere';"),
+        (dict(backend="ray", trial_resources={"num_gpus": -1}), "trial_resources: got {'num_gpus': -1};"),
+        (dict(backend="ray", trial_resources="{not json"), "trial_resources: got '{not json';"),
+        (dict(backend="ray", max_concurrent=0), "max_concurrent: got 0;"),
+        (dict(max_concurrent=2), "max_concurrent: got 2; must be None with backend='local'"),
+        (dict(ray_address="auto"), "ray_address: got 'auto'; must be None with backend='local'"),
+        (dict(backend="ray", parallel="per_gpu"), "parallel: got 'per_gpu'; must be False with backend='ray'"),
     ],
 )
 def test_backend_settings_fail_naming_the_field(kwargs, message):
@@ -954,8 +954,8 @@ def test_cli_restarts_refuses_bad_backend_settings_and_a_missing_ray_in_one_line
         "error: restart_max_concurrent: got 0; must be an integer >= 1 or null"]
     assert cli_main(base + ["--max-concurrent", "2"]) == 2  # a Ray setting without the Ray backend
     err = capsys.readouterr().err.strip()
-    assert err == ("error: restart_max_concurrent=2 is invalid: it must be None with backend='local' (it is a "
-                   "setting of backend='ray').")
+    assert err == ("error: restart_max_concurrent: got 2; must be None with backend='local' (it is a "
+                   "setting of backend='ray')")
     real_import = builtins.__import__
 
     def no_ray(name, *args, **kwargs):

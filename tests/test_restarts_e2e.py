@@ -180,17 +180,17 @@ def test_cli_restarts_subcommand_and_invalid_settings(tmp_path, capsys):
     assert "**chosen**" in capsys.readouterr().out
     # bad settings fail naming the field, before any trial (nothing is written)
     for flags, msg in [
-        (["--restart_num_seeds", "0"], "restart_num_seeds=0 is invalid"),
-        (["--restart_explore_fraction", "1.5"], "restart_explore_fraction=1.5 is invalid"),
-        (["--restart_direction", "up"], "restart_direction='up' is invalid"),
+        (["--restart_num_seeds", "0"], "restart_num_seeds: got 0;"),
+        (["--restart_explore_fraction", "1.5"], "restart_explore_fraction: got 1.5;"),
+        (["--restart_direction", "up"], "restart_direction: got 'up';"),
     ]:
         with pytest.raises(ValueError, match=msg):
             _args(tmp_path / "bad", *flags)
     m, d, t = _args(tmp_path / "bad", "--restart_metric", "bleu")
-    with pytest.raises(ValueError, match=r"metric='eval_bleu' is invalid: this runner reports"):
+    with pytest.raises(ValueError, match=r"metric: got 'eval_bleu'; allowed: .* \(what this runner reports\)"):
         train_with_restarts(m, d, t)
     m, d, t = _args(tmp_path / "bad", "--max_steps", "-1", "--num_train_epochs", "1", "--seq_len_warmup_min", "null")
-    with pytest.raises(ValueError, match=r"max_steps=-1 is invalid for random restart"):
+    with pytest.raises(ValueError, match=r"max_steps: got -1, which random restart cannot split"):
         train_with_restarts(m, d, t)
     assert not (tmp_path / "bad").exists()
 

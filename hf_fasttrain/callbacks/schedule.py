@@ -77,7 +77,7 @@ class LRScheduleCallback(TrainerCallback):
     ):
         check_schedule_settings(lr_decay, warmup_start_factor, min_lr, min_lr_ratio, decay_fraction)
         if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, (int, float)) or warmup_steps < 0):
-            raise ValueError(f"warmup_steps={warmup_steps!r} is not allowed; use an integer >= 0 or a fraction in (0, 1)")
+            raise ValueError(f"warmup_steps: got {warmup_steps!r}; must be an integer >= 0 or a fraction in (0, 1)")
         self.settings = dict(
             lr_decay=lr_decay,
             warmup_start_factor=warmup_start_factor,

@@ -22,7 +22,9 @@ PACKING_MODES = ("none", "flatten", "rows")
 
 
 def _fail(name: str, value: Any, allowed: str) -> None:
-    raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+    from .._validation import ConfigError
+
+    raise ConfigError(name, value, allowed)
 
 
 def _is_int(v: Any) -> bool:
@@ -95,12 +97,25 @@ def planned_optimizer_steps(args, row_length: Optional[int]) -> Optional[int]:
 
 def check_seqlen_args(args) -> None:
     """Validate the sequence-length fields of FastTrainingArguments (called from ``__post_init__``)."""
+    # names and shares are checked whether or not their technique is on: a typo is refused now, not on the day
+    # the technique is switched on
+    for prefix in ("curriculum", "seq_len_warmup"):
+        if getattr(args, f"{prefix}_pacing") not in PACINGS:
+            _fail(f"{prefix}_pacing", getattr(args, f"{prefix}_pacing"), f"allowed: {', '.join(PACINGS)}")
+        fraction = getattr(args, f"{prefix}_fraction")
+        if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0.0 <= fraction <= 1.0):
+            _fail(f"{prefix}_fraction", fraction, "must be in [0, 1] (the share of max_steps over which lengths grow)")
+    if args.seq_len_warmup_mode not in SEQ_LEN_MODES:
+        _fail("seq_len_warmup_mode", args.seq_len_warmup_mode, f"allowed: {', '.join(SEQ_LEN_MODES)}")
+    fraction = getattr(args, "batch_warmup_fraction", 0.2)
+    if not (isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0.0 <= fraction <= 1.0):
+        _fail("batch_warmup_fraction", fraction, "must be in [0, 1] (the share of max_steps over which the batch grows)")
     if not isinstance(args.length_grouping, bool):
         _fail("length_grouping", args.length_grouping, "must be true or false")
     if args.max_tokens_per_batch is not None and not (_is_int(args.max_tokens_per_batch) and args.max_tokens_per_batch >= 1):
         _fail("max_tokens_per_batch", args.max_tokens_per_batch, "must be a positive integer or null")
     if args.packing not in PACKING_MODES:
-        _fail("packing", args.packing, f"allowed: {list(PACKING_MODES)}")
+        _fail("packing", args.packing, f"allowed: {', '.join(PACKING_MODES)}")
     if args.packing == "flatten" and args.max_tokens_per_batch is None:
         _fail("max_tokens_per_batch", None, "packing='flatten' needs it: the tokens of each packed row")
     if args.packing == "rows":
@@ -132,7 +147,7 @@ def check_seqlen_args(args) -> None:
         if not (_is_int(args.seq_len_warmup_multiple) and args.seq_len_warmup_multiple >= 1):
             _fail("seq_len_warmup_multiple", args.seq_len_warmup_multiple, "must be a positive integer")
         if args.seq_len_warmup_mode not in SEQ_LEN_MODES:
-            _fail("seq_len_warmup_mode", args.seq_len_warmup_mode, f"allowed: {list(SEQ_LEN_MODES)}")
+            _fail("seq_len_warmup_mode", args.seq_len_warmup_mode, f"allowed: {', '.join(SEQ_LEN_MODES)}")
         if args.packing != "none":
             _fail("packing", args.packing, "sequence-length warmup is for fixed-length rows; use packing='none'")
         _check_schedule(args, "seq_len_warmup")
@@ -166,7 +181,7 @@ def _check_schedule(args, prefix: str) -> None:
     if not (isinstance(fraction, (int, float)) and 0.0 <= fraction <= 1.0):
         _fail(f"{prefix}_fraction", fraction, "must be in [0, 1] (the share of max_steps over which lengths grow)")
     if pacing not in PACINGS:
-        _fail(f"{prefix}_pacing", pacing, f"allowed: {list(PACINGS)}")
+        _fail(f"{prefix}_pacing", pacing, f"allowed: {', '.join(PACINGS)}")
     if not (_is_int(stages) and stages >= 1):
         _fail(f"{prefix}_stages", stages, "must be a positive integer")
     if args.max_steps <= 0:

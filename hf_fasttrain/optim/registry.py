@@ -290,8 +290,8 @@ def get_optimizer_factory(name: str) -> Callable[..., torch.optim.Optimizer]:
     """`OPTIMIZERS[name]`, or a ValueError that lists the known names."""
     if not isinstance(name, str) or name not in OPTIMIZERS:
         close = difflib.get_close_matches(str(name).lower(), OPTIMIZERS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {name!r}.{hint}")
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"optimizer: got {name!r}; allowed: {', '.join(OPTIMIZERS)}{hint}")
     return OPTIMIZERS[name]
 
 

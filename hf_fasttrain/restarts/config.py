@@ -85,7 +85,7 @@ class RestartConfig:
         >>> RestartConfig(num_seeds=0)
         Traceback (most recent call last):
         ...
-        ValueError: RestartConfig.num_seeds=0 is invalid: it must be an integer >= 1.
+        ValueError: RestartConfig.num_seeds: got 0; must be an integer >= 1
         ```
     """
 
@@ -110,7 +110,7 @@ class RestartConfig:
 
     def __post_init__(self):
         def bad(name, allowed):
-            return ValueError(f"RestartConfig.{name}={getattr(self, name)!r} is invalid: it must be {allowed}.")
+            return ValueError(f"RestartConfig.{name}: got {getattr(self, name)!r}; must be {allowed}")
 
         if isinstance(self.num_seeds, bool) or not isinstance(self.num_seeds, int) or self.num_seeds < 1:
             raise bad("num_seeds", "an integer >= 1")
@@ -250,6 +250,6 @@ def restart_config_from_args(training_args, **overrides) -> RestartConfig:
     except ValueError as e:
         msg = str(e)
         for arg, cfg in ARG_FIELDS.items():
-            msg = msg.replace(f"RestartConfig.{cfg}=", f"{arg}=")
+            msg = msg.replace(f"RestartConfig.{cfg}:", f"{arg}:")
         raise ValueError(msg.replace("RestartConfig.", "")) from None
 

@@ -194,15 +194,15 @@ class RestartOrchestrator:
             names = sorted(available())
             if config.metric not in names:
                 raise ValueError(
-                    f"RestartConfig.metric={config.metric!r} is invalid: this runner reports {names}."
+                    f"RestartConfig.metric: got {config.metric!r}; allowed: {', '.join(names)} (what this runner reports)"
                 )
         self.devices: List[str] = []
         if config.parallel == "per_gpu":
             self.devices = list(config.devices) if config.devices is not None else _visible_gpus()
             if not self.devices:
                 raise ValueError(
-                    "RestartConfig.parallel='per_gpu' is invalid here: no GPU is visible; "
-                    "use parallel=False or give devices."
+                    "RestartConfig.parallel: got 'per_gpu', but no GPU is visible; "
+                    "use parallel=False or give devices"
                 )
         self.state_path = os.path.join(self.output_dir, STATE_FILE)
         self._lock = threading.RLock()

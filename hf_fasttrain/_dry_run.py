@@ -1,0 +1,192 @@
+"""``--dry_run``: the options a run would train with, and where each value came from, without the run.
+
+The recipe is resolved as a run resolves it (``--config`` as a path, a bundled name or ``hf://``, then the
+flags), validated by the same dataclasses, and ``budget_aware`` is applied with the run's own rule (its length in
+tokens per non-embedding parameter, the model counted on the meta device: no weights are allocated). The result is
+printed as YAML, the mapping a run saves as ``config.yaml``, each option followed by a comment naming its source:
+
+    learning_rate: 0.016  # recipe
+    max_steps: 20  # flag
+    lr_decay: cosine  # budget_aware
+
+Nothing is written: no output_dir, no tokenizer, no data is read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+__all__ = ["SOURCES", "dry_run", "option_sources", "render"]
+
+#: where a value came from
+SOURCES = ("default", "recipe", "flag", "budget_aware", "derived")
+
+
+def _given_flags(argv: Sequence[str]) -> set[str]:
+    """The options set by a flag (``--no_<field>`` counts for ``<field>``)."""
+    from ._options import _flag_names, load_schema, split_flags
+
+    schema = load_schema()
+    if schema is None:  # no fast path: the flags as written
+        return {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
+    names = _flag_names(schema)
+    return {names.get(f, f) for f, _ in split_flags(argv, schema, extra=("config", "dry_run", "debug"))}
+
+
+def _recipe_keys(source: Optional[str]) -> set[str]:
+    """The options a recipe sets (its sections' keys included)."""
+    if not source:
+        return set()
+    from .recipes import load_recipe
+
+    keys: set[str] = set()
+    for key, value in load_recipe(source).items():
+        if key in ("model", "data", "peft") and isinstance(value, dict):
+            keys.update(value)
+        else:
+            keys.add(key)
+    return keys
+
+
+def _budget_tokens(model_args, data_args, training_args) -> tuple[int, int]:
+    """(tokens of the run, non-embedding parameters of its model), as ``budget_aware`` counts them when the run
+    starts: max_steps x global batch x row length (the data's block_size), or schedule_total_tokens."""
+    import torch
+
+    from .budget import non_embedding_parameters
+
+    args = training_args
+    tokens = args.schedule_total_tokens
+    if not tokens:
+        from ._validation import ConfigError
+
+        if args.max_steps <= 0:
+            raise ConfigError("budget_aware", True, allowed="needs the run's tokens: max_steps, or "
+                              "schedule_unit='tokens' with schedule_total_tokens")
+        tokens = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps \
+            * max(args.world_size, 1) * data_args.block_size
+    with torch.device("meta"):  # shapes only: no memory for the weights, nothing initialised
+        if model_args.model_name_or_path:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            config = AutoConfig.from_pretrained(model_args.model_name_or_path,
+                                                trust_remote_code=model_args.trust_remote_code)
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_args.trust_remote_code)
+        else:
+            from .modeling import build_model
+
+            model = build_model(model_args, _Vocabulary(data_args.vocab_size), data_args.block_size)
+    return tokens, non_embedding_parameters(model)
+
+
+class _Vocabulary:
+    """What building a decoder from scratch reads of a tokenizer: its length and special ids (the non-embedding
+    parameters, all that budget_aware counts, do not depend on them)."""
+
+    bos_token_id = eos_token_id = 0
+    pad_token_id = None
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def apply_budget(model_args, data_args, training_args) -> list[str]:
+    """Apply ``budget_aware``'s settings to ``training_args`` as a run does; returns the fields set."""
+    from .budget import budget_settings, merge_optimizer_kwargs, tokens_per_parameter
+    from .optim import parse_optimizer_kwargs
+
+    tokens, params = _budget_tokens(model_args, data_args, training_args)
+    chosen = budget_settings(tokens_per_parameter(tokens, params), training_args.optimizer or "adamw")
+    for name, value in chosen["settings"].items():
+        if name == "optimizer_kwargs":  # the optimizer's own options: into the given ones, by name
+            given = parse_optimizer_kwargs(training_args.optimizer, training_args.optimizer_kwargs)
+            value, _ = merge_optimizer_kwargs(given, value)
+        setattr(training_args, name, value)
+    training_args._check_lr_schedule()  # the chosen schedule must fit this run (warmup, cooldown)
+    return list(chosen["settings"])
+
+
+def _field_defaults() -> dict[str, Any]:
+    """Option -> its dataclass default, as the saved config writes values."""
+    import dataclasses
+
+    from .args import DataArguments, FastTrainingArguments, ModelArguments
+    from .runinfo import _plain
+
+    out = {}
+    for cls in (ModelArguments, DataArguments, FastTrainingArguments):
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                continue
+            out[f.name] = _plain(getattr(value, "value", value))
+    return out
+
+
+def option_sources(config: Mapping[str, Any], argv: Sequence[str], budget: Sequence[str] = ()) -> dict[str, str]:
+    """Option -> where its value came from: ``flag``, ``budget_aware``, ``recipe``, ``default``, or ``derived``
+    (not given, and set from other options when the arguments were built: ``precision`` sets bf16, a size key
+    its other spelling, a recipe's name the output_dir).
+
+    A budget_aware setting wins over the flag or recipe value it replaced (the run trains with the measured one).
+    """
+    from ._model_data_args import SIZE_ALIASES
+    from ._options import config_source
+
+    flags, recipe = _given_flags(argv), _recipe_keys(config_source(argv))
+    for short, long in SIZE_ALIASES.items():  # n_layer and num_hidden_layers are one option
+        for given in (flags, recipe):
+            if short in given or long in given:
+                given.update((short, long))
+    defaults = _field_defaults()
+    out = {}
+    for section, values in config.items():
+        names = values if isinstance(values, dict) and section in ("model", "peft", "data") else {section: values}
+        for name, value in names.items():
+            if name in budget:
+                out[name] = "budget_aware"
+            elif name in flags:
+                out[name] = "flag"
+            elif name in recipe:
+                out[name] = "recipe"
+            else:
+                out[name] = "default" if name not in defaults or defaults[name] == value else "derived"
+    return out
+
+
+def render(config: Mapping[str, Any], sources: Mapping[str, str]) -> str:
+    """``config`` as YAML, each option followed by ``# <source>``: ``yaml.safe_load`` of the text is ``config``."""
+    import yaml
+
+    def dump(key: str, value: Any, indent: str) -> list[str]:
+        text = yaml.safe_dump({key: value}, default_flow_style=True, sort_keys=False, width=1 << 20)
+        text = text.strip()[1:-1]  # '{key: value}' -> 'key: value', one line whatever the value
+        return [f"{indent}{text}  # {sources.get(key, 'default')}"]
+
+    lines = ["# the resolved options; after each, where its value came from: "
+             "default, recipe, flag, budget_aware or derived (set from other options)"]
+    for key, value in config.items():
+        if isinstance(value, dict) and key in ("model", "peft", "data"):
+            lines.append(f"{key}:")
+            for k, v in value.items():
+                lines += dump(k, v, "  ")
+        else:
+            lines += dump(key, value, "")
+    return "\n".join(lines) + "\n"
+
+
+def dry_run(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Resolve and validate the options of ``argv`` (without ``--dry_run``) as a run would; returns the config a
+    run saves (``config.yaml``) and each option's source. Writes nothing."""
+    from .recipes import parse_config, resolved_config
+
+    model_args, data_args, training_args = parse_config(list(argv))
+    budget = apply_budget(model_args, data_args, training_args) if training_args.budget_aware else []
+    config = resolved_config(model_args, data_args, training_args)
+    return config, option_sources(config, argv, budget)

@@ -1,0 +1,76 @@
+"""--dry_run: the resolved options as YAML with each value's source, and nothing written."""
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+
+def _tree(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*")) if path.exists() else []
+
+
+@pytest.mark.parametrize("entry", ["recipe script", "hf-fasttrain train"])
+def test_dry_run_prints_the_resolved_config_with_sources_and_writes_nothing(entry, tmp_path, capsys, monkeypatch):
+    from hf_fasttrain.cli import main, run_recipe
+    from hf_fasttrain.recipes import parse_config, resolved_config
+
+    monkeypatch.chdir(tmp_path)
+    cache = Path(os.environ["HF_FASTTRAIN_CACHE"])
+    cache_before = _tree(cache)
+    out = tmp_path / "run"
+    argv = ["--config", "gpt2_tiny", "--max_steps", "30", "--output_dir", str(out), "--n_embd", "64"]
+    if entry == "recipe script":
+        assert run_recipe(argv + ["--dry_run"]) == 0
+    else:
+        assert main(["train", "--dry_run", *argv]) == 0
+    text = capsys.readouterr().out
+    assert not out.exists() and _tree(tmp_path) == [] and _tree(cache) == cache_before  # nothing written
+    printed = yaml.safe_load(text)
+    assert printed == resolved_config(*parse_config(argv))  # the values are the resolved config's
+    assert printed["max_steps"] == 30 and printed["learning_rate"] == 0.016 and printed["model"]["n_embd"] == 64
+    source = {line.split(":")[0].strip(): line.rsplit("# ", 1)[1] for line in text.splitlines()
+              if "  # " in line}
+    assert source["max_steps"] == "flag" and source["output_dir"] == "flag" and source["n_embd"] == "flag"
+    assert source["hidden_size"] == "flag"  # n_embd's other spelling
+    assert source["learning_rate"] == "recipe" and source["optimizer"] == "recipe" and source["n_layer"] == "recipe"
+    assert source["adam_beta1"] == "default" and source["adam_beta2"] == "recipe"
+    assert source["weight_averaging"] == "recipe" and source["dataset"] == "default"
+    assert source["dataloader_pin_memory"] == "derived"  # set on CPU when the arguments are built
+    assert set(source.values()) <= {"default", "recipe", "flag", "budget_aware", "derived"}
+
+
+def test_dry_run_applies_budget_aware_as_the_trainer_does(tmp_path, capsys, tiny_lm, tiny_tokenizer):
+    """budget_aware's settings in a dry run are the ones FastTrainer applies to the same run, and labelled so."""
+    from hf_fasttrain import FastTrainer
+    from hf_fasttrain.cli import run_recipe
+    from hf_fasttrain.modeling import build_model
+    from hf_fasttrain.recipes import parse_config
+
+    argv = ["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "run"), "--budget_aware", "true",
+            "--optimizer", "adamw", "--learning_rate", "2e-3", "--weight_decay", "0.5", "--max_steps", "40",
+            "--block_size", "32"]
+    assert run_recipe(argv + ["--dry_run"]) == 0
+    text = capsys.readouterr().out
+    printed = yaml.safe_load(text)
+    source = {line.split(":")[0].strip(): line.rsplit("# ", 1)[1] for line in text.splitlines() if "  # " in line}
+
+    model_args, data_args, args = parse_config(argv)
+    model = build_model(model_args, tiny_tokenizer, data_args.block_size)
+    trainer = FastTrainer(model=model, args=args, train_dataset=tiny_lm["train"], eval_dataset=tiny_lm["validation"],
+                          processing_class=tiny_tokenizer)
+    applied = trainer.budget["settings"]
+    assert set(applied) == {k for k, v in source.items() if v == "budget_aware"}
+    for name in applied:
+        assert printed[name] == getattr(trainer.args, name), name
+    assert printed["weight_decay"] != 0.5 and source["learning_rate"] == "flag"  # replaced; the lr stays the user's
+
+
+def test_dry_run_refuses_as_a_run_does(tmp_path, capsys):
+    from hf_fasttrain.cli import run_recipe
+
+    assert run_recipe(["--config", "gpt2_tiny", "--min_lr_ratio", "2", "--output_dir", str(tmp_path / "r"),
+                       "--dry_run"]) == 2
+    assert capsys.readouterr().err == "error: min_lr_ratio: got 2.0; must be in [0, 1] or null\n"
+    assert not (tmp_path / "r").exists()
