@@ -713,7 +713,7 @@ def _same_cell(doc: str, result: str) -> bool:
     ("docs/index.md", "time_to_loss.md", "| arm | final eval loss (median) | train seconds to 4.513",
      {"hf-default", "hf-tuned", "hf-best", "fasttrain", "fasttrain-budget"}),
     # the earlier run with every optimizer arm (its fasttrain was Muon alone)
-    ("docs/benchmarks.md", "time_to_loss_all_arms.md", "| arm | final eval loss (median) | seconds to 4.716",
+    ("docs/benchmarks/time-to-loss.md", "time_to_loss_all_arms.md", "| arm | final eval loss (median) | seconds to 4.716",
      {"hf-tuned", "opt-muon", "opt-soap"}),
 ])
 def test_time_to_loss_tables_quote_the_results(page, results_file, header, arms):
@@ -1115,15 +1115,15 @@ FIGURES = [
      lambda: f'{_arm("ablation_to_hf_tuned_target", "base+lawa")["tokens_ratio_vs_reference"]:.3f}x'),
     ("docs/techniques/weight-averaging.md", r"\((\d) seeds each",
      lambda: str(min(_arm("ablation_to_hf_tuned_target", a)["seeds"] for a in ("base+ema", "base+lawa")))),
-    ("docs/benchmarks.md", r"\((\d\.\d\dx) the tokens alone",
+    ("docs/benchmarks/sequence-length.md", r"\((\d\.\d\dx) the tokens alone",
      lambda: _x(_arm("ablation_to_hf_tuned_target", "base+slw")["tokens_ratio_vs_reference"])),
-    ("docs/benchmarks.md", r"(\d\.\d\dx) with the EMA\)",
+    ("docs/benchmarks/sequence-length.md", r"(\d\.\d\dx) with the EMA\)",
      lambda: _x(_arm("ablation_to_hf_tuned_target", "base+ema+slw")["tokens_ratio_vs_reference"])),
     ("docs/techniques/sequence-length.md", r"an EMA: (\d\.\d\dx) the tokens",
      lambda: _x(_arm("ablation_to_hf_tuned_target", "base+ema+slw")["tokens_ratio_vs_reference"])),
-    ("docs/benchmarks.md", r"AdamW to (\d+\.\d+M) non-embedding parameters",
+    ("docs/benchmarks/time-to-loss.md", r"AdamW to (\d+\.\d+M) non-embedding parameters",
      lambda: f"{max(r['non_embedding_params'] for r in _result('scaling')['summary'].values()) / 1e6:.2f}M"),
-    ("docs/benchmarks.md", r"1\.33M, (\d+\.\d+M) non-embedding",
+    ("docs/benchmarks/scaling.md", r"1\.33M, (\d+\.\d+M) non-embedding",
      lambda: f"{max(r['non_embedding_params'] for r in _result('scaling')['summary'].values()) / 1e6:.2f}M"),
     ("docs/index.md", r"AdamW up to (\d+\.\d+M)",
      lambda: f"{max(r['non_embedding_params'] for r in _result('scaling')['summary'].values()) / 1e6:.2f}M"),
@@ -1159,51 +1159,47 @@ FIGURES += [
     # the setting fastest inside one run at 16x (2 or more seeds), beside the search's winner
     ("README.md", r"tie on the final loss, together: \*\*(\d\.\d\d)\*\*",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['16x']['fastest_one_run']['token_ratio']:.2f}"),
-    ("docs/benchmarks.md", r"four long-run settings together (\d\.\d\d) at 25",
-     lambda: f"{_result('budget_ladder')['versus_hf_best']['16x']['fastest_one_run']['token_ratio']:.2f}"),
     ("README.md", r"median of 3 seeds, complete runs: (\d\.\d\d);",
-     lambda: f"{_result('budget_ladder')['versus_hf_best']['16x']['fastest_one_run']['complete_run_ratio']:.2f}"),
-    ("docs/benchmarks.md", r"together 0\.\d\d at 25 \(complete runs (\d\.\d\d)\)",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['16x']['fastest_one_run']['complete_run_ratio']:.2f}"),
     # 64x is off the ladder: its ratios are the lr-swept recipe's against hf-best's
     ("README.md", r"\*\*(\d\.\d\d) at 99\*\*",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['long_horizon_token_ratio']:.2f}"),
     ("README.md", r"at 99\*\* \(complete runs: (\d\.\d\d);",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['recipe_complete_run_ratio']:.2f}"),
-    ("docs/benchmarks.md", r"by complete runs (\d\.\d\d\d) of the budget\*\* \(interpolated",
+    ("docs/benchmarks/64x.md", r"by complete runs (\d\.\d\d\d) of the budget\*\* \(interpolated",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['recipe_complete_run_ratio']:.3f}"),
-    ("docs/benchmarks.md", r"n/a \(not on the ladder\) \| \*\*(\d\.\d\d\d)\*\* \(the searched recipe's\)",
+    ("docs/benchmarks/hf-best.md", r"n/a \(not on the ladder\) \| \*\*(\d\.\d\d\d)\*\* \(the searched recipe's\)",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['recipe_complete_run_ratio']:.3f}"),
     # the 16x winner as complete runs at 32x, between the 16x and 64x runs the 64x figure interpolates over
-    ("docs/benchmarks.md", r"and at 32x, (\d\.\d{3}); the goal, at most 0\.35, is met",
+    ("docs/benchmarks/64x.md", r"and at 32x, (\d\.\d{3}); the goal, at most 0\.35, is met",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['complete_runs']['32']:.3f}"),
     # the 16x combination at 6x, 0.375 of the budget (its lr that ended lowest there)
-    ("docs/benchmarks.md", r"budget\) at (\d\.\d{3}) / \d\.\d{3} / \d\.\d{3} at a half",
+    ("docs/benchmarks/hf-best.md", r"budget\) at (\d\.\d{3}) / \d\.\d{3} / \d\.\d{3} at a half",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['16x']['fastest_one_run']['complete_runs']['6']:.3f}"),
     # the 16x combination at 64x (cautious weight decay: only the combination has it there)
-    ("docs/benchmarks.md", r"seed 0, Muon's iteration in fp32\), ended at (\d\.\d{3}) against",
+    ("docs/benchmarks/64x.md", r"seed 0, Muon's iteration in fp32\), ended at (\d\.\d{3}) against",
      lambda: "%.3f" % next(r["final_eval_loss"] for r in _result("hf_best")["runs"].values()
                            if r["rung"] == "64x" and r["config"].get("cautious_wd") and r["seed"] == 0)),
     # the larger model (3x192 at 25 tokens per parameter), each family at its best lr
     ("README.md", r"at its best lr, inside its sweep; 2 seeds\): \*\*(\d\.\d\d)\*\*",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['long_horizon_token_ratio']:.2f}"),
-    ("docs/benchmarks.md", r"recipe's best\s+reaches hf-best's final loss inside one run in\s+\*\*(\d\.\d\d\d)\*\*",
+    ("docs/benchmarks/larger-model.md", r"recipe's best\s+reaches hf-best's final loss inside one run in\s+\*\*(\d\.\d\d\d)\*\*",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['long_horizon_token_ratio']:.3f}"),
     # the larger model by complete runs: the recipe at a quarter and half its budget, and the ratio they give
     ("README.md", r"inside its sweep; 2 seeds\): \*\*\d\.\d\d\*\*\s+\(complete runs: (\d\.\d\d),",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['recipe_complete_run_ratio']:.2f}"),
-    ("docs/benchmarks.md", r"reaches hf-best's 2.501 at \*\*(\d\.\d\d\d)\*\* of the budget",
+    ("docs/benchmarks/larger-model.md", r"reaches hf-best's 2.501 at \*\*(\d\.\d\d\d)\*\* of the budget",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['recipe_complete_run_ratio']:.3f}"),
-    ("docs/benchmarks.md", r"Muon's iteration in fp32\), ended at (\d\.\d{3}) \(median of",
+    ("docs/benchmarks/larger-model.md", r"Muon's iteration in fp32\), ended at (\d\.\d{3}) \(median of",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['complete_runs']['13']:.3f}"),
-    ("docs/benchmarks.md", r"2\.547\) and \*\*(\d\.\d{3})\*\* \(seed 0\), the half-length run",
+    ("docs/benchmarks/larger-model.md", r"2\.547\) and \*\*(\d\.\d{3})\*\* \(seed 0\), the half-length run",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['complete_runs']['27']:.3f}"),
     # hf-best's own winner as a complete run at half the larger model's budget
-    ("docs/benchmarks.md", r"seed 0\) ended at\s+\*\*(\d\.\d{3})\*\* at twice its 54x lr",
+    ("docs/benchmarks/larger-model.md", r"seed 0\) ended at\s+\*\*(\d\.\d{3})\*\* at twice its 54x lr",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['hf_best_complete_runs']['27']:.3f}"),
     # the larger model memorises the repeated corpus: its final loss on training rows, at each family's best
-    ("docs/benchmarks.md", r"training rows as eval rows hf-best ends at (\d\.\d{3})", lambda: _train_rows_loss("hf-best")),
-    ("docs/benchmarks.md", r"best lr\) and the recipe at (\d\.\d{3})", lambda: _train_rows_loss("recipe")),
+    ("docs/benchmarks/larger-model.md", r"training rows as eval rows hf-best ends at (\d\.\d{3})", lambda: _train_rows_loss("hf-best")),
+    ("docs/benchmarks/larger-model.md", r"best lr\) and the recipe at (\d\.\d{3})", lambda: _train_rows_loss("recipe")),
     ("docs/index.md", r"the corpus read 12 times\) (\d\.\d\d)",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['long_horizon_token_ratio']:.2f}"),
 ]
@@ -1215,6 +1211,89 @@ def test_quoted_figures_match_the_results(page, pattern, expected):
     assert found, f"{page}: the figure /{pattern}/ is gone; update FIGURES in tests/test_docs.py with the page"
     for value in found:
         assert value.strip() == expected(), f"{page}: /{pattern}/ says {value!r}, benchmarks/results say {expected()!r}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The headline numbers in one style: "0.42x the tokens (2.4x fewer)", from the results JSON
+# ------------------------------------------------------------------------------------------------
+
+
+def _ratio(value: float, word: str, gain: str) -> str:
+    """A ratio in the docs' one number style: ``0.42x the tokens (2.4x fewer)``."""
+    return f"{value:.2f}x {word} ({1 / value:.1f}x {gain})"
+
+
+def _headline(arm: str) -> str:
+    row = _arm("time_to_loss", arm)
+    return (_ratio(row["time_ratio_vs_reference"], "the time", "faster") + " and "
+            + _ratio(row["tokens_ratio_vs_reference"], "the tokens", "fewer"))
+
+
+_TIME_AND_TOKENS = r"(\d\.\d\dx the time \(\d\.\dx faster\) and \d\.\d\dx the tokens \(\d\.\dx fewer\))"
+HEADLINES = [
+    (page, pattern, expected)
+    for page in ("README.md", "docs/index.md", "docs/benchmarks.md")
+    for pattern, expected in (
+        (r"reaches hf-best's final loss in " + _TIME_AND_TOKENS, lambda: _headline("fasttrain")),
+        (r"With `budget_aware` it takes " + _TIME_AND_TOKENS, lambda: _headline("fasttrain-budget")),
+    )
+]
+
+
+def _long_run(key: str) -> dict:
+    return _result("budget_ladder")["versus_hf_best"][key]
+
+
+def _one_run(key: str) -> str:
+    return _ratio(_long_run(key)["fastest_one_run"]["token_ratio"], "the tokens", "fewer")
+
+
+def _complete_runs(key: str) -> str:
+    row = _long_run(key)
+    ratio = row["fastest_one_run"].get("complete_run_ratio") or row["recipe_complete_run_ratio"]
+    return _ratio(ratio, "by complete runs", "fewer")
+
+
+LONG_RUN_ROWS = {"1x": "1x", "4x": "4x", "16x": "16x", "64x": "64x", "larger model, 3x192": "54x-3x192"}
+# the studies' rows of the summary table: (row's link, key in budget_ladder.json's versus_hf_best)
+STUDY_ROWS = {"[64x](benchmarks/64x.md)": "64x", "[Larger model](benchmarks/larger-model.md)": "54x-3x192",
+              "[hf-best](benchmarks/hf-best.md)": "16x"}
+
+
+@pytest.mark.parametrize("page, pattern, expected", HEADLINES, ids=[f"{p}:{r[:20]}" for p, r, _ in HEADLINES])
+def test_headline_in_the_one_number_style(page, pattern, expected):
+    """README, home and the benchmarks summary quote the headline as the results JSON says, in one style."""
+    found = re.findall(pattern, (ROOT / page).read_text(encoding="utf-8"))
+    assert found, f"{page}: the headline /{pattern}/ is gone; update HEADLINES in tests/test_docs.py with the page"
+    for value in found:
+        assert value == expected(), f"{page}: says {value!r}, benchmarks/results say {expected()!r}"
+
+
+def test_long_run_table_quotes_the_results():
+    """The benchmarks summary's long-run table: one row per budget, every cell from budget_ladder.json."""
+    rows = _table_rows((ROOT / "docs/benchmarks.md").read_text(encoding="utf-8"), "| budget | tokens per parameter |")
+    assert set(rows) == set(LONG_RUN_ROWS)
+    for name, key in LONG_RUN_ROWS.items():
+        row, tpp, hf_best, hf_best_plus, recipe, one_run, complete = _long_run(key), *rows[name]
+        assert float(tpp) == round(row.get("tokens_per_param") or _result("budget_ladder")["summary"][key]["tokens_per_param"], 1), name
+        assert hf_best == f"{row['target_eval_loss']:.3f}", name
+        assert hf_best_plus == "not measured yet" or re.fullmatch(r"\d\.\d{3}", hf_best_plus), name
+        assert recipe == f"{row['fastest_one_run']['eval_loss']:.3f}", name
+        assert one_run == _one_run(key).replace(" the tokens", ""), (name, one_run)
+        extrapolated = ", extrapolated" if row["recipe_complete_run_extrapolated"] else ""
+        assert complete == _complete_runs(key).replace(" by complete runs", "") + extrapolated, (name, complete)
+
+
+@pytest.mark.parametrize("link, key", STUDY_ROWS.items())
+def test_summary_rows_of_the_long_run_studies_quote_the_results(link, key):
+    """The summary table's rows for hf-best, 64x and the larger model say what the results JSON says."""
+    rows = _table_rows((ROOT / "docs/benchmarks.md").read_text(encoding="utf-8"), "| study | question |")
+    answer = rows[link][1]
+    if key == "16x":  # hf-best's row quotes the recipe's one-run ratio at 16x
+        assert f"needs {_long_run(key)['fastest_one_run']['token_ratio']:.2f}x its tokens" in answer, answer
+        return
+    assert _one_run(key).replace(" (", " in one run (") in answer, answer
+    assert _complete_runs(key) in answer, answer
 
 
 if __name__ == "__main__":
