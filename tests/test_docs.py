@@ -353,9 +353,9 @@ def _default(field: dataclasses.Field):
 # docs/options.md is generated from the dataclasses (names, defaults, help texts), grouped by the
 # `# --- Group ---` comments of FastTrainingArguments; `python tests/test_docs.py --write-options` rewrites it.
 CARDS = {
-    "Throughput logging": "getting-started.md#what-fasttrainer-logs",
+    "Throughput logging": "runs.md#what-fasttrainer-logs",
     "Precision": "techniques/precision-and-scale.md",
-    "Run management": "getting-started.md#the-two-one-line-commands",
+    "Run management": "runs.md",
     "LR schedule": "techniques/schedules.md",
     "Sequence length": "techniques/sequence-length.md",
     "Stability": "techniques/stability.md",
@@ -435,7 +435,7 @@ def render_options_page() -> str:
     parts.append("## Recipe `model:` section\n\n`ModelArguments`: the model to train, built from scratch or "
                  "loaded.\n\n" + header.format("model: key") + _option_rows(fields["model: key"].values()) + "\n")
     parts.append("## Recipe `data:` section\n\n`DataArguments`: which text, which tokenizer, how it is cut "
-                 "([the embedded default](getting-started.md#the-embedded-default-training-with-no-network)).\n\n"
+                 "([the embedded default](runs.md#the-embedded-default-training-with-no-network)).\n\n"
                  + header.format("data: key") + _option_rows(fields["data: key"].values()) + "\n")
     return "\n".join(parts)
 
@@ -1294,6 +1294,20 @@ def test_summary_rows_of_the_long_run_studies_quote_the_results(link, key):
         return
     assert _one_run(key).replace(" (", " in one run (") in answer, answer
     assert _complete_runs(key) in answer, answer
+
+
+@pytest.mark.slow  # a short training run, about 10 s on a quiet machine
+def test_the_switch_trainer_example_runs(tmp_path, monkeypatch):
+    """examples/switch_trainer.py, linked from README and the quickstart, runs offline and trains."""
+    import runpy
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    script = runpy.run_path(str(ROOT / "examples" / "switch_trainer.py"))
+    assert script["Trainer"].__module__.startswith("hf_fasttrain")  # the switched import line
+    losses = script["main"](output_dir=str(tmp_path / "run"), max_steps=4)
+    assert losses["after"] < losses["before"]
+    assert (tmp_path / "run" / "metrics.json").exists() and (tmp_path / "run" / "checkpoint-4").is_dir()
 
 
 if __name__ == "__main__":
