@@ -1103,12 +1103,6 @@ def _bundled_recipes() -> str:
 
 # (page, a regex whose group 1 is the figure as written, what the results say it must be)
 FIGURES = [
-    ("docs/index.md", r"in\s(\d\.\d\dx) its training time", lambda: _x(_arm("time_to_loss", "fasttrain")["time_ratio_vs_reference"])),
-    ("docs/index.md", r"\((\d\.\d\dx) with `budget_aware`",
-     lambda: _x(_arm("time_to_loss", "fasttrain-budget")["time_ratio_vs_reference"])),
-    ("docs/index.md", r"and (\d\.\d\dx) its tokens", lambda: _x(_arm("time_to_loss", "fasttrain")["tokens_ratio_vs_reference"])),
-    ("docs/index.md", r"median of (\d) seeds", lambda: str(_arm("time_to_loss", "fasttrain")["seeds"])),
-    ("docs/index.md", r"\(`hf-best`, (\d\.\d+):", lambda: f"{_result('time_to_loss')['summary']['target_eval_loss']:.3f}"),
     ("docs/techniques/weight-averaging.md", r"in (\d\.\d{3}x) the recipe's tokens",
      lambda: f'{_arm("ablation_to_hf_tuned_target", "base+ema")["tokens_ratio_vs_reference"]:.3f}x'),
     ("docs/techniques/weight-averaging.md", r"LAWA in (\d\.\d{3}x)",
@@ -1127,15 +1121,14 @@ FIGURES = [
      lambda: f"{max(r['non_embedding_params'] for r in _result('scaling')['summary'].values()) / 1e6:.2f}M"),
     ("docs/index.md", r"AdamW up to (\d+\.\d+M)",
      lambda: f"{max(r['non_embedding_params'] for r in _result('scaling')['summary'].values()) / 1e6:.2f}M"),
-    ("docs/index.md", r"final loss in (\d\.\d\d-\d\.\d\d)\s+of the tokens", lambda: "{:.2f}-{:.2f}".format(
+    ("docs/benchmarks.md", r"yes: (\d\.\d\dx-\d\.\d\dx) of tuned AdamW's tokens", lambda: "{:.2f}x-{:.2f}x".format(
+        *(f(r["optimizers"]["muon"]["token_ratio_vs_adamw"] for r in _result("scaling")["summary"].values())
+          for f in (min, max)))),
+    ("docs/index.md", r"final loss in (\d\.\d\dx-\d\.\d\dx) the tokens", lambda: "{:.2f}x-{:.2f}x".format(
         *(f(r["optimizers"]["muon"]["token_ratio_vs_adamw"] for r in _result("scaling")["summary"].values())
           for f in (min, max)))),
     ("docs/techniques/recipes-and-hub.md", r"hf-fasttrain recipes list\s+# ([\w, ]+)\n", _bundled_recipes),
 ]
-
-
-def _gain_against_hf_best_at_16x() -> str:
-    return f"{1 / _result('budget_ladder')['versus_hf_best']['16x']['recipe_token_ratio']:.1f}x"
 
 
 def _train_rows_loss(family: str, rung: str = "54x-3x192") -> str:
@@ -1148,24 +1141,9 @@ def _train_rows_loss(family: str, rung: str = "54x-3x192") -> str:
 
 
 FIGURES += [
-    # the home page's first-screen sentence
-    ("docs/index.md", r"gain in\s+tokens\s+shrinks to (\d\.\dx) against that baseline", _gain_against_hf_best_at_16x),
-    ("docs/index.md", r"\(([\d.]+M) non-embedding parameters\) on a 2-core",
+    ("docs/index.md", r"2 layers x 128 \(([\d.]+M) non-embedding parameters\)",
      lambda: f"{_result('budget_ladder')['summary']['1x']['non_embedding_params'] / 1e6:.1f}M"),
-    ("README.md", r"\*\*(\d\.\d\d) at 25\*\*",
-     lambda: f"{_result('budget_ladder')['versus_hf_best']['16x']['recipe_token_ratio']:.2f}"),
-    ("README.md", r"needs\s+(\d\.\d\d) of hf-best's tokens at 1\.5",
-     lambda: f"{_result('budget_ladder')['versus_hf_best']['1x']['recipe_token_ratio']:.2f}"),
-    # the setting fastest inside one run at 16x (2 or more seeds), beside the search's winner
-    ("README.md", r"tie on the final loss, together: \*\*(\d\.\d\d)\*\*",
-     lambda: f"{_result('budget_ladder')['versus_hf_best']['16x']['fastest_one_run']['token_ratio']:.2f}"),
-    ("README.md", r"median of 3 seeds, complete runs: (\d\.\d\d);",
-     lambda: f"{_result('budget_ladder')['versus_hf_best']['16x']['fastest_one_run']['complete_run_ratio']:.2f}"),
     # 64x is off the ladder: its ratios are the lr-swept recipe's against hf-best's
-    ("README.md", r"\*\*(\d\.\d\d) at 99\*\*",
-     lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['long_horizon_token_ratio']:.2f}"),
-    ("README.md", r"at 99\*\* \(complete runs: (\d\.\d\d);",
-     lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['recipe_complete_run_ratio']:.2f}"),
     ("docs/benchmarks/64x.md", r"by complete runs (\d\.\d\d\d) of the budget\*\* \(interpolated",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['recipe_complete_run_ratio']:.3f}"),
     ("docs/benchmarks/hf-best.md", r"n/a \(not on the ladder\) \| \*\*(\d\.\d\d\d)\*\* \(the searched recipe's\)",
@@ -1181,13 +1159,9 @@ FIGURES += [
      lambda: "%.3f" % next(r["final_eval_loss"] for r in _result("hf_best")["runs"].values()
                            if r["rung"] == "64x" and r["config"].get("cautious_wd") and r["seed"] == 0)),
     # the larger model (3x192 at 25 tokens per parameter), each family at its best lr
-    ("README.md", r"at its best lr, inside its sweep; 2 seeds\): \*\*(\d\.\d\d)\*\*",
-     lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['long_horizon_token_ratio']:.2f}"),
     ("docs/benchmarks/larger-model.md", r"recipe's best\s+reaches hf-best's final loss inside one run in\s+\*\*(\d\.\d\d\d)\*\*",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['long_horizon_token_ratio']:.3f}"),
     # the larger model by complete runs: the recipe at a quarter and half its budget, and the ratio they give
-    ("README.md", r"inside its sweep; 2 seeds\): \*\*\d\.\d\d\*\*\s+\(complete runs: (\d\.\d\d),",
-     lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['recipe_complete_run_ratio']:.2f}"),
     ("docs/benchmarks/larger-model.md", r"reaches hf-best's 2.501 at \*\*(\d\.\d\d\d)\*\* of the budget",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['recipe_complete_run_ratio']:.3f}"),
     ("docs/benchmarks/larger-model.md", r"Muon's iteration in fp32\), ended at (\d\.\d{3}) \(median of",
@@ -1200,8 +1174,6 @@ FIGURES += [
     # the larger model memorises the repeated corpus: its final loss on training rows, at each family's best
     ("docs/benchmarks/larger-model.md", r"training rows as eval rows hf-best ends at (\d\.\d{3})", lambda: _train_rows_loss("hf-best")),
     ("docs/benchmarks/larger-model.md", r"best lr\) and the recipe at (\d\.\d{3})", lambda: _train_rows_loss("recipe")),
-    ("docs/index.md", r"the corpus read 12 times\) (\d\.\d\d)",
-     lambda: f"{_result('budget_ladder')['versus_hf_best']['64x']['long_horizon_token_ratio']:.2f}"),
 ]
 
 
@@ -1294,6 +1266,28 @@ def test_summary_rows_of_the_long_run_studies_quote_the_results(link, key):
         return
     assert _one_run(key).replace(" (", " in one run (") in answer, answer
     assert _complete_runs(key) in answer, answer
+
+
+# README's and the home page's short long-run table: (row's first two cells, key in versus_hf_best)
+SHORT_LONG_RUN_ROWS = {("24.8 tokens per parameter", "GPT-2 2x128"): "16x",
+                       ("99.1 tokens per parameter", "GPT-2 2x128"): "64x",
+                       ("24.9 tokens per parameter", "GPT-2 3x192"): "54x-3x192"}
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_short_long_run_table_quotes_the_results(page):
+    """README's and home's three long-run rows: the tokens per parameter and both ratios from the JSON."""
+    lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
+    start = lines.index("| run length | model | one run: tokens to hf-best's loss | complete runs: budget to hf-best's loss |")
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[start + 2:start + 5]]
+    assert [tuple(r[:2]) for r in rows] == list(SHORT_LONG_RUN_ROWS), rows
+    for (length, _), one_run, complete in ((tuple(r[:2]), r[2], r[3]) for r in rows):
+        key = SHORT_LONG_RUN_ROWS[(length, _)]
+        row = _long_run(key)
+        tpp = row.get("tokens_per_param") or _result("budget_ladder")["summary"][key]["tokens_per_param"]
+        assert length == f"{tpp:.1f} tokens per parameter", (page, length)
+        assert one_run == _one_run(key).replace(" the tokens", ""), (page, one_run)
+        assert complete == _complete_runs(key).replace(" by complete runs", ""), (page, complete)
 
 
 @pytest.mark.slow  # a short training run, about 10 s on a quiet machine
