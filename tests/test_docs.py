@@ -1060,20 +1060,25 @@ def test_layout_check_reports_scrolling_tables_and_the_first_screen():
               "tables": [{"heading": "Time to loss", "header": "arm | loss", "scroll_width": 720, "client_width": 720},
                          {"heading": "Scaling", "header": "rung | params", "scroll_width": 1152, "client_width": 720},
                          {"heading": "Padding", "header": "batching", "scroll_width": 721, "client_width": 720}],
-              "code": [{"heading": "Recipe", "first_line": "model:", "scroll_width": 777, "client_width": 688}],
+              "code": [{"heading": "Recipe", "first_line": "model:", "scroll_width": 777, "client_width": 688},
+                       {"heading": "Quick start", "first_line": "args = (", "scroll_width": 700, "client_width": 688}],
+              "images": [{"src": "wide.png", "heading": "Scaling", "natural_width": 1210, "shown_width": 720},
+                         {"src": "fits.png", "heading": "Time", "natural_width": 880, "shown_width": 720}],
               "first_screen": [{"name": "result sentence", "found": True, "top": 272, "bottom": 349, "inside": True},
                                {"name": "install line", "found": True, "top": 760, "bottom": 830, "inside": False},
                                {"name": "diff", "found": False, "top": None, "bottom": None, "inside": False}]}
     problems, info = layout.problems_of("index.html", report, home=True)
     assert problems == [
         "index.html: table under 'Scaling' (rung | params ...) scrolls sideways: 1152 px of content in 720 px",
+        "index.html: figure wide.png under 'Scaling' is shown at 60% of its width (720 of 1210 px)",
+        "index.html: quick-start code block under 'Quick start' scrolls sideways (700 px in 688 px): 'args = ('",
         "index.html: the install line is not on the first screen (it spans 760-830 px of 800)",
         "index.html: no diff on the page",
     ]
     assert any("code block under 'Recipe' scrolls" in line for line in info)  # information, not a problem
     assert any("result sentence is on the first screen" in line for line in info)
     problems, _ = layout.problems_of("benchmarks/index.html", report, home=False)
-    assert len(problems) == 1  # the first screen is judged on the home page only
+    assert len(problems) == 3  # the first screen is judged on the home page only
 
 
 # ------------------------------------------------------------------------------------------------
