@@ -1118,7 +1118,7 @@ FIGURES = [
      lambda: _x(_arm("ablation_to_hf_tuned_target", "base+slw")["tokens_ratio_vs_reference"])),
     ("docs/benchmarks/sequence-length.md", r"(\d\.\d\dx) with the EMA\)",
      lambda: _x(_arm("ablation_to_hf_tuned_target", "base+ema+slw")["tokens_ratio_vs_reference"])),
-    ("docs/techniques/sequence-length.md", r"an EMA: (\d\.\d\dx) the tokens",
+    ("docs/techniques/sequence-length.md", r"takes the recipe to (\d\.\d\dx) the tokens",
      lambda: _x(_arm("ablation_to_hf_tuned_target", "base+ema+slw")["tokens_ratio_vs_reference"])),
     ("docs/benchmarks/time-to-loss.md", r"AdamW to (\d+\.\d+M) non-embedding parameters",
      lambda: f"{max(r['non_embedding_params'] for r in _result('scaling')['summary'].values()) / 1e6:.2f}M"),
@@ -1132,6 +1132,8 @@ FIGURES = [
     ("docs/index.md", r"final loss in (\d\.\d\dx-\d\.\d\dx) the tokens", lambda: "{:.2f}x-{:.2f}x".format(
         *(f(r["optimizers"]["muon"]["token_ratio_vs_adamw"] for r in _result("scaling")["summary"].values())
           for f in (min, max)))),
+    ("docs/techniques/recipes-and-hub.md", r"final loss in (\d\.\d\dx the tokens \(\d\.\dx fewer\))",
+     lambda: _ratio(_arm("time_to_loss", "fasttrain")["tokens_ratio_vs_reference"], "the tokens", "fewer")),
     ("docs/techniques/recipes-and-hub.md", r"hf-fasttrain recipes list\s+# ([\w, ]+)\n", _bundled_recipes),
 ]
 
