@@ -657,7 +657,7 @@ def plot(summary: dict[str, Any], path: Path, best_rows: Optional[dict[str, Any]
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.5, 8.4))  # stacked: legible at a page's width
     for corpus, marker in (("stdlib", "o"), ("unique", "s")):
         pts = [(s["tokens_per_param"], s["optimizers"]["recipe"]["token_ratio_vs_adamw"]) for s in summary.values()
                if s and s.get("corpus", "stdlib") == corpus and "recipe" in s["optimizers"] and "adamw" in s["optimizers"]

@@ -186,8 +186,9 @@ def _plot_precision(rows: list[dict], path) -> None:
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.6), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    # one model per row: legible at a page's width
+    fig, axes = plt.subplots(len(models), 1, figsize=(6, 3.6 * len(models)), squeeze=False)
+    for ax, model in zip(axes[:, 0], models):
         mine = [r for r in rows if r["model"] == model]
         names = [r["optimizer"] for r in mine]
         fb = [r["fwd_bwd_ms_median"] for r in mine]

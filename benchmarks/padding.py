@@ -323,7 +323,7 @@ def plot(report, path):
 
     names = list(report["results"])
     res = report["results"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(6, 8))  # stacked: legible at a page's width
     ax1.bar(names, [100 * res[n]["padding_fraction"] for n in names], color="tab:red")
     ax1.set_ylabel("padding (% of computed tokens)")
     ax1.set_title("Padding per epoch")
@@ -335,7 +335,7 @@ def plot(report, path):
     ax2.set_title("Tiny GPT-2 training step, 1 thread (median, dots = repeats)")
     for ax in (ax1, ax2):
         ax.tick_params(axis="x", rotation=30)
-    fig.suptitle(f"benchmarks/padding.py, {report['machine']['cpus']}-core CPU, git {report['git']}")
+    fig.suptitle(f"benchmarks/padding.py, {report['machine']['cpus']}-core CPU")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

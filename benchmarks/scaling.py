@@ -471,7 +471,7 @@ def plot(summary: dict[str, Any], setups: dict[str, Setup], tr: dict[str, Any], 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.5, 8.4))  # stacked: legible at a page's width
     for family, marker in (("gpt2", "o"), ("llama", "s")):
         pts = [(s["non_embedding_params"], 1 / s["optimizers"]["muon"]["token_ratio_vs_adamw"])
                for n, s in summary.items() if s and setups[n].model_type == family

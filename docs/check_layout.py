@@ -3,11 +3,14 @@
     mkdocs build --strict --site-dir /tmp/site && python docs/check_layout.py /tmp/site
     python docs/check_layout.py /tmp/site --screenshot /tmp/home.png   # and look at the home page
 
-Builds nothing: it reads a site that `mkdocs build` wrote. It opens the home page, the benchmarks page and
-the fine-tuning page at 1280 x 800 (`--width`, `--height`), after the theme's scripts have run, and reports
+Builds nothing: it reads a site that `mkdocs build` wrote. It opens the home page, the quickstart, the
+benchmarks summary and every study page, the technique cards, the fine-tuning page and the command-line
+page at 1280 x 800 (`--width`, `--height`), after the theme's scripts have run, and reports
 
 - every table that scrolls sideways: whose scroll box (the theme's wrapper, or the table itself) has a
   `scrollWidth` larger than its `clientWidth`, with the heading above it and its first header cells;
+- every figure shown below 75% of its own width (its legend and tick labels then shrink below legibility);
+- every code block under a "Quick start" heading that scrolls sideways (a quick start is read whole);
 - whether the home page's first screen (the top `--height` pixels) holds the result sentence, the
   `Trainer` -> `FastTrainer` diff and the install line, each in full;
 - as information only, the code blocks that scroll sideways (Python and YAML keep their lines).
@@ -30,10 +33,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-PAGES = ("index.html", "benchmarks/index.html", "fine-tuning/index.html")
+PAGES = ("index.html", "getting-started/index.html", "benchmarks/index.html", "fine-tuning/index.html",
+         "cli/index.html")
+SECTIONS = ("benchmarks", "techniques")  # and every page under these folders
+MIN_FIGURE_SCALE = 0.75  # a figure shown below this share of its own width is too small to read
 # What the home page's first screen must show in full: (name, text it contains, CSS selector of the element)
 FIRST_SCREEN = (
-    ("result sentence", "its training time", "article p"),
+    ("result sentence", "reaches hf-best's final loss in", "article p"),
     ("Trainer -> FastTrainer diff", "from hf_fasttrain import FastTrainer", "article pre"),
     ("install line", "pip install .", "article pre"),
 )
@@ -65,6 +71,11 @@ window.addEventListener("load", function () { setTimeout(function () {
       .map(function (c) { return c.textContent.trim(); });
     out.tables.push({heading: heading(t), header: cells.join(" | "),
                      scroll_width: worst.scrollWidth, client_width: worst.clientWidth});
+  });
+  out.images = [];
+  document.querySelectorAll("article img").forEach(function (img) {
+    out.images.push({src: img.getAttribute("src").split("/").pop(), heading: heading(img),
+                     natural_width: img.naturalWidth, shown_width: Math.round(img.getBoundingClientRect().width)});
   });
   document.querySelectorAll("article pre > code").forEach(function (c) {
     if (c.scrollWidth > c.clientWidth + 1)
@@ -131,7 +142,16 @@ def problems_of(name: str, report: dict, home: bool) -> tuple[list[str], list[st
         if t["scroll_width"] > t["client_width"] + 1:
             problems.append(f"{name}: table under {t['heading']!r} ({t['header']} ...) scrolls sideways: "
                             f"{t['scroll_width']} px of content in {t['client_width']} px")
+    for img in report.get("images", []):
+        if img["natural_width"] and img["shown_width"] < MIN_FIGURE_SCALE * img["natural_width"]:
+            problems.append(f"{name}: figure {img['src']} under {img['heading']!r} is shown at "
+                            f"{img['shown_width'] / img['natural_width']:.0%} of its width "
+                            f"({img['shown_width']} of {img['natural_width']} px)")
     for c in report["code"]:
+        if "quick start" in c["heading"].lower():
+            problems.append(f"{name}: quick-start code block under {c['heading']!r} scrolls sideways "
+                            f"({c['scroll_width']} px in {c['client_width']} px): {c['first_line']!r}")
+            continue
         info.append(f"{name}: code block under {c['heading']!r} scrolls ({c['scroll_width']} px in "
                     f"{c['client_width']} px): {c['first_line']!r}")
     if home:
@@ -168,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "site"
         shutil.copytree(ns.site, copy)  # the probes go into a copy: the built site stays as it was
-        for name in PAGES:
+        pages = list(PAGES) + sorted(str(p.relative_to(copy)) for s in SECTIONS
+                                     for p in (copy / s).glob("*/index.html"))
+        for name in pages:
             if not (copy / name).is_file():
                 problems.append(f"{name}: not in the site")
                 continue
@@ -182,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                             (copy / "index.html").as_uri()], capture_output=True, timeout=120, check=True)
             info.append(f"screenshot of the home page: {ns.screenshot}")
     print("\n".join(info))
-    print("\n".join(problems) or f"layout at {ns.width} x {ns.height}: no table scrolls sideways; "
-          "the first screen holds the result, the diff and the install line")
+    print("\n".join(problems) or f"layout at {ns.width} x {ns.height}: no table scrolls sideways, every figure "
+          f"is shown at {MIN_FIGURE_SCALE:.0%} of its width or more, no quick start scrolls; the first screen "
+          "holds the result, the diff and the install line")
     return 1 if problems else 0
 
 

@@ -512,7 +512,7 @@ def schedule_curve(num_training_steps: int, peak_lr: float = 1.0, **settings) ->
 
 
 def plot_schedules(path: str, decays: Sequence[str], num_training_steps: int, peak_lr: float = 1.0, **settings) -> None:
-    """Draw the lr of each decay shape in its own panel, side by side, the other shapes faint for comparison."""
+    """Draw the lr of each decay shape in its own panel, two to a row, the other shapes faint for comparison."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -520,8 +520,13 @@ def plot_schedules(path: str, decays: Sequence[str], num_training_steps: int, pe
 
     curves = {name: schedule_curve(num_training_steps, peak_lr, lr_decay=name, **settings) for name in decays}
     steps = list(range(num_training_steps + 1))
-    fig, axes = plt.subplots(1, len(decays), figsize=(3.2 * len(decays), 3.0), sharey=True, squeeze=False)
-    for ax, (name, lrs) in zip(axes[0], curves.items()):
+    # two panels to a row: the figure stays legible at a documentation page's width
+    cols = min(2, len(decays))
+    rows = -(-len(decays) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), sharey=True, squeeze=False)
+    for ax in axes.flat[len(decays):]:
+        ax.set_visible(False)
+    for ax, (name, lrs) in zip(axes.flat, curves.items()):
         for other, other_lrs in curves.items():
             if other != name:
                 ax.plot(steps, other_lrs, color="0.85", linewidth=1)
@@ -529,7 +534,8 @@ def plot_schedules(path: str, decays: Sequence[str], num_training_steps: int, pe
         ax.set_title(name)
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("learning rate")
+    for row in axes:
+        row[0].set_ylabel("learning rate")
     shown = ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None)
     fig.suptitle(f"num_training_steps={num_training_steps}, peak lr={peak_lr:g}, {shown}", fontsize=9)
     fig.tight_layout()
