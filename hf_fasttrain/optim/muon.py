@@ -349,8 +349,8 @@ class Muon(Optimizer):
         by_key: dict[tuple, list] = {}
         for p, group, update in items:
             full = _full(update)
-            if group.get("experts"):
-                stack = expert_matrices(full, ExpertLayout.from_group(group))
+            if group.get("experts"):  # contiguous, so each matrix meets the kernels a 2-D param would
+                stack = expert_matrices(full, ExpertLayout.from_group(group)).contiguous()
             else:
                 stack = full.unsqueeze(0)
             by_key.setdefault(_ns_key(stack[0], group), []).append((p, group, stack))
