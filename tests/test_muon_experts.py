@@ -333,3 +333,30 @@ def test_routing_of_every_moe_family_transformers_ships():
             if name.endswith(("mlp.gate.weight", "mlp.router.weight", "block_sparse_moe.router.weight")):
                 assert (route, rule) == ("adamw", "router"), (family, name)
     assert {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss"} <= set(built), (built, skipped)
+
+
+@pytest.mark.slow
+def test_expert_tensors_under_fsdp2_equal_the_single_process_step(tmp_path):
+    """3-D expert tensors as DTensors sharded on dim 0 (the experts) or dim 1, on 2 CPU processes: the expert
+    tensor is gathered for its batched Newton-Schulz (also with ns_sharding="round_robin", which handles 2-D
+    matrices only) and each rank keeps its shard of the update; NorMuon is refused in one line."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    import _experts_sharded_worker as worker
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker.run, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert "error" not in report, report["error"]
+        for key in ("dim0-all_gather", "dim0-round_robin", "dim1-all_gather", "dim1-round_robin"):
+            assert report[key]["diff"] <= 1e-6 and report[key]["moved"] > 1e-2, (key, report[key])
+        assert report["dim0-all_gather"]["local_rows"] == (3, 2)[rank]  # 5 experts: 3 + 2
+        assert report["dim1-all_gather"]["local_rows"] == 7
+        assert report["normuon_refusal"] == ("Muon: normuon_beta2 does not work on sharded (FSDP2) parameters; "
+                                             "use DDP, or normuon_beta2=None")
