@@ -9,6 +9,7 @@ module (`is_transposed`, `is_concatenated`, `has_gate`):
 | `gate_up_proj`, [gate; up] | experts x 2*inter x hidden | Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2/V3, ... |
 | `down_proj` | experts x hidden x inter | the same |
 | transposed, gate and up interleaved | experts x hidden x 2*inter (gate = [..., ::2]) | GPT-OSS |
+| `ParallelExperts.weight` (not decorated) | experts x out x in, one matrix each | JetMoE |
 
 Older checkpoints (and custom models) keep one `nn.Linear` per expert (`experts.0.w1`), which Muon
 handles as any hidden matrix.
@@ -113,8 +114,18 @@ def expert_tensor(matrices: torch.Tensor, shape: torch.Size, layout: ExpertLayou
     return x
 
 
+def _is_parallel_experts(module: nn.Module) -> bool:
+    """JetMoE's `JetMoeParallelExperts` (and its kind): one `weight` of experts x out x in, not decorated."""
+    weight = getattr(module, "weight", None)
+    return (type(module).__name__.endswith("ParallelExperts") and isinstance(weight, nn.Parameter)
+            and weight.ndim == 3 and getattr(module, "num_experts", None) == weight.shape[0])
+
+
 def _is_experts_module(module: nn.Module) -> bool:
-    """transformers' experts modules (decorated with `use_experts_implementation`) record their layout."""
+    """transformers' experts modules (decorated with `use_experts_implementation`) record their layout;
+    JetMoE's parallel experts hold one experts x out x in `weight`."""
+    if _is_parallel_experts(module):
+        return True
     return isinstance(getattr(module, "is_transposed", None), bool) and any(
         p.ndim == 3 for p in module.parameters(recurse=False))
 
@@ -135,6 +146,9 @@ def expert_layouts(model: nn.Module) -> dict[str, ExpertLayout]:
             if p.ndim != 3 or id(p) in seen:
                 continue
             seen.add(id(p))
+            if _is_parallel_experts(module):  # one matrix per expert (a GLU input keeps gate and up together)
+                layouts[f"{mod_name}.{name}" if mod_name else name] = ExpertLayout()
+                continue
             fused = name == "gate_up_proj" and getattr(module, "has_gate", True)
             gate_up = None
             if fused:
