@@ -328,7 +328,8 @@ FAMILIES = ("afmoe axk1 axk2 cohere2_moe deepseek_v2 deepseek_v3 deepseek_v32 de
 @pytest.mark.parametrize("family", FAMILIES)
 def test_routing_of_every_moe_family_transformers_ships(family):
     """Every 3-D expert tensor on Muon as experts, every router on AdamW; what no rule knows is only
-    convolution kernels (Mamba / linear-attention mixers) and DeepSeek-V4's hyper-connection matrices."""
+    convolution kernels and state matrices (A_log) of Mamba / linear-attention mixers and DeepSeek-V4's
+    hyper-connection matrices."""
     from transformers import CONFIG_MAPPING
 
     if family not in CONFIG_MAPPING:
@@ -344,7 +345,7 @@ def test_routing_of_every_moe_family_transformers_ships(family):
         if re.search(r"\.(gate|router)(\.layer|\.linear|\.wg|\.gate)?\.weight$", name) and shapes[name][0] == 4:
             assert (route, rule) == ("adamw", "router"), (family, name, rule)
         if rule == "unrecognised":
-            assert "conv" in name or name.endswith(("hc.fn", "hc_fn", "position_bias")), (family, name)
+            assert "conv" in name or name.endswith(("hc.fn", "hc_fn", "position_bias", "A_log")), (family, name)
 
 
 @pytest.mark.slow

@@ -429,7 +429,7 @@ ROUTING_RULES = {
     "pattern": "matches one of adamw_patterns: AdamW",
     "vector": "1-D, or a matrix with one row or column (biases, norms, scalar gates): AdamW",
     "experts": "3-D tensor of a mixture-of-experts module: each expert's matrix on Muon",
-    "expert vector": "2-D tensor of a mixture-of-experts module (per-expert biases or norms): AdamW",
+    "expert vector": "2-D tensor in a mixture-of-experts module (per-expert biases or norms): AdamW",
     "router": "router of a mixture-of-experts block (one row per expert): AdamW",
     "matrix": "2-D weight of nn.Linear or transformers Conv1D: Muon",
     "unrecognised": "no rule recognises it: AdamW, named in a warning",
@@ -477,7 +477,7 @@ def muon_route_table(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> di
     hidden = {id(m.weight) for m in model.modules() if isinstance(m, hidden_types)}
     layouts = expert_layouts(model)
     expert_modules = [m for _, _, m, _ in moe_blocks(model) if not isinstance(m, nn.ModuleList)]
-    expert_params = {id(p) for m in expert_modules for p in m.parameters(recurse=False)}
+    expert_params = {id(p) for m in expert_modules for p in m.parameters()}  # with per-expert norms (Ergo)
     routers = _router_params(model)
     patterns = [re.compile(p) for p in adamw_patterns]
 
