@@ -167,7 +167,8 @@ def test_expert_state_round_trip_resumes_exactly():
 
 def _tiny(family: str):
     """A tiny model of `family` (hidden 32, 2 layers, 4 experts, top-2), built offline."""
-    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+    from transformers import CONFIG_MAPPING, AutoModel, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     kw = dict(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=128, num_experts=4,
@@ -176,7 +177,8 @@ def _tiny(family: str):
               qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, n_group=1, topk_group=1, pad_token_id=0,
               bos_token_id=0, eos_token_id=1)
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(CONFIG_MAPPING[family](**kw))
+    auto = AutoModelForCausalLM if family in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModel  # (Mistral 4: base)
+    return auto.from_config(CONFIG_MAPPING[family](**kw))
 
 
 def _layer0(table):
@@ -315,10 +317,11 @@ def test_hyperball_with_experts_is_refused_in_one_line():
     assert not any(g.get("experts") for g in opt.param_groups)
 
 
-# The causal-LM mixture-of-experts families of transformers 5.25 whose tiny model builds from `_tiny`'s generic
-# config (the others need their own: vision or audio towers, hybrid layer patterns, their own field names).
-FAMILIES = ("afmoe axk1 axk2 cohere2_moe deepseek_v2 deepseek_v3 deepseek_v32 deepseek_v4 doge ergo ernie4_5_moe "
-            "exaone_moe flint glm4_moe glm4_moe_lite glm_moe_dsa gpt_oss granitemoe granitemoe_swa granitemoeshared "
+# The mixture-of-experts language models of transformers 5.25 whose tiny model builds with experts from `_tiny`'s
+# generic config (the others need their own: vision or audio towers, hybrid layer patterns, their own field
+# names; Doge and Flint build without experts from it).
+FAMILIES = ("afmoe axk1 axk2 cohere2_moe deepseek_v2 deepseek_v3 deepseek_v32 deepseek_v4 ergo ernie4_5_moe "
+            "exaone_moe glm4_moe glm4_moe_lite glm_moe_dsa gpt_oss granitemoe granitemoe_swa granitemoeshared "
             "hunyuan_v1_moe hy_v3 jamba jetmoe kolibri1 laguna lara_mini longcat_flash mellum mimo_v2_flash "
             "minicpm5_moe minimax minimax_m2 mistral4 mixtral nemotron_h olmoe param2moe phimoe qwen2_moe qwen3_moe "
             "qwen3_next sarvam_mla sarvam_moe solar_open").split()
