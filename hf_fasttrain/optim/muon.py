@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
@@ -63,6 +64,7 @@ from ._common import (
     zero_state,
 )
 from .adamw import build_adamw
+from .experts import ExpertLayout, expert_layouts, expert_matrices, expert_tensor, moe_blocks
 from .hyperball import HYPERBALL_STATE, hyperball_step, initial_radius
 from .normuon import NORMUON_STATE, neuron_normalize
 from .orthogonalize import (
@@ -80,6 +82,9 @@ __all__ = [
     "NS_SHARDING",
     "MuonWithAdamW",
     "conv1d_lr_multiplier",
+    "expert_param_groups",
+    "ROUTING_RULES",
+    "muon_route_table",
     "muon_routing",
     "newton_schulz",
     "newton_schulz_batched",
@@ -129,7 +134,7 @@ NS_SHARDING = ("all_gather", "round_robin")
 
 def _round_robin_ok(p: torch.Tensor) -> bool:
     """Round-robin handles a DTensor on a 1-D mesh sharded on dim 0 (FSDP2's layout)."""
-    if not is_dtensor(p) or p.device_mesh.ndim != 1:
+    if not is_dtensor(p) or p.device_mesh.ndim != 1 or p.ndim != 2:
         return False
     from torch.distributed.tensor import Shard
 
@@ -276,8 +281,9 @@ class Muon(Optimizer):
             shared = [w for w in work if _round_robin_ok(w[0])]
             if shared:
                 done = _round_robin_newton_schulz(shared)
-        if self._ns_batched:
-            done.update(self._batched_newton_schulz([w for w in work if w[0] not in done]))
+        # expert tensors always (one batched Newton-Schulz over their experts), matrices when ns_batched
+        batched = [w for w in work if w[0] not in done and (self._ns_batched or w[1].get("experts"))]
+        done.update(self._batched_newton_schulz(batched))
         for p, group, update in work:
             ortho = done.get(p)
             if ortho is None:
@@ -285,25 +291,34 @@ class Muon(Optimizer):
                                      _ns_dtype(group))
                 ortho = _like(full, p)
             beta2 = group.get("normuon_beta2")  # (a group loaded from an older checkpoint may lack the key)
-            if beta2 is not None:
+            if group.get("experts"):  # a stack [N, out, in] of the expert matrices, back to the stored layout
+                if beta2 is not None:
+                    ortho = self._neuron_normalize(p, group, ortho, beta2)
+                ortho = _like(expert_tensor(ortho, p.shape, ExpertLayout.from_group(group)), p)
+            elif beta2 is not None:
                 ortho = self._neuron_normalize(p, group, ortho, beta2)
             lr = group["lr"]
+            scale = _adjust_lr(lr, group["adjust_lr_fn"], _matrix_shape(p, group))
             if group.get("hyperball"):  # no decay: the vectors stay at their initial norms
-                self._hyperball(p, group, ortho, _adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+                self._hyperball(p, group, ortho, scale)
                 continue
             if group.get("cautious_wd"):  # decay only where it pulls the way the update goes
                 p.sub_(p * (ortho * p >= 0), alpha=lr * group["weight_decay"])
             else:
                 p.mul_(1 - lr * group["weight_decay"])
-            p.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+            p.add_(ortho, alpha=-scale)
         return loss
 
-
     def _neuron_normalize(self, p: torch.Tensor, group: dict, ortho: torch.Tensor, beta2: float) -> torch.Tensor:
-        """NorMuon (`hf_fasttrain.optim.normuon`): the update normalised per output neuron."""
+        """NorMuon (`hf_fasttrain.optim.normuon`): the update normalised per output neuron (of each expert's
+        matrix for an expert tensor, whose `ortho` is the stack [N, out, in])."""
         _refuse_sharded(p, "normuon_beta2", "normuon_beta2=None")
-        dim = group.get("normuon_dim", 1)
         state = self.state[p]
+        if group.get("experts"):
+            if NORMUON_STATE not in state:
+                state[NORMUON_STATE] = torch.zeros((*ortho.shape[:2], 1), dtype=torch.float32, device=p.device)
+            return neuron_normalize(ortho, state[NORMUON_STATE], beta2, 2)
+        dim = group.get("normuon_dim", 1)
         if NORMUON_STATE not in state:
             shape = (p.shape[0], 1) if dim == 1 else (1, p.shape[1])
             state[NORMUON_STATE] = torch.zeros(shape, dtype=torch.float32, device=p.device)
@@ -312,6 +327,8 @@ class Muon(Optimizer):
     def _hyperball(self, p: torch.Tensor, group: dict, ortho: torch.Tensor, step: float) -> None:
         """Hyperball (`hf_fasttrain.optim.hyperball`): the step at a fixed fraction of each vector's norm."""
         _refuse_sharded(p, "hyperball", "hyperball=False")
+        if group.get("experts"):
+            raise ValueError(_HYPERBALL_EXPERTS)
         dim = group.get("hyperball_dim", 0)
         state = self.state[p]
         if HYPERBALL_STATE not in state:
@@ -323,22 +340,44 @@ class Muon(Optimizer):
 
     @staticmethod
     def _batched_newton_schulz(items: list) -> dict:
-        """{param: orthogonalised update laid out as the param} for (param, group, update) items, one
-        batched Newton-Schulz per shape (a shape held by one matrix only runs alone)."""
+        """Orthogonalised updates for (param, group, update) items, one batched Newton-Schulz per matrix shape.
+
+        A matrix's result is laid out as its param (a shape held by one matrix only is left to
+        :func:`newton_schulz`); an expert tensor's is the stack [N, out, in] of its expert matrices
+        (`hf_fasttrain.optim.experts.expert_matrices`), whole (gathered under FSDP2), pooled with the
+        matrices and other experts of that shape."""
         by_key: dict[tuple, list] = {}
         for p, group, update in items:
             full = _full(update)
-            by_key.setdefault(_ns_key(full, group), []).append((p, group, full))
+            if group.get("experts"):  # contiguous, so each matrix meets the kernels a 2-D param would
+                stack = expert_matrices(full, ExpertLayout.from_group(group)).contiguous()
+            else:
+                stack = full.unsqueeze(0)
+            by_key.setdefault(_ns_key(stack[0], group), []).append((p, group, stack))
         done = {}
         for batch in by_key.values():
-            if len(batch) < 2:
+            if len(batch) < 2 and not batch[0][1].get("experts"):
                 continue
             group = batch[0][1]
-            out = newton_schulz_batched([full for _, _, full in batch], group["ns_coefficients"], group["ns_steps"],
-                                        group["eps"], _ns_dtype(group))
-            for (p, _, _), ortho in zip(batch, out.unbind(0)):
-                done[p] = _like(ortho, p)
+            stacks = [stack for _, _, stack in batch]
+            out = newton_schulz_batched(stacks[0] if len(stacks) == 1 else torch.cat(stacks), group["ns_coefficients"],
+                                        group["ns_steps"], group["eps"], _ns_dtype(group))
+            for (p, g, _), ortho in zip(batch, out.split([len(s) for s in stacks])):
+                done[p] = ortho if g.get("experts") else _like(ortho[0], p)
         return done
+
+
+def _matrix_shape(p: torch.Tensor, group: dict) -> tuple[int, int]:
+    """The stored (A, B) of a matrix; for an expert tensor, (out, in) of each of its expert matrices."""
+    if not group.get("experts"):
+        return tuple(p.shape)
+    layout = ExpertLayout.from_group(group)
+    out, inn = (p.shape[2], p.shape[1]) if layout.transposed else (p.shape[1], p.shape[2])
+    return (out // 2 if layout.gate_up else out, inn)
+
+
+_HYPERBALL_EXPERTS = ("Muon: hyperball does not support mixture-of-experts tensors; use hyperball=False, or "
+                      "adamw_patterns=['experts'] to train the experts with AdamW")
 
 
 def _refuse_sharded(p: torch.Tensor, option: str, off: str) -> None:
@@ -383,25 +422,45 @@ def _wrapped_modules(module: nn.Module) -> list[nn.Module]:
     return [module]
 
 
-def muon_routing(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> dict[str, str]:
-    """Route every trainable parameter of `model` to "muon" or "adamw".
+# The rules of `muon_route_table`, in the order they are tried.
+ROUTING_RULES = {
+    "frozen": "requires_grad is False: not trained",
+    "embedding": "input embedding or output head (tied or not): AdamW",
+    "pattern": "matches one of adamw_patterns: AdamW",
+    "vector": "1-D, or a matrix with one row or column (biases, norms, scalar gates): AdamW",
+    "experts": "3-D tensor of a mixture-of-experts module: each expert's matrix on Muon",
+    "expert vector": "2-D tensor in a mixture-of-experts module (per-expert biases or norms): AdamW",
+    "router": "router of a mixture-of-experts block (one row per expert): AdamW",
+    "matrix": "2-D weight of nn.Linear or transformers Conv1D: Muon",
+    "unrecognised": "no rule recognises it: AdamW, named in a warning",
+}
 
-    "muon": the 2-D weight of an `nn.Linear` or transformers `Conv1D` that is neither the input nor
-    the output embedding (the LM head, tied or not) and whose name matches none of the regexes in
-    `adamw_patterns`. "adamw": everything else (embeddings, LM head, biases, norms, other tensors).
-    Tied weights appear once, under their first name (as in `model.named_parameters()`).
 
-    With peft, an embedding or head listed in `modules_to_save` is routed by what it wraps: its
-    trainable copy (`...lm_head.modules_to_save.default.weight`) goes to AdamW like the head itself.
-    LoRA's `lora_A` / `lora_B` are `nn.Linear` weights of the hidden layers and go to Muon.
+def _router_params(model: nn.Module) -> set[int]:
+    """ids of the router weights of every mixture-of-experts block (`hf_fasttrain.optim.experts.moe_blocks`).
 
-    Example:
-        >>> import torch
-        >>> from hf_fasttrain.optim import muon_routing
-        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.LayerNorm(4))
-        >>> muon_routing(net)
-        {'0.weight': 'muon', '0.bias': 'adamw', '1.weight': 'adamw', '1.bias': 'adamw'}
+    A router is a module of the block outside its experts, on a path named "gate" or "router" (or of a class
+    so named), whose weight has one row per expert: Mixtral's `gate` (a `TopKRouter` or, in older layouts,
+    an `nn.Linear`), GPT-OSS's `router`, Hunyuan's `gate.wg`. A shared expert's `gate_proj` is not one.
     """
+    routers: set[int] = set()
+    for _, block, experts, count in moe_blocks(model):
+        inside = {id(p) for p in experts.parameters()}
+        for path, module in block.named_modules():
+            names = path.split(".") if path else []
+            kind = type(module).__name__.lower()
+            if not (set(names) & {"gate", "router"} or "router" in kind or kind.endswith("gate")):
+                continue
+            for p in module.parameters(recurse=False):
+                if id(p) not in inside and p.ndim == 2 and p.shape[0] == count:
+                    routers.add(id(p))
+    return routers
+
+
+def muon_route_table(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> dict[str, tuple[str, str]]:
+    """{name: (route, rule)} for every parameter of `model`: route "muon", "muon_experts" or "adamw"
+    (None for a frozen one), and the rule of `ROUTING_RULES` that decided it (the first that applies).
+    `muon_routing` is this table's routes, with a warning for the unrecognised parameters."""
     embeddings: set[int] = set()
     for module in model.modules():
         if isinstance(module, nn.Embedding):
@@ -416,16 +475,83 @@ def muon_routing(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> dict[s
 
     hidden_types = (nn.Linear, *_conv1d_type())
     hidden = {id(m.weight) for m in model.modules() if isinstance(m, hidden_types)}
+    layouts = expert_layouts(model)
+    expert_modules = [m for _, _, m, _ in moe_blocks(model) if not isinstance(m, nn.ModuleList)]
+    expert_params = {id(p) for m in expert_modules for p in m.parameters()}  # with per-expert norms (Ergo)
+    routers = _router_params(model)
     patterns = [re.compile(p) for p in adamw_patterns]
 
-    routing = {}
+    table = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
-            continue
-        is_hidden = id(p) in hidden and id(p) not in embeddings and p.ndim == 2
-        forced = any(pat.search(name) for pat in patterns)
-        routing[name] = "muon" if is_hidden and not forced else "adamw"
-    return routing
+            table[name] = (None, "frozen")
+        elif id(p) in embeddings:
+            table[name] = ("adamw", "embedding")
+        elif any(pat.search(name) for pat in patterns):
+            table[name] = ("adamw", "pattern")
+        elif p.ndim <= 1 or (p.ndim == 2 and min(p.shape) == 1):
+            table[name] = ("adamw", "vector")
+        elif name in layouts:
+            table[name] = ("muon_experts", "experts")
+        elif id(p) in expert_params and p.ndim == 2:
+            table[name] = ("adamw", "expert vector")
+        elif id(p) in routers:
+            table[name] = ("adamw", "router")
+        elif id(p) in hidden and p.ndim == 2:
+            table[name] = ("muon", "matrix")
+        else:
+            table[name] = ("adamw", "unrecognised")
+    return table
+
+
+def muon_routing(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> dict[str, str]:
+    """Route every trainable parameter of `model` to "muon", "muon_experts" or "adamw".
+
+    "muon": the 2-D weight of an `nn.Linear` or transformers `Conv1D` (at least 2 rows and 2 columns)
+    that is neither the input nor the output embedding (the LM head, tied or not), nor a mixture-of-experts
+    router, and whose name matches none of the regexes in `adamw_patterns`. "muon_experts": a 3-D expert
+    tensor of a mixture-of-experts module (`hf_fasttrain.optim.experts`), each expert's matrix on Muon.
+    "adamw": embeddings, LM head, routers, biases, norms, 1-row matrices (Qwen2-MoE's `shared_expert_gate`),
+    per-expert biases. Any other tensor (no rule recognises it) goes to AdamW and is named in one warning
+    line; list it in `adamw_patterns` to say AdamW is meant. `muon_route_table` gives the rule of each.
+    Tied weights appear once, under their first name (as in `model.named_parameters()`).
+
+    With peft, an embedding or head listed in `modules_to_save` is routed by what it wraps: its
+    trainable copy (`...lm_head.modules_to_save.default.weight`) goes to AdamW like the head itself.
+    LoRA's `lora_A` / `lora_B` are `nn.Linear` weights of the hidden layers and go to Muon.
+
+    Example:
+        >>> import torch
+        >>> from hf_fasttrain.optim import muon_routing
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.LayerNorm(4))
+        >>> muon_routing(net)
+        {'0.weight': 'muon', '0.bias': 'adamw', '1.weight': 'adamw', '1.bias': 'adamw'}
+    """
+    table = muon_route_table(model, adamw_patterns)
+    unknown = [f"{name} {tuple(dict(model.named_parameters())[name].shape)}"
+               for name, (_, rule) in table.items() if rule == "unrecognised"]
+    if unknown:
+        warnings.warn(f"Muon: no routing rule recognises {len(unknown)} parameter(s), trained with AdamW: "
+                      f"{', '.join(unknown)}; list them in adamw_patterns if AdamW is meant", UserWarning, stacklevel=2)
+    return {name: route for name, (route, _) in table.items() if route is not None}
+
+
+def expert_param_groups(model: nn.Module, routing: dict[str, str], lr: float, weight_decay: float,
+                        hyperball: bool = False) -> list[dict]:
+    """Muon param groups for the "muon_experts" tensors of `routing`, one group per expert layout
+    (`hf_fasttrain.optim.experts.ExpertLayout`, carried as the group keys "experts", "expert_transposed"
+    and "expert_gate_up"). The scale is each expert matrix's own, from its (out, in) shape, so no lr
+    multiplier is needed in either layout. Hyperball is refused in one line."""
+    named = dict(model.named_parameters())
+    layouts = expert_layouts(model)
+    by_layout: dict[ExpertLayout, list] = {}
+    for name, route in routing.items():
+        if route == "muon_experts":
+            if hyperball:
+                raise ValueError(_HYPERBALL_EXPERTS)
+            by_layout.setdefault(layouts[name], []).append((name, named[name]))
+    return [{"params": params, "use_muon": True, "lr": lr, "weight_decay": weight_decay, **layout.group_keys()}
+            for layout, params in by_layout.items()]
 
 
 def conv1d_lr_multiplier(shape: Sequence[int], adjust_lr_fn: str) -> float:
@@ -571,13 +697,20 @@ class MuonWithAdamW(Optimizer):
                 f"{param_group if not isinstance(param_group, dict) else sorted(param_group)!r}"
             )
         if param_group["use_muon"]:
+            experts = param_group.get("experts", False)
+            if experts:
+                ExpertLayout.from_group(param_group)  # raises naming a bad key
+                if param_group.get("hyperball", self._muon_defaults["hyperball"]):
+                    raise ValueError(_HYPERBALL_EXPERTS)
             for p in param_group["params"]:
                 tensor = p[1] if isinstance(p, tuple) else p
-                if tensor.ndim != 2:
+                if tensor.ndim != (3 if experts else 2):
                     name = f"{p[0]!r} " if isinstance(p, tuple) else ""
+                    want = "3-D expert tensors (experts x out x in)" if experts else "2-D matrices"
+                    tail = "" if experts or tensor.ndim != 3 else " or mark expert tensors with 'experts': True"
                     raise ValueError(
-                        f"Muon: params in a use_muon group must be 2-D matrices, got {name}with shape "
-                        f"{tuple(tensor.shape)}; route it to AdamW (use_muon=False)"
+                        f"Muon: params in a use_muon group must be {want}, got {name}with shape "
+                        f"{tuple(tensor.shape)}; route it to AdamW (use_muon=False){tail}"
                     )
             if self._muon is None:
                 self._muon = Muon([param_group], **self._muon_defaults, ns_sharding=self._ns_sharding,

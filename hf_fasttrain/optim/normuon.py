@@ -37,7 +37,8 @@ def neuron_normalize(ortho: torch.Tensor, second_moment: torch.Tensor, beta2: fl
     """NorMuon's step on an orthogonalised update: update `second_moment` in place, return the new update.
 
     Args:
-        ortho: Muon's orthogonalised update (any float dtype; computed in fp32).
+        ortho: Muon's orthogonalised update (any float dtype; computed in fp32), or a stack [N, out, in] of
+            them (each matrix normalised on its own; `second_moment` then [N, out, 1] and ``reduce_dim`` 2).
         second_moment: fp32 buffer, one value per neuron: shape (rows, 1) when ``reduce_dim`` is 1,
             (1, cols) when it is 0.
         beta2: its EMA coefficient, in [0, 1).
@@ -56,6 +57,11 @@ def neuron_normalize(ortho: torch.Tensor, second_moment: torch.Tensor, beta2: fl
         ```
     """
     o = ortho.float()
+    if o.ndim == 3:  # a stack of matrices (the experts of a layer): each its own norm
+        norm = torch.linalg.vector_norm(o, dim=(-2, -1), keepdim=True)
+        second_moment.lerp_(o.square().mean(dim=reduce_dim, keepdim=True), 1 - beta2)
+        o = o / (second_moment.sqrt() + _EPS)
+        return o.mul_(norm / (torch.linalg.vector_norm(o, dim=(-2, -1), keepdim=True) + _EPS))
     norm = o.norm()
     second_moment.lerp_(o.square().mean(dim=reduce_dim, keepdim=True), 1 - beta2)
     o = o / (second_moment.sqrt() + _EPS)

@@ -166,7 +166,8 @@ def newton_schulz_batched(
     updates: Sequence[torch.Tensor], ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = _NS_EPS,
     ns_dtype: str = "bfloat16",
 ) -> torch.Tensor:
-    """:func:`newton_schulz` of several 2-D matrices of one shape at once: stacked into ``[N, A, B]`` and
+    """:func:`newton_schulz` of several 2-D matrices of one shape at once (a sequence of them, or a tensor
+    ``[N, A, B]``, e.g. the experts of a mixture-of-experts layer): stacked into ``[N, A, B]`` and
     iterated with batched matmuls (``baddbmm``), as modded-nanogpt does. Each step then launches 3 kernels
     for the whole stack instead of 3 per matrix (GPT-2 small: 48 matrices in 4 shapes, so 60 matmul
     launches per step instead of 720). Returns the ``[N, A, B]`` results (in `ns_dtype`'s dtype), in order.
@@ -182,13 +183,19 @@ def newton_schulz_batched(
         >>> out.shape, all(torch.equal(o, newton_schulz(x)) for o, x in zip(out, xs))
         (torch.Size([3, 64, 32]), True)
     """
-    shapes = {tuple(u.shape) for u in updates}
-    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
-        raise ValueError(f"Muon: batched Newton-Schulz needs 2-D matrices of one shape, got shapes {sorted(shapes)}")
+    if isinstance(updates, torch.Tensor):  # already a stack [N, A, B]
+        if updates.ndim != 3:
+            raise ValueError(f"Muon: batched Newton-Schulz needs a stack [N, A, B], got shape {tuple(updates.shape)}")
+        stack = updates
+    else:
+        shapes = {tuple(u.shape) for u in updates}
+        if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+            raise ValueError(f"Muon: batched Newton-Schulz needs 2-D matrices of one shape, got shapes {sorted(shapes)}")
+        stack = torch.stack(list(updates))
     schedule = ns_coefficient_schedule(ns_coefficients, ns_steps)
     safety = _NS_SAFETY.get(ns_coefficients, 1.0) if isinstance(ns_coefficients, str) else 1.0
-    # one conversion for the stack (element-wise: the same values)
-    x = torch.stack(list(updates)).to(resolve_ns_dtype(ns_dtype, updates[0].device))
+    # one conversion for the stack (element-wise: the same values); nothing below writes into it
+    x = stack.to(resolve_ns_dtype(ns_dtype, stack.device))
     tall = x.size(1) > x.size(2)
     if tall:
         x = x.mT

@@ -34,7 +34,7 @@ from .adamw import build_adamw
 from .ademamix import AdEMAMix
 from .lion import Lion
 from .hyperball import initial_radius
-from .muon import MuonWithAdamW, _conv1d_type, conv1d_lr_multiplier, muon_routing
+from .muon import MuonWithAdamW, _conv1d_type, conv1d_lr_multiplier, expert_param_groups, muon_routing
 from .orthogonalize import _NS_EPS
 from .sharding import check_sharding_support, detect_sharding
 from .soap import DEFAULT_SKINNY_RATIO, SOAP
@@ -252,6 +252,7 @@ def create_muon(
          **({"hyperball_dim": 1 if key[1] else 0} if hyperball is True else {})}
         for key, params in by_multiplier.items()
     ]
+    groups += expert_param_groups(model, routing, muon_lr, weight_decay, hyperball=hyperball is True)
     adamw_names = {n for n, r in routing.items() if r == "adamw"}
     for g in decay_param_groups(model, weight_decay, names=adamw_names):
         groups.append({**g, "use_muon": False, "lr": adamw_lr})

@@ -14,6 +14,7 @@ Support (checked by `tests/test_optim_sharded.py` for single/ddp/fsdp2 on 2 CPU 
 |---|---|---|---|
 | adamw, lion, ademamix | yes | yes (element-wise; equal to 1 process) | yes (element-wise), but not `cautious` |
 | muon | yes | yes (each matrix gathered for Newton-Schulz) | refused |
+| muon on mixture-of-experts tensors (3-D) | yes | yes (each tensor gathered whole, sharded on any dim, for its batched Newton-Schulz; also under `ns_sharding="round_robin"`) | refused |
 | muon with `normuon_beta2` (NorMuon) | yes | refused (per-neuron norms span shards) | refused |
 | muon with `cautious_wd` | yes | yes (element-wise) | refused |
 | muon with `hyperball` | yes | refused (a vector's norm spans shards) | refused |
