@@ -1233,6 +1233,21 @@ HEADLINES = [
 ]
 
 
+def _moe(arm: str) -> str:
+    return _ratio(_result("moe_muon")["tokens_to_adamw_final"][arm]["median_fraction"], "the tokens", "fewer")
+
+
+def test_moe_study_quotes_its_results():
+    """The MoE study page and the summary row quote moe_muon.json's ratios in the one number style."""
+    page = (ROOT / "docs/benchmarks/moe-muon.md").read_text(encoding="utf-8")
+    assert f"reaches AdamW's final loss in {_moe('muon')}" in page
+    dense = _result("moe_muon")["tokens_to_adamw_final"]["muon-dense"]["median_fraction"]
+    assert f"it needs {dense:.2f}x" in page
+    summary = (ROOT / "docs/benchmarks.md").read_text(encoding="utf-8")
+    muon = _result("moe_muon")["tokens_to_adamw_final"]["muon"]["median_fraction"]
+    assert f"yes: {muon:.2f}x tuned AdamW's tokens ({1 / muon:.1f}x fewer); {dense:.2f}x with the experts on AdamW" in summary
+
+
 def _long_run(key: str) -> dict:
     return _result("budget_ladder")["versus_hf_best"][key]
 
