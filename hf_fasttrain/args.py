@@ -86,8 +86,17 @@ class FastTrainingArguments(TrainingArguments):
     # --- Run management ----------------------------------------------------------------------
     auto_resume: bool = field(
         default=True,
-        metadata={"help": "Resume from the last checkpoint in output_dir when one exists (a killed run "
-                  "continues when restarted with the same command)."},
+        metadata={"help": "Resume from the last complete checkpoint in output_dir when one exists (a stopped run "
+                  "continues when its command or script runs again), after comparing the options with the "
+                  "checkpoint's: logging, evaluation, save and loader options may change; any other change is "
+                  "refused in one line. A finished run trains nothing. A plain TrainingArguments reads as off."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Discard the run already in output_dir: delete its checkpoints and end-of-run records, then "
+                  "train from scratch. Without it, a rerun into an output_dir that holds a checkpoint resumes it, and "
+                  "refuses (one line, before any work) when options that a resume may not change differ from the "
+                  "checkpoint's (the table in docs: All options)."},
     )
     run_record: bool = field(
         default=True,
@@ -531,9 +540,9 @@ class FastTrainingArguments(TrainingArguments):
 
 
 # What an option reads as on arguments of another class (a plain TrainingArguments, TRL's configs): its default,
-# except here. run_record and save_on_signal are off there, so FastTrainer given the Trainer's own arguments is the
-# Trainer exactly.
-_ABSENT_VALUES = {"run_record": False, "save_on_signal": False}
+# except here. run_record, save_on_signal and auto_resume are off there, so FastTrainer given the Trainer's own
+# arguments is the Trainer exactly.
+_ABSENT_VALUES = {"run_record": False, "save_on_signal": False, "auto_resume": False}
 
 
 @functools.lru_cache(maxsize=None)

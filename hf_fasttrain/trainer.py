@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import MutableMapping
 from typing import Any, Optional
 
@@ -22,11 +23,11 @@ import torch
 from transformers import Trainer
 
 from .args import fast_option
-from .callbacks.averaging import WeightAveragingCallback
+from .callbacks.averaging import AVERAGE_FILE, WeightAveragingCallback
 from .callbacks.run_record import WALL_CLOCK_LOG_KEYS, RunRecorderCallback
 from .callbacks.clipping import ClipStatsWindow
-from .callbacks.data_position import (ResumedEpochCallback, StreamPositionCallback, load_stream_position,
-                                      stream_dataloader)
+from .callbacks.data_position import (STREAM_POSITION_FILE, ResumedEpochCallback, StreamPositionCallback,
+                                      load_stream_position, stream_dataloader)
 from .callbacks.graceful_stop import GracefulStopCallback
 from .callbacks.guard import stability_callbacks
 from .callbacks.mixin import StabilityTrainerMixin
@@ -38,6 +39,7 @@ from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .optim.orthogonalize import native_bf16_matmul
 from .optim.ademamix import slow_momentum_half_life
 from .precision import logger as precision_logger
+from .resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import (HOST_BATCH_KEY, CompileCounter, HostBatchCollator, HostCopy, ThroughputMeter, count_batch,
@@ -145,6 +147,9 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         super().__init__(*args, **kwargs)
         self.run_config = dict(run_config or {})
         opt = self._option
+        # the run's options as given, before budget_aware fills in its settings: what a checkpoint records and a
+        # rerun is compared with (hf_fasttrain.resume_identity)
+        self.run_options: dict[str, Any] = {**self.run_config, **training_config(self.args)}
         self.budget: Optional[dict[str, Any]] = None
         if opt("budget_aware"):  # before anything reads the schedule or the optimizer's settings
             self.budget = self._apply_budget_settings()
@@ -451,7 +456,62 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             metrics[f"{metric_key_prefix}_perplexity"] = math.exp(min(loss, 50.0))
         return metrics
 
+    def _records_options(self) -> bool:
+        """Checkpoints carry the run's options when the package's run management is on."""
+        return bool(self.run_record or self._option("auto_resume"))
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self._records_options() and self.is_world_process_zero():
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            if os.path.isdir(folder):
+                write_options(folder, self.run_options)
+
+    def checkpoint_extras(self) -> tuple[str, ...]:
+        """Files this run's callbacks add to every checkpoint after the Trainer's (a checkpoint lacks them when a
+        kill came in between): the weight average, a stream's position."""
+        extras = (AVERAGE_FILE,) if self.weight_averaging is not None else ()
+        if self.stream_position is not None:
+            extras += (STREAM_POSITION_FILE.format(rank=self.args.process_index),)
+        return extras
+
+    def planned_steps(self) -> Optional[int]:
+        """The optimizer steps this run takes, known before it starts (None for an epoch-based run)."""
+        steps = self.args.max_steps
+        if steps is None or steps <= 0:
+            return None
+        return self.seqlen.max_steps(steps) if self.seqlen is not None else steps
+
+    def plan_resume(self) -> ResumePlan:
+        """``auto_resume``: what :meth:`train` without ``resume_from_checkpoint`` does with ``output_dir``: resume
+        its last complete checkpoint (options compared first: :func:`hf_fasttrain.resume_identity.plan_resume`),
+        report a finished run, or start from scratch. ``overwrite_output_dir`` discards the old run first."""
+        out = self.args.output_dir
+        if self._option("overwrite_output_dir"):
+            if self.is_world_process_zero():
+                gone = discard_previous_run(out)
+                if gone:
+                    logger.info("overwrite_output_dir: deleted %s from %s", ", ".join(gone), out)
+            self.accelerator.wait_for_everyone()
+            return ResumePlan()
+        return plan_resume(out, self.run_options, max_steps=self.args.max_steps, planned_steps=self.planned_steps,
+                           required=self.checkpoint_extras(), stop_at_step=self._option("restart_stop_at_step"))
+
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        if resume_from_checkpoint is None and trial is None and self._option("auto_resume"):
+            plan = self.plan_resume()  # refuses (one line) before any work when the options changed
+            name = os.path.basename(os.path.normpath(self.args.output_dir)) or self.args.output_dir
+            if plan.finished_at is not None:
+                if self.is_world_process_zero():
+                    logger.info("%s (outputs left as they are). To train longer, raise max_steps; to start over, "
+                                "use a new output_dir or %s", plan.describe(name), "overwrite_output_dir")
+                return self._finished_output(plan.checkpoint)
+            if plan.checkpoint is not None:
+                if self.is_world_process_zero():
+                    logger.info(plan.describe(name))
+                resume_from_checkpoint = plan.checkpoint
         if self.run_record and self.is_world_process_zero():
             config = {**self.run_config, **training_config(self.args)}
             block = (self.run_config.get("data") or {}).get("block_size")
@@ -483,6 +543,15 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if self._compile_counter is not None and self.run_record and self.is_world_process_zero():
             update_run_info(self.args.output_dir, self._compile_counter.stats())
         return output
+
+    def _finished_output(self, checkpoint: str):
+        """What ``train()`` returns for a run already complete at ``checkpoint``: its state, no training."""
+        from transformers.trainer_callback import TrainerState
+        from transformers.trainer_utils import TrainOutput
+
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+        losses = [h["train_loss"] for h in self.state.log_history if "train_loss" in h]
+        return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
 
     def _train_from_stream_position(self, checkpoint, trial, ignore_keys_for_eval, **kwargs):
         """Resume a stream at the position its checkpoint saved; the Trainer then skips nothing (O(1))."""
