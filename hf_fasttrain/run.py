@@ -24,7 +24,7 @@ from .callbacks.averaging import AVERAGE_FILE
 from .callbacks.data_position import STREAM_POSITION_FILE
 from .callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
 from .data.front import prepare_data, run_data
-from .data.from_args import planned_optimizer_steps
+from .data.from_args import planned_optimizer_steps, planned_tokens, resolve_max_steps
 from .metrics import make_compute_metrics, preprocess_logits_for_metrics
 from .modeling import build_model
 from .recipes import resolved_config
@@ -168,11 +168,12 @@ def start_line(name: str, facts: Mapping[str, Any], output_dir: str, data: Optio
     rows = facts["global_batch"]
     per_row = tps // rows if rows else 0
     procs = f" over {facts['world_size']} processes" if facts["world_size"] > 1 else ""
-    length = (f"{steps:,} steps ({_fmt_count(steps * tps)} tokens)" if steps and steps > 0
+    tokens = facts.get("tokens") or (steps * tps if steps and steps > 0 else None)
+    shorter = ", shorter rows first" if tokens and steps and tokens < steps * tps else ""  # sequence-length warmup
+    length = (f"{steps:,} steps ({_fmt_count(tokens)} tokens{shorter})" if steps and steps > 0
               else "by epochs (max_steps not set)")
-    planned = facts.get("optimizer_steps")
-    if steps and steps > 0 and planned and planned != steps:  # a token-counted sequence-length warmup
-        length = f"the tokens of {length} in {planned:,} optimizer steps (shorter rows first)"
+    if facts.get("max_tokens"):  # the run's length was given in tokens: these are the steps that hold them
+        length = f"max_tokens {facts['max_tokens']:,} in {length}"
     trainable = facts.get("trainable_parameters")
     params = _fmt_count(facts["parameters"]) + " parameters"
     if isinstance(trainable, int) and trainable < facts["parameters"]:
@@ -183,8 +184,10 @@ def start_line(name: str, facts: Mapping[str, Any], output_dir: str, data: Optio
 
 
 def end_summary(summary: Mapping[str, Any], output_dir: str, facts: Optional[Mapping[str, Any]] = None,
-                steps: Optional[int] = None, adapter: bool = False, merged: Optional[str] = None) -> str:
-    """The lines printed when a run ends: eval loss from -> to, perplexity, time, tokens/s, and the paths."""
+                steps: Optional[int] = None, adapter: bool = False, merged: Optional[str] = None,
+                tokens: Optional[int] = None) -> str:
+    """The lines printed when a run ends: eval loss from -> to, perplexity, steps (and the tokens they held, when
+    known), time, tokens/s, and the paths."""
     first, last = summary.get("initial_eval_loss"), summary.get("final_eval_loss")
     lines = []
     head = "done"
@@ -194,7 +197,8 @@ def end_summary(summary: Mapping[str, Any], output_dir: str, facts: Optional[Map
         head += f": {loss} (perplexity {math.exp(min(last, 50.0)):.4g})"
     secs = summary.get("train_seconds")
     if isinstance(secs, (int, float)) and secs > 0:
-        head += f"; {steps:,} steps in {secs:.1f} s of training" if steps else f"; {secs:.1f} s of training"
+        held = f" ({_fmt_count(tokens)} tokens)" if steps and tokens else ""
+        head += f"; {steps:,} steps{held} in {secs:.1f} s of training" if steps else f"; {secs:.1f} s of training"
         rates = [h["tokens_per_second"] for h in summary.get("history", []) if "tokens_per_second" in h]
         if rates:
             head += f", {sum(rates) / len(rates):,.0f} tokens/s"
@@ -313,6 +317,7 @@ def train(
     name = os.path.basename(os.path.normpath(out)) or out
     is_main = training_args.process_index == 0
     data = run_data(data_args, model_args, training_args)  # what the data cannot do is refused here; nothing read yet
+    resolve_max_steps(training_args, data.args.block_size)  # max_tokens: the optimizer steps that hold them
     options = resolved_config(model_args, data.args, training_args)
     # resume, finished or from scratch; a checkpoint trained with other options is refused here, before any work
     plan = _plan(training_args, options, data)
@@ -321,9 +326,10 @@ def train(
         final = _final_outputs_present(out)
         if final is not None:
             if is_main:
-                logger.info("%s (outputs left as they are). To train longer, raise --max_steps (a run whose lr "
-                            "schedule spans it needs a new --output_dir); to start over, use a new --output_dir or "
-                            "--overwrite_output_dir.", plan.describe(name))
+                logger.info("%s (max_steps %d%s; outputs left as they are). To train longer, raise --max_steps (a "
+                            "run whose lr schedule spans it needs a new --output_dir); to start over, use a new "
+                            "--output_dir or --overwrite_output_dir.", plan.describe(name), training_args.max_steps,
+                            f", max_tokens {training_args.max_tokens:,}" if training_args.max_tokens else "")
             return final
     data.load()  # tokenizer, train set or stream, eval set, collator, summary
     set_seed(training_args.seed)  # the model's initialisation depends on the seed alone
@@ -350,7 +356,8 @@ def train(
     if trainer.pop_callback(PrinterCallback) is not None:  # disable_tqdm: the same lines, no bar
         trainer.add_callback(ReadablePrinterCallback())
     facts = run_facts(model, training_args, data.args.block_size)
-    facts["optimizer_steps"] = data.planned_steps()
+    facts["tokens"] = planned_tokens(training_args, data.args.block_size)
+    facts["max_tokens"] = training_args.max_tokens
     if is_main:
         logger.info(start_line(name, facts, out, data=data.summary))
     if done_at is not None:  # complete, but killed before its final save: finish from the checkpoint
@@ -389,8 +396,10 @@ def train(
         logger.info("the base with the adapter merged in: %s", merged)
     if trainer.is_world_process_zero() and trainer.recorder is not None:
         # the result on stdout, where the step and eval lines are; the run's story stays on stderr
-        print(end_summary(summary, out, facts, steps=trainer.state.global_step,
-                          adapter=model_args.lora_r is not None, merged=merged), flush=True)
+        step = trainer.state.global_step
+        tokens = facts["tokens"] if step == training_args.max_steps else None  # not known for a run stopped early
+        print(end_summary(summary, out, facts, steps=step, tokens=tokens, adapter=model_args.lora_r is not None,
+                          merged=merged), flush=True)
     return metrics
 
 

@@ -44,7 +44,8 @@ from .runinfo import run_facts, training_config, update_run_info, write_run_reco
 from .schedules import TokenProgress, make_scheduler
 from .throughput import (HOST_BATCH_KEY, CompileCounter, HostBatchCollator, HostCopy, ThroughputMeter, count_batch,
                          device_peak_flops, flops_per_token, mfu)
-from .wiring import SeqLenWiring
+from .data.from_args import resolve_max_steps
+from .wiring import SeqLenWiring, _row_length
 
 __all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
 
@@ -185,6 +186,9 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.add_callback(StreamPositionCallback(self.stream_position))
         # sequence-length options (samplers, packing, warmup); None when all are off
         self.seqlen = SeqLenWiring.from_trainer(self)
+        if opt("max_tokens") is not None and self.train_dataset is not None:  # the run's length in tokens:
+            names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]  # its optimizer steps
+            resolve_max_steps(self.args, _row_length(self.train_dataset, names[0]))
         # weight averaging (EMA / LAWA): evaluated, checkpointed and finally saved as the model
         self.weight_averaging = WeightAveragingCallback.from_args(self.args)
         if self.weight_averaging is not None:
@@ -204,7 +208,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                              tokens_per_parameter)
 
         args = self.args
-        tokens = self._option("schedule_total_tokens")
+        tokens = self._option("schedule_total_tokens") or self._option("max_tokens")
         if not tokens:
             row = getattr(self.train_dataset, "block_size", None)  # a TokenStream's rows
             if row is None:
@@ -323,10 +327,6 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.control.should_epoch_stop = True  # every rank, together: the next pass starts on all of them
         return batches[:common]
 
-    def set_initial_training_values(self, args, dataloader):
-        values = super().set_initial_training_values(args, dataloader)
-        return self.seqlen.adjust_training_values(values) if self.seqlen is not None else values
-
     def training_step(self, model, inputs, num_items_in_batch=None):
         # the batch's host tensors (HostBatchCollator) leave the batch here, before the model sees it
         host = inputs.pop(HOST_BATCH_KEY, None) if isinstance(inputs, MutableMapping) else None
@@ -359,8 +359,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """With ``args.lr_decay`` set: warmup + decay to a floor from hf_fasttrain.schedules (a LambdaLR
         whose state_dict also holds the token count, so checkpoints restore it); else the Trainer's.
-        With sequence-length warmup counted in tokens, the schedule spans the user's max_steps and
-        advances with the tokens trained on."""
+        With sequence-length warmup counted in tokens, the schedule spans the run's full-length steps and
+        advances with the tokens trained on, reaching its end at the run's last step."""
         if self.seqlen is not None:
             num_training_steps = self.seqlen.schedule_steps(num_training_steps)
         opt = self._option
@@ -376,7 +376,10 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             )
         self.token_progress = None
         if opt("schedule_unit") == "tokens":
-            self.token_progress = TokenProgress(opt("schedule_total_tokens") or self._default_total_tokens(num_training_steps))
+            total = opt("schedule_total_tokens")
+            if not total and self.seqlen is not None and self.seqlen.count_tokens:  # the run's tokens, short rows too
+                total = self.seqlen.schedule_tokens()
+            self.token_progress = TokenProgress(total or self._default_total_tokens(num_training_steps))
         self.lr_scheduler = make_scheduler(
             optimizer if optimizer is not None else self.optimizer,
             num_training_steps,
@@ -480,9 +483,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     def planned_steps(self) -> Optional[int]:
         """The optimizer steps this run takes, known before it starts (None for an epoch-based run)."""
         steps = self.args.max_steps
-        if steps is None or steps <= 0:
-            return None
-        return self.seqlen.max_steps(steps) if self.seqlen is not None else steps
+        return steps if steps is not None and steps > 0 else None
 
     def plan_resume(self) -> ResumePlan:
         """``auto_resume``: what :meth:`train` without ``resume_from_checkpoint`` does with ``output_dir``: resume
