@@ -89,7 +89,8 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "Resume from the last complete checkpoint in output_dir when one exists (a stopped run "
                   "continues when its command or script runs again), after comparing the options with the "
                   "checkpoint's: logging, evaluation, save and loader options may change; any other change is "
-                  "refused in one line. A finished run trains nothing. A plain TrainingArguments reads as off."},
+                  "refused in one line. A finished run trains nothing. FastTrainer.train() does it with run_record on; "
+                  "a plain TrainingArguments reads as off."},
     )
     overwrite_output_dir: bool = field(
         default=False,

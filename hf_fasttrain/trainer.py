@@ -459,13 +459,13 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             metrics[f"{metric_key_prefix}_perplexity"] = math.exp(min(loss, 50.0))
         return metrics
 
-    def _records_options(self) -> bool:
-        """Checkpoints carry the run's options when the package's run management is on."""
-        return bool(self.run_record or self._option("auto_resume"))
+    def _auto_resumes(self) -> bool:
+        """``auto_resume`` with the run record on: off in neutral mode (``run_record`` off), which is the Trainer."""
+        return bool(self.run_record and self._option("auto_resume"))
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
-        if self._records_options() and self.is_world_process_zero():
+        if self.run_record and self.is_world_process_zero():  # the checkpoint holds the run's options
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
@@ -501,7 +501,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                            required=self.checkpoint_extras(), stop_at_step=self._option("restart_stop_at_step"))
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        if resume_from_checkpoint is None and trial is None and self._option("auto_resume"):
+        if resume_from_checkpoint is None and trial is None and self._auto_resumes():
             plan = self.plan_resume()  # refuses (one line) before any work when the options changed
             name = os.path.basename(os.path.normpath(self.args.output_dir)) or self.args.output_dir
             if plan.finished_at is not None:

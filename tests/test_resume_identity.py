@@ -173,3 +173,50 @@ def test_overwrite_output_dir_discards_the_old_run(stopped, tiny_lm, tiny_tokeni
                        overwrite_output_dir=True)
     trainer.train()
     assert trainer.state.global_step == 2 and not (out / "checkpoint-3").exists()
+
+
+# --- the recipe's command line -----------------------------------------------------------------------------------
+
+RECIPE = ["--config", "gpt2_tiny", "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32",
+          "--vocab_size", "300", "--max_steps", "8", "--warmup_steps", "1", "--report_to", "none",
+          "--max_corpus_files", "40"]
+
+
+def _stopped_recipe_run(out, **trained_with):
+    """An output_dir as a recipe run stopped at step 4 leaves it: checkpoint-4 holding the options it trained with
+    (this command's, changed by ``trained_with``), its config.yaml and run_info.json."""
+    from hf_fasttrain.recipes import parse_config, resolved_config
+    from hf_fasttrain.resume_identity import write_options
+
+    options = resolved_config(*parse_config([*RECIPE, "--output_dir", str(out)]))
+    options.update(trained_with)
+    ckpt = out / "checkpoint-4"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 4, "max_steps": 8}))
+    from hf_fasttrain.callbacks.averaging import AVERAGE_FILE
+
+    (ckpt / AVERAGE_FILE).write_bytes(b"")  # gpt2_tiny keeps an EMA in every checkpoint
+    write_options(str(ckpt), options)
+    (out / "config.yaml").write_text("learning_rate: 0.01\n")
+    (out / "run_info.json").write_text("{}")
+
+
+def _files(out):
+    return {str(p.relative_to(out)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def test_the_recipe_refuses_a_changed_rerun_in_one_line_exit_2_and_writes_nothing(tmp_path, capsys):
+    from hf_fasttrain.cli import main
+
+    out = tmp_path / "run"
+    _stopped_recipe_run(out, learning_rate=0.01, lr_decay="linear", optimizer="adamw",
+                        per_device_train_batch_size=4)
+    before = _files(out)
+    code = main(["train", *RECIPE, "--output_dir", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err == (f"error: output_dir: {out} holds a run (checkpoint-4) trained with other options: "
+                   "per_device_train_batch_size 4 -> 16, learning_rate 0.01 -> 0.016, lr_decay 'linear' -> 'cosine', "
+                   "optimizer 'adamw' -> 'muon'; use a new --output_dir for this run, or add --overwrite_output_dir to "
+                   "discard the old run (its checkpoints are deleted)\n")
+    assert _files(out) == before  # nothing written: not config.yaml, not run_info.json, no checkpoint

@@ -292,7 +292,8 @@ class GracefulStopCallback(JITCheckpointCallback):
             from ..args import fast_option
 
             checkpoint = os.path.join(self.trainer._get_output_dir(trial=None), f"{PREFIX_CHECKPOINT_DIR}-{self.stopped_at}")
-            auto_resume = bool(fast_option(self.trainer.args, "auto_resume"))
+            args = self.trainer.args  # FastTrainer resumes by itself with auto_resume and its run record on
+            auto_resume = bool(fast_option(args, "auto_resume") and fast_option(args, "run_record"))
         if is_main_process:
             sys.stdout.flush()
             print(stop_message(self.stopped_at, resume_hint(checkpoint, auto_resume)), file=sys.stderr, flush=True)
