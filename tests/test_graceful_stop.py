@@ -211,7 +211,7 @@ def test_recipe_stopped_by_a_signal_says_so_and_the_same_command_resumes(action,
 
     again = _recipe("none", 0, ["--output_dir", str(out), *common])  # the same command
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "Resuming from checkpoint-8" in again.stderr
+    assert f"resuming b from {out / 'checkpoint-8'}" in again.stderr
     a, b = _metrics(tmp_path / "a"), _metrics(out)
     la = {h["step"]: h["loss"] for h in a["history"] if "loss" in h}
     lb = {h["step"]: h["loss"] for h in b["history"] if "loss" in h}

@@ -126,12 +126,16 @@ def test_seq_len_warmup_rechunk_and_step_counted(tiny_lm, tiny_tokenizer, tmp_pa
     assert off.seqlen.schedule_steps(6) == 6 and not off.seqlen.count_tokens
 
 
-def test_max_steps_is_the_number_of_optimizer_steps_with_the_warmup_counted_in_tokens(tiny_lm, tiny_tokenizer,
+@pytest.mark.parametrize("schedule", [dict(lr_scheduler_type="linear"), dict(lr_decay="linear"),
+                                      dict(lr_decay="linear", schedule_unit="tokens")],
+                         ids=["trainer-linear", "lr_decay-steps", "lr_decay-tokens"])
+def test_max_steps_is_the_number_of_optimizer_steps_with_the_warmup_counted_in_tokens(schedule, tiny_lm, tiny_tokenizer,
                                                                                       tmp_path):
     # the same warmup with max_steps 6: exactly 6 optimizer steps (8 + 16 + 24 + 3 x 32 = 144 tokens a row), and
     # the lr's progress is the share of those tokens seen: 6 x (0, 8, 24, 48, 80, 112) / 144 before each step
+    # (with the Trainer's schedule, with hf_fasttrain's counted in steps, and counted in tokens: the token budget)
     kw = dict(max_steps=6, per_device_train_batch_size=4, seq_len_warmup_min=8, seq_len_warmup_fraction=0.5,
-              include_num_input_tokens_seen="all", learning_rate=3e-3, lr_scheduler_type="linear")
+              include_num_input_tokens_seen="all", learning_rate=3e-3, **schedule)
     trainer = _fast_trainer(tiny_tokenizer, tiny_lm["train"], tiny_args(tmp_path, **kw))
     logs = _train_logs(trainer)
     assert trainer.state.global_step == trainer.state.max_steps == 6
