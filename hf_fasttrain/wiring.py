@@ -27,8 +27,6 @@ Arguments without these fields (a plain ``TrainingArguments``) read them as thei
 
 from __future__ import annotations
 
-import math
-import sys
 from typing import Optional
 
 from ._validation import ConfigError

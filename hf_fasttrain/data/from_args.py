@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import math
 from typing import Optional
 
 from .._validation import ConfigError
