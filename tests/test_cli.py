@@ -261,12 +261,21 @@ def test_start_line_and_end_summary():
     assert start_line("gpt2_tiny", facts, "runs/gpt2_tiny") == (
         "gpt2_tiny: 540k parameters; 4,096 tokens/step (32 rows x 128 tokens over 2 processes); 300 steps "
         "(1.23M tokens); cuda:0 (NVIDIA H200), bf16; output runs/gpt2_tiny")
+    # with a sequence-length warmup: the tokens the steps hold; with a token budget, the steps it takes
+    tiny = {**facts, "world_size": 1, "global_batch": 16, "tokens_per_step": 2048, "device": "cpu", "precision": "fp32"}
+    assert start_line("t", {**tiny, "max_steps": 200, "tokens": 351232}, "o") == (
+        "t: 540k parameters; 2,048 tokens/step (16 rows x 128 tokens); 200 steps (351k tokens, shorter rows first); "
+        "cpu, fp32; output o")
+    assert start_line("t", {**tiny, "max_steps": 343, "tokens": 615296, "max_tokens": 614400}, "o") == (
+        "t: 540k parameters; 2,048 tokens/step (16 rows x 128 tokens); max_tokens 614,400 in 343 steps (615k tokens, "
+        "shorter rows first); cpu, fp32; output o")
     summary = {"initial_eval_loss": 8.2812, "final_eval_loss": 3.9712, "train_seconds": 53.24,
                "history": [{"eval_loss": 8.2812, "step": 0}, {"loss": 5.0, "tokens_per_second": 11000.0},
                            {"loss": 4.0, "tokens_per_second": 12000.0}, {"eval_loss": 3.9712, "step": 300}]}
     lines = end_summary(summary, "runs/t", steps=300).splitlines()
     assert lines[0] == (f"done: eval loss 8.281 -> 3.971 (perplexity {math.exp(3.9712):.4g}); 300 steps in 53.2 s "
                         f"of training, 11,500 tokens/s")
+    assert "; 343 steps (615k tokens) in 53.2 s" in end_summary(summary, "runs/t", steps=343, tokens=615296)
     assert lines[1:3] == ["  metrics    runs/t/metrics.json", "  loss curve runs/t/loss_curve.png"]
     assert lines[3].startswith("  model      runs/t")
 
