@@ -28,7 +28,7 @@ from .data.from_args import planned_optimizer_steps, planned_tokens, resolve_max
 from .metrics import make_compute_metrics, preprocess_logits_for_metrics
 from .modeling import build_model
 from .recipes import resolved_config
-from .resume_identity import ResumePlan, discard_previous_run, finished_step, plan_resume, read_recorded_options
+from ._resume_identity import ResumePlan, discard_previous_run, finished_step, plan_resume, read_recorded_options
 from .runinfo import run_facts
 from .trainer import FastTrainer
 
@@ -112,7 +112,7 @@ def _finished_step(training_args: FastTrainingArguments, checkpoint: Optional[st
 def _plan(training_args: FastTrainingArguments, options: dict, data) -> ResumePlan:
     """The run's resume plan, decided before any data work: the checkpoint asked for (``resume_from_checkpoint``),
     else the one ``auto_resume`` finds, its options compared with this run's (the same decision
-    ``FastTrainer.train()`` takes on its own: :func:`hf_fasttrain.resume_identity.plan_resume`)."""
+    ``FastTrainer.train()`` takes on its own: :func:`hf_fasttrain._resume_identity.plan_resume`)."""
     out = training_args.output_dir
     if training_args.resume_from_checkpoint:
         checkpoint = training_args.resume_from_checkpoint

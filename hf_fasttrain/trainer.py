@@ -39,7 +39,7 @@ from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .optim.orthogonalize import native_bf16_matmul
 from .optim.ademamix import slow_momentum_half_life
 from .precision import logger as precision_logger
-from .resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
+from ._resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import (HOST_BATCH_KEY, CompileCounter, HostBatchCollator, HostCopy, ThroughputMeter, count_batch,
@@ -149,7 +149,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self.run_config = dict(run_config or {})
         opt = self._option
         # the run's options as given, before budget_aware fills in its settings: what a checkpoint records and a
-        # rerun is compared with (hf_fasttrain.resume_identity)
+        # rerun is compared with (hf_fasttrain._resume_identity)
         self.run_options: dict[str, Any] = {**self.run_config, **training_config(self.args)}
         self.budget: Optional[dict[str, Any]] = None
         if opt("budget_aware"):  # before anything reads the schedule or the optimizer's settings
@@ -487,7 +487,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
 
     def plan_resume(self) -> ResumePlan:
         """``auto_resume``: what :meth:`train` without ``resume_from_checkpoint`` does with ``output_dir``: resume
-        its last complete checkpoint (options compared first: :func:`hf_fasttrain.resume_identity.plan_resume`),
+        its last complete checkpoint (options compared first: :func:`hf_fasttrain._resume_identity.plan_resume`),
         report a finished run, or start from scratch. ``overwrite_output_dir`` discards the old run first."""
         out = self.args.output_dir
         if self._option("overwrite_output_dir"):

@@ -50,7 +50,7 @@ LAYERS = {
     "metrics": CORE,
     "hub": CORE,
     "runinfo": CORE,
-    "resume_identity": CORE,
+    "_resume_identity": CORE,
     "decoders": CORE,
     # config
     "args": CONFIG,
