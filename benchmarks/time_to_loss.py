@@ -293,6 +293,34 @@ def _key_setup(setup: Setup) -> dict[str, Any]:
             if not (k in _LATER_SETUP_FIELDS and v == _LATER_SETUP_FIELDS[k])}
 
 
+def measured_length(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """An arm's training arguments with the run length it was measured with, in today's terms.
+
+    The arms were measured when a token-counted sequence-length warmup, and a batch-size warmup, took more
+    optimizer steps than ``max_steps`` to train the tokens of ``max_steps`` full-length steps. ``max_steps`` now
+    counts optimizer steps and a token budget is ``max_tokens``: a sequence-length warmup gets that budget (the same
+    run exactly), a batch-size warmup the steps it was allowed, its batch ramp kept. A token-counted lr schedule now
+    spans the run's steps (360 for a 300-step budget with a 20% ramp, was 300), so the lr warmup is the whole number
+    of steps closest to its measured share of the tokens (7 of 360, was 6 of 300). The arm's settings (and the keys
+    of its saved runs) stay as they were."""
+    steps = kwargs.get("max_steps", -1)
+    if steps is None or steps <= 0 or kwargs.get("max_tokens") is not None:
+        return kwargs
+    out = dict(kwargs)
+    rows = out.get("per_device_train_batch_size", 8) * out.get("gradient_accumulation_steps", 1)
+    if (out.get("seq_len_warmup_min") is not None and out.get("seq_len_warmup_count_tokens", True)
+            and out.get("seq_len_warmup_mode", "truncate") == "truncate"):
+        out.update(max_tokens=steps * rows * out.pop("_block_size"), max_steps=-1)
+    elif out.get("batch_warmup_min_tokens") is not None:
+        ramp = round(out.get("batch_warmup_fraction", 0.2) * steps)
+        warmup = out.get("warmup_steps", 0)
+        if 0 < warmup < 1:
+            out["warmup_steps"] = max(1, round(math.ceil(steps * warmup) * (steps + ramp) / steps))
+        out.update(max_steps=steps + ramp, batch_warmup_fraction=ramp / (steps + ramp))
+    out.pop("_block_size", None)
+    return out
+
+
 def run_key(arm: Arm, seed: int, setup: Setup) -> str:
     """What a saved run's result depends on: the arm's settings, the seed and the setup (corpus included)."""
     settings = {k: getattr(v, "__qualname__", v) if callable(v) else v for k, v in arm.args.items()}
@@ -339,7 +367,8 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
     args_cls = FastTrainingArguments if arm.fast else TrainingArguments
     extra = {"auto_resume": False} if arm.fast else {}
     settings = {k: v(setup) if callable(v) else v for k, v in arm.args.items()}  # e.g. token_budget
-    args = args_cls(**{**common, **extra, **settings})
+    kwargs = {**common, **extra, **settings}
+    args = args_cls(**(measured_length({**kwargs, "_block_size": setup.block_size}) if arm.fast else kwargs))
     set_seed(seed)
     model = build_model(setup.model_args(), tokenizer, setup.block_size)
     callbacks = arm.callbacks()
@@ -414,8 +443,8 @@ def run_best_of_n(arm: Arm, seed: int, setup: Setup, workdir: Path, num_seeds: i
 
     total = round(setup.max_steps / (1 + (num_seeds - 1) * explore_fraction))
     out = workdir / f"{arm.name}-seed{seed}"
-    args = FastTrainingArguments(**{**common_args(setup, seed * num_seeds, out), "auto_resume": False,
-                                    **arm.args, "max_steps": total})
+    args = FastTrainingArguments(**measured_length({**common_args(setup, seed * num_seeds, out), "auto_resume": False,
+                                                    **arm.args, "max_steps": total, "_block_size": setup.block_size}))
     model_args = setup.model_args()
     data_args = data_arguments(setup)
     wall0 = time.perf_counter()

@@ -86,8 +86,18 @@ class FastTrainingArguments(TrainingArguments):
     # --- Run management ----------------------------------------------------------------------
     auto_resume: bool = field(
         default=True,
-        metadata={"help": "Resume from the last checkpoint in output_dir when one exists (a killed run "
-                  "continues when restarted with the same command)."},
+        metadata={"help": "Resume from the last complete checkpoint in output_dir when one exists (a stopped run "
+                  "continues when its command or script runs again), after comparing the options with the "
+                  "checkpoint's: logging, evaluation, save and loader options may change; any other change is "
+                  "refused in one line. A finished run trains nothing. FastTrainer.train() does it with run_record on; "
+                  "a plain TrainingArguments reads as off."},
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Discard the run already in output_dir: delete its checkpoints and end-of-run records, then "
+                  "train from scratch. Without it, a rerun into an output_dir that holds a checkpoint resumes it, and "
+                  "refuses (one line, before any work) when options that a resume may not change differ from the "
+                  "checkpoint's (the table in docs: All options)."},
     )
     run_record: bool = field(
         default=True,
@@ -190,8 +200,9 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "Batch-size warmup: tokens per micro-batch at the start, growing linearly to the full "
                   "micro-batch (max_tokens_per_batch, or per_device_train_batch_size rows) over "
                   "batch_warmup_fraction of max_steps; fewer tokens per step early, when the gradient noise "
-                  "scale is small. Needs lr_decay, schedule_unit='tokens' and schedule_total_tokens: the run "
-                  "takes more, smaller steps and stops at the token budget. null = off."},
+                  "scale is small. Needs lr_decay, schedule_unit='tokens' and schedule_total_tokens: the steps are "
+                  "smaller, and the run stops at the token budget or at max_steps, whichever comes first (give "
+                  "max_steps room for the budget). null = off."},
     )
     batch_warmup_fraction: float = field(
         default=0.2, metadata={"help": "Share of max_steps over which the batch-size warmup grows (in [0, 1])."}
@@ -214,11 +225,12 @@ class FastTrainingArguments(TrainingArguments):
     seq_len_warmup_min: Optional[int] = field(
         default=None,
         metadata={"help": "Sequence-length warmup (Li et al. 2022) for fixed-length rows: train on rows cut to "
-                  "this length at first, growing to the full length over seq_len_warmup_fraction of max_steps. "
+                  "this length at first, growing to the full length over seq_len_warmup_fraction of the run. "
                   "null = off."},
     )
     seq_len_warmup_fraction: float = field(
-        default=0.3, metadata={"help": "Share of max_steps over which the length grows (Composer's default 0.3)."}
+        default=0.3, metadata={"help": "Share of the run (max_steps, or the full-length steps of max_tokens) over "
+                                       "which the length grows (Composer's default 0.3)."}
     )
     seq_len_warmup_multiple: int = field(
         default=8, metadata={"help": "Lengths are multiples of this (8 for tensor cores; larger limits recompiles)."}
@@ -234,8 +246,16 @@ class FastTrainingArguments(TrainingArguments):
     )
     seq_len_warmup_count_tokens: bool = field(
         default=True,
-        metadata={"help": "With 'truncate': stop after the tokens of max_steps full-length steps (more steps) and "
-                  "advance the LR schedule with tokens seen, so short steps are not charged as full ones."},
+        metadata={"help": "With 'truncate': advance the LR schedule with the tokens seen, so short steps are not "
+                  "charged as full ones; it reaches its floor at the run's last step. The run takes max_steps "
+                  "optimizer steps; for a run of a given number of tokens, set max_tokens."},
+    )
+    max_tokens: Optional[int] = field(
+        default=None,
+        metadata={"help": "The run's length in tokens (all processes), for fixed-length rows, instead of max_steps: "
+                  "the run takes the optimizer steps that hold these tokens (with sequence-length warmup, more than "
+                  "full-length steps would: the start line says how many) and its schedules span them. A max_steps "
+                  "given beside it must be that number. null: the run is max_steps optimizer steps."},
     )
 
     # --- Weight averaging: hf_fasttrain.averaging + callbacks.averaging --------------------------
@@ -529,9 +549,9 @@ class FastTrainingArguments(TrainingArguments):
 
 
 # What an option reads as on arguments of another class (a plain TrainingArguments, TRL's configs): its default,
-# except here. run_record and save_on_signal are off there, so FastTrainer given the Trainer's own arguments is the
-# Trainer exactly.
-_ABSENT_VALUES = {"run_record": False, "save_on_signal": False}
+# except here. run_record, save_on_signal and auto_resume are off there, so FastTrainer given the Trainer's own
+# arguments is the Trainer exactly.
+_ABSENT_VALUES = {"run_record": False, "save_on_signal": False, "auto_resume": False}
 
 
 @functools.lru_cache(maxsize=None)

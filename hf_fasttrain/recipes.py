@@ -463,7 +463,8 @@ def parse_config(
         # a size given on the command line under its other spelling (--hidden_size over a recipe's n_embd) wins
         given = {a.split("=", 1)[0][2:].replace("-", "_") for a in (argv if argv is not None else sys.argv[1:])
                  if isinstance(a, str) and a.startswith("--")}
-        for short, long in SIZE_ALIASES.items():
+        # so does a run length given on the command line in the other unit (--max_steps over a recipe's max_tokens)
+        for short, long in (*SIZE_ALIASES.items(), ("max_steps", "max_tokens")):
             for flag, other in ((short, long), (long, short)):
                 if flag in given and other not in given:
                     defaults.pop(other, None)

@@ -24,16 +24,16 @@ from .callbacks.averaging import AVERAGE_FILE
 from .callbacks.data_position import STREAM_POSITION_FILE
 from .callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
 from .data.front import prepare_data, run_data
-from .data.sources import DataError
-from .data.from_args import planned_optimizer_steps
+from .data.from_args import planned_optimizer_steps, planned_tokens, resolve_max_steps
 from .metrics import make_compute_metrics, preprocess_logits_for_metrics
 from .modeling import build_model
 from .recipes import resolved_config
+from ._resume_identity import ResumePlan, discard_previous_run, finished_step, plan_resume, read_recorded_options
 from .runinfo import run_facts
 from .trainer import FastTrainer
 
 __all__ = ["setup_logging", "prepare_data", "train", "find_resume_checkpoint", "last_complete_checkpoint",
-           "finished_checkpoint", "run_facts", "start_line", "end_summary", "other_run_in", "RUN_IDENTITY"]
+           "finished_checkpoint", "run_facts", "start_line", "end_summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,47 +69,6 @@ def setup_logging(training_args: FastTrainingArguments) -> None:
         pkg.propagate = False
 
 
-# what makes a run "the same run": a finished output_dir met with other values of these is another run
-RUN_IDENTITY = {
-    "peft": ("lora_r", "lora_alpha", "lora_target_modules", "lora_modules_to_save", "lora_use_dora", "lora_load_in_4bit"),
-    "data": ("dataset", "dataset_config", "dataset_split", "dataset_revision", "data_files", "data_dir",
-             "text_column", "max_corpus_files", "tokenizer", "vocab_size", "block_size", "data_format",
-             "prompt_column", "completion_column", "messages_column", "completion_only_loss"),
-    "model": ("model_name_or_path", "model_type", "n_layer", "n_head", "n_embd", "num_key_value_heads",
-              "intermediate_size", "n_positions", "model_config"),
-}
-
-
-def other_run_in(output_dir: str, model_args: ModelArguments, data_args: DataArguments) -> Optional[str]:
-    """The first difference between this run and the one recorded in ``output_dir/config.yaml``, as
-    ``"dataset 'a.parquet' (this run: 'b.parquet')"``; None when they agree or nothing is recorded."""
-    import yaml
-
-    try:
-        with open(os.path.join(output_dir, "config.yaml"), encoding="utf-8") as f:
-            recorded = yaml.safe_load(f) or {}
-    except (OSError, ValueError):
-        return None
-    if not isinstance(recorded, dict):
-        return None
-    current = {"data": data_args, "model": model_args, "peft": model_args}
-    for section, keys in RUN_IDENTITY.items():
-        before = recorded.get(section)
-        if section == "peft" and before is None and isinstance(recorded.get("model"), dict):
-            before = {"lora_r": None}  # recorded by a full-training run
-        if not isinstance(before, dict):
-            continue
-        for key in keys:
-            if key not in before:  # recorded by a version without that option: no evidence either way
-                continue
-            if key == "vocab_size" and (data_args.tokenizer or before.get("tokenizer")):
-                continue  # only the trained BPE reads it
-            now = getattr(current[section], key, None)
-            if before[key] != now and not (before[key] in (None, {}) and now in (None, {})):
-                return f"{key} {before[key]!r} (this run: {now!r})"
-    return None
-
-
 def find_resume_checkpoint(training_args: FastTrainingArguments, data_args: Optional[DataArguments] = None) -> Optional[str]:
     """The checkpoint to resume from: the one asked for, else (auto_resume) the last complete one."""
     if training_args.resume_from_checkpoint:
@@ -128,6 +87,49 @@ def checkpoint_extras(training_args, data_args: Optional[DataArguments] = None) 
     return extras
 
 
+def finished_checkpoint(training_args: FastTrainingArguments, checkpoint: Optional[str],
+                        row_length: Optional[int] = None) -> Optional[int]:
+    """The step at which this run already ended, or None when there is training left to do.
+
+    The run is over when ``checkpoint`` (the one it would resume from) is at the run's optimizer steps
+    (:func:`~hf_fasttrain.data.from_args.planned_optimizer_steps` over rows of ``row_length`` tokens; the Trainer's
+    own total for an epoch-based run), or when the run ended earlier by its own rule (a token budget) and wrote its
+    final ``metrics.json`` after that checkpoint, with the same ``max_steps``. Resuming such a checkpoint would make
+    the Trainer take one more step.
+    """
+    return _finished_step(training_args, checkpoint, partial(planned_optimizer_steps, training_args, row_length))
+
+
+def _finished_step(training_args: FastTrainingArguments, checkpoint: Optional[str],
+                   planned_steps: Callable[[], Optional[int]]) -> Optional[int]:
+    if getattr(training_args, "restart_stop_at_step", None):  # a random-restart trial: the search decides
+        return None
+    recorded = read_recorded_options(None, training_args.output_dir) or {}
+    return finished_step(checkpoint, training_args.output_dir, training_args.max_steps, planned_steps,
+                         recorded.get("max_steps"))
+
+
+def _plan(training_args: FastTrainingArguments, options: dict, data) -> ResumePlan:
+    """The run's resume plan, decided before any data work: the checkpoint asked for (``resume_from_checkpoint``),
+    else the one ``auto_resume`` finds, its options compared with this run's (the same decision
+    ``FastTrainer.train()`` takes on its own: :func:`hf_fasttrain._resume_identity.plan_resume`)."""
+    out = training_args.output_dir
+    if training_args.resume_from_checkpoint:
+        checkpoint = training_args.resume_from_checkpoint
+        return ResumePlan(checkpoint=checkpoint, finished_at=_finished_step(training_args, checkpoint, data.planned_steps))
+    if training_args.overwrite_output_dir:
+        if training_args.process_index == 0:
+            gone = discard_previous_run(out)
+            if gone:
+                logger.info("overwrite_output_dir: deleted %s from %s", ", ".join(gone), out)
+        return ResumePlan()
+    if not training_args.auto_resume:
+        return ResumePlan()
+    return plan_resume(out, options, max_steps=training_args.max_steps, planned_steps=data.planned_steps,
+                       required=checkpoint_extras(training_args, data.args),
+                       stop_at_step=training_args.restart_stop_at_step)
+
+
 def _read_json(path: str) -> Optional[dict]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -135,51 +137,6 @@ def _read_json(path: str) -> Optional[dict]:
         return data if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None
-
-
-def finished_checkpoint(training_args: FastTrainingArguments, checkpoint: Optional[str],
-                        row_length: Optional[int] = None) -> Optional[int]:
-    """The step at which this run already ended, or None when there is training left to do.
-
-    The run is over when ``checkpoint`` (the one it would resume from) is at the run's planned optimizer
-    steps (``max_steps``, or more with a token-counted sequence-length warmup over rows of ``row_length``
-    tokens; the Trainer's own total for an epoch-based run), or when the run ended earlier by its own rule
-    (a token budget) and wrote its final ``metrics.json`` after that checkpoint, with the same
-    ``max_steps`` in its ``config.yaml``. Resuming such a checkpoint would make the Trainer take one more step.
-    """
-    return _finished_step(training_args, checkpoint, partial(planned_optimizer_steps, training_args, row_length))
-
-
-def _finished_step(training_args: FastTrainingArguments, checkpoint: Optional[str],
-                   planned_steps: Callable[[], Optional[int]]) -> Optional[int]:
-    """:func:`finished_checkpoint` with the run's planned optimizer steps asked of ``planned_steps()`` (only
-    when a checkpoint of a ``max_steps`` run is there to compare: see ``RunData.planned_steps``)."""
-    if not checkpoint:
-        return None
-    state = _read_json(os.path.join(checkpoint, "trainer_state.json"))
-    if not state or not isinstance(state.get("global_step"), int):
-        return None
-    step = state["global_step"]
-    target = planned_steps() if training_args.max_steps > 0 else state.get("max_steps")
-    if getattr(training_args, "restart_stop_at_step", None):  # a random-restart trial: the search decides
-        return None
-    if isinstance(target, int) and target > 0 and step >= target:
-        return step
-    out = training_args.output_dir
-    metrics_path = os.path.join(out, "metrics.json")
-    metrics = _read_json(metrics_path)
-    if metrics and metrics.get("final_metrics"):
-        try:
-            import yaml
-
-            with open(os.path.join(out, "config.yaml"), encoding="utf-8") as f:
-                recorded = yaml.safe_load(f) or {}
-            newer = os.path.getmtime(metrics_path) >= os.path.getmtime(os.path.join(checkpoint, "trainer_state.json"))
-        except (OSError, ValueError):
-            return None
-        if newer and recorded.get("max_steps") == training_args.max_steps:
-            return step
-    return None
 
 
 def _final_outputs_present(output_dir: str) -> Optional[dict]:
@@ -211,11 +168,12 @@ def start_line(name: str, facts: Mapping[str, Any], output_dir: str, data: Optio
     rows = facts["global_batch"]
     per_row = tps // rows if rows else 0
     procs = f" over {facts['world_size']} processes" if facts["world_size"] > 1 else ""
-    length = (f"{steps:,} steps ({_fmt_count(steps * tps)} tokens)" if steps and steps > 0
+    tokens = facts.get("tokens") or (steps * tps if steps and steps > 0 else None)
+    shorter = ", shorter rows first" if tokens and steps and tokens < steps * tps else ""  # sequence-length warmup
+    length = (f"{steps:,} steps ({_fmt_count(tokens)} tokens{shorter})" if steps and steps > 0
               else "by epochs (max_steps not set)")
-    planned = facts.get("optimizer_steps")
-    if steps and steps > 0 and planned and planned != steps:  # a token-counted sequence-length warmup
-        length = f"the tokens of {length} in {planned:,} optimizer steps (shorter rows first)"
+    if facts.get("max_tokens"):  # the run's length was given in tokens: these are the steps that hold them
+        length = f"max_tokens {facts['max_tokens']:,} in {length}"
     trainable = facts.get("trainable_parameters")
     params = _fmt_count(facts["parameters"]) + " parameters"
     if isinstance(trainable, int) and trainable < facts["parameters"]:
@@ -226,8 +184,10 @@ def start_line(name: str, facts: Mapping[str, Any], output_dir: str, data: Optio
 
 
 def end_summary(summary: Mapping[str, Any], output_dir: str, facts: Optional[Mapping[str, Any]] = None,
-                steps: Optional[int] = None, adapter: bool = False, merged: Optional[str] = None) -> str:
-    """The lines printed when a run ends: eval loss from -> to, perplexity, time, tokens/s, and the paths."""
+                steps: Optional[int] = None, adapter: bool = False, merged: Optional[str] = None,
+                tokens: Optional[int] = None) -> str:
+    """The lines printed when a run ends: eval loss from -> to, perplexity, steps (and the tokens they held, when
+    known), time, tokens/s, and the paths."""
     first, last = summary.get("initial_eval_loss"), summary.get("final_eval_loss")
     lines = []
     head = "done"
@@ -237,7 +197,8 @@ def end_summary(summary: Mapping[str, Any], output_dir: str, facts: Optional[Map
         head += f": {loss} (perplexity {math.exp(min(last, 50.0)):.4g})"
     secs = summary.get("train_seconds")
     if isinstance(secs, (int, float)) and secs > 0:
-        head += f"; {steps:,} steps in {secs:.1f} s of training" if steps else f"; {secs:.1f} s of training"
+        held = f" ({_fmt_count(tokens)} tokens)" if steps and tokens else ""
+        head += f"; {steps:,} steps{held} in {secs:.1f} s of training" if steps else f"; {secs:.1f} s of training"
         rates = [h["tokens_per_second"] for h in summary.get("history", []) if "tokens_per_second" in h]
         if rates:
             head += f", {sum(rates) / len(rates):,.0f} tokens/s"
@@ -353,21 +314,19 @@ def train(
     name = os.path.basename(os.path.normpath(out)) or out
     is_main = training_args.process_index == 0
     data = run_data(data_args, model_args, training_args)  # what the data cannot do is refused here; nothing read yet
-    checkpoint = find_resume_checkpoint(training_args, data.args)
-    done_at = _finished_step(training_args, checkpoint, data.planned_steps)
-    if done_at is not None or (checkpoint and not training_args.resume_from_checkpoint):
-        differs = other_run_in(out, model_args, data.args)
-        if differs is not None:  # the folder holds another run: refuse to resume or report it as this one
-            state = "a finished run" if done_at is not None else "a run"
-            raise DataError("output_dir", out, problem=f"{out!r} holds {state} with {differs} (its config.yaml)",
-                            allowed="use a new --output_dir for this run")
+    resolve_max_steps(training_args, data.args.block_size)  # max_tokens: the optimizer steps that hold them
+    options = resolved_config(model_args, data.args, training_args)
+    # resume, finished or from scratch; a checkpoint trained with other options is refused here, before any work
+    plan = _plan(training_args, options, data)
+    checkpoint, done_at = plan.checkpoint, plan.finished_at
     if done_at is not None:
         final = _final_outputs_present(out)
         if final is not None:
             if is_main:
-                logger.info("%s is complete: %s reached step %d, the run's last (max_steps %d); nothing to train "
-                            "(outputs left as they are). To train longer, raise --max_steps; to start over, use a "
-                            "new --output_dir.", name, checkpoint, done_at, training_args.max_steps)
+                logger.info("%s (max_steps %d%s; outputs left as they are). To train longer, raise --max_steps (a "
+                            "run whose lr schedule spans it needs a new --output_dir); to start over, use a new "
+                            "--output_dir or --overwrite_output_dir.", plan.describe(name), training_args.max_steps,
+                            f", max_tokens {training_args.max_tokens:,}" if training_args.max_tokens else "")
             return final
     data.load()  # tokenizer, train set or stream, eval set, collator, summary
     set_seed(training_args.seed)  # the model's initialisation depends on the seed alone
@@ -383,8 +342,7 @@ def train(
         compute_metrics=make_compute_metrics(),
         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         callbacks=list(callbacks or []),
-        run_config={k: v for k, v in resolved_config(model_args, data.args, training_args).items()
-                    if k in ("model", "peft", "data")},
+        run_config={k: v for k, v in options.items() if k in ("model", "peft", "data")},
     )
     if trainer.pop_callback(ProgressCallback) is not None:  # the same bar, logs printed as numbers
         trainer.add_callback(ReadableProgressCallback(bar_after_training=False))
@@ -395,7 +353,8 @@ def train(
     if trainer.pop_callback(PrinterCallback) is not None:  # disable_tqdm: the same lines, no bar
         trainer.add_callback(ReadablePrinterCallback())
     facts = run_facts(model, training_args, data.args.block_size)
-    facts["optimizer_steps"] = data.planned_steps()
+    facts["tokens"] = planned_tokens(training_args, data.args.block_size)
+    facts["max_tokens"] = training_args.max_tokens
     if is_main:
         logger.info(start_line(name, facts, out, data=data.summary))
     if done_at is not None:  # complete, but killed before its final save: finish from the checkpoint
@@ -406,7 +365,7 @@ def train(
     else:
         if is_main:
             if checkpoint:
-                logger.info("Resuming from %s (%s)", os.path.basename(os.path.normpath(checkpoint)), checkpoint)
+                logger.info(plan.describe(name))
             elif training_args.auto_resume:
                 logger.info("no complete checkpoint in %s: starting from scratch", out)
             else:
@@ -434,8 +393,10 @@ def train(
         logger.info("the base with the adapter merged in: %s", merged)
     if trainer.is_world_process_zero() and trainer.recorder is not None:
         # the result on stdout, where the step and eval lines are; the run's story stays on stderr
-        print(end_summary(summary, out, facts, steps=trainer.state.global_step,
-                          adapter=model_args.lora_r is not None, merged=merged), flush=True)
+        step = trainer.state.global_step
+        tokens = facts["tokens"] if step == training_args.max_steps else None  # not known for a run stopped early
+        print(end_summary(summary, out, facts, steps=step, tokens=tokens, adapter=model_args.lora_r is not None,
+                          merged=merged), flush=True)
     return metrics
 
 

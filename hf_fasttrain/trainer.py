@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import MutableMapping
 from typing import Any, Optional
 
@@ -22,11 +23,11 @@ import torch
 from transformers import Trainer
 
 from .args import fast_option
-from .callbacks.averaging import WeightAveragingCallback
+from .callbacks.averaging import AVERAGE_FILE, WeightAveragingCallback
 from .callbacks.run_record import WALL_CLOCK_LOG_KEYS, RunRecorderCallback
 from .callbacks.clipping import ClipStatsWindow
-from .callbacks.data_position import (ResumedEpochCallback, StreamPositionCallback, load_stream_position,
-                                      stream_dataloader)
+from .callbacks.data_position import (STREAM_POSITION_FILE, ResumedEpochCallback, StreamPositionCallback,
+                                      load_stream_position, stream_dataloader)
 from .callbacks.graceful_stop import GracefulStopCallback
 from .callbacks.guard import stability_callbacks
 from .callbacks.mixin import StabilityTrainerMixin
@@ -38,11 +39,13 @@ from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .optim.orthogonalize import native_bf16_matmul
 from .optim.ademamix import slow_momentum_half_life
 from .precision import logger as precision_logger
+from ._resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import (HOST_BATCH_KEY, CompileCounter, HostBatchCollator, HostCopy, ThroughputMeter, count_batch,
                          device_peak_flops, flops_per_token, mfu)
-from .wiring import SeqLenWiring
+from .data.from_args import resolve_max_steps
+from .wiring import SeqLenWiring, _row_length
 
 __all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
 
@@ -148,6 +151,9 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         super().__init__(*args, **kwargs)
         self.run_config = dict(run_config or {})
         opt = self._option
+        # the run's options as given, before budget_aware fills in its settings: what a checkpoint records and a
+        # rerun is compared with (hf_fasttrain._resume_identity)
+        self.run_options: dict[str, Any] = {**self.run_config, **training_config(self.args)}
         self.budget: Optional[dict[str, Any]] = None
         if opt("budget_aware"):  # before anything reads the schedule or the optimizer's settings
             self.budget = self._apply_budget_settings()
@@ -184,6 +190,9 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.add_callback(StreamPositionCallback(self.stream_position))
         # sequence-length options (samplers, packing, warmup); None when all are off
         self.seqlen = SeqLenWiring.from_trainer(self)
+        if opt("max_tokens") is not None and self.train_dataset is not None:  # the run's length in tokens:
+            names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]  # its optimizer steps
+            resolve_max_steps(self.args, _row_length(self.train_dataset, names[0]))
         # weight averaging (EMA / LAWA): evaluated, checkpointed and finally saved as the model
         self.weight_averaging = WeightAveragingCallback.from_args(self.args)
         if self.weight_averaging is not None:
@@ -203,7 +212,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                              tokens_per_parameter)
 
         args = self.args
-        tokens = self._option("schedule_total_tokens")
+        tokens = self._option("schedule_total_tokens") or self._option("max_tokens")
         if not tokens:
             row = getattr(self.train_dataset, "block_size", None)  # a TokenStream's rows
             if row is None:
@@ -332,10 +341,6 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.control.should_epoch_stop = True  # every rank, together: the next pass starts on all of them
         return batches[:common]
 
-    def set_initial_training_values(self, args, dataloader):
-        values = super().set_initial_training_values(args, dataloader)
-        return self.seqlen.adjust_training_values(values) if self.seqlen is not None else values
-
     def training_step(self, model, inputs, num_items_in_batch=None):
         # the batch's host tensors (HostBatchCollator) leave the batch here, before the model sees it
         host = inputs.pop(HOST_BATCH_KEY, None) if isinstance(inputs, MutableMapping) else None
@@ -368,8 +373,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         """With ``args.lr_decay`` set: warmup + decay to a floor from hf_fasttrain.schedules (a LambdaLR
         whose state_dict also holds the token count, so checkpoints restore it); else the Trainer's.
-        With sequence-length warmup counted in tokens, the schedule spans the user's max_steps and
-        advances with the tokens trained on."""
+        With sequence-length warmup counted in tokens, the schedule spans the run's full-length steps and
+        advances with the tokens trained on, reaching its end at the run's last step."""
         if self.seqlen is not None:
             num_training_steps = self.seqlen.schedule_steps(num_training_steps)
         opt = self._option
@@ -385,7 +390,10 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             )
         self.token_progress = None
         if opt("schedule_unit") == "tokens":
-            self.token_progress = TokenProgress(opt("schedule_total_tokens") or self._default_total_tokens(num_training_steps))
+            total = opt("schedule_total_tokens")
+            if not total and self.seqlen is not None and self.seqlen.count_tokens:  # the run's tokens, short rows too
+                total = self.seqlen.schedule_tokens()
+            self.token_progress = TokenProgress(total or self._default_total_tokens(num_training_steps))
         self.lr_scheduler = make_scheduler(
             optimizer if optimizer is not None else self.optimizer,
             num_training_steps,
@@ -472,7 +480,60 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             output.metrics[f"{metric_key_prefix}_perplexity"] = math.exp(min(loss, 50.0))
         return output
 
+    def _auto_resumes(self) -> bool:
+        """``auto_resume`` with the run record on: off in neutral mode (``run_record`` off), which is the Trainer."""
+        return bool(self.run_record and self._option("auto_resume"))
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.run_record and self.is_world_process_zero():  # the checkpoint holds the run's options
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            if os.path.isdir(folder):
+                write_options(folder, self.run_options)
+
+    def checkpoint_extras(self) -> tuple[str, ...]:
+        """Files this run's callbacks add to every checkpoint after the Trainer's (a checkpoint lacks them when a
+        kill came in between): the weight average, a stream's position."""
+        extras = (AVERAGE_FILE,) if self.weight_averaging is not None else ()
+        if self.stream_position is not None:
+            extras += (STREAM_POSITION_FILE.format(rank=self.args.process_index),)
+        return extras
+
+    def planned_steps(self) -> Optional[int]:
+        """The optimizer steps this run takes, known before it starts (None for an epoch-based run)."""
+        steps = self.args.max_steps
+        return steps if steps is not None and steps > 0 else None
+
+    def plan_resume(self) -> ResumePlan:
+        """``auto_resume``: what :meth:`train` without ``resume_from_checkpoint`` does with ``output_dir``: resume
+        its last complete checkpoint (options compared first: :func:`hf_fasttrain._resume_identity.plan_resume`),
+        report a finished run, or start from scratch. ``overwrite_output_dir`` discards the old run first."""
+        out = self.args.output_dir
+        if self._option("overwrite_output_dir"):
+            if self.is_world_process_zero():
+                gone = discard_previous_run(out)
+                if gone:
+                    logger.info("overwrite_output_dir: deleted %s from %s", ", ".join(gone), out)
+            self.accelerator.wait_for_everyone()
+            return ResumePlan()
+        return plan_resume(out, self.run_options, max_steps=self.args.max_steps, planned_steps=self.planned_steps,
+                           required=self.checkpoint_extras(), stop_at_step=self._option("restart_stop_at_step"))
+
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        if resume_from_checkpoint is None and trial is None and self._auto_resumes():
+            plan = self.plan_resume()  # refuses (one line) before any work when the options changed
+            name = os.path.basename(os.path.normpath(self.args.output_dir)) or self.args.output_dir
+            if plan.finished_at is not None:
+                if self.is_world_process_zero():
+                    logger.info("%s (outputs left as they are). To train longer, raise max_steps; to start over, "
+                                "use a new output_dir or %s", plan.describe(name), "overwrite_output_dir")
+                return self._finished_output(plan.checkpoint)
+            if plan.checkpoint is not None:
+                if self.is_world_process_zero():
+                    logger.info(plan.describe(name))
+                resume_from_checkpoint = plan.checkpoint
         if self.run_record and self.is_world_process_zero():
             config = {**self.run_config, **training_config(self.args)}
             block = (self.run_config.get("data") or {}).get("block_size")
@@ -504,6 +565,15 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if self._compile_counter is not None and self.run_record and self.is_world_process_zero():
             update_run_info(self.args.output_dir, self._compile_counter.stats())
         return output
+
+    def _finished_output(self, checkpoint: str):
+        """What ``train()`` returns for a run already complete at ``checkpoint``: its state, no training."""
+        from transformers.trainer_callback import TrainerState
+        from transformers.trainer_utils import TrainOutput
+
+        self.state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+        losses = [h["train_loss"] for h in self.state.log_history if "train_loss" in h]
+        return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
 
     def _train_from_stream_position(self, checkpoint, trial, ignore_keys_for_eval, **kwargs):
         """Resume a stream at the position its checkpoint saved: nothing before it is read again to skip it (O(1))."""

@@ -10,30 +10,30 @@ Which option does what (fields of FastTrainingArguments):
 - ``max_tokens_per_batch``: `TokenBudgetBatchSampler` (padded tokens per micro-batch).
 - ``batch_warmup_min_tokens``: `BatchWarmupBatchSampler`, token budgets growing from it to
   ``max_tokens_per_batch`` (or ``per_device_train_batch_size`` rows) over ``batch_warmup_fraction`` of
-  ``max_steps``; the run is counted in tokens (``schedule_unit='tokens'``) and may take up to that many
-  more, smaller steps to reach ``schedule_total_tokens``.
+  ``max_steps``; the run is counted in tokens (``schedule_unit='tokens'``) and stops at
+  ``schedule_total_tokens`` or at ``max_steps``, whichever comes first.
 - ``packing="flatten"``: `PackedBatchSampler` bins of ``max_tokens_per_batch`` tokens, one
   padding-free row each (`DataCollatorWithFlattening`).
 - ``packing="rows"``: ``per_device_train_batch_size`` rows of ``packing_row_length`` tokens
   (`PackedBatchSampler` + `PackedRowsCollator`).
 - ``curriculum_min_length``: `CurriculumBatchSampler`, growing over ``curriculum_fraction`` of training.
 - ``seq_len_warmup_min``: `SeqLenWarmup` over ``seq_len_warmup_fraction`` of training, applied to
-  each batch as the training loop takes it; with ``seq_len_warmup_count_tokens`` the run stops after
-  the tokens of ``max_steps`` full-length steps and the LR schedule advances with tokens.
+  each batch as the training loop takes it; with ``seq_len_warmup_count_tokens`` the LR schedule advances
+  with tokens and reaches its floor at the run's last step (``max_steps``, or the step that completes
+  ``max_tokens``).
 
 Arguments without these fields (a plain ``TrainingArguments``) read them as their defaults: all off.
 """
 
 from __future__ import annotations
 
-import math
-import sys
 from typing import Optional
 
 from ._validation import ConfigError
 from .args import FastOptions
 from .callbacks.seqlen import CurriculumCallback, SeqLenWarmupCallback, batch_sampler_dataloader
-from .data.from_args import batching_options, planned_optimizer_steps, seq_len_warmup_from_args, seqlen_enabled
+from .data.from_args import (batching_options, budget_row_tokens, schedule_length, seq_len_warmup_from_args,
+                              seqlen_enabled)
 from .data.packing import PackedBatchSampler, PackedRowsCollator
 from .data.samplers import CurriculumBatchSampler, LengthGroupedBatchSampler, get_lengths
 from .data.seqlen import SeqLenWarmupCollator
@@ -77,7 +77,6 @@ class SeqLenWiring:
         args = self.args = FastOptions(trainer.args)
         self.grad_accum = args.gradient_accumulation_steps
         self.rows = args.per_device_train_batch_size
-        self.base_max_steps = args.max_steps
         self.seed = args.data_seed if args.data_seed is not None else args.seed
         tok = trainer.processing_class
         self.pad_token_id = getattr(tok, "pad_token_id", None)
@@ -85,7 +84,6 @@ class SeqLenWiring:
         self.input_name = names[0]
         self.sampler = None
         self.collator = None
-        self.batch_warmup_steps = 0  # optimizer steps of a batch-size warmup (smaller steps: the run needs more)
         self.cutter: Optional[SeqLenWarmupCollator] = None
         callbacks = []
         if batching_options(args):
@@ -154,19 +152,19 @@ class SeqLenWiring:
             if args.batch_warmup_min_tokens > max_tokens:
                 _fail("batch_warmup_min_tokens", args.batch_warmup_min_tokens,
                       f"must be <= the full micro-batch's {max_tokens} tokens ({self.rows} rows x {longest})")
-        self.batch_warmup_steps = round(args.batch_warmup_fraction * args.max_steps)
-        warmup_tokens = self.batch_warmup_steps * self.grad_accum * max_tokens * max(args.world_size, 1)
+        warmup_steps = round(args.batch_warmup_fraction * args.max_steps)
+        warmup_tokens = warmup_steps * self.grad_accum * max_tokens * max(args.world_size, 1)
         if warmup_tokens > int(lengths.sum()):
             _fail("batch_warmup_fraction", args.batch_warmup_fraction,
-                  f"the warmup ({self.batch_warmup_steps} steps of up to {max_tokens} tokens per micro-batch) must end "
+                  f"the warmup ({warmup_steps} steps of up to {max_tokens} tokens per micro-batch) must end "
                   f"within the first epoch ({int(lengths.sum())} tokens); use a smaller fraction or more data")
         return BatchWarmupBatchSampler(
-            lengths, max_tokens, min_tokens=args.batch_warmup_min_tokens, warmup_steps=self.batch_warmup_steps,
+            lengths, max_tokens, min_tokens=args.batch_warmup_min_tokens, warmup_steps=warmup_steps,
             grad_accum=self.grad_accum, max_batch_size=max_rows, pad_to_multiple_of=multiple, **shard,
         )
 
     def _warmup(self, args, dataset, data_collator) -> SeqLenWarmupCollator:
-        full = _row_length(dataset, self.input_name)
+        full = self.row_length = _row_length(dataset, self.input_name)
         if args.seq_len_warmup_min > full:
             _fail("seq_len_warmup_min", args.seq_len_warmup_min,
                   f"is above the training length {full} (the length of the training rows)")
@@ -185,25 +183,6 @@ class SeqLenWiring:
         """Sequence-length warmup on the micro-batches the training loop just took (main process)."""
         return [self.cutter.cut(b) for b in batches]
 
-    def max_steps(self, max_steps: int) -> int:
-        """Optimizer steps of the run: with token counting, enough for ``base max_steps`` full-length steps' tokens."""
-        if self.batch_warmup_steps:  # each warmup step holds less than a full one: at most this many more steps;
-            return max_steps + self.batch_warmup_steps  # the token budget (schedule_total_tokens) stops the run
-        if not self.count_tokens:
-            return max_steps
-        return planned_optimizer_steps(self.args, self.cutter.warmup.max_seq_len)
-
-    def adjust_training_values(self, values: tuple) -> tuple:
-        """Rewrite `Trainer.set_initial_training_values` for a token-counted stop."""
-        epochs, per_epoch, examples, samples, total_batch, steps_in_epoch, max_steps = values
-        new = self.max_steps(max_steps)
-        if new == max_steps:
-            return values
-        if epochs == sys.maxsize:  # a stream (no length): the Trainer's one "epoch" is the whole run, so a resume,
-            # which starts at the stream's saved position in that epoch, sees the same epochs as a straight run
-            return (epochs, new, examples, new * total_batch, total_batch, new * self.grad_accum, new)
-        return (math.ceil(new / per_epoch), per_epoch, examples, new * total_batch, total_batch, steps_in_epoch, new)
-
     def count_schedule_in_tokens(self, scheduler) -> None:
         """Evaluate each LambdaLR multiplier at the full-length steps whose tokens were seen."""
         if not self.count_tokens:
@@ -214,14 +193,30 @@ class SeqLenWiring:
                 f"seq_len_warmup_count_tokens=True needs a LambdaLR schedule; lr_scheduler_type="
                 f"{self.trainer.args.lr_scheduler_type!r} gives {type(scheduler).__name__} (set it to false)"
             )
-        warmup, ga = self.cutter.warmup, self.grad_accum
+        warmup, ga, args = self.cutter.warmup, self.grad_accum, self.args
+        # progress in tokens, as full-length steps of the schedule: at the run's last step (max_steps, or the step
+        # that completes max_tokens) the schedule is at its end, the floor
+        length = schedule_length(args, warmup.max_seq_len)
+        total = budget_row_tokens(args) or warmup.cumulative_tokens(args.max_steps * ga, 1)
 
         def in_tokens(fn):
-            return lambda step: fn(warmup.full_length_batches(step * ga) / ga)
+            return lambda step: fn(length * min(warmup.cumulative_tokens(step * ga, 1) / total, 1.0))
 
         # lambda(0) is unchanged (no tokens yet), so the lr LambdaLR set at construction stays right
         scheduler.lr_lambdas = [in_tokens(fn) for fn in lambdas]
 
+    def schedule_tokens(self) -> int:
+        """Tokens (all processes) a schedule counted in tokens spans: ``max_tokens``, or those of the run's
+        ``max_steps`` steps with their short early rows."""
+        args = self.args
+        if args.max_tokens is not None:
+            return args.max_tokens
+        return self.cutter.warmup.cumulative_tokens(args.max_steps * self.grad_accum,
+                                                    self.rows * max(args.world_size, 1))
+
     def schedule_steps(self, num_training_steps: int) -> int:
-        """The steps the LR schedule is built for: the user's max_steps when counting tokens."""
-        return self.base_max_steps if self.count_tokens or self.batch_warmup_steps else num_training_steps
+        """The steps the LR schedule is built for: counting tokens, the full-length steps of the run's tokens
+        (:func:`~hf_fasttrain.data.from_args.schedule_length`), else the Trainer's."""
+        if self.count_tokens:
+            return schedule_length(self.args, self.cutter.warmup.max_seq_len)
+        return num_training_steps

@@ -55,7 +55,8 @@ def _unique_rows(rank):
 @pytest.mark.slow
 def test_two_process_ddp_disjoint_data_rank0_outputs_and_resume(tmp_path):
     out = tmp_path / "run"
-    log, (r0, r1) = _launch(tmp_path / "probe1", ["--output_dir", str(out), "--max_steps", "20",
+    # a constant lr after its warmup: nothing spans max_steps, so the second command below may train longer
+    log, (r0, r1) = _launch(tmp_path / "probe1", ["--output_dir", str(out), "--max_steps", "20", "--lr_decay", "constant",
                                                    "--save_steps", "10", "--eval_steps", "10"])
     # both processes ran, as one world of 2, every step
     assert (r0["rank"], r1["rank"], r0["world_size"], r1["world_size"]) == (0, 1, 2, 2)
@@ -85,9 +86,9 @@ def test_two_process_ddp_disjoint_data_rank0_outputs_and_resume(tmp_path):
     assert state["global_step"] == 20
 
     # the same command with more steps resumes from checkpoint-20, on both ranks, on new data
-    log2, (s0, s1) = _launch(tmp_path / "probe2", ["--output_dir", str(out), "--max_steps", "30",
-                                                    "--save_steps", "10", "--eval_steps", "10"])
-    assert "Resuming from" in log2 and "checkpoint-20" in log2
+    log2, (s0, s1) = _launch(tmp_path / "probe2", ["--output_dir", str(out), "--max_steps", "30", "--lr_decay",
+                                                    "constant", "--save_steps", "10", "--eval_steps", "10"])
+    assert "resuming run from" in log2 and "checkpoint-20; applying max_steps 20 -> 30" in log2
     assert s0["start_step"] == s1["start_step"] == 20
     assert s0["steps"] == s1["steps"] == list(range(21, 31))
     v0, v1 = _unique_rows(s0), _unique_rows(s1)

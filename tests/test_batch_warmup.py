@@ -105,11 +105,11 @@ def test_args_need_a_token_counted_run(tmp_path):
 
 
 def test_fast_trainer_ramps_the_batch_and_stops_at_the_token_budget(tiny_lm, tiny_tokenizer, tmp_path):
-    rows, max_steps = 8, 6
-    budget = max_steps * rows * TINY_BLOCK  # tokens of 6 full steps
-    args = tiny_args(tmp_path, max_steps=max_steps, per_device_train_batch_size=rows, lr_decay="cosine",
+    rows = 8
+    budget = 6 * rows * TINY_BLOCK  # tokens of 6 full steps; the smaller warmup steps need 8: max_steps gives them room
+    args = tiny_args(tmp_path, max_steps=10, per_device_train_batch_size=rows, lr_decay="cosine",
                      schedule_unit="tokens", schedule_total_tokens=budget, batch_warmup_min_tokens=2 * TINY_BLOCK,
-                     batch_warmup_fraction=0.5, logging_steps=1)
+                     batch_warmup_fraction=0.3, logging_steps=1)
     trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"],
                           data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False),
                           processing_class=tiny_tokenizer)
@@ -117,7 +117,7 @@ def test_fast_trainer_ramps_the_batch_and_stops_at_the_token_budget(tiny_lm, tin
     step = trainer.training_step
     trainer.training_step = lambda model, inputs, n=None: (seen.append(inputs["input_ids"].shape[0]), step(model, inputs, n))[1]
     trainer.train()
-    # warmup over round(0.5 * 6) = 3 steps: budgets 64, 128, 192 tokens -> 2, 4, 6 rows of 32; 4 left; full
+    # warmup over round(0.3 * 10) = 3 steps: budgets 64, 128, 192 tokens -> 2, 4, 6 rows of 32; 4 left; full
     assert seen[:4] == [2, 4, 6, 4] and set(seen[4:]) == {8}
     assert sum(seen) * TINY_BLOCK == budget  # stopped at the token budget: 2+4+6+4 + 4*8 = 48 rows
     assert trainer.state.global_step == len(seen) == 8
@@ -132,9 +132,9 @@ def test_a_run_longer_than_one_epoch_reaches_its_budget(tiny_lm, tiny_tokenizer,
     rows = 8
     train = tiny_lm["train"].select(range(40))
     budget = 12 * rows * TINY_BLOCK
-    args = tiny_args(tmp_path, max_steps=12, per_device_train_batch_size=rows, lr_decay="cosine",
+    args = tiny_args(tmp_path, max_steps=15, per_device_train_batch_size=rows, lr_decay="cosine",
                      schedule_unit="tokens", schedule_total_tokens=budget, batch_warmup_min_tokens=2 * TINY_BLOCK,
-                     batch_warmup_fraction=0.25, logging_steps=1)
+                     batch_warmup_fraction=0.2, logging_steps=1)
     trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=train,
                           data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False),
                           processing_class=tiny_tokenizer)
@@ -144,3 +144,19 @@ def test_a_run_longer_than_one_epoch_reaches_its_budget(tiny_lm, tiny_tokenizer,
     trainer.train()
     assert seen[:4] == [2, 4, 6, 4] and set(seen[4:]) == {8}
     assert sum(seen) * TINY_BLOCK == budget and trainer.state.global_step == len(seen) == 4 + 10
+
+
+def test_max_steps_stops_a_batch_warmup_before_its_budget(tiny_lm, tiny_tokenizer, tmp_path):
+    # max_steps is the number of optimizer steps: 6 steps of 2, 4, 6, 4 (the warmup) then 8 rows, short of the budget
+    rows = 8
+    args = tiny_args(tmp_path, max_steps=6, per_device_train_batch_size=rows, lr_decay="cosine",
+                     schedule_unit="tokens", schedule_total_tokens=6 * rows * TINY_BLOCK,
+                     batch_warmup_min_tokens=2 * TINY_BLOCK, batch_warmup_fraction=0.5, logging_steps=1)
+    trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"],
+                          data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False),
+                          processing_class=tiny_tokenizer)
+    seen = []
+    step = trainer.training_step
+    trainer.training_step = lambda model, inputs, n=None: (seen.append(inputs["input_ids"].shape[0]), step(model, inputs, n))[1]
+    trainer.train()
+    assert trainer.state.global_step == len(seen) == 6 and seen == [2, 4, 6, 4, 8, 8]

@@ -56,7 +56,7 @@ def test_short_help_starts_with_the_headline_options_and_shows_every_value():
     tiny = render_help("d", _load_local_recipe("gpt2_tiny"), recipe_name="gpt2_tiny")
     row = {line.split()[0]: line for line in tiny.splitlines() if line.startswith("  --")}
     assert row["--optimizer"].endswith("[muon]") and row["--learning_rate"].endswith("[0.016]")
-    assert row["--n_layer"].endswith("[2]") and row["--max_steps"].endswith("[300]")
+    assert row["--n_layer"].endswith("[2]")  # (the recipe gives its length as max_tokens: max_steps shows -1)
     assert "recipe gpt2_tiny's" in tiny
 
 
@@ -297,12 +297,21 @@ def test_start_line_and_end_summary():
     assert start_line("gpt2_tiny", facts, "runs/gpt2_tiny") == (
         "gpt2_tiny: 540k parameters; 4,096 tokens/step (32 rows x 128 tokens over 2 processes); 300 steps "
         "(1.23M tokens); cuda:0 (NVIDIA H200), bf16; output runs/gpt2_tiny")
+    # with a sequence-length warmup: the tokens the steps hold; with a token budget, the steps it takes
+    tiny = {**facts, "world_size": 1, "global_batch": 16, "tokens_per_step": 2048, "device": "cpu", "precision": "fp32"}
+    assert start_line("t", {**tiny, "max_steps": 200, "tokens": 351232}, "o") == (
+        "t: 540k parameters; 2,048 tokens/step (16 rows x 128 tokens); 200 steps (351k tokens, shorter rows first); "
+        "cpu, fp32; output o")
+    assert start_line("t", {**tiny, "max_steps": 343, "tokens": 615296, "max_tokens": 614400}, "o") == (
+        "t: 540k parameters; 2,048 tokens/step (16 rows x 128 tokens); max_tokens 614,400 in 343 steps (615k tokens, "
+        "shorter rows first); cpu, fp32; output o")
     summary = {"initial_eval_loss": 8.2812, "final_eval_loss": 3.9712, "train_seconds": 53.24,
                "history": [{"eval_loss": 8.2812, "step": 0}, {"loss": 5.0, "tokens_per_second": 11000.0},
                            {"loss": 4.0, "tokens_per_second": 12000.0}, {"eval_loss": 3.9712, "step": 300}]}
     lines = end_summary(summary, "runs/t", steps=300).splitlines()
     assert lines[0] == (f"done: eval loss 8.281 -> 3.971 (perplexity {math.exp(3.9712):.4g}); 300 steps in 53.2 s "
                         f"of training, 11,500 tokens/s")
+    assert "; 343 steps (615k tokens) in 53.2 s" in end_summary(summary, "runs/t", steps=343, tokens=615296)
     assert lines[1:3] == ["  metrics    runs/t/metrics.json", "  loss curve runs/t/loss_curve.png"]
     assert lines[3].startswith("  model      runs/t")
 
@@ -393,17 +402,18 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     out = tmp_path / "run"
     argv = [*TINY_RUN, "--output_dir", str(out)]
     caplog.set_level(logging.INFO, logger="hf_fasttrain")
-    # gpt2_tiny's token-counted sequence-length warmup (rows of 16 tokens at step 1, then 32): the tokens of
-    # max_steps 4 full-length steps take 5 optimizer steps (16 + 4 x 32 >= 4 x 32); max_steps 6 takes 7
-    assert [planned_optimizer_steps(parse_config([*argv, "--max_steps", str(n)])[2], 32) for n in (4, 6)] == [5, 7]
+    # max_steps is the number of optimizer steps, with gpt2_tiny's sequence-length warmup on (rows of 16 tokens at
+    # step 1, then 32); its max_tokens (dropped by --max_steps) would have taken 5 steps for 4 full-length ones
+    assert [planned_optimizer_steps(parse_config([*argv, "--max_steps", str(n)])[2], 32) for n in (4, 6)] == [4, 6]
+    assert planned_optimizer_steps(parse_config([*argv, "--max_tokens", str(4 * 8 * 32)])[2], 32) == 5
     first = run.train(*parse_config(argv))
     assert f"no complete checkpoint in {out}: starting from scratch" in caplog.text
-    assert "tokens/step" in caplog.text
+    assert "4 steps (" in caplog.text and "tokens, shorter rows first)" in caplog.text  # the start line
     metrics = json.loads((out / "metrics.json").read_text())
     evals = [h for h in metrics["history"] if "eval_loss" in h]
-    assert [h["step"] for h in evals] == [0, 2, 4, 5] and all("eval_perplexity" in h for h in evals)
+    assert [h["step"] for h in evals] == [0, 2, 4] and all("eval_perplexity" in h for h in evals)
     printed = capsys.readouterr().out  # disable_tqdm: one line per log, numbers as numbers
-    assert "step 2/5  loss " in printed and "eval at step 5:  loss " in printed and "'loss'" not in printed
+    assert "step 2/4  loss " in printed and "eval at step 4:  loss " in printed and "'loss'" not in printed
     assert "\ndone: eval loss " in printed  # the summary on stdout, after the step lines
 
     # the same command again: nothing trains, nothing is written, the recorded final metrics come back
@@ -412,10 +422,11 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     again = run.train(*parse_config(argv))
     assert again == json.loads(json.dumps(first))
     assert _fingerprint(out) == before
-    assert not (out / "checkpoint-6").exists()
-    assert "is complete" in caplog.text and "checkpoint-5 reached step 5, the run's last (max_steps 4" in caplog.text
+    assert not (out / "checkpoint-5").exists()
+    assert f"run is complete: {out / 'checkpoint-4'} reached step 4, the run's last; nothing to train (max_steps 4;" \
+        in caplog.text
 
-    # killed after its last checkpoint, before the final save: finished from checkpoint-5, no step 6
+    # killed after its last checkpoint, before the final save: finished from checkpoint-4, no step 5
     (out / "metrics.json").unlink()
     (out / "model.safetensors").unlink()
     caplog.clear()
@@ -423,10 +434,22 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     assert finished["eval_loss"] == pytest.approx(first["eval_loss"], abs=1e-6)
     assert "writing the final model and evaluation without training" in caplog.text
     assert json.loads((out / "trainer_state.json").read_text() if (out / "trainer_state.json").exists()
-                      else (out / "checkpoint-5" / "trainer_state.json").read_text())["global_step"] == 5
-    assert not (out / "checkpoint-6").exists()
+                      else (out / "checkpoint-4" / "trainer_state.json").read_text())["global_step"] == 4
+    assert not (out / "checkpoint-5").exists()
 
-    # a longer run from the same folder resumes, and says from where; the tied lm_head raises no warning
+    # a longer run into the same folder: gpt2_tiny's cosine spans max_steps, so it is another run: refused
+    from hf_fasttrain._resume_identity import RunOptionsChanged
+
+    before = _fingerprint(out)
+    with pytest.raises(RunOptionsChanged, match=r"max_steps 4 -> 6 \(the lr schedule \(lr_decay 'cosine'\) decays"):
+        run.train(*parse_config([*argv, "--max_steps", "6"]))
+    assert _fingerprint(out) == before
+
+    # stopped at checkpoint-2: the same command resumes, and says from where; the tied lm_head raises no warning
+    import shutil
+
+    shutil.rmtree(out / "checkpoint-4")
+    (out / "metrics.json").unlink()
     caplog.clear()
     seen: list[str] = []
     handler = logging.Handler()
@@ -435,13 +458,13 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     for lg in hf_loggers:
         lg.addHandler(handler)
     try:
-        run.train(*parse_config([*argv, "--max_steps", "6"]))
+        run.train(*parse_config(argv))
     finally:
         for lg in hf_loggers:
             lg.removeHandler(handler)
-    assert f"Resuming from checkpoint-5 ({out / 'checkpoint-5'})" in caplog.text
+    assert f"resuming run from {out / 'checkpoint-2'}" in caplog.text
     assert not [m for m in seen if "missing keys" in m or "loss_type" in m], seen
-    assert (out / "checkpoint-7").exists()
+    assert (out / "checkpoint-4").exists() and not (out / "checkpoint-5").exists()
 
 
 def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):

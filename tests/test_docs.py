@@ -331,9 +331,10 @@ def option_tables(text: str) -> dict[str, dict[str, str]]:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
         if kind is None:
             kind = cells[0]
-            tables.setdefault(kind, {})
+            if kind.endswith(("option", "key")):  # an option table (not the table of what a rerun may change)
+                tables.setdefault(kind, {})
             continue
-        if set(cells[0]) <= set("-: "):
+        if set(cells[0]) <= set("-: ") or kind not in tables:
             continue
         m = re.fullmatch(r"`([a-z_0-9]+)`", cells[0])
         assert m, f"docs/options.md: option cell {cells[0]!r} is not a `name`"
@@ -425,12 +426,34 @@ def _option_groups() -> list[tuple[str, list[dataclasses.Field]]]:
     return list(groups.items())
 
 
+def _rerun_section() -> str:
+    """What a rerun into an output_dir with a checkpoint may change: hf_fasttrain._resume_identity's one table."""
+    from hf_fasttrain._resume_identity import MAY_CHANGE_ON_RESUME
+
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in MAY_CHANGE_ON_RESUME.items():
+        by_reason.setdefault(reason, []).append(f"`{name}`")
+    rows = "\n".join(f"| {', '.join(names)} | {reason} |" for reason, names in by_reason.items())
+    return ("## What a rerun may change\n\n"
+            "A run resumes from the last checkpoint of its output_dir (`auto_resume`: the recipe, and "
+            "`FastTrainer.train()` without `resume_from_checkpoint`) after comparing its options with those the "
+            "checkpoint holds (`run_options.json`; an older checkpoint: the output_dir's `config.yaml`). The options "
+            "below are applied and recorded; any other difference (lr, schedule, optimizer and its kwargs, batch, "
+            "model, data, seeds, ...) is refused before any work, in one line naming each field with its old and new "
+            "value: use a new `--output_dir`, or `--overwrite_output_dir` to discard the old run. A longer or shorter "
+            "`max_steps` (or `max_tokens`) continues the run only when nothing is laid out over its length (a "
+            "constant lr, a warmup given in steps, no sequence-length, curriculum or batch-size warmup, no "
+            "`budget_aware`); otherwise the refusal says which part spans it. A finished run rerun unchanged trains "
+            "nothing and says so.\n\n| may change on resume | why |\n|---|---|\n" + rows + "\n")
+
+
 def render_options_page() -> str:
     header = "| {} | default | what it does |\n|---|---|---|\n"
     parts = [OPTIONS_INTRO]
     for title, fields in _option_groups():
         card = f"Card: [{title}]({CARDS[title]}).\n\n" if title in CARDS else ""
         parts.append(f"## {title}\n\n{card}" + header.format("FastTrainingArguments option") + _option_rows(fields) + "\n")
+    parts.append(_rerun_section())
     fields = own_fields()
     parts.append("## Recipe `model:` section\n\n`ModelArguments`: the model to train, built from scratch or "
                  "loaded.\n\n" + header.format("model: key") + _option_rows(fields["model: key"].values()) + "\n")

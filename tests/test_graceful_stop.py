@@ -22,6 +22,7 @@ from hf_fasttrain import FastTrainer, GracefulStopCallback
 from hf_fasttrain.callbacks.graceful_stop import (
     SignalStopManager,
     TrainingStopped,
+    resume_hint,
     stop_exit_code,
     stop_message,
 )
@@ -132,7 +133,7 @@ def test_sigterm_mid_step_saves_that_step_and_the_rerun_is_bit_exact(step, strai
     assert max(_losses(first.state.log_history)) == step  # stopped right there: no step after it
 
     resumed = _trainer(tmp_path / "b", tiny_tokenizer, tiny_lm)
-    resumed.train(resume_from_checkpoint=str(ckpt))
+    resumed.train()  # the script run again unchanged: FastTrainer resumes checkpoint-<step> by itself
     a, b = _losses(straight.state.log_history), _losses(resumed.state.log_history)
     assert sorted(b) == sorted(a) == list(range(1, 9))  # no step lost or repeated
     assert b == a  # bit-exact, step by step
@@ -164,7 +165,11 @@ def test_plain_trainer_with_the_callback_stops_and_exits(tiny_lm, tiny_tokenizer
         trainer.train()
     assert stopped.value.code == 138 and trainer.state.global_step == 3
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-3"]  # saved although save_strategy is "no"
-    assert capsys.readouterr().err.strip().splitlines()[-1] == stop_message(3)
+    # a plain Trainer does not resume by itself: the line names the checkpoint to pass
+    ckpt = str(tmp_path / "checkpoint-3")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == stop_message(3, resume_hint(ckpt, auto_resume=False)) \
+        == (f"stopped at step 3: saved checkpoint-3; resume with train(resume_from_checkpoint={ckpt!r}) "
+            f"(or --resume_from_checkpoint {ckpt})")
 
 
 def test_a_user_who_enabled_jit_checkpoint_gets_one_handler(tiny_lm, tiny_tokenizer, tmp_path):
@@ -206,7 +211,7 @@ def test_recipe_stopped_by_a_signal_says_so_and_the_same_command_resumes(action,
 
     again = _recipe("none", 0, ["--output_dir", str(out), *common])  # the same command
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "Resuming from checkpoint-8" in again.stderr
+    assert f"resuming b from {out / 'checkpoint-8'}" in again.stderr
     a, b = _metrics(tmp_path / "a"), _metrics(out)
     la = {h["step"]: h["loss"] for h in a["history"] if "loss" in h}
     lb = {h["step"]: h["loss"] for h in b["history"] if "loss" in h}

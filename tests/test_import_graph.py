@@ -50,6 +50,7 @@ LAYERS = {
     "metrics": CORE,
     "hub": CORE,
     "runinfo": CORE,
+    "_resume_identity": CORE,
     "decoders": CORE,
     # config
     "args": CONFIG,

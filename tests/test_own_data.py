@@ -119,9 +119,9 @@ def _finished_run(out: Path, dataset: str, n_layer: int = 1, tokenizer=None) -> 
 
     from hf_fasttrain.callbacks.averaging import AVERAGE_FILE
 
-    (out / "checkpoint-3").mkdir(parents=True)  # gpt2_tiny's token-counted warmup: max_steps 2 takes 3 steps
-    (out / "checkpoint-3" / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
-    (out / "checkpoint-3" / AVERAGE_FILE).write_bytes(b"")  # gpt2_tiny keeps an EMA in every checkpoint
+    (out / "checkpoint-2").mkdir(parents=True)  # max_steps 2: two optimizer steps
+    (out / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    (out / "checkpoint-2" / AVERAGE_FILE).write_bytes(b"")  # gpt2_tiny keeps an EMA in every checkpoint
     (out / "model.safetensors").write_bytes(b"")
     (out / "metrics.json").write_text(json.dumps({"final_metrics": {"eval_loss": 3.5}}))
     (out / "config.yaml").write_text(yaml.safe_dump({
@@ -131,9 +131,9 @@ def _finished_run(out: Path, dataset: str, n_layer: int = 1, tokenizer=None) -> 
 
 
 @pytest.mark.parametrize("change, expected", [
-    (["--dataset", "b.parquet"], "dataset 'a.parquet' (this run: 'b.parquet')"),
-    (["--dataset", "a.parquet", "--tokenizer", "gpt2"], "tokenizer None (this run: 'gpt2')"),
-    (["--dataset", "a.parquet", "--n_layer", "2"], "n_layer 1 (this run: 2)"),
+    (["--dataset", "b.parquet"], "dataset 'a.parquet' -> 'b.parquet'"),
+    (["--dataset", "a.parquet", "--tokenizer", "gpt2"], "tokenizer None -> 'gpt2'"),
+    (["--dataset", "a.parquet", "--n_layer", "2"], "n_layer 1 -> 2"),
 ])
 def test_a_finished_run_met_by_another_is_refused(tmp_path, capsys, change, expected):
     from hf_fasttrain.cli import main
@@ -142,8 +142,9 @@ def test_a_finished_run_met_by_another_is_refused(tmp_path, capsys, change, expe
     _finished_run(out, "a.parquet")
     code = main(["train", *TINY, *change, "--output_dir", str(out)])
     err = capsys.readouterr().err
-    assert code == 2 and err == (f"error: output_dir: '{out}' holds a finished run with {expected} (its config.yaml); "
-                                 "use a new --output_dir for this run\n")
+    assert code == 2 and err == (f"error: output_dir: {out} holds a finished run (checkpoint-2) trained with other "
+                                 f"options: {expected}; use a new --output_dir for this run, or add "
+                                 "--overwrite_output_dir to discard the old run (its checkpoints are deleted)\n")
 
 
 def test_the_same_finished_run_is_still_a_noop(tmp_path, caplog):
@@ -155,7 +156,6 @@ def test_the_same_finished_run_is_still_a_noop(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="hf_fasttrain")
     assert run.train(*parse_config([*TINY, "--dataset", "a.parquet", "--output_dir", str(out)])) == {"eval_loss": 3.5}
     assert "is complete" in caplog.text
-    assert run.other_run_in(str(out), *parse_config([*TINY, "--dataset", "a.parquet"])[:2]) is None
 
 
 # -- whole recipe runs ------------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ def test_killed_recipe_resumes_with_the_same_command(tmp_path):
     again = _run(["--output_dir", str(out), *common])  # the same command again
     log, _ = again.communicate(timeout=600)
     assert again.returncode == 0, log[-3000:]
-    assert "Resuming from checkpoint-10" in log
+    assert f"resuming b from {out / 'checkpoint-10'}" in log
     a, b = _train_losses(tmp_path / "a"), _train_losses(out)
     assert sorted(a) == sorted(b) == list(range(5, 31, 5))
     for step in a:

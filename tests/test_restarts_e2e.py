@@ -27,9 +27,9 @@ from hf_fasttrain.run import train
 pytestmark = pytest.mark.slow  # real (tiny) training runs: about a minute on an idle 2-core CPU
 
 MAX_STEPS = 6
-# gpt2_tiny's sequence-length warmup (16 -> 32 tokens over round(0.3 * 6) = 2 steps, token-counted): steps 1 and 2
-# hold rows of 16 and 24 tokens, so the tokens of 6 full-length steps (6 x 32 a row) take 2 + ceil(152 / 32) = 7
-TOTAL_STEPS = 7
+# gpt2_tiny's sequence-length warmup (16 -> 32 tokens over round(0.3 * 6) = 2 steps) is on: max_steps is still the
+# number of optimizer steps
+TOTAL_STEPS = 6
 TINY = ["--config", "gpt2_tiny", "--max_corpus_files", "40", "--vocab_size", "300", "--block_size", "32",
         "--n_layer", "2", "--n_embd", "32", "--n_head", "2", "--per_device_train_batch_size", "8",
         "--max_eval_samples", "32", "--per_device_eval_batch_size", "32", "--logging_steps", "1",
@@ -173,8 +173,8 @@ def test_cli_restarts_subcommand_and_invalid_settings(tmp_path, capsys):
                    "--explore-fraction", "1.0", "--metric", "next_token_accuracy", "--direction", "max"])
     assert rc == 0
     summary = json.loads((out / SUMMARY_JSON).read_text())
-    # max_steps 2 with the recipe's sequence-length warmup: rows of 16 tokens, then 32: 3 steps for 2 x 32 tokens a row
-    assert summary["metric"] == "eval_next_token_accuracy" and summary["rung_steps"] == [3]
+    # max_steps 2 with the recipe's sequence-length warmup on: 2 optimizer steps
+    assert summary["metric"] == "eval_next_token_accuracy" and summary["rung_steps"] == [2]
     accs = {r["trial_id"]: r["rung_metrics"][0] for r in summary["trials"]}
     assert summary["winner"] == max(accs, key=lambda k: (accs[k], k == "seed-0"))
     assert "**chosen**" in capsys.readouterr().out

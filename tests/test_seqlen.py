@@ -225,27 +225,32 @@ def test_batches_consumed_with_short_last_step():
 def _slw_args(**kw):
     from types import SimpleNamespace
 
-    base = dict(max_steps=6, gradient_accumulation_steps=1, seq_len_warmup_min=8, seq_len_warmup_fraction=0.5,
-                seq_len_warmup_multiple=8, seq_len_warmup_pacing="linear", seq_len_warmup_stages=4,
-                seq_len_warmup_mode="truncate", seq_len_warmup_count_tokens=True, batch_warmup_min_tokens=None)
+    base = dict(max_steps=6, max_tokens=None, per_device_train_batch_size=1, gradient_accumulation_steps=1,
+                seq_len_warmup_min=8, seq_len_warmup_fraction=0.5, seq_len_warmup_multiple=8,
+                seq_len_warmup_pacing="linear", seq_len_warmup_stages=4, seq_len_warmup_mode="truncate",
+                seq_len_warmup_count_tokens=True, batch_warmup_min_tokens=None)
     return SimpleNamespace(**{**base, **kw})
 
 
+# max_tokens 192 = the tokens of 6 full-length rows of 32 (one row a step)
 @pytest.mark.parametrize(
     "overrides, row_length, expected",
     [
-        # lengths 8, 16, 24 over 3 warmup batches, then 32: 8+16+24 = 48, then 144 / 32 = 4.5 -> 5 more: 8
-        ({}, 32, 8),
-        ({"seq_len_warmup_min": None}, 32, 6),                      # no warmup: max_steps
-        ({"seq_len_warmup_mode": "rechunk"}, 32, 6),                # rechunk keeps every token
-        ({"seq_len_warmup_count_tokens": False}, 32, 6),            # counted in steps
-        ({"seq_len_warmup_min": 32}, 32, 6),                        # starts at full length
-        ({"batch_warmup_min_tokens": 64}, 32, None),                # ends by its token budget
+        ({}, 32, 6),                                                # max_steps is the number of optimizer steps
+        ({"batch_warmup_min_tokens": 64}, 32, 6),                   # whatever else is on
         ({"max_steps": -1}, 32, None),                              # by epochs: the Trainer counts
-        ({}, None, None),                                           # row length unknown
+        # lengths 8, 16, 24 over 3 warmup batches, then 32: 8+16+24 = 48, then 144 / 32 = 4.5 -> 5 more: 8
+        ({"max_steps": -1, "max_tokens": 192}, 32, 8),
+        ({"max_steps": -1, "max_tokens": 192, "seq_len_warmup_min": None}, 32, 6),      # no warmup: full rows
+        ({"max_steps": -1, "max_tokens": 193, "seq_len_warmup_min": None}, 32, 7),      # a token more: a step more
+        ({"max_steps": -1, "max_tokens": 192, "seq_len_warmup_mode": "rechunk"}, 32, 6),  # rechunk keeps every token
+        ({"max_steps": -1, "max_tokens": 192, "seq_len_warmup_count_tokens": False}, 32, 8),  # the same tokens
+        ({"max_steps": -1, "max_tokens": 192, "seq_len_warmup_min": 32}, 32, 6),        # starts at full length
+        ({"max_steps": -1, "max_tokens": 384, "per_device_train_batch_size": 2}, 32, 8),  # over 2 rows a batch
+        ({"max_steps": -1, "max_tokens": 192}, None, None),         # row length unknown
         # 2 micro-batches per step: 6 warmup micro-batches of 8, 8, 16, 16, 24, 24 (multiple 8), then 32:
         # 96 + 32 k >= 12 x 32 = 384 -> k = 9: 15 micro-batches -> 8 optimizer steps
-        ({"gradient_accumulation_steps": 2}, 32, 8),
+        ({"max_steps": -1, "max_tokens": 384, "gradient_accumulation_steps": 2}, 32, 8),
     ],
 )
 def test_planned_optimizer_steps_table(overrides, row_length, expected):
@@ -256,22 +261,41 @@ def test_planned_optimizer_steps_table(overrides, row_length, expected):
 
 
 def test_planned_steps_match_the_warmup_the_trainer_builds():
-    # the same count as the one FastTrainer's wiring gives the Trainer (tests/test_seqlen_trainer.py: 8 steps)
-    from hf_fasttrain.data.from_args import seq_len_warmup_from_args
+    # the same count as the one FastTrainer takes for max_tokens (tests/test_seqlen_trainer.py: 8 steps)
+    from hf_fasttrain.data.from_args import planned_tokens, schedule_length, seq_len_warmup_from_args
 
-    w = seq_len_warmup_from_args(_slw_args(), 32)
+    args = _slw_args(max_steps=-1, max_tokens=192)
+    assert schedule_length(args, 32) == 6  # the warmup spans half of the run's 6 full-length steps
+    w = seq_len_warmup_from_args(args, 32)
     assert [w.seq_len(p) for p in range(5)] == [8, 16, 24, 32, 32]
     assert w.cumulative_tokens(8, 1) >= 6 * 32 > w.cumulative_tokens(7, 1)
+    assert planned_tokens(args, 32) == w.cumulative_tokens(8, 1) == 208
+    assert planned_tokens(_slw_args(), 32) == 8 + 16 + 24 + 3 * 32  # 6 steps, the first 3 short
 
 
-def test_finished_checkpoint_counts_the_warmups_extra_steps(tmp_path):
+def test_max_steps_beside_max_tokens_must_be_their_steps():
+    from hf_fasttrain._validation import ConfigError
+    from hf_fasttrain.data.from_args import resolve_max_steps
+
+    args = _slw_args(max_steps=-1, max_tokens=192)
+    resolve_max_steps(args, 32)
+    assert args.max_steps == 8
+    resolve_max_steps(args, 32)  # again (a saved config holds both): the same
+    with pytest.raises(ConfigError) as err:
+        resolve_max_steps(_slw_args(max_steps=6, max_tokens=192), 32)
+    assert str(err.value) == ("max_steps: 6 disagrees with max_tokens 192, which takes 8 optimizer steps here (6 "
+                              "full-length steps' tokens, shorter rows first); give one of them: max_steps counts "
+                              "optimizer steps, max_tokens tokens (max_tokens null to train max_steps steps)")
+
+
+def test_finished_checkpoint_counts_the_steps_of_max_tokens(tmp_path):
     import json
 
     from hf_fasttrain.args import FastTrainingArguments
     from hf_fasttrain.run import finished_checkpoint
 
-    args = FastTrainingArguments(output_dir=str(tmp_path), max_steps=6, seq_len_warmup_min=8,
-                                 seq_len_warmup_fraction=0.5, report_to="none", use_cpu=True)
+    args = FastTrainingArguments(output_dir=str(tmp_path), max_tokens=6 * 8 * 32, per_device_train_batch_size=8,
+                                 seq_len_warmup_min=8, seq_len_warmup_fraction=0.5, report_to="none", use_cpu=True)
     for step in (6, 8):
         ckpt = tmp_path / f"checkpoint-{step}"
         ckpt.mkdir()

@@ -97,13 +97,13 @@ def test_curriculum_resumed_equals_straight(tiny_tokenizer, tmp_path):
 
 
 def test_seq_len_warmup_token_counted_lengths_schedule_and_resume(tiny_lm, tiny_tokenizer, tmp_path):
-    # rows of 32 tokens, 4 per step; warmup over round(0.5 * 6) = 3 batches: lengths 8, 16, 24, then 32.
-    # 6 full-length steps hold 6 * 32 = 192 tokens per row; the warmup reaches that after 8 steps.
-    kw = dict(max_steps=6, per_device_train_batch_size=4, seq_len_warmup_min=8, seq_len_warmup_fraction=0.5,
+    # rows of 32 tokens, 4 per step; max_tokens 768 = 6 full-length steps (6 * 32 = 192 tokens per row); warmup
+    # over round(0.5 * 6) = 3 batches: lengths 8, 16, 24, then 32; the warmup reaches 192 a row after 8 steps.
+    kw = dict(max_tokens=6 * 4 * 32, max_steps=-1, per_device_train_batch_size=4, seq_len_warmup_min=8, seq_len_warmup_fraction=0.5,
               include_num_input_tokens_seen="all", save_strategy="steps", save_steps=3, learning_rate=3e-3)
     trainer = _fast_trainer(tiny_tokenizer, tiny_lm["train"], tiny_args(tmp_path, **kw))
     straight = _train_logs(trainer)
-    assert trainer.state.max_steps == 8
+    assert trainer.state.max_steps == trainer.args.max_steps == 8
     assert [e["seq_len"] for e in straight] == [8, 16, 24, 32, 32, 32, 32, 32]
     assert [e["num_input_tokens_seen"] for e in straight] == [32, 96, 192, 320, 448, 576, 704, 832]
     # linear decay over 6 full-length steps, evaluated at the full-length steps seen before each step:
@@ -128,7 +128,27 @@ def test_seq_len_warmup_rechunk_and_step_counted(tiny_lm, tiny_tokenizer, tmp_pa
     assert [e["num_input_tokens_seen"] for e in logs] == [64, 128, 192, 256]
     off = _fast_trainer(tiny_tokenizer, tiny_lm["train"], tiny_args(
         tmp_path / "s", max_steps=6, seq_len_warmup_min=8, seq_len_warmup_count_tokens=False))
-    assert off.seqlen.max_steps(6) == 6
+    assert off.seqlen.schedule_steps(6) == 6 and not off.seqlen.count_tokens
+
+
+@pytest.mark.parametrize("schedule", [dict(lr_scheduler_type="linear"), dict(lr_decay="linear"),
+                                      dict(lr_decay="linear", schedule_unit="tokens")],
+                         ids=["trainer-linear", "lr_decay-steps", "lr_decay-tokens"])
+def test_max_steps_is_the_number_of_optimizer_steps_with_the_warmup_counted_in_tokens(schedule, tiny_lm, tiny_tokenizer,
+                                                                                      tmp_path):
+    # the same warmup with max_steps 6: exactly 6 optimizer steps (8 + 16 + 24 + 3 x 32 = 144 tokens a row), and
+    # the lr's progress is the share of those tokens seen: 6 x (0, 8, 24, 48, 80, 112) / 144 before each step
+    # (with the Trainer's schedule, with hf_fasttrain's counted in steps, and counted in tokens: the token budget)
+    kw = dict(max_steps=6, per_device_train_batch_size=4, seq_len_warmup_min=8, seq_len_warmup_fraction=0.5,
+              include_num_input_tokens_seen="all", learning_rate=3e-3, **schedule)
+    trainer = _fast_trainer(tiny_tokenizer, tiny_lm["train"], tiny_args(tmp_path, **kw))
+    logs = _train_logs(trainer)
+    assert trainer.state.global_step == trainer.state.max_steps == 6
+    assert [e["seq_len"] for e in logs] == [8, 16, 24, 32, 32, 32]
+    assert logs[-1]["num_input_tokens_seen"] == 4 * 144
+    expected_lr = [3e-3 * (1 - t / 144) for t in (0, 8, 24, 48, 80, 112)]
+    assert [e["learning_rate"] for e in logs] == pytest.approx(expected_lr, rel=1e-6)
+    assert trainer.lr_scheduler.get_last_lr()[0] == pytest.approx(0.0, abs=1e-12)  # at the floor after the last step
 
 
 @pytest.mark.parametrize(
@@ -140,7 +160,9 @@ def test_seq_len_warmup_rechunk_and_step_counted(tiny_lm, tiny_tokenizer, tmp_pa
          "curriculum_pacing: got 'cubic'; allowed: linear, sqrt, steps"),
         (dict(seq_len_warmup_min=8, seq_len_warmup_pacing="exp", max_steps=10), "seq_len_warmup_pacing: got 'exp'"),
         (dict(seq_len_warmup_min=8, seq_len_warmup_mode="crop", max_steps=10), "seq_len_warmup_mode: got 'crop'"),
-        (dict(seq_len_warmup_min=8, max_steps=-1), "max_steps: got -1; seq_len_warmup is scheduled over max_steps"),
+        (dict(seq_len_warmup_min=8, max_steps=-1), "max_steps: got -1; seq_len_warmup is scheduled over the run's length"),
+        (dict(max_tokens=0), "max_tokens: got 0; must be a positive integer"),
+        (dict(max_tokens=100, length_grouping=True), "max_tokens: got 100; counts fixed-length rows"),
         (dict(packing="flat"), "packing: got 'flat'; allowed: none, flatten, rows"),
         (dict(packing="rows"), "packing_row_length: got None;"),
         (dict(length_grouping=True, max_tokens_per_batch=64), "max_tokens_per_batch: got 64; choose one"),
@@ -181,7 +203,7 @@ def test_recipe_keys_are_the_field_names():
 def test_token_counted_warmup_with_hf_fasttrain_schedules(schedule, tiny_lm, tiny_tokenizer, tmp_path):
     # the same run as above; hf_fasttrain.schedules' linear decay, counted in steps (our token mapping
     # wraps it) or in tokens (its own TokenProgress counts them): the same learning rates either way
-    kw = dict(max_steps=6, per_device_train_batch_size=4, seq_len_warmup_min=8, seq_len_warmup_fraction=0.5,
+    kw = dict(max_tokens=6 * 4 * 32, max_steps=-1, per_device_train_batch_size=4, seq_len_warmup_min=8, seq_len_warmup_fraction=0.5,
               learning_rate=3e-3, **schedule)
     trainer = _fast_trainer(tiny_tokenizer, tiny_lm["train"], tiny_args(tmp_path, **kw))
     logs = _train_logs(trainer)

@@ -279,9 +279,9 @@ def test_seq_len_warmup_on_a_stream(tiny_tokenizer, tmp_path):
     trainer, _ = _stream_trainer(tiny_tokenizer, tmp_path / "warm", seq_len_warmup_min=8, seq_len_warmup_fraction=1.0,
                                  seq_len_warmup_multiple=8, save_strategy="no")
     trainer.train()
-    # token-counted (the default): the tokens of 6 full-length steps take 9 shorter-first steps
-    assert [e["seq_len"] for e in trainer.state.log_history if "loss" in e] == [8, 8, 16, 16, 24, 24, 32, 32, 32]
-    assert trainer.state.global_step == planned_optimizer_steps(trainer.args, 32) == 9
+    # max_steps 6 is 6 optimizer steps, the warmup over all of them
+    assert [e["seq_len"] for e in trainer.state.log_history if "loss" in e] == [8, 8, 16, 16, 24, 24]
+    assert trainer.state.global_step == planned_optimizer_steps(trainer.args, 32) == 6
 
 
 @pytest.mark.parametrize("overrides,field", [

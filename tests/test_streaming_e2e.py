@@ -74,7 +74,7 @@ def test_streaming_recipe_killed_at_random_steps_resumes_bit_exact(tmp_path):
         assert not (out / "metrics.json").exists()
     done = _recipe(tmp_path, out)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "Resuming from" in done.stderr and "re-reads" not in done.stderr
+    assert "resuming killed from" in done.stderr and "re-reads" not in done.stderr
     assert (out / "model.safetensors").read_bytes() == (tmp_path / "straight" / "model.safetensors").read_bytes()
     losses = lambda d: {h["step"]: h["loss"] for h in json.loads((d / "metrics.json").read_text())["history"]  # noqa: E731
                         if "loss" in h}

@@ -4,8 +4,10 @@ Preemption on shared clusters (SLURM, Kubernetes, spot instances) arrives as SIG
 a person stops a run with Ctrl-C. Either way the run finishes the step it is in, the Trainer's own save
 writes ``checkpoint-<step>`` (weights, optimizer, scheduler, RNG, and every callback's ``on_save``: the
 weight average, the guard, the run record), one line says where it stopped, and the process exits with
-``128 + signal number`` (143 for SIGTERM, 130 for SIGINT, 138 for SIGUSR1). Rerunning the same command
-resumes there; nothing is lost or repeated. A second Ctrl-C exits at once, without a traceback or a save.
+``128 + signal number`` (143 for SIGTERM, 130 for SIGINT, 138 for SIGUSR1). The line names the way on: with
+``auto_resume`` (the recipe, ``FastTrainer``) rerunning the same command or script resumes there; a plain
+``Trainer`` resumes with ``train(resume_from_checkpoint=...)``. Nothing is lost or repeated. A second Ctrl-C
+exits at once, without a traceback or a save.
 
 Built on transformers' ``enable_jit_checkpoint`` (``transformers.trainer_jit_checkpoint``): the manager
 and the callback below extend its ``CheckpointManager`` and ``JITCheckpointCallback``. The differences:
@@ -35,7 +37,7 @@ from transformers.trainer_jit_checkpoint import CheckpointManager, JITCheckpoint
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 __all__ = ["GracefulStopCallback", "SignalStopManager", "TrainingStopped", "STOP_SIGNALS", "stop_exit_code",
-           "stop_message"]
+           "stop_message", "resume_hint"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +51,22 @@ def stop_exit_code(signum: int) -> int:
     return 128 + int(signum)
 
 
-def stop_message(step: int) -> str:
+RERUN = "rerun the same command to resume"
+
+
+def resume_hint(checkpoint: Optional[str], auto_resume: bool) -> str:
+    """How the run at hand resumes: its command again when it resumes by itself (``auto_resume``: the recipe,
+    ``FastTrainer``), else by naming the checkpoint (a plain ``Trainer``, ``auto_resume`` off)."""
+    if auto_resume:
+        return RERUN
+    if not checkpoint:
+        return "resume with train(resume_from_checkpoint=<that checkpoint>)"
+    return f"resume with train(resume_from_checkpoint={checkpoint!r}) (or --resume_from_checkpoint {checkpoint})"
+
+
+def stop_message(step: int, hint: str = RERUN) -> str:
     """The one line a stopped run prints."""
-    return f"stopped at step {step}: saved {PREFIX_CHECKPOINT_DIR}-{step}; rerun the same command to resume"
+    return f"stopped at step {step}: saved {PREFIX_CHECKPOINT_DIR}-{step}; {hint}"
 
 
 def _signal_name(signum: int) -> str:
@@ -272,10 +287,14 @@ class GracefulStopCallback(JITCheckpointCallback):
 
     def stop(self, is_main_process: bool = True) -> TrainingStopped:
         """Print the stop line (main process) and return the :class:`TrainingStopped` to raise."""
+        checkpoint, auto_resume = None, False
+        if self.trainer is not None:
+            from ..args import fast_option
+
+            checkpoint = os.path.join(self.trainer._get_output_dir(trial=None), f"{PREFIX_CHECKPOINT_DIR}-{self.stopped_at}")
+            args = self.trainer.args  # FastTrainer resumes by itself with auto_resume and its run record on
+            auto_resume = bool(fast_option(args, "auto_resume") and fast_option(args, "run_record"))
         if is_main_process:
             sys.stdout.flush()
-            print(stop_message(self.stopped_at), file=sys.stderr, flush=True)
-        checkpoint = None
-        if self.trainer is not None:
-            checkpoint = os.path.join(self.trainer._get_output_dir(trial=None), f"{PREFIX_CHECKPOINT_DIR}-{self.stopped_at}")
+            print(stop_message(self.stopped_at, resume_hint(checkpoint, auto_resume)), file=sys.stderr, flush=True)
         return TrainingStopped(self.signum, self.stopped_at, checkpoint)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import math
 from typing import Optional
 
+from .._validation import ConfigError
 from .seqlen import PACINGS, SEQ_LEN_MODES, SeqLenWarmup
 
 __all__ = ["PACKING_MODES", "check_seqlen_args", "seqlen_enabled", "batching_options", "seq_len_warmup_from_args",
-           "planned_optimizer_steps"]
+           "planned_optimizer_steps", "planned_tokens", "schedule_length", "budget_row_tokens", "resolve_max_steps"]
 
 PACKING_MODES = ("none", "flatten", "rows")
 
@@ -51,18 +51,52 @@ def seqlen_enabled(args) -> bool:
     return bool(batching_options(args)) or args.seq_len_warmup_min is not None
 
 
+def _world(args) -> int:
+    return max(int(getattr(args, "world_size", 1) or 1), 1)
+
+
+def budget_row_tokens(args) -> Optional[int]:
+    """``max_tokens`` as the tokens each row slot of a micro-batch trains on over the run (the budget over
+    ``per_device_train_batch_size x world size`` rows); None without a token budget."""
+    budget = getattr(args, "max_tokens", None)
+    if budget is None:
+        return None
+    return -(-budget // (args.per_device_train_batch_size * _world(args)))
+
+
+def schedule_length(args, row_length: Optional[int]) -> Optional[int]:
+    """The run's length in full-length optimizer steps: what the schedules laid out over the run (the lr schedule,
+    the sequence-length warmup's fraction) span. ``max_steps``; with a token budget (``max_tokens``), the
+    full-length steps that hold it (rows of ``row_length`` tokens).
+
+    >>> from types import SimpleNamespace
+    >>> a = SimpleNamespace(max_steps=-1, max_tokens=614_400, per_device_train_batch_size=16, gradient_accumulation_steps=1)
+    >>> schedule_length(a, 128)   # 614,400 tokens = 300 steps of 16 rows x 128 tokens
+    300
+    """
+    row_tokens = budget_row_tokens(args)
+    if row_tokens is None:
+        return args.max_steps if args.max_steps and args.max_steps > 0 else None
+    if row_length is None:
+        return None
+    return max(1, round(row_tokens / (args.gradient_accumulation_steps * row_length)))
+
+
 def seq_len_warmup_from_args(args, row_length: int) -> SeqLenWarmup:
-    """The `SeqLenWarmup` that ``seq_len_warmup_*`` describe for rows of ``row_length`` tokens (per rank)."""
+    """The `SeqLenWarmup` that ``seq_len_warmup_*`` describe for rows of ``row_length`` tokens (per rank): the
+    length grows over ``seq_len_warmup_fraction`` of the run's :func:`schedule_length`."""
     return SeqLenWarmup(
         min_seq_len=args.seq_len_warmup_min, max_seq_len=row_length,
-        warmup_batches=round(args.seq_len_warmup_fraction * args.max_steps * args.gradient_accumulation_steps),
+        warmup_batches=round(args.seq_len_warmup_fraction * schedule_length(args, row_length)
+                             * args.gradient_accumulation_steps),
         multiple=args.seq_len_warmup_multiple, pacing=args.seq_len_warmup_pacing,
         num_stages=args.seq_len_warmup_stages, mode=args.seq_len_warmup_mode,
     )
 
 
 def counts_warmup_tokens(args) -> bool:
-    """True when a sequence-length warmup stops the run by tokens (``truncate`` mode with token counting)."""
+    """True when the lr schedule of a sequence-length warmup advances with tokens (``truncate`` mode with token
+    counting): its short early steps are not charged as full ones."""
     return (args.seq_len_warmup_min is not None and bool(args.seq_len_warmup_count_tokens)
             and args.seq_len_warmup_mode == "truncate")
 
@@ -70,29 +104,63 @@ def counts_warmup_tokens(args) -> bool:
 def planned_optimizer_steps(args, row_length: Optional[int]) -> Optional[int]:
     """The optimizer steps a run with these options takes, known before it starts; None when it is not.
 
-    ``max_steps``, except with a token-counted sequence-length warmup: its short early steps hold fewer
-    tokens, so the run takes as many steps as it needs for the tokens of ``max_steps`` full-length steps
-    (rows of ``row_length`` tokens). A batch-size warmup ends by its token budget, which depends on the
-    data's lengths: None. An epoch-based run (``max_steps <= 0``): None (the Trainer counts it).
+    ``max_steps``: the Trainer's meaning, whatever else is on. With a token budget (``max_tokens``) instead, the
+    steps that hold it, rows of ``row_length`` tokens (a sequence-length warmup's short early steps hold fewer
+    tokens, so it takes more steps than full-length ones would). An epoch-based run (``max_steps <= 0``, no
+    ``max_tokens``): None (the Trainer counts it).
 
     Example:
         >>> from types import SimpleNamespace
-        >>> a = SimpleNamespace(max_steps=6, gradient_accumulation_steps=1, seq_len_warmup_min=16,
+        >>> a = SimpleNamespace(max_steps=6, max_tokens=None, gradient_accumulation_steps=1, seq_len_warmup_min=16,
         ...     seq_len_warmup_fraction=0.3, seq_len_warmup_multiple=8, seq_len_warmup_pacing="linear",
         ...     seq_len_warmup_stages=4, seq_len_warmup_mode="truncate", seq_len_warmup_count_tokens=True,
-        ...     batch_warmup_min_tokens=None)
+        ...     per_device_train_batch_size=1)
+        >>> planned_optimizer_steps(a, 32)   # max_steps is the number of steps
+        6
+        >>> a.max_steps, a.max_tokens = -1, 6 * 32   # the tokens of 6 full-length rows
         >>> planned_optimizer_steps(a, 32)   # 2 short steps (16 and 24 tokens a row) make up one more
         7
     """
-    if args.max_steps is None or args.max_steps <= 0 or getattr(args, "batch_warmup_min_tokens", None) is not None:
-        return None
-    if not counts_warmup_tokens(args):
-        return args.max_steps
+    row_tokens = budget_row_tokens(args)
+    if row_tokens is None:
+        return args.max_steps if args.max_steps is not None and args.max_steps > 0 else None
     if row_length is None:
         return None
     ga = args.gradient_accumulation_steps
+    if args.seq_len_warmup_min is None:
+        return -(-row_tokens // (ga * row_length))
     warmup = seq_len_warmup_from_args(args, row_length)
-    return math.ceil(warmup.batches_for_tokens(args.max_steps * ga * row_length, 1) / ga)
+    return -(-warmup.batches_for_tokens(row_tokens, 1) // ga)
+
+
+def planned_tokens(args, row_length: Optional[int]) -> Optional[int]:
+    """Tokens (all processes) the run's :func:`planned_optimizer_steps` hold with rows of ``row_length`` tokens
+    (a sequence-length warmup's short rows counted as cut); None when either is unknown."""
+    steps = planned_optimizer_steps(args, row_length)
+    if steps is None or row_length is None:
+        return None
+    rows = args.per_device_train_batch_size * _world(args)
+    batches = steps * args.gradient_accumulation_steps
+    if args.seq_len_warmup_min is None:
+        return rows * batches * row_length
+    return seq_len_warmup_from_args(args, row_length).cumulative_tokens(batches, rows)
+
+
+def resolve_max_steps(args, row_length: Optional[int]) -> None:
+    """With a token budget (``max_tokens``): set ``args.max_steps`` to the optimizer steps it takes. A
+    ``max_steps`` given beside it must be that number (a saved ``config.yaml`` holds both); any other is refused
+    in one line. Nothing to do without ``max_tokens``."""
+    if getattr(args, "max_tokens", None) is None or row_length is None:
+        return
+    steps = planned_optimizer_steps(args, row_length)
+    if args.max_steps is not None and args.max_steps > 0 and args.max_steps != steps:
+        raise ConfigError("max_steps", args.max_steps, problem=(
+            f"{args.max_steps} disagrees with max_tokens {args.max_tokens:,}, which takes {steps:,} optimizer steps "
+            f"here ({schedule_length(args, row_length):,} full-length steps' tokens"
+            + (", shorter rows first)" if args.seq_len_warmup_min is not None else ")")),
+            allowed="give one of them: max_steps counts optimizer steps, max_tokens tokens (max_tokens null to train "
+                    "max_steps steps)")
+    args.max_steps = steps
 
 
 def check_seqlen_args(args) -> None:
@@ -130,6 +198,7 @@ def check_seqlen_args(args) -> None:
         _fail("train_sampling_strategy", args.train_sampling_strategy,
               f"must stay 'random' with {on[0][0]}={on[0][1]!r}: hf_fasttrain's sampler replaces the Trainer's")
 
+    _check_max_tokens(args, on)
     _check_batch_warmup(args)
     if args.curriculum_min_length is not None:
         if not (_is_int(args.curriculum_min_length) and args.curriculum_min_length >= 1):
@@ -151,6 +220,17 @@ def check_seqlen_args(args) -> None:
         if args.packing != "none":
             _fail("packing", args.packing, "sequence-length warmup is for fixed-length rows; use packing='none'")
         _check_schedule(args, "seq_len_warmup")
+
+
+def _check_max_tokens(args, on: list) -> None:
+    budget = getattr(args, "max_tokens", None)
+    if budget is None:
+        return
+    if not (_is_int(budget) and budget >= 1):
+        _fail("max_tokens", budget, "must be a positive integer (the run's tokens, all processes) or null")
+    if on:
+        _fail("max_tokens", budget, f"counts fixed-length rows; with {on[0][0]}={on[0][1]!r} use lr_decay with "
+              "schedule_unit='tokens' and schedule_total_tokens")
 
 
 def _check_batch_warmup(args) -> None:
@@ -184,5 +264,6 @@ def _check_schedule(args, prefix: str) -> None:
         _fail(f"{prefix}_pacing", pacing, f"allowed: {', '.join(PACINGS)}")
     if not (_is_int(stages) and stages >= 1):
         _fail(f"{prefix}_stages", stages, "must be a positive integer")
-    if args.max_steps <= 0:
-        _fail("max_steps", args.max_steps, f"{prefix} is scheduled over max_steps; set max_steps > 0")
+    if args.max_steps <= 0 and getattr(args, "max_tokens", None) is None:
+        _fail("max_steps", args.max_steps, f"{prefix} is scheduled over the run's length; set max_steps > 0 (or "
+              "max_tokens)")
