@@ -7,11 +7,8 @@ import sys
 
 import pytest
 
-from test_budget_ladder import _load
-
 
 def hb():
-    _load()
     from benchmarks import hf_best
 
     return hf_best
@@ -130,7 +127,6 @@ def test_smoke_search_is_resumable(tmp_path):
 
 @pytest.mark.slow
 def test_lora_fine_tuning_smoke_run(tmp_path):
-    _load()
     from benchmarks import lora_fine_tuning
 
     record = lora_fine_tuning.main(["--quick", "--seeds", "1", "--out", str(tmp_path), "--cache", str(tmp_path / "c")])
@@ -295,8 +291,8 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_equals_a_straight_run(tmp_
     import dataclasses
 
     mod = hb()
-    from budget_ladder import budget_setup, data_args
-    from time_to_loss import run_arm
+    from benchmarks._harness.budget import budget_setup, data_args
+    from benchmarks._harness.lm import run_arm
 
     from hf_fasttrain.run import prepare_data
 
@@ -334,8 +330,8 @@ def test_a_baseline_run_stopped_by_sigterm_saves_the_step_it_reached_and_resumes
     import dataclasses
 
     mod = hb()
-    from budget_ladder import budget_setup, data_args
-    from time_to_loss import run_arm
+    from benchmarks._harness.budget import budget_setup, data_args
+    from benchmarks._harness.lm import run_arm
 
     from hf_fasttrain.callbacks import TrainingStopped
     from hf_fasttrain.run import prepare_data
@@ -359,8 +355,8 @@ def test_a_baseline_run_stopped_by_sigterm_saves_the_step_it_reached_and_resumes
 
 def test_the_train_rows_loss_shows_a_run_that_memorised_repeated_data(tmp_path):
     mod = hb()
-    from budget_ladder import budget_setup, data_args
-    from time_to_loss import run_arm
+    from benchmarks._harness.budget import budget_setup, data_args
+    from benchmarks._harness.lm import run_arm
 
     import datasets
     from hf_fasttrain.run import prepare_data
@@ -446,7 +442,7 @@ def test_a_larger_model_starts_at_the_measured_laws_lr_and_is_named_by_its_shape
     mod = hb()
     import dataclasses
 
-    from budget_ladder import budget_setup
+    from benchmarks._harness.budget import budget_setup
 
     from hf_fasttrain.budget import predict_learning_rate
 
@@ -558,8 +554,8 @@ def test_a_run_the_guard_gives_up_on_is_a_result_not_a_crash(tmp_path):
     import dataclasses
 
     mod = hb()
-    from budget_ladder import budget_setup, data_args
-    from time_to_loss import run_arm
+    from benchmarks._harness.budget import budget_setup, data_args
+    from benchmarks._harness.lm import run_arm
 
     from hf_fasttrain.run import prepare_data
 
@@ -735,7 +731,6 @@ def test_sigterm_to_the_search_reaches_each_worker_and_the_search_outlives_it(tm
 
 _ORPHAN_SCRIPT = """
 import concurrent.futures, multiprocessing, os, pathlib, signal, sys, time
-sys.path[:0] = [sys.argv[2], sys.argv[2] + "/benchmarks"]
 from benchmarks import hf_best
 from hf_fasttrain.callbacks import TrainingStopped
 out = pathlib.Path(sys.argv[1])
@@ -766,10 +761,10 @@ def test_a_worker_whose_search_was_killed_is_told_to_stop(tmp_path):
     import signal
     import subprocess
     import time
-    from pathlib import Path
 
-    root = str(Path(__file__).resolve().parents[1])
-    search = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path), root])
+    from benchmarks._harness import subprocess_env
+
+    search = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path)], env=subprocess_env())
     try:
         deadline = time.monotonic() + 90
         while not ((tmp_path / "ready0").exists() and (tmp_path / "ready1").exists()):

@@ -10,8 +10,14 @@ def _load():
     return time_to_loss
 
 
+def _lm():
+    from benchmarks._harness import lm
+
+    return lm
+
+
 def test_crossing_interpolates_and_reports_never():
-    ttl = _load()
+    ttl = _lm()
     curve = [{"seconds": 0.0, "tokens": 0, "eval_loss": 8.0}, {"seconds": 10.0, "tokens": 100, "eval_loss": 6.0},
              {"seconds": 20.0, "tokens": 200, "eval_loss": 4.0}]
     assert ttl.crossing(curve, 5.0, "seconds") == pytest.approx(15.0)
@@ -22,7 +28,7 @@ def test_crossing_interpolates_and_reports_never():
 
 
 def test_summary_ratios_against_the_reference():
-    ttl = _load()
+    ttl = _lm()
 
     def run(arm, final, t_end):
         return {"arm": arm, "final_eval_loss": final, "train_seconds": t_end,
@@ -39,7 +45,7 @@ def test_summary_ratios_against_the_reference():
 
 
 def test_guard_counts_come_from_the_last_log_that_holds_them():
-    ttl = _load()
+    ttl = _lm()
     history = [{"loss": 5.0, "guard_skipped_spike": 0, "guard_rollbacks": 0, "step": 10},
                {"loss": 4.0, "guard_skipped_spike": 3, "guard_rollbacks": 1, "step": 20},
                {"eval_loss": 4.1, "step": 20}, {"train_runtime": 9.0, "step": 20}]
