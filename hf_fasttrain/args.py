@@ -122,12 +122,10 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "Take lr_decay, min_lr_ratio, decay_fraction, weight_decay, adam_beta2 and, with "
                   "optimizer muon, its AdamW part's betas, NorMuon, cautious weight decay and the AdamW part's lr ratio "
                   "(optimizer_kwargs betas, normuon_beta2, cautious_wd, adamw_lr_ratio) from the settings measured best for this "
-                  "run's length in tokens per non-embedding parameter (hf_fasttrain.budget: the budget ladder and "
-                  "the long-horizon searches at 1.5, 6.2 (AdamW) and 24.8, Muon's complete runs at 12.4); they replace the values "
-                  "given for those. The peak learning_rate stays yours; from 8.8 tokens per parameter on (Muon) and past 49.6 "
-                  "(AdamW) the log says "
-                  "at what multiple of the 24.8-tokens-per-parameter search winner's best lr those settings were "
-                  "measured best."},
+                  "run's length in tokens per non-embedding parameter (the table in hf_fasttrain.budget, each row with "
+                  "the study and command it comes from); they replace the values given for those. The peak "
+                  "learning_rate stays yours; where a row's settings were measured best at another peak lr, the log "
+                  "says at what multiple."},
     )
     warmup_start_factor: float = field(
         default=0.0,
