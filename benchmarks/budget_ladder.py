@@ -42,6 +42,11 @@ Writes budget_ladder.json, .md and .png into --out (benchmarks/results).
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.budget_ladder [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import concurrent.futures
 import dataclasses

@@ -59,6 +59,11 @@ ladder's report reads hf_best.json for its hf-best rows.
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.hf_best [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import concurrent.futures
 import contextlib

@@ -33,6 +33,11 @@ Writes scaling.json, scaling.md and scaling.png into --out (benchmarks/results).
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.scaling [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import concurrent.futures
 import copy

@@ -14,6 +14,11 @@ Nothing here needs a GPU or the network.
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.startup [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import json
 import os

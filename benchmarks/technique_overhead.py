@@ -17,6 +17,11 @@ Writes technique_overhead.{json,md,png} into --out (benchmarks/results).
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.technique_overhead [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import json
 import statistics

@@ -30,6 +30,11 @@ Writes time_to_loss.json, time_to_loss.md and time_to_loss.png into --out (bench
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.time_to_loss [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import dataclasses
 import json
