@@ -78,6 +78,7 @@ def test_summary_ratio_and_trend():
     assert tr2["budgets"] == 2
 
 
+@pytest.mark.bench
 def test_smoke_run_is_resumable(tmp_path):
     bl = _load()
     argv = ["--quick", "--out", str(tmp_path), "--budgets", "1,2", "--unique-budgets", "", "--seeds", "1",

@@ -188,7 +188,7 @@ def _metrics(out):
     return json.loads((out / "metrics.json").read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("action, code", [("term", 143), ("int", 130)])
 def test_recipe_stopped_by_a_signal_says_so_and_the_same_command_resumes(action, code, tmp_path):
     common = ["--max_steps", "12", "--save_steps", "5", "--eval_steps", "6"]
@@ -214,7 +214,7 @@ def test_recipe_stopped_by_a_signal_says_so_and_the_same_command_resumes(action,
     assert a["final_eval_loss"] == b["final_eval_loss"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_ctrl_c_in_a_terminal_reaches_the_dataloader_workers_too_and_the_run_resumes(tmp_path):
     # a terminal's Ctrl-C signals the whole foreground process group: the main process and its DataLoader workers
     common = ["--max_steps", "12", "--save_steps", "5", "--eval_steps", "6", "--dataloader_num_workers", "2"]
@@ -232,7 +232,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_dataloader_workers_too_and_the_run_res
     assert a["final_eval_loss"] == b["final_eval_loss"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_second_ctrl_c_exits_at_once_without_a_traceback(tmp_path):
     out = tmp_path / "run"
     p = _recipe("int2", 3, ["--output_dir", str(out), "--max_steps", "12", "--save_steps", "100"])
@@ -257,7 +257,7 @@ def _steps(steps_file, rank):
     return [int(s) for s in Path(f"{steps_file}.rank{rank}").read_text().split()]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_processes_stop_at_the_same_step_when_one_gets_sigterm(tmp_path):
     common = ["--max_steps", "10", "--save_steps", "100", "--eval_steps", "5"]
     straight = _launch("none", 0, 0, ["--output_dir", str(tmp_path / "a"), *common], tmp_path / "sa")

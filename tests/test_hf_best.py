@@ -112,7 +112,7 @@ def test_arms_use_the_trainers_own_options_for_hf_best():
     assert mod.parse_config(json.dumps({**adema, "beta3": 0.999}), ["recipe"])["beta3"] == 0.999
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_smoke_search_is_resumable(tmp_path):
     mod = hb()
     first = mod.main(["--quick", "--out", str(tmp_path), "--families", "hf-best"])
@@ -125,7 +125,7 @@ def test_smoke_search_is_resumable(tmp_path):
     assert "| hf-best | schedule |" in (tmp_path / "hf_best.md").read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_lora_fine_tuning_smoke_run(tmp_path):
     from benchmarks import lora_fine_tuning
 
@@ -286,7 +286,8 @@ def _kill_at(step):
     return lambda: [KillAt()]
 
 
-@pytest.mark.parametrize("family", ["hf-best", pytest.param("recipe", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", ["hf-best", "recipe"])
+@pytest.mark.bench
 def test_a_killed_run_resumes_from_its_checkpoint_and_equals_a_straight_run(tmp_path, family):
     import dataclasses
 
@@ -326,6 +327,7 @@ def _sigterm_at(step):
     return lambda: [SigtermAt()]
 
 
+@pytest.mark.bench
 def test_a_baseline_run_stopped_by_sigterm_saves_the_step_it_reached_and_resumes_from_it(tmp_path):
     import dataclasses
 
@@ -353,6 +355,7 @@ def test_a_baseline_run_stopped_by_sigterm_saves_the_step_it_reached_and_resumes
                                                                         abs=1e-6)
 
 
+@pytest.mark.bench
 def test_the_train_rows_loss_shows_a_run_that_memorised_repeated_data(tmp_path):
     mod = hb()
     from benchmarks._harness.budget import budget_setup, data_args
@@ -548,6 +551,7 @@ def test_one_run_table_ranks_recipe_runs_by_tokens_to_hf_bests_loss(tmp_path):
     assert mod.one_run_table(ledger, "16x", {}) == ""  # no hf-best result there: no table
 
 
+@pytest.mark.bench
 def test_a_run_the_guard_gives_up_on_is_a_result_not_a_crash(tmp_path):
     """A candidate that diverges (the guard stops after its last rollback) is recorded: the curve up to the stop
     and, as the final loss, the loss of the last good state the guard restored; the search then decides on it."""
@@ -755,6 +759,7 @@ time.sleep(120)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.bench
 def test_a_worker_whose_search_was_killed_is_told_to_stop(tmp_path):
     # SIGKILL to the search (no handler can run): its workers get SIGTERM, so a running run saves and stops
     import os

@@ -267,7 +267,7 @@ import gc; gc.collect()
 """
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_processes_schedule_on_the_sum_over_ranks(tmp_path):
     import json
     import os

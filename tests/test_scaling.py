@@ -65,7 +65,7 @@ def test_fit_line_exact():
     assert sweeps.fit_line([1.0, 1.0], [2.0, 3.0]) is None
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_quick_ladder_writes_results_and_resumes(tmp_path, monkeypatch):
     sc = _load()
     argv = ["--quick", "--out", str(tmp_path), "--seeds", "1", "--max-extend", "1", "--step-time-steps", "2"]
