@@ -281,7 +281,7 @@ def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, t
     # from 8.8 tokens per parameter on the log gives the measured lr hint; the lr itself is not touched
     hint = {"short": None, "middle-long": "0.5x", "long": "0.5x", "over-training": "0.125x"}[regime]
     assert ("measured best at" in logged[0]) == (hint is not None)
-    assert hint is None or f"measured best at {hint} the peak lr that was best for the search's winner" in logged[0]
+    assert hint is None or f"measured best at {hint} the peak lr that was best for the longest search's winner" in logged[0]
     assert trainer.args.learning_rate == 3e-3  # tiny_args' lr
     assert trainer.budget["regime"] == regime and trainer.budget["tokens_per_param"] == pytest.approx(tpp)
     settings = budget_settings(tpp, "muon")["settings"]
