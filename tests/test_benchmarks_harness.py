@@ -67,6 +67,7 @@ def test_a_usage_error_is_one_line_and_exit_status_2(capsys):
     assert raised.value.code == 2
 
 
+@pytest.mark.bench
 def test_a_benchmark_refuses_a_bad_option_in_one_line_with_exit_status_2():
     out = subprocess.run(_harness.module_command("hf_best", "--families", "adamw"), env=_harness.subprocess_env(),
                          capture_output=True, text=True, timeout=300)

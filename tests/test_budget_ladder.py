@@ -276,6 +276,7 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     assert len(bl.hf_best_points(with_half, summary)["complete_runs"]) == 1
 
 
+@pytest.mark.bench
 def test_a_corpus_too_small_to_cover_the_budget_without_repeats_is_refused_before_training(monkeypatch):
     from benchmarks._harness import UsageError
     from benchmarks._harness import budget as bl

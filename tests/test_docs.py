@@ -205,7 +205,8 @@ def run_chains() -> list[list[tuple[Block, dict]]]:
 
 def _chain_param(chain):
     marks = []
-    if any(d["slow"] for _, d in chain):
+    # an example that trains a model runs in the slow tier; the others (imports, settings, checks) in the unit tier
+    if any(d["slow"] for _, d in chain) or any(".train(" in block.code for block, _ in chain):
         marks.append(pytest.mark.slow)
     return pytest.param(chain, id=chain[0][0].where, marks=marks)
 

@@ -142,6 +142,7 @@ def test_regression_head_trains_with_any_arguments(args_cls, tmp_path):
         assert sorted(os.listdir(tmp_path)) == []
 
 
+@pytest.mark.slow
 def test_tiny_vit_trains(tmp_path):
     from transformers import ViTConfig, ViTForImageClassification
 
@@ -204,6 +205,7 @@ def test_token_schedule_on_a_batch_without_tokens_says_so(tmp_path):
         trainer.train()
 
 
+@pytest.mark.slow
 def test_fast_trainer_without_args_is_trainer_without_args(tiny_tokenizer, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # Trainer(model) writes into ./tmp_trainer
     ds = Dataset.from_dict({"input_ids": [[5 + i % 7] * 8 for i in range(16)]})
@@ -380,6 +382,7 @@ def test_recorder_reads_the_clock_of_an_older_checkpoint(tiny_lm, tiny_tokenizer
     assert "RunRecorderCallback" not in _state(tmp_path / "checkpoint-2")["stateful_callbacks"]
 
 
+@pytest.mark.slow
 def test_stability_mixin_with_plain_arguments(tiny_lm, tiny_tokenizer, tmp_path):
     from hf_fasttrain.callbacks import GradientClippingCallback, StabilityTrainerMixin
 

@@ -47,6 +47,7 @@ def test_exit_codes_and_message():
     assert isinstance(stopped, SystemExit) and stopped.code == 143 and stopped.step == 7
 
 
+@pytest.mark.e2e
 def test_a_stop_in_a_worker_process_reaches_the_caller_whole():
     # a pool worker sends its exception back pickled: before, unpickling raised TypeError (SystemExit's one argument)
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -109,7 +110,8 @@ def straight(tiny_lm, tiny_tokenizer, tmp_path_factory):
     return trainer
 
 
-@pytest.mark.parametrize("step", [STEPS[0], pytest.param(STEPS[1], marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("step", STEPS)
 def test_sigterm_mid_step_saves_that_step_and_the_rerun_is_bit_exact(step, straight, tiny_lm, tiny_tokenizer, tmp_path,
                                                                       capsys):
     first = _trainer(tmp_path / "b", tiny_tokenizer, tiny_lm, callbacks=[_SignalDuringStep(step)])
@@ -144,6 +146,7 @@ def test_sigterm_mid_step_saves_that_step_and_the_rerun_is_bit_exact(step, strai
     assert ema_a and ema_a.keys() == ema_b.keys() and all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)
 
 
+@pytest.mark.slow
 def test_no_signal_changes_nothing_and_leaves_no_handler(tiny_lm, tiny_tokenizer, tmp_path):
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     trainer = _trainer(tmp_path, tiny_tokenizer, tiny_lm, max_steps=3, save_strategy="no", eval_strategy="no",

@@ -104,6 +104,7 @@ def test_resume_is_bit_for_bit_and_the_norms_hold_in_a_gpt2():
             assert not torch.equal(p.detach(), saved_model[n])
 
 
+@pytest.mark.slow
 def test_tiny_gpt2_loss_falls_with_hyperball():
     model = _tiny_gpt2()
     opt = create_optimizer("muon", model, lr=3e-3, hyperball=True)

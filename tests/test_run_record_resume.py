@@ -91,6 +91,7 @@ def test_clock_continues_across_a_resume(make, tmp_path):
     assert metrics["train_seconds"] == resumed.train_seconds() > after[SAVE_AT + 1]
 
 
+@pytest.mark.slow
 def test_checkpoint_outside_output_dir_is_read_from_resume_dir(tmp_path):
     """A plain Trainer cannot tell the callback what it resumed from: a checkpoint elsewhere is named by
     resume_dir, or by args.resume_from_checkpoint (what scripts pass to train())."""

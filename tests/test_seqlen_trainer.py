@@ -75,6 +75,7 @@ class _StopAt(TrainerCallback):
             control.should_training_stop = True
 
 
+@pytest.mark.slow
 def test_curriculum_resumed_equals_straight(tiny_tokenizer, tmp_path):
     ds = _variable_length_ds(tiny_tokenizer)
     kw = dict(max_steps=6, per_device_train_batch_size=4, curriculum_min_length=10, curriculum_fraction=1.0,

@@ -399,6 +399,7 @@ def guard(**kw):
     return DivergenceGuardCallback(**settings)
 
 
+@pytest.mark.slow
 def test_fault_injection_guard_matches_a_clean_run(tmp_path):
     faults = {8: NAN, 15: GRAD_X1E6, 22: POISON}
     clean = make_trainer(tmp_path / "clean", 30)

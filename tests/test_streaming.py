@@ -166,6 +166,7 @@ def _write_docs(path, n=400):
             f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))}) + "\n")
 
 
+@pytest.mark.slow
 def test_fasttrainer_stream_resumed_equals_straight_bit_exact(tiny_tokenizer, tmp_path):
     _write_docs(tmp_path / "docs.jsonl")
     straight, _ = _stream_trainer(tiny_tokenizer, tmp_path / "straight")
@@ -195,6 +196,7 @@ def test_fasttrainer_stream_resumed_equals_straight_bit_exact(tiny_tokenizer, tm
     assert not any(isinstance(c, ResumedEpochCallback) for c in resumed.callback_handler.callbacks)
 
 
+@pytest.mark.slow
 def test_resumed_epoch_continues_across_passes(tiny_tokenizer, tmp_path):
     _write_docs(tmp_path / "docs.jsonl", n=12)  # the first pass ends in step 6: the resumed steps 5-6 cross it
     straight, _ = _stream_trainer(tiny_tokenizer, tmp_path / "straight", save_steps=4)
