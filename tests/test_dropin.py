@@ -321,6 +321,7 @@ def _fake_clock(monkeypatch):
     monkeypatch.setattr(run_record, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
 
 
+@pytest.mark.slow
 def test_recorder_clock_continues_across_resume_in_a_plain_trainer(tiny_lm, tiny_tokenizer, tmp_path, monkeypatch):
     _fake_clock(monkeypatch)  # one second per reading: a clock that restarted would be far behind
 

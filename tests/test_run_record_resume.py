@@ -72,6 +72,7 @@ def clock_by_step(recorder) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("make", [plain_trainer, sft_trainer], ids=["Trainer", "SFTTrainer"])
+@pytest.mark.slow
 def test_clock_continues_across_a_resume(make, tmp_path):
     straight = RunRecorderCallback()
     make(tmp_path, straight).train()

@@ -92,6 +92,7 @@ def test_curriculum_resumed_equals_straight(tiny_tokenizer, tmp_path):
     assert [e["length_limit"] for e in straight] == [10, 12, 14, 17, 19, 21]  # floor(10 + 14 t / 6)
 
 
+@pytest.mark.slow
 def test_seq_len_warmup_token_counted_lengths_schedule_and_resume(tiny_lm, tiny_tokenizer, tmp_path):
     # rows of 32 tokens, 4 per step; warmup over round(0.5 * 6) = 3 batches: lengths 8, 16, 24, then 32.
     # 6 full-length steps hold 6 * 32 = 192 tokens per row; the warmup reaches that after 8 steps.

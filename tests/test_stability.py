@@ -264,6 +264,7 @@ def test_snapshot_restore_is_exact_and_the_snapshot_is_not_aliased():
 
 
 @pytest.mark.parametrize("shard", [False, True])
+@pytest.mark.slow
 def test_load_checkpoint_state_reads_single_and_sharded_checkpoints(tmp_path, shard):
     """The rollback target in 'checkpoint' mode: model (tied lm_head), optimizer, scheduler and lrs in place."""
     source = tiny_gpt2()
