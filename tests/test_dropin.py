@@ -349,6 +349,7 @@ def test_recorder_clock_continues_across_resume_in_a_plain_trainer(tiny_lm, tiny
     assert [r["step"] for r in recorder.records] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.slow
 def test_recorder_added_on_resume_of_a_checkpoint_without_it(tiny_lm, tiny_tokenizer, tmp_path):
     def trainer(callbacks):
         args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
@@ -361,6 +362,7 @@ def test_recorder_added_on_resume_of_a_checkpoint_without_it(tiny_lm, tiny_token
     assert json.loads((tmp_path / "checkpoint-2" / RECORD_FILE).read_text())["train_seconds"] > 0
 
 
+@pytest.mark.slow
 def test_recorder_reads_the_clock_of_an_older_checkpoint(tiny_lm, tiny_tokenizer, tmp_path, monkeypatch):
     """Checkpoints written before the clock moved to run_record.json kept it in stateful_callbacks."""
     _fake_clock(monkeypatch)

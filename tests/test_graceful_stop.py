@@ -156,6 +156,7 @@ def test_no_signal_changes_nothing_and_leaves_no_handler(tiny_lm, tiny_tokenizer
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+@pytest.mark.slow
 def test_plain_trainer_with_the_callback_stops_and_exits(tiny_lm, tiny_tokenizer, tmp_path, capsys):
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=8, logging_steps=1,
                              save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, seed=0)

@@ -113,6 +113,7 @@ def test_checkpoint_outside_output_dir_is_read_from_resume_dir(tmp_path):
     assert clock_by_step(by_args)[SAVE_AT + 1] >= before[SAVE_AT]
 
 
+@pytest.mark.slow
 def test_without_the_record_the_clock_restarts_and_says_so(tmp_path, caplog):
     """The negative control: the same resume with the checkpoint's run_record.json removed restarts the clock
     near 0 (what the tests above rule out), with a warning naming where it looked."""

@@ -720,6 +720,7 @@ def test_gradient_spike_is_judged_on_the_pre_clip_norm(tmp_path, cls):
 
 
 @pytest.mark.parametrize("setup", ["fasttrainer", "mixin", "plain"])
+@pytest.mark.slow
 def test_guard_state_survives_a_resume_without_restore_callback_states(tmp_path, setup):
     """14.3: a x50 loss 5 steps after a resume is caught, and the guard_* counters go on."""
     faults = {3: NAN, 15: LOSS_X50}
