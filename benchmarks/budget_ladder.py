@@ -6,7 +6,7 @@
     python -m benchmarks.budget_ladder --report                # table + plot from the JSON, no training
     python -m benchmarks.budget_ladder --quick --out /tmp/x    # a smoke run (the test suite uses it)
 
-The model and data are the time-to-loss setup (benchmarks/time_to_loss.py): GPT-2 2x128 (0.40M
+The model and data are the time-to-loss setup (benchmarks._harness.lm): GPT-2 2x128 (0.40M
 non-embedding parameters) on the stdlib corpus, vocab 4096, 16 x 128-token rows per step, eval on the
 same 128 held-out rows 12 times per run. One budget is ``multiple x 300`` optimizer steps (1x = the
 headline's 0.61M tokens, about 1.5 tokens per parameter; 4x about 6; 16x about 24, past Chinchilla's 20).
@@ -42,6 +42,11 @@ Writes budget_ladder.json, .md and .png into --out (benchmarks/results).
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.budget_ladder [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import concurrent.futures
 import dataclasses
@@ -55,30 +60,21 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # this checkout
-import torch  # noqa: E402
-from scaling import (Ledger, _fmt, edge_extension, fit_line, interpolated_best_lr,  # noqa: E402
-                     non_embedding_params, sweep_losses)
-from time_to_loss import ARMS, QUICK, RESULTS, Setup, crossing, load_saved_run, run_arm  # noqa: E402
-from time_to_loss import run_key as saved_run_key  # noqa: E402
+import torch
 
-from benchmarks._harness import display_command, display_path, run_cli, UsageError  # noqa: E402
-from hf_fasttrain import DataArguments  # noqa: E402
-from hf_fasttrain.run import prepare_data  # noqa: E402
-from hf_fasttrain.runinfo import environment_info  # noqa: E402
+from hf_fasttrain.run import prepare_data
+from hf_fasttrain.runinfo import environment_info
 
-BASE_STEPS = 300  # the headline budget: 300 steps x 2048 tokens = 0.61M tokens
-EVALS = 12  # evaluations per run
+from benchmarks._harness import RESULTS, UsageError, display_command, display_path, fmt as _fmt, run_cli
+from benchmarks._harness.budget import BASE_STEPS, budget_setup, data_args, unique_corpus_data
+from benchmarks._harness.ledger import Ledger
+from benchmarks._harness.lm import ARMS, Setup, crossing, load_saved_run, non_embedding_params, run_arm
+from benchmarks._harness.lm import run_key as saved_run_key
+from benchmarks._harness.sweeps import edge_extension, fit_line, interpolated_best_lr, sweep_losses
+
 OPTIMIZERS = {"adamw": "hf-tuned", "recipe": "fasttrain"}  # ledger name -> time_to_loss arm
 FIRST_GRID = {"adamw": [1e-3, 2e-3, 4e-3], "recipe": [8e-3, 1.6e-2, 3.2e-2]}
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022
-
-
-def budget_setup(multiple: int, quick: bool = False, base_steps: int = BASE_STEPS) -> Setup:
-    """The time-to-loss setup (or the quick one) trained for ``multiple x base_steps`` steps."""
-    base = QUICK if quick else Setup()
-    steps = multiple * base_steps
-    return dataclasses.replace(base, max_steps=steps, eval_steps=max(1, steps // EVALS))
 
 
 def rung_name(multiple: int, corpus: str = "stdlib") -> str:
@@ -117,65 +113,6 @@ def phase_order(stdlib_rungs: list[str], unique_rungs: list[str], seeds: int) ->
 
 
 # --- The corpus that does not repeat -------------------------------------------------------------------
-# Packages whose sources make the corpus that does not repeat, in order: a longer budget reads further down
-# the list, so a shorter one's corpus stays what it was.
-SOURCE_PACKAGES = ("transformers", "torch", "datasets", "numpy", "pandas", "pyarrow", "accelerate",
-                   "scipy", "sympy", "matplotlib", "networkx", "sqlalchemy", "pip", "setuptools")
-
-
-def extra_python_sources(min_chars: int, packages: tuple[str, ...] = SOURCE_PACKAGES) -> list[str]:
-    """Texts of ``.py`` files of installed packages, in a fixed order, until ``min_chars`` characters
-    (fewer when the installed packages hold fewer: the caller checks)."""
-    import importlib.util
-
-    texts, total = [], 0
-    for pkg in packages:
-        spec = importlib.util.find_spec(pkg)
-        if spec is None or not spec.submodule_search_locations:
-            continue
-        root = Path(list(spec.submodule_search_locations)[0])
-        for path in sorted(root.rglob("*.py")):
-            text = path.read_text(encoding="utf-8", errors="replace")
-            if len(text) < 200:
-                continue
-            texts.append(text)
-            total += len(text)
-            if total >= min_chars:
-                return texts
-    return texts
-
-
-def unique_corpus_data(setup: Setup, tokens_needed: int):
-    """(tokenizer, lm) of the stdlib corpus with extra package sources appended to train until it holds
-    ``tokens_needed`` tokens; the stdlib tokenizer and validation rows are kept."""
-    import datasets
-
-    from hf_fasttrain.data.corpus import build_stdlib_corpus, tokenize_and_chunk
-
-    tokenizer, lm = prepare_data(data_args(setup))
-    have = len(lm["train"]) * setup.block_size
-    if have >= tokens_needed:
-        return tokenizer, lm
-    chars_per_token = 3.5  # measured on the stdlib corpus with this tokenizer (about 3.4-3.8)
-    texts = extra_python_sources(int((tokens_needed - have) * chars_per_token * 1.15))
-    raw = build_stdlib_corpus()
-    extra = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts}),
-                                  "validation": raw["validation"].select_columns(["text"]).select(range(1))})
-    more = tokenize_and_chunk(extra, tokenizer, setup.block_size)["train"]
-    total = have + len(more) * setup.block_size
-    if total < tokens_needed:  # before any training: a corpus that repeats would be reported as one that does not
-        raise UsageError(f"--corpus unique: the installed packages' Python sources ({', '.join(SOURCE_PACKAGES)}) "
-                         f"give {total / 1e6:.1f}M tokens, {tokens_needed / 1e6:.1f}M needed for this budget: install "
-                         f"more of them, or use a shorter budget")
-    train = datasets.concatenate_datasets([lm["train"], more.cast(lm["train"].features)])
-    return tokenizer, datasets.DatasetDict({"train": train, "validation": lm["validation"]})
-
-
-def data_args(setup: Setup) -> DataArguments:
-    return DataArguments(vocab_size=setup.vocab_size, block_size=setup.block_size, max_eval_samples=setup.eval_rows,
-                         max_corpus_files=setup.max_corpus_files)
-
-
 # --- Imports of earlier runs of the 1x setup --------------------------------------------------------------
 def import_earlier(ledger: Ledger, results: Path, setup: Setup) -> int:
     """AdamW's 1x runs from scaling.json (rung gpt2-2x128) and the recipe's from time_to_loss_runs/."""
@@ -722,7 +659,7 @@ def report(ledger: Ledger, rungs: dict[str, tuple[int, str]], setups: dict[str, 
     hb_path = out / "hf_best.json"
     best_rows = {}
     if hb_path.exists():  # summarised here from its runs: a search still running has written no summary yet
-        from hf_best import summarise as summarise_search
+        from benchmarks.hf_best import summarise as summarise_search
 
         hb = json.loads(hb_path.read_text())
         view = type("View", (), {"data": hb})()

@@ -24,6 +24,11 @@ times are slow, the two arms are measured back to back.
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.data_resume [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import hashlib
 import json

@@ -14,7 +14,7 @@ Arms (same model, same data, same batch; each in its own process, one after the 
     torch-loop             plain PyTorch loop over the same HF model: torch.compile, bf16 autocast,
                            fused AdamW, clip 1.0, tf32 (the reference the Trainer arms are held to)
     torch-loop-chunked-ce  torch-loop with the LM head + cross-entropy computed in token chunks
-                           (benchmarks.chunked_ce.chunked_lm_head_loss): no full fp32 logits
+                           (benchmarks._harness.chunked_ce.chunked_lm_head_loss): no full fp32 logits
     fasttrain-<part>       the recipe with one part changed (no-guard, no-record, token-schedule, ema,
                            ns-per-matrix): what each part costs per step (`--arms fast-path` runs them all
                            with hf-default, hf-tuned and fasttrain)
@@ -377,7 +377,7 @@ def _loop_arm(arm, opts, spec, device, info, memory):
     """torch-loop and torch-loop-chunked-ce: the same HF model in a hand-written training loop."""
     import torch
 
-    from benchmarks.chunked_ce import chunked_lm_head_loss
+    from benchmarks._harness.chunked_ce import chunked_lm_head_loss
     from hf_fasttrain.precision import resolve_precision
 
     torch.manual_seed(0)

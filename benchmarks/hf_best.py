@@ -59,6 +59,11 @@ ladder's report reads hf_best.json for its hf-best rows.
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.hf_best [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import concurrent.futures
 import contextlib
@@ -77,14 +82,13 @@ import time
 from pathlib import Path
 from typing import Any, Generator, Optional
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # this checkout
-from budget_ladder import BASE_STEPS, budget_setup, data_args, unique_corpus_data  # noqa: E402
-from scaling import Ledger  # noqa: E402
-from time_to_loss import ARMS, QUICK, RESULTS, Arm, crossing, run_arm  # noqa: E402
+from hf_fasttrain.callbacks.graceful_stop import TrainingStopped, stop_exit_code
+from hf_fasttrain.runinfo import environment_info
 
-from benchmarks._harness import display_command, display_path, run_cli, UsageError  # noqa: E402
-from hf_fasttrain.callbacks.graceful_stop import TrainingStopped, stop_exit_code  # noqa: E402
-from hf_fasttrain.runinfo import environment_info  # noqa: E402
+from benchmarks._harness import RESULTS, UsageError, display_command, display_path, run_cli
+from benchmarks._harness.budget import BASE_STEPS, budget_setup, data_args, unique_corpus_data
+from benchmarks._harness.ledger import Ledger
+from benchmarks._harness.lm import ARMS, QUICK, Arm, crossing, non_embedding_params, run_arm
 
 FAMILIES = ("hf-best", "recipe")
 # Seed noise of the final eval loss at the ladder's best lrs (|seed 0 - seed 1|, 4x and 16x): AdamW 0.026 and
@@ -922,8 +926,6 @@ def transfer_starts(ledger: Ledger, source: str, rung: str, families: list[str])
 
 
 def tokens_per_param(setup) -> float:
-    from scaling import non_embedding_params
-
     n = non_embedding_params(setup.n_layer, setup.n_embd, setup.model_type, setup.n_head)
     return setup.max_steps * setup.tokens_per_step / n
 

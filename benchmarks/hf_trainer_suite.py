@@ -32,6 +32,11 @@ gives the two test dependencies without touching the environment.
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.hf_trainer_suite [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import importlib.util
 import json

@@ -43,7 +43,7 @@ def _peak_rss_bytes() -> int:
 def run_variant(name: str, opts) -> dict:
     import torch
 
-    from benchmarks.chunked_ce import chunked_lm_head_loss, lm_head_loss
+    from benchmarks._harness.chunked_ce import chunked_lm_head_loss, lm_head_loss
 
     torch.manual_seed(0)
     torch.set_num_threads(opts.threads)

@@ -4,7 +4,7 @@
     python -m benchmarks.lora_fine_tuning --seeds 1     # fewer seeds (the table is rewritten after each seed)
     python -m benchmarks.lora_fine_tuning --quick       # a smoke run (tiny everything)
 
-Base, task and budget are the fine-tuning benchmark's (benchmarks/fine_tuning.py): the AdamW-pretrained tiny
+Base, task and budget are the fine-tuning benchmark's (benchmarks._harness.finetune): the AdamW-pretrained tiny
 GPT-2 (2 layers, 64 wide, vocabulary 4096), stdlib signature + docstring -> body with completion-only loss,
 30,000 real input tokens per run, random padded batches of 8. The base is frozen; LoRA adapters (peft, rank 8,
 alpha 16, on every Conv1D layer of attention and MLP, the tied head left alone) train.
@@ -45,9 +45,9 @@ from typing import Any
 import torch
 
 from benchmarks._harness import machine_info, RESULTS, run_cli, UsageError, write_json
-from benchmarks.fine_tuning import (HF_TUNED, PARTS, QUICK, Setup, _key, base_data_args, build_base, make_spec, plans,
-                                    run_one, sft_data)
-from benchmarks.time_to_loss import crossing, summarise
+from benchmarks._harness.finetune import (PARTS, QUICK, Setup, _key, base_data_args, build_base, make_spec, plans,
+                                          run_one, sft_data)
+from benchmarks._harness.lm import HF_TUNED, crossing, summarise
 from hf_fasttrain.data.corpus import cache_root
 from hf_fasttrain.run import prepare_data
 
@@ -65,7 +65,7 @@ LORA_PARTS = ("+ema", "+guard", "+wsd", "+token-budget")
 
 
 def with_parts(fast: bool, settings: dict[str, Any], parts: list[str], fills: dict[str, int]) -> tuple[bool, dict, str]:
-    """An optimizer's settings with the recipe's ``parts`` on top (as benchmarks/fine_tuning.py adds them)."""
+    """An optimizer's settings with the recipe's ``parts`` on top (as the fine-tuning benchmark adds them)."""
     out, plan = dict(settings), "padded"
     for p in parts:
         extra = {k: fills[v[1]] if isinstance(v, tuple) else v for k, v in PARTS[p].items()}

@@ -20,6 +20,11 @@ emulated; the table says whether this one has them. Writes ``results/muon_precis
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.muon_step [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import os
 import statistics

@@ -5,10 +5,10 @@
     python -m benchmarks.optimizer_lr_sweep --optimizers lion,muon --seeds 2
 
 Three lrs per optimizer; when the best is at an edge of the grid, the grid is extended by a factor
-of 2 that way (at most ``--max-extend`` times). Every run is ``benchmarks/time_to_loss.py``'s arm ``opt-<name>`` (hf-tuned's settings: 2% warmup,
+of 2 that way (at most ``--max-extend`` times). Every run is the harness's arm (``benchmarks._harness.lm.optimizer_arm``) ``opt-<name>`` (hf-tuned's settings: 2% warmup,
 cosine to 10%, weight decay 0.1 (Lion: scaled to keep lr * decay), clip 1.0) with the peak lr
 replaced, on the same tiny GPT-2, data and token budget. Reported: final eval loss per lr (median
-over seeds) and the best lr. AdamW's lr is hf-tuned's (swept with `time_to_loss.py --lr-sweep`: 2e-3 best of 1e-3..1.6e-2).
+over seeds) and the best lr. AdamW's lr is hf-tuned's (swept with `python -m benchmarks.time_to_loss --lr-sweep`: 2e-3 best of 1e-3..1.6e-2).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch  # noqa: E402
 
-from benchmarks.time_to_loss import QUICK, RESULTS, Setup, optimizer_arm, run_arm  # noqa: E402
+from benchmarks._harness import RESULTS  # noqa: E402
+from benchmarks._harness.lm import QUICK, Setup, optimizer_arm, run_arm  # noqa: E402
 
 from hf_fasttrain import DataArguments  # noqa: E402
 from hf_fasttrain.run import prepare_data  # noqa: E402

@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """Scaling ladder: does Muon's gain over tuned AdamW survive bigger models? Peak-lr sweeps at each size.
 
-    nice -n 10 python benchmarks/scaling.py --jobs 2            # the ladder (resumable: rerun to continue)
-    python benchmarks/scaling.py --sizes gpt2-2x64 --seeds 1    # one rung
-    python benchmarks/scaling.py --report                       # tables + plot from the JSON, no training
-    python benchmarks/scaling.py --quick --out /tmp/x           # a smoke run (the test suite uses it)
+    nice -n 10 python -m benchmarks.scaling --jobs 2            # the ladder (resumable: rerun to continue)
+    python -m benchmarks.scaling --sizes gpt2-2x64 --seeds 1    # one rung
+    python -m benchmarks.scaling --report                       # tables + plot from the JSON, no training
+    python -m benchmarks.scaling --quick --out /tmp/x           # a smoke run (the test suite uses it)
     bash benchmarks/gpu_scaling_check.sh                        # on a GPU: GPT-2 small, recipe vs tuned AdamW
 
 Each rung is one model (GPT-2 at three or four sizes, Llama at the middle one) trained on the
-time-to-loss setup (benchmarks/time_to_loss.py: the stdlib corpus, vocab 4096, 16 x 128-token rows
+time-to-loss setup (benchmarks._harness.lm: the stdlib corpus, vocab 4096, 16 x 128-token rows
 per step, eval every 1/12 of the run on the same 128 held-out rows). Every run is one of that
 harness's arms with the peak lr replaced: ``hf-tuned`` (transformers.Trainer, AdamW, 2% warmup,
 cosine to 10%, wd 0.1, beta2 0.95, clip 1) and ``opt-muon`` (the same settings through FastTrainer
@@ -33,6 +33,11 @@ Writes scaling.json, scaling.md and scaling.png into --out (benchmarks/results).
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.scaling [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import concurrent.futures
 import copy
@@ -40,7 +45,6 @@ import dataclasses
 import json
 import math
 import multiprocessing
-import os
 import statistics
 import sys
 import tempfile
@@ -48,14 +52,16 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]  # this checkout
-import torch  # noqa: E402
-from time_to_loss import ARMS, QUICK, RESULTS, Setup, crossing, optimizer_arm, run_arm  # noqa: E402
+import torch
 
-from hf_fasttrain import DataArguments  # noqa: E402
-from hf_fasttrain.run import prepare_data  # noqa: E402
-from benchmarks._harness import display_command, machine_info as environment_info  # noqa: E402
-from benchmarks._harness import UsageError, run_cli  # noqa: E402
+from hf_fasttrain import DataArguments
+from hf_fasttrain.run import prepare_data
+
+from benchmarks._harness import RESULTS, UsageError, display_command, fmt as _fmt, run_cli
+from benchmarks._harness import machine_info as environment_info
+from benchmarks._harness.ledger import Ledger
+from benchmarks._harness.lm import ARMS, QUICK, Setup, crossing, non_embedding_params, optimizer_arm, run_arm
+from benchmarks._harness.sweeps import edge_extension, fit_line, interpolated_best_lr, sweep_losses
 
 BASE_STEPS = 300  # the time-to-loss budget of the 2x128 GPT-2 (0.61M tokens)
 STEP_MULTIPLE = 12  # 12 evaluations per run
@@ -102,23 +108,6 @@ QUICK_RUNGS = {
     "quick-b": Rung("quick-b", dict(model_type="llama", n_layer=1, n_head=2, n_embd=32, n_kv_head=1),
                     {"adamw": [2e-3, 4e-3], "muon": [1e-2, 2e-2]}),
 }
-
-
-def non_embedding_params(n_layer: int, n_embd: int, model_type: str = "gpt2", n_head: Optional[int] = None,
-                         n_kv_head: Optional[int] = None) -> int:
-    """Parameters outside the embeddings and head of the from-scratch model (matrices, biases, norms)."""
-    from hf_fasttrain.modeling import decoder_config
-
-    from transformers import AutoModelForCausalLM
-
-    cfg = decoder_config(model_type, vocab_size=8, num_hidden_layers=n_layer, num_attention_heads=n_head or 1,
-                         hidden_size=n_embd, max_position_embeddings=8, num_key_value_heads=n_kv_head,
-                         bos_token_id=0, eos_token_id=0)  # in the tiny vocabulary (GPT-2's default 50256 is not)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg)
-    skip = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) for p in m.parameters()}
-    skip |= {id(p) for n, p in model.named_parameters() if n.endswith(("wpe.weight", "position_embeddings.weight"))}
-    return sum(p.numel() for p in model.parameters() if id(p) not in skip)
 
 
 def budget_steps(n_params: int, ref_params: int, base_steps: int = BASE_STEPS, multiple: int = STEP_MULTIPLE) -> int:
@@ -217,98 +206,6 @@ def _run_one(job: tuple[str, str, float, int]) -> dict[str, Any]:
     return r
 
 
-class Ledger:
-    """The JSON file: every finished run, step-time measurements and the summary; written atomically.
-
-    Two processes may share one file when they write different entries (two budgets of one search): ``save``
-    rereads the file under a lock and writes back, at the top two levels, only what this process changed
-    since it last loaded or saved, so neither undoes the other's runs."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.data: dict[str, Any] = {"runs": {}, "step_time": {}}
-        if path.exists():
-            self.data = json.loads(path.read_text())
-            self.data.setdefault("runs", {})
-            self.data.setdefault("step_time", {})
-        self._saved = copy.deepcopy(self.data)
-
-    def save(self) -> None:
-        import fcntl
-
-        folder = os.open(self.path.parent, os.O_RDONLY)  # the lock: the folder itself, so no file is left behind
-        try:
-            fcntl.flock(folder, fcntl.LOCK_EX)
-            disk = json.loads(self.path.read_text()) if self.path.exists() else {}
-            merge_changes(disk, self._saved, self.data)
-            tmp = self.path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(self.data, indent=1, default=str))
-            os.replace(tmp, self.path)
-            self._saved = copy.deepcopy(self.data)
-        finally:
-            os.close(folder)  # closing releases the lock
-
-
-_MISSING = object()
-
-
-def merge_changes(disk: dict[str, Any], base: dict[str, Any], mine: dict[str, Any]) -> dict[str, Any]:
-    """Bring another writer's entries from ``disk`` into ``mine`` (in place, so references into it stay
-    valid) and return it: two levels deep (a top-level dict's entries one by one; anything else whole), an
-    entry this writer left as it was in ``base`` takes ``disk``'s value, one it added or changed keeps its
-    own. Nothing is deleted."""
-    for key, theirs in disk.items():
-        ours, old = mine.get(key, _MISSING), base.get(key, _MISSING)
-        if isinstance(ours, dict) and isinstance(theirs, dict):
-            old = old if isinstance(old, dict) else {}
-            for k, v in theirs.items():
-                if k not in ours or (k in old and ours[k] == old[k]):
-                    ours[k] = copy.deepcopy(v)
-        elif ours is _MISSING or (old is not _MISSING and ours == old):
-            mine[key] = copy.deepcopy(theirs)
-    return mine
-
-
-def sweep_losses(runs: list[dict[str, Any]], rung: str, optimizer: str) -> dict[float, float]:
-    """lr -> median final eval loss over the seeds run at that lr."""
-    by_lr: dict[float, list[float]] = {}
-    for r in runs:
-        if r["rung"] == rung and r["optimizer"] == optimizer:
-            by_lr.setdefault(float(r["lr"]), []).append(r["final_eval_loss"])
-    return {lr: statistics.median(v) for lr, v in sorted(by_lr.items())}
-
-
-def edge_extension(losses: dict[float, float]) -> Optional[float]:
-    """The lr to add when the best is at an edge of the grid (x2 above, /2 below), else None."""
-    if len(losses) < 2:
-        return None
-    lrs = sorted(losses)
-    best = min(losses, key=losses.get)
-    if best == lrs[-1]:
-        return best * 2
-    if best == lrs[0]:
-        return best / 2
-    return None
-
-
-def interpolated_best_lr(losses: dict[float, float]) -> Optional[float]:
-    """The vertex of the parabola through the best lr and its two neighbours in log2(lr) (clipped to them);
-    None when the best is at an edge of the grid."""
-    lrs = sorted(losses)
-    best = min(lrs, key=losses.get)
-    i = lrs.index(best)
-    if i == 0 or i == len(lrs) - 1:
-        return None
-    (x0, x1, x2) = (math.log2(lrs[i - 1]), math.log2(best), math.log2(lrs[i + 1]))
-    (y0, y1, y2) = (losses[lrs[i - 1]], losses[best], losses[lrs[i + 1]])
-    denom = (x0 - x1) * (x0 - x2) * (x1 - x2)
-    a = (x2 * (y1 - y0) + x1 * (y0 - y2) + x0 * (y2 - y1)) / denom
-    b = (x2 * x2 * (y0 - y1) + x1 * x1 * (y2 - y0) + x0 * x0 * (y1 - y2)) / denom
-    if a <= 0:
-        return best
-    return 2 ** min(max(-b / (2 * a), x0), x2)
-
-
 def summarise_rung(runs: list[dict[str, Any]], rung: str) -> Optional[dict[str, Any]]:
     """Best lr per optimizer, loss at budget, and Muon's tokens to AdamW's best final loss as a ratio."""
     mine = [r for r in runs if r["rung"] == rung]
@@ -338,18 +235,6 @@ def summarise_rung(runs: list[dict[str, Any]], rung: str) -> Optional[dict[str, 
         for row in out["optimizers"].values():
             row["token_ratio_vs_adamw"] = row["tokens_to_target"] / out["tokens"]
     return out
-
-
-def fit_line(xs: list[float], ys: list[float]) -> Optional[dict[str, float]]:
-    """Least squares y = a + b x; None with fewer than 2 distinct x."""
-    pts = [(x, y) for x, y in zip(xs, ys) if math.isfinite(x) and math.isfinite(y)]
-    if len({x for x, _ in pts}) < 2:
-        return None
-    mx = statistics.fmean(x for x, _ in pts)
-    my = statistics.fmean(y for _, y in pts)
-    sxx = sum((x - mx) ** 2 for x, _ in pts)
-    b = sum((x - mx) * (y - my) for x, y in pts) / sxx
-    return {"intercept": my - b * mx, "slope": b, "points": len(pts)}
 
 
 GPT2_SMALL_NON_EMBEDDING = 84_934_656 + 12 * 12_288 + 12 * 7_680  # 12 x 768 matrices + biases + norms (approx)
@@ -412,14 +297,6 @@ def import_runs(ledger: "Ledger", path: Path, setups: dict[str, Setup]) -> int:
 
 
 # --- Output -----------------------------------------------------------------------------------------------
-def _fmt(x: Any, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if isinstance(x, float) and math.isinf(x):
-        return "not reached"
-    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
-
-
 def markdown(summary: dict[str, Any], step_times: dict[str, Any], tr: dict[str, Any]) -> str:
     lines = [
         "| rung | non-embedding params | tokens | AdamW best lr | AdamW loss | Muon best lr | Muon loss | "
@@ -531,7 +408,7 @@ def report(ledger: Ledger, rungs: dict[str, Rung], setups: dict[str, Setup], out
     machine = env["cuda_devices"][0] if env.get("cuda_devices") else f"{env['cpu_count']}-core CPU ({env['processor']})"
     header = (f"Machine: {machine}, shared with other jobs (token counts do not depend on load; step-time ratios were "
               f"measured side by side in one process). torch {env['torch']}, transformers {env['transformers']}.\n"
-              f"Command: `{ledger.data.get('command', 'python benchmarks/scaling.py')}`\n\n"
+              f"Command: `{ledger.data.get('command', 'python -m benchmarks.scaling')}`\n\n"
               f"Budget: tokens = {BASE_STEPS} steps x 2048 x sqrt(N / N(gpt2-2x128)), N = non-embedding parameters. "
               f"Loss = median over seeds of the final eval loss; ratio = Muon's tokens to AdamW's best final loss "
               f"(median over seeds, at Muon's best lr) / the budget (AdamW reaches that loss at the budget); "
@@ -604,7 +481,7 @@ def main(argv=None) -> dict[str, Any]:
         print(result["table"])
         return result
     _init_worker(ns.threads)
-    ledger.data["command"] = display_command("python benchmarks/scaling.py", argv if argv is not None else sys.argv[1:])
+    ledger.data["command"] = display_command("python -m benchmarks.scaling", argv if argv is not None else sys.argv[1:])
     ledger.data["environment"] = environment_info()
     ledger.data["setups"] = {n: dataclasses.asdict(s) for n, s in setups.items()}
     ledger.save()

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Startup time of the command line: ``--help``, ``recipes list`` and refusals, before and after.
 
-    python benchmarks/startup.py                      # this checkout against `main`; writes results/startup.{json,md,png}
-    python benchmarks/startup.py --before dea2a7c --repeats 7
+    python -m benchmarks.startup                      # this checkout against `main`; writes results/startup.{json,md,png}
+    python -m benchmarks.startup --before dea2a7c --repeats 7
 
 Each command runs as a fresh process (``python recipes/gpt2_small.py --help`` and so on) from two trees:
 "before" is the git revision ``--before`` exported into a temporary folder (``git archive``), "after" is
@@ -13,6 +13,11 @@ Nothing here needs a GPU or the network.
 """
 
 from __future__ import annotations
+
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.startup [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import json
@@ -120,7 +125,7 @@ def main(argv=None) -> int:
     lines += [f"| {r['command']} | {r['before_s']:.2f} | {r['after_s']:.2f} | {r['speedup']:.1f}x | "
               f"{r['before_cpu_s']:.2f} | {r['after_cpu_s']:.2f} | {r['before_exit']} -> {r['after_exit']} |"
               for r in rows]
-    lines += ["", "Command: `python benchmarks/startup.py --before " + ns.before + f" --repeats {ns.repeats}`"]
+    lines += ["", "Command: `python -m benchmarks.startup --before " + ns.before + f" --repeats {ns.repeats}`"]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

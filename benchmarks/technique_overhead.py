@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Time per training step of each technique of the ablation, side by side in one process.
 
-    python benchmarks/technique_overhead.py                 # the time_to_loss model, 20 rounds
-    python benchmarks/technique_overhead.py --rounds 5 --quick
+    python -m benchmarks.technique_overhead                 # the time_to_loss model, 20 rounds
+    python -m benchmarks.technique_overhead --rounds 5 --quick
 
 One training step (forward, backward, clip, optimizer step, and the technique's own work) of the
 ``time_to_loss`` harness's model and batch (GPT-2 2x128, 16 x 128 tokens) is timed for each variant:
@@ -16,6 +16,11 @@ Writes technique_overhead.{json,md,png} into --out (benchmarks/results).
 """
 
 from __future__ import annotations
+
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.technique_overhead [options]", file=sys.stderr)
+    raise SystemExit(2)
 
 import argparse
 import json
@@ -86,7 +91,7 @@ def main(argv=None) -> dict:
                 for n, v in times.items()}
     env = environment_info()
     machine = env["cuda_devices"][0] if env["cuda_devices"] else f"{env['cpu_count']}-core CPU ({env['processor']})"
-    command = "python benchmarks/technique_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.technique_overhead " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [f"Machine: {machine}; torch {env['torch']}; {torch.get_num_threads()} thread(s).", f"Command: `{command}`", "",
              "| variant | ms per step (median) | vs base |", "|---|---|---|"]
     lines += [f"| {n} | {r['ms_per_step']:.1f} | {r['ratio_vs_base']:.3f} |" for n, r in rows_out.items()]

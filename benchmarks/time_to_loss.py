@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Time-to-loss: wall-clock and tokens each arm needs to reach the strongest Trainer baseline's final eval loss.
 
-    python benchmarks/time_to_loss.py                      # hf-default, hf-tuned, hf-best, fasttrain(-budget); 3 seeds
-    python benchmarks/time_to_loss.py --arms hf-tuned,fasttrain --seeds 5
-    python benchmarks/time_to_loss.py --quick               # a smoke run (the test suite uses it)
-    python benchmarks/time_to_loss.py --corpus prose --arms hf-tuned,fasttrain   # the English-prose corpus
+    python -m benchmarks.time_to_loss                      # hf-default, hf-tuned, hf-best, fasttrain(-budget); 3 seeds
+    python -m benchmarks.time_to_loss --arms hf-tuned,fasttrain --seeds 5
+    python -m benchmarks.time_to_loss --quick               # a smoke run (the test suite uses it)
+    python -m benchmarks.time_to_loss --corpus prose --arms hf-tuned,fasttrain   # the English-prose corpus
 
 Every arm trains the same model (GPT-2 from scratch), on the same data, for the same token budget,
 on this machine, evaluating on the same held-out rows every ``--eval-steps``. Seeds run interleaved
@@ -30,110 +30,35 @@ Writes time_to_loss.json, time_to_loss.md and time_to_loss.png into --out (bench
 
 from __future__ import annotations
 
+if not __package__:  # run as a file: the imported hf_fasttrain might not be this checkout's
+    import sys
+    print("Run it from the checkout root as a module: python -m benchmarks.time_to_loss [options]", file=sys.stderr)
+    raise SystemExit(2)
+
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
-import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from hf_fasttrain import FastTrainingArguments
+from hf_fasttrain.run import prepare_data
 
-import torch  # noqa: E402
-from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments, set_seed  # noqa: E402
+from benchmarks._harness import RESULTS, UsageError, display_command, fmt as _fmt, run_cli
+from benchmarks._harness import machine_info as environment_info
+from benchmarks._harness.lm import (ARMS as SHARED_ARMS, HF_TUNED, MUON_RECIPE, QUICK, CORPORA, Arm,
+                                    Setup, common_args, data_arguments, load_saved_run, measured_length, run_arm, run_key,
+                                    summarise)
 
-from hf_fasttrain import DataArguments, DivergenceError, FastTrainer, FastTrainingArguments, ModelArguments  # noqa: E402
-from hf_fasttrain.callbacks import GracefulStopCallback, RunRecorderCallback  # noqa: E402
-from hf_fasttrain.modeling import build_model  # noqa: E402
-from hf_fasttrain.run import prepare_data  # noqa: E402
-from benchmarks._harness import display_command, machine_info as environment_info  # noqa: E402
-from benchmarks._harness import UsageError, run_cli  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
-ON_GPU = torch.cuda.is_available()
-
-
-@dataclass
-class Arm:
-    """One way of training. ``args`` override the common settings; ``fast`` picks FastTrainer."""
-
-    name: str
-    description: str
-    fast: bool
-    args: dict[str, Any] = field(default_factory=dict)
-    callbacks: Callable[[], list] = list
-    # an arm that is not one training run (e.g. random restart) brings its own: run(arm, seed, setup, workdir)
-    run: Optional[Callable[..., dict[str, Any]]] = None
-
-
-# The settings a knowledgeable user reaches with the Trainer's own options (DESIGN.md, hf-tuned).
-# Peak lr from a sweep on this setup: `python benchmarks/time_to_loss.py --arms hf-tuned
-# --lr-sweep 1e-3,2e-3,4e-3,8e-3,1.6e-2 --seeds 2 --name lr_sweep_hf_tuned` (results/lr_sweep_hf_tuned.md).
-HF_TUNED = dict(
-    learning_rate=2e-3,
-    warmup_steps=0.02,  # a fraction < 1 is a ratio of max_steps in transformers 5
-    lr_scheduler_type="cosine_with_min_lr",
-    lr_scheduler_kwargs={"min_lr_rate": 0.1},
-    weight_decay=0.1,
-    adam_beta2=0.95,
-    max_grad_norm=1.0,
-    **({"bf16": True, "torch_compile": True, "tf32": True} if ON_GPU else {}),
-)
-
-
-
-def wsd_linear_cooldown(setup: "Setup") -> dict[str, Any]:
-    """The Trainer's ``warmup_stable_decay`` kwargs: a linear cooldown to 0 over the run's last 20% of steps."""
-    return {"num_decay_steps": round(0.2 * setup.max_steps), "decay_type": "linear", "min_lr_ratio": 0.0}
-
-
-# The strongest setting found with the Trainer's own options at this budget: hf-tuned's, then every knob the
-# literature finds to matter searched one at a time (`python -m benchmarks.hf_best --budget 1`,
-# results/hf_best.md): warmup-stable-decay with a linear cooldown to 0 over the last 20% and beta2 0.999 (final
-# eval loss 4.506 over 2 seeds against hf-tuned's 4.701 there); weight decay, the peak lr and schedule-free
-# AdamW did not gain more than the seed noise.
-HF_BEST = dict(
-    HF_TUNED,
-    lr_scheduler_type="warmup_stable_decay",
-    lr_scheduler_kwargs=wsd_linear_cooldown,
-    adam_beta2=0.999,
-)
-
-# The Muon recipe before the ablation's techniques (its frozen ``base``).
-MUON_RECIPE = {**{k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_type", "lr_scheduler_kwargs")},
-               "optimizer": "muon", "learning_rate": 1.6e-2, "lr_decay": "cosine", "min_lr_ratio": 0.1,
-               "divergence_guard": True}
-# What the ablation added to it (the techniques that won on tokens; see ``base+*`` arms below).
-# EMA + sequence-length warmup: 0.78x base's tokens to hf-tuned's final loss (3 seeds; each alone 0.88x / 0.87x);
-# EMA costs +3% time per step; the final loss at the full budget is 0.018 above base's (results/ablation*.md).
-FASTTRAIN_EXTRA: dict[str, Any] = {"weight_averaging": "ema", "ema_decay": 0.98, "seq_len_warmup_min": 16,
-                                   "seq_len_warmup_fraction": 0.3, "include_num_input_tokens_seen": "all"}
-FASTTRAIN_EXTRA_DESCRIPTION = (", EMA of the weights (decay 0.98 with warmup) evaluated and kept, sequence-length warmup "
-                               "16 -> block over 30%, token-counted")
-
-ARMS: dict[str, Arm] = {
-    "hf-default": Arm("hf-default", "transformers.Trainer defaults (lr 5e-5, linear decay, no warmup)", fast=False),
-    "hf-tuned": Arm("hf-tuned", "Trainer, built-in options tuned: lr 2e-3, 2% warmup, cosine to 10%, wd 0.1, clip 1", fast=False, args=HF_TUNED),
-    "hf-best": Arm("hf-best", "Trainer, built-in options searched: lr 2e-3, 2% warmup, warmup-stable-decay with a linear "
-                   "cooldown to 0 over the last 20%, beta2 0.999, wd 0.1, clip 1", fast=False, args=HF_BEST),
-    # The tiny recipe's settings (recipes/configs/gpt2_tiny.yaml): Muon at its swept peak lr (see
-    # OPTIMIZER_LRS), hf-tuned's warmup, cosine to 10% through hf_fasttrain.schedules, the divergence guard.
-    "fasttrain": Arm("fasttrain", "FastTrainer as the tiny recipe: Muon+AdamW at lr 1.6e-2, 2% warmup, cosine to 10%, "
-                     "wd 0.1, clip 1, divergence guard" + FASTTRAIN_EXTRA_DESCRIPTION,
-                     fast=True, args={**MUON_RECIPE, **FASTTRAIN_EXTRA}),
-    # The recipe with the settings measured best for its length (hf_fasttrain.budget, from the search at 1x):
-    # at 1.5 tokens per parameter beta2 0.999 in Muon's AdamW part and NorMuon; the rest as fasttrain.
-    "fasttrain-budget": Arm("fasttrain-budget", "the fasttrain arm with budget_aware: true (at 1.5 tokens per "
-                            "parameter: beta2 0.999 in Muon's AdamW part, NorMuon with beta2 0.95)",
-                            fast=True, args={**MUON_RECIPE, **FASTTRAIN_EXTRA, "budget_aware": True}),
+# The shared arms (the baselines and the recipe) and this study's own: ablations of the recipe's techniques,
+# every decay shape, another optimizer, random restart.
+ARMS: dict[str, Arm] = dict(SHARED_ARMS)
+ARMS.update({
     # The same recipe with the Trainer's AdamW (the tiny recipe before it switched to Muon): isolates the optimizer.
     "fasttrain-adamw": Arm("fasttrain-adamw", "FastTrainer as the tiny recipe but with AdamW at hf-tuned's lr 2e-3",
                            fast=True, args={**{k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_type", "lr_scheduler_kwargs")},
@@ -144,13 +69,13 @@ ARMS: dict[str, Arm] = {
     "seq-len-warmup": Arm("seq-len-warmup", "hf-tuned + sequence-length warmup 16 -> block over 30%, token-counted",
                           fast=True, args=dict(HF_TUNED, seq_len_warmup_min=16, seq_len_warmup_fraction=0.3,
                                                include_num_input_tokens_seen="all")),
-}
+})
 
 
 # --- Ablation of the recipe's techniques: each alone on top of the Muon recipe as it stood before them
 # (``base``: Muon+AdamW at 1.6e-2, 2% warmup, cosine to 10%, wd 0.1, clip 1, guard), then combined.
 # The base is frozen here so that saved runs stay comparable when the headline ``fasttrain`` arm changes.
-#   python benchmarks/time_to_loss.py --arms hf-tuned,base,base+ema,... --seeds 3 --name ablation
+#   python -m benchmarks.time_to_loss --arms hf-tuned,base,base+ema,... --seeds 3 --name ablation
 BASE = dict(MUON_RECIPE)
 
 
@@ -162,7 +87,6 @@ def token_budget(setup: "Setup") -> int:
 def quarter_batch(setup: "Setup") -> int:
     """A quarter of the full micro-batch's tokens (4 of 16 rows in the default setup)."""
     return setup.tokens_per_step // 4
-ABLATION: dict[str, tuple[str, dict[str, Any]]] = {}
 
 
 def ablation_arm(name: str, description: str, **extra) -> Arm:
@@ -199,236 +123,17 @@ ablation_arm("base+slw", "base + sequence-length warmup 16 -> block over 30% of 
 
 # --- LR schedule ablation (hf_fasttrain.schedules): every decay shape at hf-tuned's peak lr, 2% warmup
 # from 0 and floor at 10% of the peak, only the shape differs (lr-cosine runs exactly hf-tuned's lrs):
-#   python benchmarks/time_to_loss.py --quick --max-steps 300 --seeds 3 --arms lr-cosine,lr-sqrt,lr-linear,lr-1-sqrt,lr-constant --name lr_schedules
+#   python -m benchmarks.time_to_loss --quick --max-steps 300 --seeds 3 --arms lr-cosine,lr-sqrt,lr-linear,lr-1-sqrt,lr-constant --name lr_schedules
 _SCHEDULE_BASE = {k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_type", "lr_scheduler_kwargs")}
 for _decay in ("cosine", "sqrt", "linear", "1-sqrt", "constant"):
     ARMS[f"lr-{_decay}"] = Arm(f"lr-{_decay}", f"FastTrainer, hf-tuned settings, lr_decay={_decay!r}, floor 10% of peak",
                                fast=True, args={**_SCHEDULE_BASE, "lr_decay": _decay, "min_lr_ratio": 0.1})
 # --- The recipe with another decay shape (Muon at 1.6e-2, guard on; only lr_decay differs):
-#   python benchmarks/time_to_loss.py --arms fasttrain,fasttrain-1-sqrt,fasttrain-sqrt --seeds 3 --name time_to_loss_recipe_decay
+#   python -m benchmarks.time_to_loss --arms fasttrain,fasttrain-1-sqrt,fasttrain-sqrt --seeds 3 --name time_to_loss_recipe_decay
 for _decay in ("1-sqrt", "sqrt"):
     ARMS[f"fasttrain-{_decay}"] = dataclasses.replace(
         ARMS["fasttrain"], name=f"fasttrain-{_decay}", description=f"the fasttrain arm with lr_decay={_decay!r}",
         args={**MUON_RECIPE, "lr_decay": _decay})
-# --- Optimizer ablation (hf_fasttrain.optim) -------------------------------------------------------
-# hf-tuned's settings with another optimizer at its own peak lr, each picked by
-# benchmarks/optimizer_lr_sweep.py on this setup (results/optimizer_lr_sweep.md, Muon's continued in
-# optimizer_lr_sweep_muon_high.md; 2 seeds); AdamW's is hf-tuned's (results/lr_sweep_hf_tuned.md).
-OPTIMIZER_LRS = {"lion": 1e-3, "ademamix": 2e-3, "soap": 4e-3, "muon": 1.6e-2}
-
-
-def optimizer_arm(name: str, lr: float) -> Arm:
-    """Arm ``opt-<name>``: FastTrainer with hf-tuned's settings and ``optimizer=name`` at peak ``lr``."""
-    args = {**HF_TUNED, "optimizer": name, "learning_rate": lr}
-    if name == "lion":  # Chen et al. 2023: a smaller lr with a larger decay, lr * weight_decay as AdamW's
-        args["weight_decay"] = HF_TUNED["weight_decay"] * HF_TUNED["learning_rate"] / lr
-    if name == "soap":  # the 4096-token embedding stays unrotated on its vocab side, as a 50k one would
-        args["optimizer_kwargs"] = {"max_precond_dim": 1024}
-    if name == "ademamix":  # the paper's betas, as measured (hf-tuned's beta2 0.95 did not reach AdEMAMix then)
-        args["optimizer_kwargs"] = {"betas": [0.9, 0.999, 0.9999]}
-    return Arm(f"opt-{name}", f"FastTrainer, hf-tuned settings, optimizer={name} at lr {lr:g}", fast=True, args=args)
-
-
-ARMS.update({f"opt-{n}": optimizer_arm(n, lr) for n, lr in OPTIMIZER_LRS.items()})
-
-
-@dataclass
-class Setup:
-    """Model, data and budget shared by every arm."""
-
-    n_layer: int = 2
-    n_head: int = 4
-    n_embd: int = 128
-    model_type: str = "gpt2"  # any family hf_fasttrain.modeling builds (benchmarks/scaling.py adds llama)
-    n_kv_head: Optional[int] = None  # grouped-query attention (llama, qwen2, ...); None: n_head
-    model_config: dict[str, Any] = field(default_factory=dict)  # other attributes of the family's config
-    vocab_size: int = 4096
-    block_size: int = 128
-    batch_size: int = 16
-    max_steps: int = 300
-    eval_steps: int = 25
-    eval_rows: int = 128
-    max_corpus_files: Optional[int] = None
-    corpus: str = "python"  # a key of CORPORA
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.block_size
-
-    def model_args(self) -> ModelArguments:
-        return ModelArguments(model_type=self.model_type, n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd,
-                              num_key_value_heads=self.n_kv_head, model_config=dict(self.model_config))
-
-
-# The corpora the harness trains on (DataArguments.dataset): the embedded Python sources (the default)
-# and English prose from the standard library's docs (hf_fasttrain.data.corpus.build_prose_corpus), so a
-# gain can be checked on text that is not code.
-CORPORA = {"python": None, "prose": "embedded:prose"}
-
-QUICK = Setup(n_layer=2, n_head=2, n_embd=32, vocab_size=300, block_size=32, batch_size=8, max_steps=24,
-              eval_steps=6, eval_rows=32, max_corpus_files=40)
-
-
-def common_args(setup: Setup, seed: int, out: Path) -> dict[str, Any]:
-    """Training arguments every arm shares."""
-    return dict(
-        output_dir=str(out), max_steps=setup.max_steps, per_device_train_batch_size=setup.batch_size,
-        per_device_eval_batch_size=64, eval_strategy="steps", eval_steps=setup.eval_steps, eval_on_start=True,
-        logging_steps=setup.eval_steps, save_strategy="no", report_to="none", disable_tqdm=True, seed=seed,
-        data_seed=seed, use_cpu=not ON_GPU, dataloader_num_workers=0,
-    )
-
-
-def data_arguments(setup: Setup) -> DataArguments:
-    return DataArguments(dataset=CORPORA[setup.corpus], vocab_size=setup.vocab_size, block_size=setup.block_size,
-                         max_eval_samples=setup.eval_rows, max_corpus_files=setup.max_corpus_files)
-
-
-# Setup fields added after runs were saved: at these values they leave the key as it was, so those runs stay valid
-_LATER_SETUP_FIELDS = {"model_type": "gpt2", "n_kv_head": None, "model_config": {}}
-
-
-def _key_setup(setup: Setup) -> dict[str, Any]:
-    return {k: v for k, v in dataclasses.asdict(setup).items()
-            if not (k in _LATER_SETUP_FIELDS and v == _LATER_SETUP_FIELDS[k])}
-
-
-def measured_length(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """An arm's training arguments with the run length it was measured with, in today's terms.
-
-    The arms were measured when a token-counted sequence-length warmup, and a batch-size warmup, took more
-    optimizer steps than ``max_steps`` to train the tokens of ``max_steps`` full-length steps. ``max_steps`` now
-    counts optimizer steps and a token budget is ``max_tokens``: a sequence-length warmup gets that budget (the same
-    run exactly), a batch-size warmup the steps it was allowed, its batch ramp kept. A token-counted lr schedule now
-    spans the run's steps (360 for a 300-step budget with a 20% ramp, was 300), so the lr warmup is the whole number
-    of steps closest to its measured share of the tokens (7 of 360, was 6 of 300). The arm's settings (and the keys
-    of its saved runs) stay as they were."""
-    steps = kwargs.get("max_steps", -1)
-    if steps is None or steps <= 0 or kwargs.get("max_tokens") is not None:
-        return kwargs
-    out = dict(kwargs)
-    rows = out.get("per_device_train_batch_size", 8) * out.get("gradient_accumulation_steps", 1)
-    if (out.get("seq_len_warmup_min") is not None and out.get("seq_len_warmup_count_tokens", True)
-            and out.get("seq_len_warmup_mode", "truncate") == "truncate"):
-        out.update(max_tokens=steps * rows * out.pop("_block_size"), max_steps=-1)
-    elif out.get("batch_warmup_min_tokens") is not None:
-        ramp = round(out.get("batch_warmup_fraction", 0.2) * steps)
-        warmup = out.get("warmup_steps", 0)
-        if 0 < warmup < 1:
-            out["warmup_steps"] = max(1, round(math.ceil(steps * warmup) * (steps + ramp) / steps))
-        out.update(max_steps=steps + ramp, batch_warmup_fraction=ramp / (steps + ramp))
-    out.pop("_block_size", None)
-    return out
-
-
-def run_key(arm: Arm, seed: int, setup: Setup) -> str:
-    """What a saved run's result depends on: the arm's settings, the seed and the setup (corpus included)."""
-    settings = {k: getattr(v, "__qualname__", v) if callable(v) else v for k, v in arm.args.items()}
-    blob = json.dumps({"arm": dataclasses.asdict(arm) | {"args": settings,
-                                                         "callbacks": getattr(arm.callbacks, "__qualname__", None),
-                                                         "run": getattr(arm.run, "__qualname__", None)},
-                       "seed": seed, "setup": _key_setup(setup)}, sort_keys=True, default=str)
-    return hashlib.sha1(blob.encode()).hexdigest()[:16]
-
-
-def load_saved_run(path: Path, key: str) -> Optional[dict[str, Any]]:
-    """The result saved at ``path`` if it was made with the same settings (``key``), else None."""
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return saved if saved.get("key") == key else None
-
-
-def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
-            checkpoint_dir: Optional[Path] = None, train_rows: int = 0) -> dict[str, Any]:
-    """Train one arm for one seed; returns its eval curve (step, tokens, train seconds, eval loss).
-
-    With ``train_rows`` the final model is also evaluated on that many training rows, spread evenly over the
-    training set (``final_train_loss``): past one epoch, its gap to the eval loss is how much of the data the
-    run has memorised.
-
-    With ``checkpoint_dir`` the run saves a checkpoint there at every eval (the latest one kept) and, when
-    one is there already (a run killed part way), resumes from it: a long run cut short loses at most one
-    eval interval, and one stopped by SIGTERM or Ctrl-C saves the step it reached and raises
-    :class:`~hf_fasttrain.callbacks.TrainingStopped`. The folder is removed once the run has finished."""
-    if arm.run is not None:
-        return arm.run(arm, seed, setup, workdir)
-    out = checkpoint_dir if checkpoint_dir is not None else workdir / f"{arm.name}-seed{seed}"
-    common = common_args(setup, seed, out)
-    resume = None
-    if checkpoint_dir is not None:
-        from transformers.trainer_utils import get_last_checkpoint
-
-        common.update(save_strategy="steps", save_steps=setup.eval_steps, save_total_limit=1)
-        resume = get_last_checkpoint(str(out)) if out.is_dir() else None
-        if resume:  # the eval at the start is in the checkpoint's logs already
-            common["eval_on_start"] = False
-    args_cls = FastTrainingArguments if arm.fast else TrainingArguments
-    extra = {"auto_resume": False} if arm.fast else {}
-    settings = {k: v(setup) if callable(v) else v for k, v in arm.args.items()}  # e.g. token_budget
-    kwargs = {**common, **extra, **settings}
-    args = args_cls(**(measured_length({**kwargs, "_block_size": setup.block_size}) if arm.fast else kwargs))
-    set_seed(seed)
-    model = build_model(setup.model_args(), tokenizer, setup.block_size)
-    callbacks = arm.callbacks()
-    recorder = None
-    if not arm.fast:
-        recorder = RunRecorderCallback(write_files=False)
-        callbacks.append(recorder)
-    trainer = (FastTrainer if arm.fast else Trainer)(
-        model=model, args=args, train_dataset=lm["train"], eval_dataset=lm["validation"],
-        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False), processing_class=tokenizer,
-        callbacks=callbacks,
-    )
-    if arm.fast:
-        trainer.recorder.write_files = False
-        recorder = trainer.recorder
-    elif checkpoint_dir is not None:
-        # SIGTERM or Ctrl-C: finish the step, save it, raise TrainingStopped (FastTrainer's save_on_signal does
-        # the same for the fast arms), so a stopped search keeps every step of its running runs
-        trainer.add_callback(GracefulStopCallback(trainer))
-    wall0 = time.perf_counter()
-    diverged = None
-    try:
-        trainer.train(resume_from_checkpoint=resume)
-    except DivergenceError as exc:  # the guard gave up: a result (the candidate lost), not a crash of the benchmark
-        diverged = {"step": trainer.state.global_step, "message": str(exc).split(" The last good state")[0]}
-    wall = time.perf_counter() - wall0
-    curve = []
-    for r in recorder.records:
-        if "eval_loss" in r:
-            tokens = r.get("tokens_seen", r.get("num_input_tokens_seen", r["step"] * setup.tokens_per_step))
-            curve.append({"step": r["step"], "tokens": tokens, "seconds": r["train_seconds"], "eval_loss": r["eval_loss"]})
-    if diverged:  # the guard restored its last good state: that model's loss is the run's final one
-        last = curve[-1] if curve else {"tokens": 0, "seconds": 0.0}
-        curve.append({"step": diverged["step"], "tokens": last["tokens"], "seconds": last["seconds"],
-                      "eval_loss": trainer.evaluate()["eval_loss"]})
-    result = {"arm": arm.name, "seed": seed, "curve": curve, "final_eval_loss": curve[-1]["eval_loss"],
-              "train_seconds": recorder.train_seconds(), "process_seconds": wall}
-    if diverged:
-        result["diverged"] = diverged
-    if train_rows:
-        n = len(lm["train"])
-        rows = lm["train"].select(range(0, n, max(1, n // train_rows))[:train_rows])
-        result["final_train_loss"] = trainer.evaluate(eval_dataset=rows, metric_key_prefix="train_rows")["train_rows_loss"]
-        result["epochs"] = curve[-1]["tokens"] / (n * setup.block_size)
-    shutil.rmtree(out, ignore_errors=True)
-    if resume:
-        result["resumed_from_step"] = int(Path(resume).name.split("-")[-1])
-    guard = guard_counts(trainer.state.log_history)
-    if guard:
-        result["guard"] = guard
-    return result
-
-
-def guard_counts(log_history: list[dict[str, Any]]) -> dict[str, int]:
-    """The divergence guard's totals (skipped steps, rollbacks) from a run's last log that holds them."""
-    for entry in reversed(log_history):
-        found = {k: int(v) for k, v in entry.items() if k.startswith("guard_")}
-        if found:
-            return found
-    return {}
 
 
 # --- Random restart (hf_fasttrain/restarts.py) ------------------------------------------------------------
@@ -467,64 +172,6 @@ ARMS["fasttrain-best-of-4"] = Arm(
     "fasttrain-best-of-4", "FastTrainer, random restart: 4 seeds explore 10% of a shorter run, the best continues; "
     "as many optimizer steps in all as one single-seed run", fast=True, args=dict(HF_TUNED), run=run_best_of_n,
 )
-
-
-def crossing(curve: list[dict[str, float]], target: float, key: str) -> float:
-    """``key`` (seconds or tokens) at which the eval loss first reaches ``target``, interpolated
-    linearly between the two evaluations that bracket it; ``inf`` if it never does."""
-    prev = None
-    for point in curve:
-        if point["eval_loss"] <= target:
-            if prev is None:
-                return float(point[key])
-            a, b = prev["eval_loss"], point["eval_loss"]
-            frac = (a - target) / (a - b) if a != b else 1.0
-            return float(prev[key] + frac * (point[key] - prev[key]))
-        prev = point
-    return math.inf
-
-
-def summarise(runs: list[dict[str, Any]], arms: list[str], reference: str = "hf-tuned",
-              target: Optional[float] = None) -> dict[str, Any]:
-    """Per arm: medians over seeds of the final loss and of the time and tokens to reach ``target``
-    (default: the median final eval loss of ``reference``)."""
-    by_arm = {a: [r for r in runs if r["arm"] == a] for a in arms}
-    ref_runs = by_arm.get(reference) or next(iter(by_arm.values()))
-    given = target is not None
-    if target is None:
-        target = statistics.median(r["final_eval_loss"] for r in ref_runs)
-    rows = {}
-    for a, rs in by_arm.items():
-        secs = [crossing(r["curve"], target, "seconds") for r in rs]
-        toks = [crossing(r["curve"], target, "tokens") for r in rs]
-        rows[a] = {
-            "final_eval_loss": statistics.median(r["final_eval_loss"] for r in rs),
-            "seconds_to_target": statistics.median(secs),
-            "tokens_to_target": statistics.median(toks),
-            "reached": sum(math.isfinite(s) for s in secs),
-            "seeds": len(rs),
-            "train_seconds": statistics.median(r["train_seconds"] for r in rs),
-            # training seconds per optimizer step (median over seeds): what a technique costs per step
-            "seconds_per_step": statistics.median(r["train_seconds"] / max(r["curve"][-1].get("step", 0), 1)
-                                                  for r in rs),
-            "final_tokens": statistics.median(r["curve"][-1]["tokens"] for r in rs),
-        }
-    ref_time = rows[reference]["seconds_to_target"] if reference in rows else math.nan
-    ref_tokens = rows[reference]["tokens_to_target"] if reference in rows else math.nan
-    for a, row in rows.items():
-        row["time_ratio_vs_reference"] = row["seconds_to_target"] / ref_time if 0 < ref_time < math.inf else math.nan
-        row["tokens_ratio_vs_reference"] = (row["tokens_to_target"] / ref_tokens
-                                            if 0 < ref_tokens < math.inf else math.nan)
-    return {"target_eval_loss": target, "reference": reference, "arms": rows, "target_given": given}
-
-
-
-def _fmt(x: float, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "n/a"
-    if isinstance(x, float) and math.isinf(x):
-        return "not reached"
-    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
@@ -656,7 +303,7 @@ def main(argv=None) -> dict[str, Any]:
     machine = env["cuda_devices"][0] if env["cuda_devices"] else f"{env['cpu_count']}-core CPU ({env['processor']})"
     record = {"summary": summary, "setup": dataclasses.asdict(setup), "arms": {a: dataclasses.asdict(ARMS[a]) | {"callbacks": None} for a in arms},
               "machine": machine, "environment": env, "runs": runs,
-              "command": display_command("python benchmarks/time_to_loss.py", argv if argv is not None else sys.argv[1:])}
+              "command": display_command("python -m benchmarks.time_to_loss", argv if argv is not None else sys.argv[1:])}
     (out / f"{ns.name}.json").write_text(json.dumps(record, indent=2, default=str))
     (out / f"{ns.name}.md").write_text(f"Machine: {machine}; torch {env['torch']}, transformers {env['transformers']}.\n"
                                       f"Command: `{record['command']}`\n\n" + table)

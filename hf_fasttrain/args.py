@@ -133,9 +133,10 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "Take lr_decay, min_lr_ratio, decay_fraction, weight_decay, adam_beta2 and, with "
                   "optimizer muon, its AdamW part's betas, NorMuon, cautious weight decay and the AdamW part's lr ratio "
                   "(optimizer_kwargs betas, normuon_beta2, cautious_wd, adamw_lr_ratio) from the settings measured best for this "
-                  "run's length in tokens per non-embedding parameter (the table in hf_fasttrain.budget, with where "
-                  "each row was measured); they replace the values given for those. The peak learning_rate stays "
-                  "yours; where the table records that the best lr moved for long runs, the log says by what factor."},
+                  "run's length in tokens per non-embedding parameter (the table in hf_fasttrain.budget, each row with "
+                  "the study and command it comes from); they replace the values given for those. The peak "
+                  "learning_rate stays yours; where a row's settings were measured best at another peak lr, the log "
+                  "says at what multiple."},
     )
     warmup_start_factor: float = field(
         default=0.0,

@@ -1,12 +1,12 @@
 """Settings that depend on how long a run is, taken from measurements: tokens per parameter in, settings out.
 
-The budget ladder (``python -m benchmarks.budget_ladder``) and the long-horizon search
-(``python -m benchmarks.hf_best``) trained the same GPT-2 2x128 for 1.5, 6.2 and 24.8 tokens per
-non-embedding parameter; the best settings moved with the length (NorMuon, for one, won at 1.5 and lost at
-24.8). :func:`budget_settings` returns, for a
-run's tokens per parameter, the settings measured best in that regime, each with the measurement it comes
-from. :func:`fit_learning_rate_law` fits ``log lr = a + b log(width) + c log(tokens per parameter)`` to the
-measured best peak lrs (the scaling ladder's widths 32-256 and the budget ladder's lengths), and
+The measured tables live in ``data_files/budget_table.json``, each row with the study, command, results page and
+date it comes from: the budget ladder (``python -m benchmarks.budget_ladder``) and the long-horizon search
+(``python -m benchmarks.hf_best``) trained the same model for several lengths, and the best settings moved with
+the length. :func:`budget_settings` returns, for a run's tokens per parameter, the settings measured best in
+that regime, each with the measurement it comes from. :func:`fit_learning_rate_law` fits
+``log lr = a + b log(width) + c log(tokens per parameter)`` to the measured best peak lrs (the scaling ladder's
+widths and the budget ladder's lengths), and
 :func:`learning_rate_law_check` says how well it predicts each point left out of its fit: the reason the
 package does not set a peak lr for you (see the docs' budget page).
 
@@ -22,12 +22,13 @@ Example:
 from __future__ import annotations
 
 import copy
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 __all__ = ["tokens_per_parameter", "non_embedding_parameters", "BudgetRegime", "REGIMES", "budget_settings",
-           "merge_optimizer_kwargs", "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check"]
+           "merge_optimizer_kwargs", "LONGEST_MEASURED", "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check"]
 
 
 def tokens_per_parameter(tokens: float, non_embedding_parameters: int) -> float:
@@ -60,117 +61,40 @@ class BudgetRegime:
     # as "not given" (hf_fasttrain.optim.registry), so the measured beta2 would not reach it
     settings: dict[str, dict[str, Any]]
     source: str
-    # optimizer family -> the peak lr these settings were measured best at, over the best lr of the 16x search's
-    # winner (24.8 tokens per parameter; AdamW 4e-3, the recipe 1.6e-2 on the ladder's model): the lr stays the
-    # user's, the log says how far the measured best moved
+    # optimizer family -> the peak lr these settings were measured best at, over the best lr of the longest
+    # searched budget's winner: the lr stays the user's, the log says how far the measured best moved
     lr_factor: dict[str, float] = field(default_factory=dict)
+    # the study, command, results page and date the row comes from
+    provenance: dict[str, str] = field(default_factory=dict)
 
 
-# Muon's options that only the long row turns on (every row names them, so a given value is replaced)
-_NOT_LONG = {"cautious_wd": False, "adamw_lr_ratio": 1.0}
-
-# AdamW at 4x (the middle row; also the middle-long row's, where AdamW was not measured)
-_MIDDLE_ADAMW = {"lr_decay": "linear", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
-                 "adam_beta2": 0.999}
-# Muon's long-run settings (the long row's; the middle-long row's with the weight decay of the timescale that ran)
-_LONG_MUON = {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-              "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None,
-                                                       "cautious_wd": True, "adamw_lr_ratio": 0.25}}
+TABLE_FILE = "budget_table.json"
 
 
-# The measured table: each row is one length where the settings were searched, reaching halfway (geometrically)
-# to the next. Short runs (1.5 tokens per parameter): what the long-horizon search at 1x kept over hf-tuned's
-# settings. Middle (6.2): what the search at 4x kept (for Muon: beta2 0.99 of its AdamW part, now also the bundled
-# GPU recipes' setting).
-# Middle-long (12.4): for Muon the long row's settings, which ran as complete runs at 8x and beat the budget
-# ladder's recipe and the middle row's settings there.
-# Long runs (24.8): what the search at 16x kept, and for Muon the four knobs that were level one at a time and
-# together reached the target sooner. Over-training (99): nothing searched; the 16x search's winners with only the
-# peak lr swept at 64x, so the settings are those winners' and the row records how far the best lr moved.
-REGIMES: tuple[BudgetRegime, ...] = (
-    BudgetRegime(
-        "short", 3.1,
-        # AdamW at 1x: warmup-stable-decay with a linear cooldown to 0 over the last 20% ended at 4.532 against
-        # cosine to 10%'s 4.685 (1-sqrt cooldown 4.543, linear to 0 4.707, cosine to 1% 4.728); then beta2 0.999:
-        # 4.499 (0.99: 4.510); 2 seeds at the winner: 4.506 against hf-tuned's 4.701
-        {"adamw": {"lr_decay": "linear", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
-                   "adam_beta2": 0.999},
-         # the recipe (Muon) at 1x: cosine to 10% stays (3.973; linear to 0 3.981, WSD 4.021); beta2 0.999 of
-         # Muon's AdamW part 3.947 (0.99: 3.948); then NorMuon (beta2 0.95) 3.900; 2 seeds at the winner 3.903
-         "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.999, "optimizer_kwargs": {"betas": [0.9, 0.999], "normuon_beta2": 0.95, **_NOT_LONG}}},
-        "long-horizon search at 1x (benchmarks/results/hf_best.md)"),
-    BudgetRegime(
-        "middle", 8.8,
-        # AdamW at 4x: warmup-stable-decay with a linear cooldown to 0 over the last 20% ended at 3.600 against
-        # cosine to 10%'s 3.733 (1-sqrt cooldown 3.602, linear to 0 3.748, cosine to 1% 3.770); then beta2 0.999:
-        # 3.505 (0.99: 3.514); weight decay timescales 0.5-8, lr x0.5 / x2 and schedule-free lost; 2 seeds at the
-        # winner: 3.515 against hf-tuned's 3.746
-        {"adamw": _MIDDLE_ADAMW,
-         # the recipe (Muon) at 4x, from the budget ladder's best (lr 8e-3, cosine to 10%, beta2 0.95: 3.243 and
-         # 3.246): cosine to 10% stays (linear to 0 3.265, WSD 1-sqrt 3.307); beta2 0.99 of Muon's AdamW part 3.178
-         # (0.999: 3.188); then NorMuon 3.178 (3.203 at half the lr), cautious weight decay 3.184, the AdamW part at
-         # 0.25x 3.384, weight decay timescale 4 / 16 3.188 / 3.496, the lr x0.5 / x2 3.201 / 3.197, EMA off 3.194,
-         # sequence-length warmup off 3.218, Hyperball and AdEMAMix lost; 2 seeds at the winner: 3.184 (3.178, 3.190)
-         "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None, **_NOT_LONG}}},
-        "long-horizon search at 4x (benchmarks/results/hf_best.md)"),
-    BudgetRegime(
-        "middle-long", 12.4,
-        # AdamW: the middle row's settings (nothing measured at 12.4: its 6.2 and 24.8 rows meet here, as before).
-        # Muon at 8x (12.4 tokens per parameter): the long row's combination (below) as complete runs, at 0.5x the
-        # 16x winner's lr (8e-3, also the budget ladder recipe's best lr at 8x) and weight decay timescale 4.0,
-        # ended at 2.913 and 2.929 against the budget ladder recipe's (beta2 0.95; lr 8e-3) 3.005 and 3.057 and
-        # the middle row's (the 4x search's winner, beta2 0.99, weight decay 0.1 at 8e-3) 2.970 and 2.961;
-        # at 4x (6.2) the combination lost (3.379 and 3.346 against 3.243 and 3.246; the 4x search's winner 3.184),
-        # so the rows meet halfway between, at 8.8. Weight decay 0.2 at that lr over 2,400 steps is timescale 3.84
-        # (the long row's 0.1 over 4,800)
-        {"adamw": _MIDDLE_ADAMW, "muon": {**_LONG_MUON, "weight_decay": 0.2}},
-        "budget ladder 8x (AdamW: the long-horizon search at 4x) and the 16x combination's complete runs at 8x "
-        "(benchmarks/results/hf_best.md, budget_ladder.md)",
-        lr_factor={"muon": 0.5}),
-    BudgetRegime(
-        "long", 49.6,
-        # AdamW at 16x: warmup-stable-decay with a 1-sqrt cooldown to 0 over the last 20% ended at 3.006 against
-        # cosine to 10%'s 3.093 (linear to 0: 3.080, cosine to 1%: 3.089, WSD with a linear cooldown: 3.018); then
-        # beta2 0.99: 2.949 (0.999: 2.957); 2 seeds at the winner: 2.953
-        {"adamw": {"lr_decay": "1-sqrt", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
-                   "adam_beta2": 0.99},
-         # the recipe (Muon) at 16x: cosine to 10% stays (2.832); linear to 0 ended at 2.823 and the 1-sqrt WSD
-         # cooldown to 0 at 2.936; beta2 0.99 of Muon's AdamW part: 2.736 (0.999: 2.748), 3 seeds at it 2.736,
-         # 2.886, 2.720 (beta2 0.95: 2.832, 2.784); NorMuon lost: 2.913 (2.880 at half the lr). Then, on that
-         # winner, four knobs that each ended level (cautious weight decay 2.732, the AdamW part at 0.25x Muon's lr
-         # 2.712, weight decay timescale 4 2.727, half the peak lr 2.729), together: 3 seeds 2.705 / 2.737 / 2.751,
-         # level at the end, but hf-best's final loss (2.953) reached inside one run at 0.423 / 0.484 / 0.509 of the
-         # budget against the winner's 0.661 / 0.663 / 0.831. Kept: the two that are options (cautious_wd,
-         # adamw_lr_ratio); weight decay 0.1 at half the winner's lr is timescale 3.84 (the combination ran 4.0:
-         # 0.104), and the half lr is the lr_factor hint
-         "muon": _LONG_MUON},
-        "long-horizon search at 16x and its four level knobs together (benchmarks/results/hf_best.md)",
-        lr_factor={"muon": 0.5}),
-    BudgetRegime(
-        "over-training", math.inf,
-        # 64x (99.3 tokens per parameter), each family at its 16x winner with the peak lr swept: AdamW ended at
-        # 2.724 / 2.697 / 2.705 / 2.728 at x0.25 / x0.5 / x1 / x2 of its 16x lr (4e-3), 2 seeds at x0.5: 2.683;
-        # the recipe at 2.654 / 2.575 / 2.599 / 2.604 / 2.818 / 2.940 at x0.0625 ... x2 of its 16x lr (1.6e-2);
-        # the long row's combination at x0.125 ended at 2.658 (seed 0, against the recipe's 2.575), so Muon keeps
-        # the 16x winner's settings here
-        {"adamw": {"lr_decay": "1-sqrt", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
-                   "adam_beta2": 0.99},
-         "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
-                  "adam_beta2": 0.99, "optimizer_kwargs": {"betas": [0.9, 0.99], "normuon_beta2": None,
-                                                           **_NOT_LONG}}},
-        "the 16x search winners at 64x, only the peak lr swept (benchmarks/results/hf_best.md)",
-        lr_factor={"adamw": 0.5, "muon": 0.125}),
+def _load_table() -> dict[str, Any]:
+    """The measured tables (``data_files/budget_table.json``: each row with its provenance and what was measured)."""
+    from importlib.resources import files
+
+    return json.loads(files(__package__).joinpath("data_files", TABLE_FILE).read_text(encoding="utf-8"))
+
+
+_TABLE = _load_table()
+
+# Each row is one length where the settings were searched, reaching halfway (geometrically) to the next; the last
+# has no upper bound.
+REGIMES: tuple[BudgetRegime, ...] = tuple(
+    BudgetRegime(r["name"], math.inf if r["max_tokens_per_param"] is None else float(r["max_tokens_per_param"]),
+                 r["settings"], r["source"], lr_factor=dict(r["lr_factor"]), provenance=dict(r["provenance"]))
+    for r in _TABLE["regimes"]
 )
 
 
 def budget_settings(tokens_per_param: float, optimizer: str) -> dict[str, Any]:
     """The measured settings for a run of ``tokens_per_param`` tokens per parameter with ``optimizer``
     ("muon" for Muon, anything else AdamW-like): ``{"regime", "settings", "source", "extrapolated",
-    "lr_factor"}``; ``extrapolated`` is True beyond the longest measured run (99.3 tokens per parameter);
+    "lr_factor"}``; ``extrapolated`` is True beyond the longest measured run (:data:`LONGEST_MEASURED`);
     ``lr_factor`` (None where not measured) is the peak lr the settings were measured best at in that regime,
-    over the best lr of the search's winner at 24.8 tokens per parameter: a hint for the lr sweep, not applied.
+    over the best lr of the longest searched budget's winner: a hint for the lr sweep, not applied.
 
     Example:
         ```python
@@ -215,24 +139,12 @@ def merge_optimizer_kwargs(given: dict[str, Any], measured: dict[str, Any]) -> t
     return {**given, **measured}, skipped
 
 
-LONGEST_MEASURED = 99.3  # tokens per parameter of the 64x budget (the longest searched: 24.8, the 16x budget)
+LONGEST_MEASURED = float(_TABLE["longest_measured_tokens_per_param"])  # tokens per parameter of the longest run
 
-# (width, tokens per non-embedding parameter, best peak lr: the vertex of a parabola through the best lr and its
-# neighbours in log lr, source). AdamW: hf-tuned settings; Muon: the scaling ladder's Muon arm (opt-muon) and the
-# budget ladder's recipe (Muon + EMA + sequence-length warmup).
+# family -> (width, tokens per non-embedding parameter, best peak lr, source): the points the lr law is fit to
 MEASURED_BEST_LR: dict[str, tuple[tuple[int, float, float, str], ...]] = {
-    "adamw": (
-        (32, 5.79, 0.0106, "scaling gpt2-2x32"), (64, 3.19, 0.00231, "scaling gpt2-2x64"),
-        (128, 1.55, 0.00183, "scaling gpt2-2x128 = budget ladder 1x"), (192, 0.85, 0.00173, "scaling gpt2-3x192"),
-        (256, 0.55, 0.00127, "scaling gpt2-4x256"), (128, 6.19, 0.00224, "budget ladder 4x"),
-        (128, 24.77, 0.00494, "budget ladder 16x"),
-    ),
-    "muon": (
-        (32, 5.79, 0.0504, "scaling gpt2-2x32"), (64, 3.19, 0.0267, "scaling gpt2-2x64"),
-        (128, 1.55, 0.0143, "scaling gpt2-2x128"), (192, 0.85, 0.00870, "scaling gpt2-3x192"),
-        (256, 0.55, 0.00484, "scaling gpt2-4x256"), (128, 1.55, 0.0127, "budget ladder 1x (recipe)"),
-        (128, 6.19, 0.0100, "budget ladder 4x (recipe)"), (128, 24.77, 0.0164, "budget ladder 16x (recipe)"),
-    ),
+    family: tuple((int(w), float(t), float(lr), str(src)) for w, t, lr, src in points)
+    for family, points in _TABLE["learning_rate_law"]["points"].items()
 }
 
 

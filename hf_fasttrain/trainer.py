@@ -241,7 +241,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         hint = ""
         if chosen["lr_factor"]:  # the lr stays the user's; the log says how far the measured best moved
             hint = (f"; these settings were measured best at {chosen['lr_factor']:g}x the peak lr that was best for the "
-                    "search's winner at 24.8 tokens per parameter: sweep the lr down from a shorter run's")
+                    "longest search's winner: sweep the lr down from a shorter run's")
         logger.info("budget_aware: %.1f tokens per non-embedding parameter -> the %s-run settings %s (%s)%s%s%s", tpp,
                     chosen["regime"], settings, chosen["source"], hint, kept,
                     f"; beyond the longest run measured ({LONGEST_MEASURED})" if chosen["extrapolated"] else "")

@@ -52,7 +52,7 @@ def _unique_rows(rank):
     return [h for h in rank["rows"] if h not in dup]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_process_ddp_disjoint_data_rank0_outputs_and_resume(tmp_path):
     out = tmp_path / "run"
     # a constant lr after its warmup: nothing spans max_steps, so the second command below may train longer
@@ -101,7 +101,7 @@ def test_two_process_ddp_disjoint_data_rank0_outputs_and_resume(tmp_path):
     assert metrics2["final_eval_loss"] < metrics["final_eval_loss"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_bf16_autocast_on_cpu_runs_the_tiny_recipe_and_lowers_the_loss(tmp_path):
     """precision=bf16 with use_cpu=false: the precision choice turns use_cpu on (the Trainer would raise)."""
     out = tmp_path / "run"

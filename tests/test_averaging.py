@@ -124,6 +124,7 @@ class _Snapshot(TrainerCallback):
         self.iterate = {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_plain_trainer_evaluates_and_ends_with_the_average(tiny_lm, tiny_tokenizer, tmp_path):
     model = make_tiny_gpt2(len(tiny_tokenizer))
     snap, cb = _Snapshot(), WeightAveragingCallback(mode="ema", decay=0.8)
@@ -164,6 +165,7 @@ class _StopAt(TrainerCallback):
 
 
 @pytest.mark.parametrize("mode", ["ema", "lawa"])
+@pytest.mark.slow
 def test_checkpoints_carry_the_average_and_resume_bit_exactly(tiny_lm, tiny_tokenizer, tmp_path, mode):
     kw = dict(max_steps=8, save_strategy="steps", save_steps=4, weight_averaging=mode, ema_decay=0.8,
               lawa_checkpoints=2, lawa_interval=2, auto_resume=False)

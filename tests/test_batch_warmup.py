@@ -104,6 +104,7 @@ def test_args_need_a_token_counted_run(tmp_path):
                   schedule_unit="tokens", schedule_total_tokens=1000)
 
 
+@pytest.mark.slow
 def test_fast_trainer_ramps_the_batch_and_stops_at_the_token_budget(tiny_lm, tiny_tokenizer, tmp_path):
     rows = 8
     budget = 6 * rows * TINY_BLOCK  # tokens of 6 full steps; the smaller warmup steps need 8: max_steps gives them room
@@ -126,6 +127,7 @@ def test_fast_trainer_ramps_the_batch_and_stops_at_the_token_budget(tiny_lm, tin
     assert lrs[-1] < lrs[2]  # the cosine ran to the end of the budget
 
 
+@pytest.mark.slow
 def test_a_run_longer_than_one_epoch_reaches_its_budget(tiny_lm, tiny_tokenizer, tmp_path):
     # 40 rows, full batch 8 rows: epoch 0 (with the warmup) has 2 + 4 + 6 + 4 + 3 * 8 = 40 rows in 8 steps,
     # epoch 1 five full steps; a budget of 12 full steps (96 rows) needs both and 4 more steps of epoch 2

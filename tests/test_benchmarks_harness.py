@@ -1,5 +1,7 @@
-"""benchmarks/_harness.py: the benchmarks are a package importable without sys.path edits."""
+"""benchmarks._harness: the benchmarks are a package importable without sys.path edits, one harness under thin
+studies."""
 
+import ast
 import json
 import os
 import subprocess
@@ -65,8 +67,54 @@ def test_a_usage_error_is_one_line_and_exit_status_2(capsys):
     assert raised.value.code == 2
 
 
+@pytest.mark.bench
 def test_a_benchmark_refuses_a_bad_option_in_one_line_with_exit_status_2():
     out = subprocess.run(_harness.module_command("hf_best", "--families", "adamw"), env=_harness.subprocess_env(),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines()[-1] == "error: --families: 'adamw': each of hf-best, recipe"
+
+
+BENCHMARKS = _harness.ROOT / "benchmarks"
+STUDIES = sorted(p.stem for p in BENCHMARKS.glob("*.py") if not p.stem.startswith("_"))
+# budget_ladder's report reads hf_best's ledger through hf_best's own summary of it (the search's knobs decide
+# what a running search's best is): the one study that imports another
+STUDY_IMPORTS = {("budget_ladder", "hf_best")}
+
+
+def _imported_benchmarks_modules(path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # from ._harness import ...: relative to the benchmarks package
+                yield (node.module or "").split(".")[0]
+            elif node.module and node.module.split(".")[0] == "benchmarks":
+                parts = node.module.split(".")
+                yield from ([parts[1]] if len(parts) > 1 else [a.name for a in node.names])
+        elif isinstance(node, ast.Import):
+            yield from (a.name.split(".")[1] for a in node.names if a.name.startswith("benchmarks."))
+
+
+def test_studies_import_the_harness_and_not_each_other_and_never_edit_sys_path():
+    files = sorted(BENCHMARKS.rglob("*.py"))
+    assert "time_to_loss" in STUDIES and (BENCHMARKS / "_harness" / "lm.py") in files
+    for path in files:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        edits = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "path"
+                 and isinstance(n.value, ast.Name) and n.value.id == "sys"]
+        assert not edits, f"{path.relative_to(_harness.ROOT)}: sys.path at lines {edits}"
+        me = path.stem if path.parent == BENCHMARKS else "_harness"
+        for name in _imported_benchmarks_modules(path):
+            if me == "_harness":
+                assert name == "_harness", f"{path.relative_to(_harness.ROOT)}: the harness imports study {name}"
+            elif name != "_harness":
+                assert (me, name) in STUDY_IMPORTS, f"{path.relative_to(_harness.ROOT)}: study {me} imports study {name}"
+
+
+@pytest.mark.parametrize("study", [s for s in STUDIES if (BENCHMARKS / f"{s}.py").read_text().count("def main(")])
+def test_a_study_run_as_a_file_names_its_module_command(study):
+    # checked in the source: the guard runs before any import, so the file needs no interpreter to prove it
+    source = (BENCHMARKS / f"{study}.py").read_text(encoding="utf-8")
+    head = source.split("\nimport ", 1)[0]
+    assert "if not __package__:" in head, f"{study}: no guard before its imports"
+    assert f"python -m benchmarks.{study} [options]" in head

@@ -228,6 +228,32 @@ def test_the_lr_law_and_its_leave_one_out_check():
         assert min(ratios) == pytest.approx(worst, abs=0.01)
 
 
+def test_the_tables_are_one_data_file_whose_rows_name_their_study_command_and_date():
+    import configparser
+    import re
+
+    import hf_fasttrain
+
+    root = Path(hf_fasttrain.__file__).parent
+    table = json.loads((root / "data_files" / "budget_table.json").read_text())
+    assert [r["name"] for r in table["regimes"]] == [r.name for r in REGIMES]
+    assert [r["max_tokens_per_param"] for r in table["regimes"]][-1] is None  # the last row has no upper bound
+    assert REGIMES[-1].max_tokens_per_param == float("inf")
+    law = table["learning_rate_law"]
+    assert {f: tuple(tuple(p) for p in pts) for f, pts in law["points"].items()} == MEASURED_BEST_LR
+    for entry in [*(r["provenance"] for r in table["regimes"]), law["provenance"]]:
+        assert set(entry) == {"study", "command", "results", "date"}
+        assert entry["command"].startswith("python -m benchmarks.")
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", entry["date"])
+        for page in entry["results"].split(", "):
+            assert (root.parent / page).is_file(), page
+    assert REGIMES[0].provenance == table["regimes"][0]["provenance"]
+    # a wheel carries it: the package data names the folder
+    cfg = configparser.ConfigParser()
+    cfg.read(root.parent / "setup.cfg")
+    assert "data_files/*.json" in cfg["options.package_data"]["hf_fasttrain"]
+
+
 def test_tokens_per_parameter_and_non_embedding_parameters():
     model = make_tiny_gpt2(100)  # 2 layers, 32 wide
     n = non_embedding_parameters(model)
@@ -255,7 +281,7 @@ def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, t
     # from 8.8 tokens per parameter on the log gives the measured lr hint; the lr itself is not touched
     hint = {"short": None, "middle-long": "0.5x", "long": "0.5x", "over-training": "0.125x"}[regime]
     assert ("measured best at" in logged[0]) == (hint is not None)
-    assert hint is None or f"measured best at {hint} the peak lr that was best for the search's winner" in logged[0]
+    assert hint is None or f"measured best at {hint} the peak lr that was best for the longest search's winner" in logged[0]
     assert trainer.args.learning_rate == 3e-3  # tiny_args' lr
     assert trainer.budget["regime"] == regime and trainer.budget["tokens_per_param"] == pytest.approx(tpp)
     settings = budget_settings(tpp, "muon")["settings"]

@@ -1,25 +1,16 @@
 """benchmarks/budget_ladder.py: lr grids, the budget summary and trend arithmetic, and a resumable smoke run."""
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
+from benchmarks._harness import lm
 
 def _load():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    for name in ("time_to_loss", "scaling", "budget_ladder"):
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod  # dataclasses look their module up there
-            spec.loader.exec_module(mod)
-    return sys.modules["budget_ladder"]
+    from benchmarks import budget_ladder
+
+    return budget_ladder
 
 
 def test_budget_setup_spans_the_run():
@@ -87,6 +78,7 @@ def test_summary_ratio_and_trend():
     assert tr2["budgets"] == 2
 
 
+@pytest.mark.bench
 def test_smoke_run_is_resumable(tmp_path):
     bl = _load()
     argv = ["--quick", "--out", str(tmp_path), "--budgets", "1,2", "--unique-budgets", "", "--seeds", "1",
@@ -235,7 +227,7 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
               "summary": {"64x": families, "54x-3x192": families}}
     rows = bl.versus_hf_best(summary, [], larger)
     got = rows["54x-3x192"]
-    n = bl.non_embedding_params(3, 192, "gpt2", 6)
+    n = lm.non_embedding_params(3, 192, "gpt2", 6)
     assert 1.3e6 < n < 1.4e6 and got["non_embedding_params"] == n and got["model"] == "3x192"
     assert got["tokens_per_param"] == pytest.approx(16200 * 2048 / n)
     assert got["recipe_complete_run_ratio"] is None and not got["recipe_complete_run_extrapolated"]
@@ -284,19 +276,21 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     assert len(bl.hf_best_points(with_half, summary)["complete_runs"]) == 1
 
 
+@pytest.mark.bench
 def test_a_corpus_too_small_to_cover_the_budget_without_repeats_is_refused_before_training(monkeypatch):
-    bl = _load()
     from benchmarks._harness import UsageError
+    from benchmarks._harness import budget as bl
+    from benchmarks._harness.lm import QUICK
 
     short = ["def f(x):\n    return x + 1\n" * 20]
     monkeypatch.setattr(bl, "extra_python_sources", lambda min_chars, packages=bl.SOURCE_PACKAGES: short)
-    tokenizer, lm = bl.prepare_data(bl.data_args(bl.QUICK))
-    have = len(lm["train"]) * bl.QUICK.block_size
+    tokenizer, lm = bl.prepare_data(bl.data_args(QUICK))
+    have = len(lm["train"]) * QUICK.block_size
     with pytest.raises(UsageError, match=r"--corpus unique: the installed packages' Python sources \(transformers, "
                                          r"torch, .*\) give [0-9.]+M tokens, 1.0M needed for this budget"):
-        bl.unique_corpus_data(bl.QUICK, 1_000_000)
+        bl.unique_corpus_data(QUICK, 1_000_000)
     # enough: the stdlib rows come first, unchanged, then the sources' rows
-    _, grown = bl.unique_corpus_data(bl.QUICK, have + 2 * bl.QUICK.block_size)
+    _, grown = bl.unique_corpus_data(QUICK, have + 2 * QUICK.block_size)
     assert len(grown["train"]) > len(lm["train"])
     assert grown["train"][0]["input_ids"] == lm["train"][0]["input_ids"]
     assert grown["validation"]["input_ids"] == lm["validation"]["input_ids"]

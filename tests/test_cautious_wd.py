@@ -36,6 +36,7 @@ def test_the_decay_lands_only_where_the_update_has_the_weights_sign():
     torch.testing.assert_close(cautious[skipped], no_decay[skipped], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_resume_is_bit_for_bit_with_cautious_wd_and_normuon_together():
     batch = _batch()
     kw = dict(lr=3e-3, weight_decay=0.1, cautious_wd=True, normuon_beta2=0.95)
@@ -53,6 +54,7 @@ def test_resume_is_bit_for_bit_with_cautious_wd_and_normuon_together():
         assert torch.equal(a, b), n
 
 
+@pytest.mark.slow
 def test_tiny_gpt2_loss_falls_with_cautious_wd():
     model = _tiny_gpt2()
     opt = create_optimizer("muon", model, lr=3e-3, cautious_wd=True)

@@ -1,10 +1,10 @@
-"""benchmarks/chunked_ce.py: chunked_lm_head_loss equals the standard loss (values and gradients) and keeps no logits for backward."""
+"""benchmarks/_harness/chunked_ce.py: chunked_lm_head_loss equals the standard loss (values and gradients) and keeps no logits for backward."""
 
 import pytest
 import torch
 from conftest import make_tiny_gpt2
 
-from benchmarks.chunked_ce import chunked_lm_head_loss, lm_head_loss
+from benchmarks._harness.chunked_ce import chunked_lm_head_loss, lm_head_loss
 
 
 def _tiny_gpt2(seed=0):

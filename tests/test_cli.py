@@ -116,7 +116,7 @@ def test_recipes_list_ends_with_a_command_an_installed_wheel_has(capsys):
     assert "Values in [brackets] are recipe gpt2_tiny's." in capsys.readouterr().out
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_refusal_from_the_full_validation_is_one_line_and_exit_2():
     """A refusal that needs the Trainer's own checks (warmup longer than the run): still one line, status 2;
     --debug shows the traceback."""

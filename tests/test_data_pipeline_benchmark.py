@@ -4,9 +4,12 @@ peak RSS flat over a larger corpus."""
 import json
 import math
 
+import pytest
+
 from benchmarks import data_pipeline
 
 
+@pytest.mark.bench
 def test_tiny_run_writes_the_table_and_keeps_streaming_memory_flat(tmp_path):
     args = data_pipeline.make_parser().parse_args(["--tiny", "--out", str(tmp_path)])
     out = data_pipeline.main(args)

@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from benchmarks import data_resume
 
 
+@pytest.mark.bench
 def test_data_resume_smoke(tmp_path):
     assert data_resume.main(["--steps", "3", "--repeats", "1", "--out", str(tmp_path), "--name", "smoke"]) == 0
     result = json.loads((tmp_path / "smoke.json").read_text())

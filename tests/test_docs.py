@@ -205,7 +205,8 @@ def run_chains() -> list[list[tuple[Block, dict]]]:
 
 def _chain_param(chain):
     marks = []
-    if any(d["slow"] for _, d in chain):
+    # an example that trains a model runs in the slow tier; the others (imports, settings, checks) in the unit tier
+    if any(d["slow"] for _, d in chain) or any(".train(" in block.code for block, _ in chain):
         marks.append(pytest.mark.slow)
     return pytest.param(chain, id=chain[0][0].where, marks=marks)
 
@@ -695,7 +696,12 @@ def test_readme_is_short_and_keeps_the_two_commands():
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 150
     assert "python recipes/gpt2_small.py --config recipes/configs/gpt2_tiny.yaml" in text
-    assert 'python -m pytest -q -m "not slow" tests' in text
+    # the unit tier: what CI runs first, and the tiers CI runs after it are the others
+    unit = 'python -m pytest -q -m "not slow and not e2e and not bench" tests'
+    assert unit in text
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    runs = [line for line in ci.splitlines() if line.startswith("python -m pytest")]
+    assert runs == [unit, 'python -m pytest -q -m "slow or e2e or bench" tests']
 
 
 def _layout_block() -> str:

@@ -142,6 +142,7 @@ def test_regression_head_trains_with_any_arguments(args_cls, tmp_path):
         assert sorted(os.listdir(tmp_path)) == []
 
 
+@pytest.mark.slow
 def test_tiny_vit_trains(tmp_path):
     from transformers import ViTConfig, ViTForImageClassification
 
@@ -204,6 +205,7 @@ def test_token_schedule_on_a_batch_without_tokens_says_so(tmp_path):
         trainer.train()
 
 
+@pytest.mark.slow
 def test_fast_trainer_without_args_is_trainer_without_args(tiny_tokenizer, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # Trainer(model) writes into ./tmp_trainer
     ds = Dataset.from_dict({"input_ids": [[5 + i % 7] * 8 for i in range(16)]})
@@ -319,6 +321,7 @@ def _fake_clock(monkeypatch):
     monkeypatch.setattr(run_record, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
 
 
+@pytest.mark.slow
 def test_recorder_clock_continues_across_resume_in_a_plain_trainer(tiny_lm, tiny_tokenizer, tmp_path, monkeypatch):
     _fake_clock(monkeypatch)  # one second per reading: a clock that restarted would be far behind
 
@@ -346,6 +349,7 @@ def test_recorder_clock_continues_across_resume_in_a_plain_trainer(tiny_lm, tiny
     assert [r["step"] for r in recorder.records] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.slow
 def test_recorder_added_on_resume_of_a_checkpoint_without_it(tiny_lm, tiny_tokenizer, tmp_path):
     def trainer(callbacks):
         args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
@@ -358,6 +362,7 @@ def test_recorder_added_on_resume_of_a_checkpoint_without_it(tiny_lm, tiny_token
     assert json.loads((tmp_path / "checkpoint-2" / RECORD_FILE).read_text())["train_seconds"] > 0
 
 
+@pytest.mark.slow
 def test_recorder_reads_the_clock_of_an_older_checkpoint(tiny_lm, tiny_tokenizer, tmp_path, monkeypatch):
     """Checkpoints written before the clock moved to run_record.json kept it in stateful_callbacks."""
     _fake_clock(monkeypatch)
@@ -380,6 +385,7 @@ def test_recorder_reads_the_clock_of_an_older_checkpoint(tiny_lm, tiny_tokenizer
     assert "RunRecorderCallback" not in _state(tmp_path / "checkpoint-2")["stateful_callbacks"]
 
 
+@pytest.mark.slow
 def test_stability_mixin_with_plain_arguments(tiny_lm, tiny_tokenizer, tmp_path):
     from hf_fasttrain.callbacks import GradientClippingCallback, StabilityTrainerMixin
 

@@ -12,7 +12,7 @@ def _load():
     return faults
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_faults_benchmark_short_run(tmp_path):
     faults = _load()
     argv = ["--steps", "90", "--at", "70", "--injections", "none", "nan_loss", "--setups", "fasttrainer", "bare",

@@ -32,7 +32,7 @@ def test_verdict(ratio, tokens, expected):
     assert ft.verdict({"tokens_ratio_vs_reference": ratio, "tokens_to_target": tokens}) == expected
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_quick_run_writes_the_table_and_resumes(tmp_path):
     args = ["--quick", "--seeds", "1", "--no-trl", "--lrs", "1e-3,4e-3", "--muon-lrs", "1.6e-2",
             "--out", str(tmp_path), "--cache", str(tmp_path / "bases")]

@@ -60,7 +60,7 @@ def test_unknown_arm_is_refused():
         gt.main(["--device", "cpu", "--tiny", "--arms", "hf-fast"])
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_cpu_tiny_run_writes_json_with_all_arms(tmp_path):
     # in two parts, as a GPU session short of time would run it: the second appends its arm
     first = gt.main(["--device", "cpu", "--tiny", "--out-dir", str(tmp_path), "--name", "t",

@@ -48,6 +48,7 @@ def test_exit_codes_and_message():
     assert isinstance(stopped, SystemExit) and stopped.code == 143 and stopped.step == 7
 
 
+@pytest.mark.e2e
 def test_a_stop_in_a_worker_process_reaches_the_caller_whole():
     # a pool worker sends its exception back pickled: before, unpickling raised TypeError (SystemExit's one argument)
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -110,7 +111,8 @@ def straight(tiny_lm, tiny_tokenizer, tmp_path_factory):
     return trainer
 
 
-@pytest.mark.parametrize("step", [STEPS[0], pytest.param(STEPS[1], marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("step", STEPS)
 def test_sigterm_mid_step_saves_that_step_and_the_rerun_is_bit_exact(step, straight, tiny_lm, tiny_tokenizer, tmp_path,
                                                                       capsys):
     first = _trainer(tmp_path / "b", tiny_tokenizer, tiny_lm, callbacks=[_SignalDuringStep(step)])
@@ -145,6 +147,7 @@ def test_sigterm_mid_step_saves_that_step_and_the_rerun_is_bit_exact(step, strai
     assert ema_a and ema_a.keys() == ema_b.keys() and all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)
 
 
+@pytest.mark.slow
 def test_no_signal_changes_nothing_and_leaves_no_handler(tiny_lm, tiny_tokenizer, tmp_path):
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
     trainer = _trainer(tmp_path, tiny_tokenizer, tiny_lm, max_steps=3, save_strategy="no", eval_strategy="no",
@@ -154,6 +157,7 @@ def test_no_signal_changes_nothing_and_leaves_no_handler(tiny_lm, tiny_tokenizer
     assert {s: signal.getsignal(s) for s in before} == before
 
 
+@pytest.mark.slow
 def test_plain_trainer_with_the_callback_stops_and_exits(tiny_lm, tiny_tokenizer, tmp_path, capsys):
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=8, logging_steps=1,
                              save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True, seed=0)
@@ -193,7 +197,7 @@ def _metrics(out):
     return json.loads((out / "metrics.json").read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("action, code", [("term", 143), ("int", 130)])
 def test_recipe_stopped_by_a_signal_says_so_and_the_same_command_resumes(action, code, tmp_path):
     common = ["--max_steps", "12", "--save_steps", "5", "--eval_steps", "6"]
@@ -219,7 +223,7 @@ def test_recipe_stopped_by_a_signal_says_so_and_the_same_command_resumes(action,
     assert a["final_eval_loss"] == b["final_eval_loss"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_ctrl_c_in_a_terminal_reaches_the_dataloader_workers_too_and_the_run_resumes(tmp_path):
     # a terminal's Ctrl-C signals the whole foreground process group: the main process and its DataLoader workers
     common = ["--max_steps", "12", "--save_steps", "5", "--eval_steps", "6", "--dataloader_num_workers", "2"]
@@ -237,7 +241,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_dataloader_workers_too_and_the_run_res
     assert a["final_eval_loss"] == b["final_eval_loss"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_second_ctrl_c_exits_at_once_without_a_traceback(tmp_path):
     out = tmp_path / "run"
     p = _recipe("int2", 3, ["--output_dir", str(out), "--max_steps", "12", "--save_steps", "100"])
@@ -262,7 +266,7 @@ def _steps(steps_file, rank):
     return [int(s) for s in Path(f"{steps_file}.rank{rank}").read_text().split()]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_processes_stop_at_the_same_step_when_one_gets_sigterm(tmp_path):
     common = ["--max_steps", "10", "--save_steps", "100", "--eval_steps", "5"]
     straight = _launch("none", 0, 0, ["--output_dir", str(tmp_path / "a"), *common], tmp_path / "sa")

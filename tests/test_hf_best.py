@@ -7,11 +7,8 @@ import sys
 
 import pytest
 
-from test_budget_ladder import _load
-
 
 def hb():
-    _load()
     from benchmarks import hf_best
 
     return hf_best
@@ -115,7 +112,7 @@ def test_arms_use_the_trainers_own_options_for_hf_best():
     assert mod.parse_config(json.dumps({**adema, "beta3": 0.999}), ["recipe"])["beta3"] == 0.999
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_smoke_search_is_resumable(tmp_path):
     mod = hb()
     first = mod.main(["--quick", "--out", str(tmp_path), "--families", "hf-best"])
@@ -128,9 +125,8 @@ def test_smoke_search_is_resumable(tmp_path):
     assert "| hf-best | schedule |" in (tmp_path / "hf_best.md").read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_lora_fine_tuning_smoke_run(tmp_path):
-    _load()
     from benchmarks import lora_fine_tuning
 
     record = lora_fine_tuning.main(["--quick", "--seeds", "1", "--out", str(tmp_path), "--cache", str(tmp_path / "c")])
@@ -290,13 +286,14 @@ def _kill_at(step):
     return lambda: [KillAt()]
 
 
-@pytest.mark.parametrize("family", ["hf-best", pytest.param("recipe", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("family", ["hf-best", "recipe"])
+@pytest.mark.bench
 def test_a_killed_run_resumes_from_its_checkpoint_and_equals_a_straight_run(tmp_path, family):
     import dataclasses
 
     mod = hb()
-    from budget_ladder import budget_setup, data_args
-    from time_to_loss import run_arm
+    from benchmarks._harness.budget import budget_setup, data_args
+    from benchmarks._harness.lm import run_arm
 
     from hf_fasttrain.run import prepare_data
 
@@ -330,12 +327,13 @@ def _sigterm_at(step):
     return lambda: [SigtermAt()]
 
 
+@pytest.mark.bench
 def test_a_baseline_run_stopped_by_sigterm_saves_the_step_it_reached_and_resumes_from_it(tmp_path):
     import dataclasses
 
     mod = hb()
-    from budget_ladder import budget_setup, data_args
-    from time_to_loss import run_arm
+    from benchmarks._harness.budget import budget_setup, data_args
+    from benchmarks._harness.lm import run_arm
 
     from hf_fasttrain.callbacks import TrainingStopped
     from hf_fasttrain.run import prepare_data
@@ -357,10 +355,11 @@ def test_a_baseline_run_stopped_by_sigterm_saves_the_step_it_reached_and_resumes
                                                                         abs=1e-6)
 
 
+@pytest.mark.bench
 def test_the_train_rows_loss_shows_a_run_that_memorised_repeated_data(tmp_path):
     mod = hb()
-    from budget_ladder import budget_setup, data_args
-    from time_to_loss import run_arm
+    from benchmarks._harness.budget import budget_setup, data_args
+    from benchmarks._harness.lm import run_arm
 
     import datasets
     from hf_fasttrain.run import prepare_data
@@ -446,7 +445,7 @@ def test_a_larger_model_starts_at_the_measured_laws_lr_and_is_named_by_its_shape
     mod = hb()
     import dataclasses
 
-    from budget_ladder import budget_setup
+    from benchmarks._harness.budget import budget_setup
 
     from hf_fasttrain.budget import predict_learning_rate
 
@@ -552,14 +551,15 @@ def test_one_run_table_ranks_recipe_runs_by_tokens_to_hf_bests_loss(tmp_path):
     assert mod.one_run_table(ledger, "16x", {}) == ""  # no hf-best result there: no table
 
 
+@pytest.mark.bench
 def test_a_run_the_guard_gives_up_on_is_a_result_not_a_crash(tmp_path):
     """A candidate that diverges (the guard stops after its last rollback) is recorded: the curve up to the stop
     and, as the final loss, the loss of the last good state the guard restored; the search then decides on it."""
     import dataclasses
 
     mod = hb()
-    from budget_ladder import budget_setup, data_args
-    from time_to_loss import run_arm
+    from benchmarks._harness.budget import budget_setup, data_args
+    from benchmarks._harness.lm import run_arm
 
     from hf_fasttrain.run import prepare_data
 
@@ -735,7 +735,6 @@ def test_sigterm_to_the_search_reaches_each_worker_and_the_search_outlives_it(tm
 
 _ORPHAN_SCRIPT = """
 import concurrent.futures, multiprocessing, os, pathlib, signal, sys, time
-sys.path[:0] = [sys.argv[2], sys.argv[2] + "/benchmarks"]
 from benchmarks import hf_best
 from hf_fasttrain.callbacks import TrainingStopped
 out = pathlib.Path(sys.argv[1])
@@ -760,16 +759,17 @@ time.sleep(120)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+@pytest.mark.bench
 def test_a_worker_whose_search_was_killed_is_told_to_stop(tmp_path):
     # SIGKILL to the search (no handler can run): its workers get SIGTERM, so a running run saves and stops
     import os
     import signal
     import subprocess
     import time
-    from pathlib import Path
 
-    root = str(Path(__file__).resolve().parents[1])
-    search = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path), root])
+    from benchmarks._harness import subprocess_env
+
+    search = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(tmp_path)], env=subprocess_env())
     try:
         deadline = time.monotonic() + 90
         while not ((tmp_path / "ready0").exists() and (tmp_path / "ready1").exists()):

@@ -61,7 +61,7 @@ def test_compare_lists_only_tests_that_pass_with_the_trainer(monkeypatch):
     assert suite.counts(by_mode["trainer"]) == {"passed": 3, "failed": 2, "error": 0, "skipped": 1}
 
 
-@pytest.mark.slow  # four pytest subprocesses (~40 s)
+@pytest.mark.bench  # four pytest subprocesses (~40 s)
 def test_plugin_substitutes_trainer_names_in_test_modules(tmp_path):
     """The pytest plugin swaps the names before the test module imports them, per mode."""
     pkg = tmp_path / "tests"

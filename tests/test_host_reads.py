@@ -162,6 +162,7 @@ def _train(tokenizer, ds, args):
 
 
 @pytest.mark.parametrize("workers", [0, 1], ids=["main-process", "worker"])
+@pytest.mark.slow
 def test_token_schedule_gets_host_ints_from_the_cpu_batch(workers, tiny_lm, tiny_tokenizer, tmp_path, monkeypatch):
     # The old path counted the batch after it was moved to the device and handed the schedule a HostCopy per
     # micro-batch: this test fails there (HostCopy made 6 times, no plain ints added).
@@ -181,6 +182,7 @@ def test_token_schedule_gets_host_ints_from_the_cpu_batch(workers, tiny_lm, tiny
     dict(seq_len_warmup_min=8, seq_len_warmup_fraction=0.5),
     dict(seq_len_warmup_min=8, seq_len_warmup_fraction=0.5, seq_len_warmup_mode="rechunk"),
 ], ids=["padded-grad-accum", "seq-len-warmup", "seq-len-warmup-rechunk"])
+@pytest.mark.slow
 def test_host_counts_equal_the_device_counts(options, tiny_lm, tiny_tokenizer, tmp_path, monkeypatch):
     ds = _padded_rows(tiny_tokenizer, tiny_lm["train"])
     path = _TokenPath(monkeypatch)
@@ -267,7 +269,7 @@ import gc; gc.collect()
 """
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_processes_schedule_on_the_sum_over_ranks(tmp_path):
     import json
     import os

@@ -849,6 +849,7 @@ def test_cli_push_recipe_validates_first(tmp_path, recipe, match, capsys):
     assert not (tmp_path / "f").exists()
 
 
+@pytest.mark.slow
 def test_local_recipe_run_push_then_pull_by_hf_uri(tmp_path, offline_cache, capsys):
     """The whole story on the tiny model: a recipe trains, its run is pushed with the results, and
     ``--config hf://...`` from the cache gives back the same arguments."""

@@ -83,6 +83,7 @@ def test_conv1d_gets_the_linear_layers_update_transposed():
     torch.testing.assert_close(results[1], results[0].T, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_resume_is_bit_for_bit_and_the_norms_hold_in_a_gpt2():
     batch = _batch()
     straight = _tiny_gpt2()
@@ -104,6 +105,7 @@ def test_resume_is_bit_for_bit_and_the_norms_hold_in_a_gpt2():
             assert not torch.equal(p.detach(), saved_model[n])
 
 
+@pytest.mark.slow
 def test_tiny_gpt2_loss_falls_with_hyperball():
     model = _tiny_gpt2()
     opt = create_optimizer("muon", model, lr=3e-3, hyperball=True)

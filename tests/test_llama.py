@@ -176,6 +176,7 @@ def _separate(model, docs):
         return [model(torch.tensor([d]), use_cache=False).logits[0] for d in docs]
 
 
+@pytest.mark.slow
 def test_packed_llama_logits_equal_separate_runs():
     model = tiny_llama().eval()
     separate = _separate(model, DOCS)

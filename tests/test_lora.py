@@ -96,6 +96,7 @@ def test_qlora_on_cpu_is_refused_in_one_line_before_any_work(tmp_path, capsys):
     assert not any((out).glob("*"))  # nothing written
 
 
+@pytest.mark.slow
 def test_a_lora_run_writes_an_adapter_peft_loads_with_the_base_tokenizer_and_a_merged_model(tmp_path, base_dir,
                                                                                             tiny_tokenizer):
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -142,6 +143,7 @@ def test_a_tokenizer_that_does_not_fit_the_base_is_refused(tmp_path, base_dir):
     assert not (tmp_path / "out" / "config.yaml").exists()
 
 
+@pytest.mark.slow
 def test_a_killed_lora_run_resumes_to_the_straight_run(tmp_path, base_dir):
     from transformers import TrainerCallback
 

@@ -60,6 +60,7 @@ def test_muon_groups_matrices_by_shape():
         create_optimizer("muon", model, ns_batched="yes")
 
 
+@pytest.mark.bench
 def test_precision_benchmark_writes_its_table_json_and_png(tmp_path):
     from benchmarks import muon_step
 

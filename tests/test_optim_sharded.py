@@ -137,7 +137,7 @@ def test_fast_trainer_refuses_muon_under_deepspeed_before_training(tmp_path, mon
 # --- FSDP2 on 2 CPU processes: one spawn for every optimizer ---------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_every_optimizer_under_fsdp2_equals_single_process(tmp_path):
     import torch.multiprocessing as mp
 

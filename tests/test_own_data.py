@@ -159,7 +159,7 @@ def test_the_same_finished_run_is_still_a_noop(tmp_path, caplog):
 
 
 # -- whole recipe runs ------------------------------------------------------------------------------------------
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_recipe_trains_on_a_parquet_folder_then_on_its_pretokenized_rows(tmp_path):
     """`python recipes/gpt2_small.py --config gpt2_tiny --dataset <x> --max_steps 30` on a generated corpus: a
     folder of parquet shards (tokenizer trained on it), then the same data written by `hf-fasttrain tokenize`."""

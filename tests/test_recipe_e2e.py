@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +23,7 @@ def _run(args, **kw):
                             stderr=subprocess.STDOUT, text=True, env={**os.environ}, **kw)
 
 
+@pytest.mark.e2e
 def test_recipe_writes_its_record_and_lowers_eval_loss(tmp_path):
     out = tmp_path / "run"
     p = _run(["--output_dir", str(out), "--max_steps", "30", "--eval_steps", "15", "--save_steps", "15"])
@@ -44,6 +46,7 @@ def _train_losses(out):
     return {h["step"]: h["loss"] for h in hist if "loss" in h}
 
 
+@pytest.mark.e2e
 def test_killed_recipe_resumes_with_the_same_command(tmp_path):
     common = ["--max_steps", "30", "--save_steps", "10", "--eval_steps", "15"]
     straight = _run(["--output_dir", str(tmp_path / "a"), *common])

@@ -457,6 +457,7 @@ def _comparable(summary, out):
     return json.dumps(dict(summary, trials=rows), sort_keys=True).replace(str(out), "OUT")
 
 
+@pytest.mark.slow
 def test_kill_mid_trial_then_resume_finishes_with_same_choice_and_no_rerun(tmp_path):
     straight_runner = StubRunner(_kill_table, max_steps=12)
     straight = _search(_kill_config(), straight_runner, tmp_path / "straight", 12)

@@ -72,6 +72,7 @@ def clock_by_step(recorder) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("make", [plain_trainer, sft_trainer], ids=["Trainer", "SFTTrainer"])
+@pytest.mark.slow
 def test_clock_continues_across_a_resume(make, tmp_path):
     straight = RunRecorderCallback()
     make(tmp_path, straight).train()
@@ -91,6 +92,7 @@ def test_clock_continues_across_a_resume(make, tmp_path):
     assert metrics["train_seconds"] == resumed.train_seconds() > after[SAVE_AT + 1]
 
 
+@pytest.mark.slow
 def test_checkpoint_outside_output_dir_is_read_from_resume_dir(tmp_path):
     """A plain Trainer cannot tell the callback what it resumed from: a checkpoint elsewhere is named by
     resume_dir, or by args.resume_from_checkpoint (what scripts pass to train())."""
@@ -111,6 +113,7 @@ def test_checkpoint_outside_output_dir_is_read_from_resume_dir(tmp_path):
     assert clock_by_step(by_args)[SAVE_AT + 1] >= before[SAVE_AT]
 
 
+@pytest.mark.slow
 def test_without_the_record_the_clock_restarts_and_says_so(tmp_path, caplog):
     """The negative control: the same resume with the checkpoint's run_record.json removed restarts the clock
     near 0 (what the tests above rule out), with a warning naming where it looked."""

@@ -467,7 +467,7 @@ import gc; gc.collect()
 '''
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_process_curriculum_same_limit_disjoint_examples(tmp_path):
     import json
     import os

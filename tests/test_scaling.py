@@ -1,25 +1,17 @@
-"""benchmarks/scaling.py: budget rule, grid extension, ratio and trend arithmetic, and a resumable smoke run."""
+"""benchmarks/scaling.py and the harness pieces it reads a sweep with: budget rule, grid extension, ratio and trend
+arithmetic, the shared ledger, and a resumable smoke run."""
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
+from benchmarks._harness import ledger, lm, sweeps
 
 def _load():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    for name in ("time_to_loss", "scaling"):
-        if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod  # dataclasses look their module up there
-            spec.loader.exec_module(mod)
-    return sys.modules["scaling"]
+    from benchmarks import scaling
+
+    return scaling
 
 
 @pytest.mark.parametrize("n, expected", [(396_800, 300), (100_096, 156), (25_472, 72), (1_334_976, 552), (10, 12)])
@@ -28,12 +20,11 @@ def test_budget_grows_with_the_square_root_of_size(n, expected):
 
 
 def test_non_embedding_params_exact():
-    sc = _load()
     # GPT-2 block: qkv 3d^2+3d, proj d^2+d, mlp 8d^2+5d, 2 layer norms 4d; plus the final norm 2d
     d = 64
-    assert sc.non_embedding_params(2, d, "gpt2", 2) == 2 * (12 * d * d + 13 * d) + 2 * d
+    assert lm.non_embedding_params(2, d, "gpt2", 2) == 2 * (12 * d * d + 13 * d) + 2 * d
     # Llama (tied, no biases), 2 query heads of 32, 1 kv head, MLP 192: q,o 2d^2 + k,v 2*32d + 3*192d + 2 norms d
-    assert sc.non_embedding_params(2, d, "llama", 2, 1) == 2 * (2 * d * d + 2 * 32 * d + 3 * 192 * d + 2 * d) + d
+    assert lm.non_embedding_params(2, d, "llama", 2, 1) == 2 * (2 * d * d + 2 * 32 * d + 3 * 192 * d + 2 * d) + d
 
 
 @pytest.mark.parametrize("losses, expected", [
@@ -43,7 +34,7 @@ def test_non_embedding_params_exact():
     ({1e-3: 4.0}, None),
 ])
 def test_edge_extension(losses, expected):
-    assert _load().edge_extension(losses) == expected
+    assert sweeps.edge_extension(losses) == expected
 
 
 def _run(opt, lr, seed, losses, rung="r", step_tokens=100):
@@ -69,13 +60,12 @@ def test_summary_best_lr_and_token_ratio():
 
 
 def test_fit_line_exact():
-    sc = _load()
-    line = sc.fit_line([0.0, 1.0, 2.0], [1.0, 3.0, 5.0])
+    line = sweeps.fit_line([0.0, 1.0, 2.0], [1.0, 3.0, 5.0])
     assert line["slope"] == pytest.approx(2.0) and line["intercept"] == pytest.approx(1.0)
-    assert sc.fit_line([1.0, 1.0], [2.0, 3.0]) is None
+    assert sweeps.fit_line([1.0, 1.0], [2.0, 3.0]) is None
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_quick_ladder_writes_results_and_resumes(tmp_path, monkeypatch):
     sc = _load()
     argv = ["--quick", "--out", str(tmp_path), "--seeds", "1", "--max-extend", "1", "--step-time-steps", "2"]
@@ -96,25 +86,23 @@ def test_quick_ladder_writes_results_and_resumes(tmp_path, monkeypatch):
 
 
 def test_interpolated_best_lr():
-    sc = _load()
     # symmetric neighbours: the vertex is the grid's best; a better right neighbour pulls it right
-    assert sc.interpolated_best_lr({1e-3: 5.0, 2e-3: 4.0, 4e-3: 5.0}) == pytest.approx(2e-3)
+    assert sweeps.interpolated_best_lr({1e-3: 5.0, 2e-3: 4.0, 4e-3: 5.0}) == pytest.approx(2e-3)
     # y = (x - x*)^2 in log2 lr with x* = log2(2e-3) + 0.25
     x = {lr: math.log2(lr) for lr in (1e-3, 2e-3, 4e-3)}
     star = math.log2(2e-3) + 0.25
-    assert sc.interpolated_best_lr({lr: (v - star) ** 2 for lr, v in x.items()}) == pytest.approx(2 ** star)
-    assert sc.interpolated_best_lr({1e-3: 4.0, 2e-3: 4.5, 4e-3: 5.0}) is None  # at an edge
+    assert sweeps.interpolated_best_lr({lr: (v - star) ** 2 for lr, v in x.items()}) == pytest.approx(2 ** star)
+    assert sweeps.interpolated_best_lr({1e-3: 4.0, 2e-3: 4.5, 4e-3: 5.0}) is None  # at an edge
 
 
 def test_two_ledgers_on_one_file_keep_each_others_runs(tmp_path):
     """Two searches (two budgets) writing one JSON: each save keeps the other's runs and per-budget entries."""
-    sc = _load()
     path = tmp_path / "ledger.json"
-    first = sc.Ledger(path)
+    first = ledger.Ledger(path)
     first.data["runs"]["old"] = {"loss": 1.0}
     first.data["progress"] = {"16x": {"step": 0}}
     first.save()
-    a, b = sc.Ledger(path), sc.Ledger(path)  # both load the same file
+    a, b = ledger.Ledger(path), ledger.Ledger(path)  # both load the same file
     a.data["runs"]["16x|a"] = {"loss": 2.0}
     a.data["progress"]["16x"] = {"step": 1}
     a.save()
@@ -138,11 +126,10 @@ def test_two_ledgers_on_one_file_keep_each_others_runs(tmp_path):
 
 
 def test_merge_changes_applies_only_what_changed():
-    sc = _load()
     disk = {"runs": {"x": 1, "y": 2}, "n": 2, "s": {"k": 0, "j": 5}, "theirs": "t"}
     base = {"runs": {"x": 1}, "n": 1, "s": {"k": 0, "j": 0}}
     mine = {"runs": {"x": 1, "z": 3}, "n": 1, "s": {"k": 9, "j": 0}, "new": [1]}
     runs = mine["runs"]
-    merged = sc.merge_changes(disk, base, mine)
+    merged = ledger.merge_changes(disk, base, mine)
     assert merged is mine and merged["runs"] is runs  # in place: a caller's reference to the runs stays live
     assert merged == {"runs": {"x": 1, "y": 2, "z": 3}, "n": 2, "s": {"k": 9, "j": 5}, "new": [1], "theirs": "t"}

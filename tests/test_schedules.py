@@ -599,6 +599,7 @@ def test_fasttrainer_lr_decay_logs_expected_lrs(tiny_lm, tiny_tokenizer, tmp_pat
     assert trainer.token_progress is None
 
 
+@pytest.mark.slow
 def test_fasttrainer_token_schedule_resumes_from_a_trainer_checkpoint(tiny_lm, tiny_tokenizer, tmp_path):
     from conftest import tiny_args
 
@@ -625,6 +626,7 @@ def test_fasttrainer_token_schedule_resumes_from_a_trainer_checkpoint(tiny_lm, t
     assert losses[1][3:] == pytest.approx(losses[0][3:], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_fasttrainer_stops_at_the_token_budget(tiny_lm, tiny_tokenizer, tmp_path):
     from conftest import tiny_args
 

@@ -76,6 +76,7 @@ class _StopAt(TrainerCallback):
             control.should_training_stop = True
 
 
+@pytest.mark.slow
 def test_curriculum_resumed_equals_straight(tiny_tokenizer, tmp_path):
     ds = _variable_length_ds(tiny_tokenizer)
     kw = dict(max_steps=6, per_device_train_batch_size=4, curriculum_min_length=10, curriculum_fraction=1.0,
@@ -96,6 +97,7 @@ def test_curriculum_resumed_equals_straight(tiny_tokenizer, tmp_path):
     assert [e["length_limit"] for e in straight] == [10, 12, 14, 17, 19, 21]  # floor(10 + 14 t / 6)
 
 
+@pytest.mark.slow
 def test_seq_len_warmup_token_counted_lengths_schedule_and_resume(tiny_lm, tiny_tokenizer, tmp_path):
     # rows of 32 tokens, 4 per step; max_tokens 768 = 6 full-length steps (6 * 32 = 192 tokens per row); warmup
     # over round(0.5 * 6) = 3 batches: lengths 8, 16, 24, then 32; the warmup reaches 192 a row after 8 steps.

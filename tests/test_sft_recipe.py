@@ -82,7 +82,7 @@ def test_sft_tiny_recipe_validates():
     assert sections["data"]["data_format"] == "prompt_completion" and sections["data"]["completion_only_loss"] is True
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_sft_tiny_recipe_fine_tunes_the_tiny_base(tmp_path):
     """The README's two commands, shortened: pretrain with gpt2_tiny, fine-tune with sft_tiny; eval loss falls."""
     from hf_fasttrain.cli import run_recipe

@@ -264,6 +264,7 @@ def test_snapshot_restore_is_exact_and_the_snapshot_is_not_aliased():
 
 
 @pytest.mark.parametrize("shard", [False, True])
+@pytest.mark.slow
 def test_load_checkpoint_state_reads_single_and_sharded_checkpoints(tmp_path, shard):
     """The rollback target in 'checkpoint' mode: model (tied lm_head), optimizer, scheduler and lrs in place."""
     source = tiny_gpt2()
@@ -399,6 +400,7 @@ def guard(**kw):
     return DivergenceGuardCallback(**settings)
 
 
+@pytest.mark.slow
 def test_fault_injection_guard_matches_a_clean_run(tmp_path):
     faults = {8: NAN, 15: GRAD_X1E6, 22: POISON}
     clean = make_trainer(tmp_path / "clean", 30)
@@ -718,6 +720,7 @@ def test_gradient_spike_is_judged_on_the_pre_clip_norm(tmp_path, cls):
 
 
 @pytest.mark.parametrize("setup", ["fasttrainer", "mixin", "plain"])
+@pytest.mark.slow
 def test_guard_state_survives_a_resume_without_restore_callback_states(tmp_path, setup):
     """14.3: a x50 loss 5 steps after a resume is caught, and the guard_* counters go on."""
     faults = {3: NAN, 15: LOSS_X50}

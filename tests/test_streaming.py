@@ -167,6 +167,7 @@ def _write_docs(path, n=400):
             f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))}) + "\n")
 
 
+@pytest.mark.slow
 def test_fasttrainer_stream_resumed_equals_straight_bit_exact(tiny_tokenizer, tmp_path):
     _write_docs(tmp_path / "docs.jsonl")
     straight, _ = _stream_trainer(tiny_tokenizer, tmp_path / "straight")
@@ -241,6 +242,7 @@ def _no_skip_by_reading(*args, **kwargs):
     raise AssertionError("the stream's trained batches were skipped by reading them")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hook", [
     pytest.param(True, marks=pytest.mark.skipif(not RESUME_HOOK, reason="transformers < 5.25 has no resume hook")),
     pytest.param(False, id="before-5.25", marks=pytest.mark.slow),

@@ -60,7 +60,7 @@ def _recipe(tmp_path, out, kill_at=0):
                           timeout=900)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_streaming_recipe_killed_at_random_steps_resumes_bit_exact(tmp_path):
     _corpus(tmp_path / "docs.jsonl")
     straight = _recipe(tmp_path, tmp_path / "straight")
@@ -81,7 +81,7 @@ def test_streaming_recipe_killed_at_random_steps_resumes_bit_exact(tmp_path):
     assert losses(out) == losses(tmp_path / "straight") and len(losses(out)) >= 6
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_processes_read_every_document_exactly_once_and_train(tmp_path):
     _corpus(tmp_path / "docs.jsonl", n=300)
     script = tmp_path / "ddp_stream.py"
@@ -106,7 +106,7 @@ def test_two_processes_read_every_document_exactly_once_and_train(tmp_path):
         assert (tmp_path / "run" / "checkpoint-6" / f"stream_position_rank{r['rank']}.json").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_two_processes_whose_streams_end_apart_stay_in_step(tmp_path):
     # rank 0 reads the even documents (long), rank 1 the odd ones (short): rank 1's pass ends after a few steps
     # while rank 0's goes on. Every rank must end each pass together, or one waits for a step the other never takes.

@@ -10,8 +10,14 @@ def _load():
     return time_to_loss
 
 
+def _lm():
+    from benchmarks._harness import lm
+
+    return lm
+
+
 def test_crossing_interpolates_and_reports_never():
-    ttl = _load()
+    ttl = _lm()
     curve = [{"seconds": 0.0, "tokens": 0, "eval_loss": 8.0}, {"seconds": 10.0, "tokens": 100, "eval_loss": 6.0},
              {"seconds": 20.0, "tokens": 200, "eval_loss": 4.0}]
     assert ttl.crossing(curve, 5.0, "seconds") == pytest.approx(15.0)
@@ -22,7 +28,7 @@ def test_crossing_interpolates_and_reports_never():
 
 
 def test_summary_ratios_against_the_reference():
-    ttl = _load()
+    ttl = _lm()
 
     def run(arm, final, t_end):
         return {"arm": arm, "final_eval_loss": final, "train_seconds": t_end,
@@ -39,7 +45,7 @@ def test_summary_ratios_against_the_reference():
 
 
 def test_guard_counts_come_from_the_last_log_that_holds_them():
-    ttl = _load()
+    ttl = _lm()
     history = [{"loss": 5.0, "guard_skipped_spike": 0, "guard_rollbacks": 0, "step": 10},
                {"loss": 4.0, "guard_skipped_spike": 3, "guard_rollbacks": 1, "step": 20},
                {"eval_loss": 4.1, "step": 20}, {"train_runtime": 9.0, "step": 20}]
@@ -47,7 +53,7 @@ def test_guard_counts_come_from_the_last_log_that_holds_them():
     assert ttl.guard_counts([{"loss": 4.0, "step": 1}]) == {}
 
 
-@pytest.mark.slow  # runs the benchmark (tiny GPT-2 training runs)
+@pytest.mark.bench  # runs the benchmark (tiny GPT-2 training runs)
 def test_quick_run_writes_json_table_and_png(tmp_path):
     ttl = _load()
     record = ttl.main(["--quick", "--seeds", "1", "--arms", "hf-tuned,fasttrain", "--out", str(tmp_path)])
@@ -69,7 +75,7 @@ def test_quick_run_writes_json_table_and_png(tmp_path):
             assert steps == [0, 6, 12, 18, 24]
 
 
-@pytest.mark.slow  # runs the sweep benchmark
+@pytest.mark.bench  # runs the sweep benchmark
 def test_optimizer_lr_sweep_grid_extends_at_the_edge(tmp_path):
     """--grid replaces the starting grid; a best lr at its edge adds one point a factor 2 beyond."""
     from benchmarks import optimizer_lr_sweep as sweep
@@ -88,6 +94,7 @@ def test_optimizer_lr_sweep_grid_extends_at_the_edge(tmp_path):
         sweep.main(["--quick", "--optimizers", "lion", "--grid", "lion=fast", "--out", str(tmp_path)])
 
 
+@pytest.mark.bench
 def test_saved_runs_are_skipped_on_rerun_and_redone_when_settings_change(tmp_path, capsys):
     ttl = _load()
     argv = ["--quick", "--seeds", "1", "--arms", "base+ema", "--out", str(tmp_path), "--name", "t"]
@@ -107,7 +114,7 @@ def test_saved_runs_are_skipped_on_rerun_and_redone_when_settings_change(tmp_pat
     assert ttl.run_key(arm, 0, ttl.dataclasses.replace(setup, corpus="prose")) != ttl.run_key(arm, 0, setup)
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_technique_overhead_smoke(tmp_path):
     from benchmarks import technique_overhead as mod
 

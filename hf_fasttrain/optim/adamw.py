@@ -21,15 +21,8 @@ from typing import Iterable, Optional
 import torch
 from torch.optim import Optimizer
 
-from ._common import (
-    cautious_,
-    check_betas,
-    check_bool,
-    check_nonnegative,
-    evaluate_closure,
-    params_with_grad,
-    zero_state,
-)
+from ._common import (cautious_, check_betas, check_bool, check_nonnegative, evaluate_closure, params_with_grad,
+                      zero_state)
 
 __all__ = ["AdamW", "build_adamw"]
 

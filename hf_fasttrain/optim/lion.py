@@ -22,18 +22,8 @@ from typing import Iterable
 
 import torch
 
-from ._common import (
-    FP32StateOptimizer,
-    bucket,
-    cautious_,
-    check_betas,
-    check_bool,
-    check_nonnegative,
-    evaluate_closure,
-    params_with_grad,
-    state_dtype,
-    zero_state,
-)
+from ._common import (FP32StateOptimizer, bucket, cautious_, check_betas, check_bool, check_nonnegative,
+                      evaluate_closure, params_with_grad, state_dtype, zero_state)
 
 __all__ = ["Lion"]
 

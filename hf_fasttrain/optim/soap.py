@@ -45,20 +45,8 @@ from typing import Iterable, Optional
 
 import torch
 
-from ._common import (
-    FP32StateOptimizer,
-    bucket,
-    check_betas,
-    check_bool,
-    check_nonnegative,
-    check_positive_int,
-    check_unit_interval,
-    evaluate_closure,
-    is_dtensor,
-    params_with_grad,
-    state_dtype,
-    zero_state,
-)
+from ._common import (FP32StateOptimizer, bucket, check_betas, check_bool, check_nonnegative, check_positive_int,
+                      check_unit_interval, evaluate_closure, is_dtensor, params_with_grad, state_dtype, zero_state)
 
 _SHARDED = (
     "SOAP does not work under FSDP2 (DTensor parameters sharded over processes): its preconditioners would "

@@ -30,15 +30,9 @@ imports nothing of the package but ``hf_fasttrain._files``. ``ray_backend`` runs
 
 from .config import ARG_FIELDS, RestartConfig, restart_config_from_args
 from .orchestrator import RestartOrchestrator, StageFailed, TrialResult, TrialRunner, TrialSpec, check_stage_current
-from .ranking import (
-    compute_rung_steps,
-    derive_seeds,
-    divergence_reason,
-    num_to_keep,
-    planned_steps,
-    rank_trials,
-    seed_statistics,
-)
+from . import ranking
+from .ranking import (compute_rung_steps, derive_seeds, divergence_reason, num_to_keep, planned_steps, rank_trials,
+                      seed_statistics)
 from .report import CURVES_PNG, SUMMARY_JSON, SUMMARY_MD, search_time_curve
 from .state import STATE_FILE, StaleStageError
 
@@ -51,13 +45,7 @@ __all__ = [
     "StageFailed",
     "StaleStageError",
     "check_stage_current",
-    "compute_rung_steps",
-    "derive_seeds",
-    "rank_trials",
-    "num_to_keep",
-    "divergence_reason",
-    "seed_statistics",
-    "planned_steps",
+    *ranking.__all__,
     "search_time_curve",
     "restart_config_from_args",
     "ARG_FIELDS",

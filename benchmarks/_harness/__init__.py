@@ -8,6 +8,7 @@ gets the same root through ``PYTHONPATH`` (:func:`subprocess_env`), whatever its
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -15,10 +16,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 __all__ = ["ROOT", "RESULTS", "HostReadCounter", "module_command", "subprocess_env", "machine_info", "write_json",
-           "markdown_table", "display_path", "display_command", "UsageError", "run_cli"]
+           "markdown_table", "fmt", "display_path", "display_command", "UsageError", "run_cli"]
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 class UsageError(SystemExit):
@@ -77,8 +78,8 @@ def display_path(path: str | os.PathLike) -> str:
 def display_command(prefix: str, argv: Sequence[str]) -> str:
     """``prefix`` and ``argv`` as one command line for a results page, absolute paths shown by :func:`display_path`.
 
-    >>> display_command("python benchmarks/scaling.py", ["--out", str(ROOT / "benchmarks/results"), "--jobs", "2"])
-    'python benchmarks/scaling.py --out benchmarks/results --jobs 2'
+    >>> display_command("python -m benchmarks.scaling", ["--out", str(ROOT / "benchmarks/results"), "--jobs", "2"])
+    'python -m benchmarks.scaling --out benchmarks/results --jobs 2'
     >>> display_command("python -m benchmarks.hf_trainer_suite", ["--tests=/tmp/t/tests"])
     'python -m benchmarks.hf_trainer_suite --tests=<tests>'
     """
@@ -136,6 +137,20 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    """A number as a results table shows it: ``digits`` significant digits; "n/a" for None or NaN, "not reached"
+    for infinity; anything else as ``str``.
+
+    >>> fmt(4.50612), fmt(float("inf")), fmt(None), fmt(12)
+    ('4.51', 'not reached', 'n/a', '12')
+    """
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if isinstance(x, float) and math.isinf(x):
+        return "not reached"
+    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
 
 
 class HostReadCounter:
