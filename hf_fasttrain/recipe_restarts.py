@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ._files import atomic_write_text, last_complete_checkpoint
 from .callbacks.stop_at_step import StageFenceCallback
-from .data.from_args import planned_optimizer_steps
+from .data.from_args import planned_optimizer_steps, resolve_max_steps
 from .recipes import resolved_config
 from .restarts import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec, restart_config_from_args
 from .callbacks.run_record import checkpoint_log_history
@@ -174,6 +174,8 @@ def train_with_restarts(model_args, data_args, training_args, callbacks: Optiona
         ```
     """
     config = restart_config_from_args(training_args, **config_overrides)
+    # a run given in tokens (max_tokens): the search splits the optimizer steps that hold them
+    resolve_max_steps(training_args, data_args.block_size)
     if training_args.max_steps is None or training_args.max_steps <= 0:
         raise ValueError(
             f"max_steps: got {training_args.max_steps!r}, which random restart cannot split; set max_steps > 0 (the "

@@ -63,7 +63,7 @@ def test_lora_tiny_recipe_validates_and_the_peft_section_round_trips():
 @pytest.mark.parametrize("recipe, field, allowed", [
     ({"peft": {"lora_rank": 8}}, "lora_rank", "did you mean 'lora_r'"),
     ({"peft": {"n_layer": 2}}, "n_layer", "belongs in the model: section"),
-    ({"peft": "lora"}, "peft", "must be a mapping"),
+    ({"peft": "lora"}, "peft", "peft: a str, not a mapping; a mapping of LoRA keys"),
 ])
 def test_bad_peft_sections_are_one_line(recipe, field, allowed):
     with pytest.raises(ValueError) as err:
