@@ -201,7 +201,7 @@ def test_a_refused_recipe_value_says_it_came_from_the_recipe(tmp_path, capsys):
     # the user's own value, or a field the recipe does not set: the message is left alone
     assert recipe_origin("warmup_steps=20 is long", [*argv, "--warmup_steps", "20"]) == "warmup_steps=20 is long"
     assert recipe_origin("max_steps: got 0; ...", argv) == "max_steps: got 0; ..."
-    assert recipe_origin("model.n_layer: got 'x'; expected int", argv).endswith(
+    assert recipe_origin("model.n_layer: got 'x'; must be an integer", argv).endswith(
         "(n_layer: 2 is from the recipe " + str(recipe) + "; override it with --n_layer <value>)")
 
 

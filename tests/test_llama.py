@@ -123,9 +123,11 @@ def test_command_line_size_under_the_other_spelling_overrides_the_recipe(tmp_pat
     m, _, _ = parse_config(["--config", "llama_tiny", "--output_dir", str(tmp_path), "--n_layer", "3",
                             "--model_config", '{"rope_theta": 5000, "tie_word_embeddings": false}'])
     assert (m.num_hidden_layers, m.model_config) == (3, {"rope_theta": 5000, "tie_word_embeddings": False})
-    with pytest.raises(ValueError, match="n_layer=3 and num_hidden_layers=4 disagree"):
+    with pytest.raises(ValueError) as err:
         parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path), "--n_layer", "3",
                       "--num_hidden_layers", "4"])
+    assert str(err.value) == ("n_layer: got 3, but num_hidden_layers got 4; they are the same setting: give one of "
+                              "n_layer, num_hidden_layers")
 
 
 def test_bundled_llama_recipes_parse(tmp_path):

@@ -47,6 +47,7 @@ import torch
 
 from ._common import (
     FP32StateOptimizer,
+    OptionError,
     bucket,
     check_betas,
     check_bool,
@@ -192,7 +193,7 @@ class SOAP(FP32StateOptimizer):
             not isinstance(skinny_ratio, (int, float)) or isinstance(skinny_ratio, bool)
             or not math.isfinite(skinny_ratio) or skinny_ratio < 1
         ):
-            raise ValueError(f"SOAP: skinny_ratio must be a finite number >= 1 or None (off), got {skinny_ratio!r}")
+            raise OptionError("SOAP", "skinny_ratio", skinny_ratio, "must be a finite number >= 1 or null (off)")
         defaults = {
             "lr": lr,
             "betas": betas,
