@@ -328,9 +328,9 @@ def _floor_ratios(base_lrs: Sequence[float], min_lr, min_lr_ratio) -> list[float
     ratios = []
     for i, (floor, peak) in enumerate(zip(floors, base_lrs)):
         if floor > peak:
-            raise ValueError(
-                f"min_lr={floor!r} is above the peak lr {peak!r} of param group {i}; the floor must be <= the peak "
-                f"(or use min_lr_ratio, a fraction of each group's own peak)"
+            raise ConfigError(
+                "min_lr", min_lr, "the floor must be <= the peak (or use min_lr_ratio, a fraction of each group's "
+                "own peak)", problem=f"got {floor!r}, above the peak lr {peak!r} of param group {i}",
             )
         ratios.append(floor / peak if peak > 0 else 0.0)
     return ratios
@@ -356,7 +356,7 @@ def build_lr_lambdas(
     if isinstance(num_training_steps, bool) or not isinstance(num_training_steps, numbers.Integral) or num_training_steps <= 0:
         raise ConfigError("num_training_steps", num_training_steps, "must be an integer >= 1")
     if progress is not None and not isinstance(progress, TokenProgress):
-        raise ValueError(f"progress={progress!r} is not allowed; pass a TokenProgress or None (count steps)")
+        raise ConfigError("progress", progress, "pass a TokenProgress or None (count steps)")
     warmup = resolve_warmup_steps(warmup_steps, num_training_steps)
     if decay_fraction is None:
         decay_fraction = DEFAULT_DECAY_FRACTION.get(lr_decay)

@@ -94,7 +94,7 @@ def test_model_config_reaches_the_family_config():
     (dict(model_type="lama"), ["model_type: got 'lama'", "'llama'"]),
     (dict(model_type="llama", model_config={"rms_norm_ep": 1.0}), ["model_config.rms_norm_ep", "'rms_norm_eps'", "known:"]),
     (dict(model_type="llama", model_config={"hidden_size": 8}), ["model_config.hidden_size", "n_embd/hidden_size"]),
-    (dict(n_layer=2, num_hidden_layers=3), ["n_layer=2", "num_hidden_layers=3"]),
+    (dict(n_layer=2, num_hidden_layers=3), ["n_layer: got 2, but num_hidden_layers got 3;"]),
     (dict(model_type="llama", n_head=4, n_embd=32, num_key_value_heads=3), ["num_key_value_heads: got 3", "n_head=4"]),
 ])
 def test_bad_model_settings_name_the_field(kwargs, names):

@@ -955,8 +955,8 @@ def test_cli_restarts_refuses_bad_backend_settings_and_a_missing_ray_in_one_line
         "error: restart_max_concurrent: got 0; must be an integer >= 1 or null"]
     assert cli_main(base + ["--max-concurrent", "2"]) == 2  # a Ray setting without the Ray backend
     err = capsys.readouterr().err.strip()
-    assert err == ("error: restart_max_concurrent: got 2; must be None with backend='local' (it is a "
-                   "setting of backend='ray')")
+    assert err == ("error: restart_max_concurrent: got 2; must be None with restart_backend='local' (it is a "
+                   "setting of restart_backend='ray')")
     real_import = builtins.__import__
 
     def no_ray(name, *args, **kwargs):

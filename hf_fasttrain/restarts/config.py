@@ -87,7 +87,7 @@ class RestartConfig:
         >>> RestartConfig(num_seeds=0)
         Traceback (most recent call last):
         ...
-        ValueError: RestartConfig.num_seeds: got 0; must be an integer >= 1
+        hf_fasttrain._validation.ConfigError: RestartConfig.num_seeds: got 0; must be an integer >= 1
         ```
     """
 
