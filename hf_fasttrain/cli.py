@@ -143,7 +143,7 @@ def said(exc: BaseException) -> str:
     from ._validation import ConfigError
 
     if isinstance(exc, ConfigError) and getattr(exc, "owner", None) and "." not in exc.field:
-        return str(exc.renamed({exc.field: f"optimizer_kwargs.{exc.field}"}))
+        return f"optimizer_kwargs.{exc}"  # the message starts with the field
     return str(exc)
 
 

@@ -504,6 +504,8 @@ ERROR_CASES = [
     (["--optimizer_kwargs", '{"ns_steps": 0}'], "optimizer_kwargs.ns_steps: got 0 for Muon; must be an integer in [1, 99]"),
     (["--optimizer", "lion", "--optimizer_kwargs", '{"betas": [0.9, 2]}'],
      "optimizer_kwargs.betas: got [0.9, 2] for Lion; must be a list of 2 numbers in [0, 1)"),
+    (["--optimizer", "adamw", "--optimizer_kwargs", '{"cautious": true, "fused": true}'],
+     "optimizer_kwargs.fused: got True with cautious=True, which has no fused kernel; leave fused unset or false"),
     (["--optimizer", "soap", "--optimizer_kwargs", '{"skinny_ratio": 0.5}'],
      "optimizer_kwargs.skinny_ratio: got 0.5 for SOAP; must be a finite number >= 1 or null (off)"),
     (["--seq_len_warmup_mode", "crop"], "seq_len_warmup_mode: got 'crop'; allowed: truncate, rechunk"),
