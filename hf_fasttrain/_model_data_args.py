@@ -136,8 +136,8 @@ class ModelArguments:
         for short, long in SIZE_ALIASES.items():
             a, b = getattr(self, short), getattr(self, long)
             if a is not None and b is not None and a != b:
-                raise ConfigError(short, a, problem=f"{short}={a!r} and {long}={b!r} disagree",
-                                  allowed="they are the same setting: give one")
+                raise ConfigError(short, a, problem=f"got {a!r}, but {long} got {b!r}",
+                                  allowed=f"they are the same setting: give one of {short}, {long}")
             value = a if a is not None else b if b is not None else SIZE_DEFAULTS[short]
             _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                    short if a is not None else long, value, "must be a positive integer")

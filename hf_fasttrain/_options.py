@@ -351,7 +351,7 @@ def _number(field: str, value: Any, kind: str) -> Any:
         try:
             return int(text) if kind == "int" else float(text)
         except ValueError:
-            raise ConfigError(field, value, f"expected {kind}") from None
+            raise ConfigError(field, value, "must be an integer" if kind == "int" else "must be a number") from None
     if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value

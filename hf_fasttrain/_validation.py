@@ -61,6 +61,26 @@ class ConfigError(ValueError):
         self.problem = problem
         super().__init__(f"{field}: {problem}; {allowed}" if allowed else f"{field}: {problem}")
 
+    def renamed(self, names: Mapping[str, str]) -> "ConfigError":
+        """This refusal in the words of the options that set its fields: ``names`` maps a function's argument
+        (``max_tokens``) to the option a user gives (``max_tokens_per_batch``), in the field and the text.
+
+        Example:
+            >>> str(ConfigError("min_tokens", 64, "must be <= max_tokens (32)").renamed(
+            ...     {"min_tokens": "batch_warmup_min_tokens", "max_tokens": "max_tokens_per_batch"}))
+            'batch_warmup_min_tokens: got 64; must be <= max_tokens_per_batch (32)'
+        """
+        import re
+
+        if not names:
+            return self
+        pattern = re.compile(r"\b(" + "|".join(re.escape(k) for k in names) + r")\b")
+
+        def say(text: str) -> str:
+            return pattern.sub(lambda m: names[m.group(1)], text)
+
+        return ConfigError(names.get(self.field, self.field), self.value, say(self.allowed), say(self.problem))
+
 
 def check(cond: bool, field: str, value: Any, allowed: str, problem: Optional[str] = None) -> None:
     """Raise :class:`ConfigError` naming ``field`` unless ``cond``."""

@@ -41,6 +41,8 @@ from typing import Optional
 
 import torch
 
+from ._validation import ConfigError
+
 __all__ = ["AVERAGING_MODES", "ARGS_FIELDS", "decay_from_half_life", "ema_decay_at", "ema_update_", "WeightAverage",
            "check_averaging_settings", "save_average_file", "load_average_file"]
 
@@ -50,7 +52,7 @@ AVERAGING_MODES = ("none", "ema", "lawa")
 def decay_from_half_life(half_life_steps: float) -> float:
     """EMA decay whose weight on an iterate halves every ``half_life_steps`` steps (Composer's half_life)."""
     if not (isinstance(half_life_steps, (int, float)) and half_life_steps > 0):
-        raise ValueError(f"half_life_steps={half_life_steps!r} is invalid: it must be a number > 0")
+        raise ConfigError("half_life_steps", half_life_steps, "must be a number > 0")
     return 2.0 ** (-1.0 / half_life_steps)
 
 

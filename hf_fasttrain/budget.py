@@ -27,6 +27,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ._validation import ConfigError
+
 __all__ = ["tokens_per_parameter", "non_embedding_parameters", "BudgetRegime", "REGIMES", "budget_settings",
            "merge_optimizer_kwargs", "LONGEST_MEASURED", "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check"]
 
@@ -34,7 +36,7 @@ __all__ = ["tokens_per_parameter", "non_embedding_parameters", "BudgetRegime", "
 def tokens_per_parameter(tokens: float, non_embedding_parameters: int) -> float:
     """Training tokens per non-embedding parameter (Chinchilla's compute-optimal length is about 20)."""
     if non_embedding_parameters <= 0:
-        raise ValueError(f"non_embedding_parameters={non_embedding_parameters!r} is invalid: it must be > 0")
+        raise ConfigError("non_embedding_parameters", non_embedding_parameters, "must be > 0")
     return tokens / non_embedding_parameters
 
 
@@ -104,7 +106,7 @@ def budget_settings(tokens_per_param: float, optimizer: str) -> dict[str, Any]:
         ```
     """
     if not (isinstance(tokens_per_param, (int, float)) and tokens_per_param > 0):
-        raise ValueError(f"tokens_per_param={tokens_per_param!r} is invalid: it must be a number > 0")
+        raise ConfigError("tokens_per_param", tokens_per_param, "must be a number > 0")
     family = "muon" if optimizer == "muon" else "adamw"
     regime = next(r for r in REGIMES if tokens_per_param <= r.max_tokens_per_param)
     return {"regime": regime.name, "settings": copy.deepcopy(regime.settings[family]), "source": regime.source,

@@ -136,6 +136,17 @@ def recipe_origin(message: str, argv: Sequence[str]) -> str:
             f"--{field} <value>)")
 
 
+def said(exc: BaseException) -> str:
+    """A refusal in the command line's words: an optimizer's own option (an ``OptionError``, which carries the
+    optimizer's name as ``owner``) is set there through ``optimizer_kwargs``, so it is named
+    ``optimizer_kwargs.<field>``."""
+    from ._validation import ConfigError
+
+    if isinstance(exc, ConfigError) and getattr(exc, "owner", None) and "." not in exc.field:
+        return f"optimizer_kwargs.{exc}"  # the message starts with the field
+    return str(exc)
+
+
 def _is_config_error(exc: BaseException) -> bool:
     """Refusals of the configuration (raised before any data or model work): one line, exit 2."""
     import yaml
@@ -184,7 +195,7 @@ def run_recipe(argv: Sequence[str]) -> int:
     except Exception as exc:
         if debug or not _is_config_error(exc):
             raise
-        print(f"error: {recipe_origin(str(exc), argv)}", file=sys.stderr)
+        print(f"error: {recipe_origin(said(exc), argv)}", file=sys.stderr)
         return 2
     if training_args.restart_num_seeds > 1:  # random restart: explore N seeds, continue the best
         return _run_restarts(model_args, data_args, training_args)
@@ -198,7 +209,7 @@ def run_recipe(argv: Sequence[str]) -> int:
         # output folder, refused before any training (DataError is a ConfigError)
         if debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {said(exc)}", file=sys.stderr)
         return 2
     except NoSpaceError as exc:  # a full disk while saving a checkpoint: say where and what to do, in one line
         if debug:
@@ -282,7 +293,7 @@ def _restarts(argv: Sequence[str]) -> int:
     except Exception as exc:
         if debug or not _is_config_error(exc):
             raise
-        print(f"error: {recipe_origin(str(exc), args)}", file=sys.stderr)
+        print(f"error: {recipe_origin(said(exc), args)}", file=sys.stderr)
         return 2
     return _run_restarts(model_args, data_args, training_args, debug)
 
@@ -299,7 +310,7 @@ def _run_restarts(model_args, data_args, training_args, debug: bool = False) -> 
     except ValueError as exc:
         if debug or _stage_starts(training_args.output_dir) != starts:  # a trial failed: the traceback
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {said(exc)}", file=sys.stderr)
         return 2
     if _is_main_process():
         with open(os.path.join(training_args.output_dir, SUMMARY_MD), encoding="utf-8") as f:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ._validation import ConfigError
+
 __all__ = [
     "CLIP_MODES",
     "ClipStats",
@@ -78,9 +80,9 @@ class ClipStats:
 
 def _check_positive(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value != value:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
+        raise ConfigError(name, value, "must be a finite number > 0")
     if value == float("inf"):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise ConfigError(name, value, "must be a finite number > 0")
 
 
 def global_grad_norm(grads: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -38,6 +38,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ._validation import ConfigError
+
 __all__ = [
     "PRECISIONS",
     "DeviceInfo",
@@ -164,7 +166,7 @@ class PrecisionChoice:
 
 def _check_request(value, field: str = "precision") -> str:
     if not isinstance(value, str) or value not in PRECISIONS:
-        raise ValueError(f"{field}: got {value!r}; allowed: {', '.join(PRECISIONS)}")
+        raise ConfigError(field, value, f"allowed: {', '.join(PRECISIONS)}")
     return value
 
 
@@ -197,12 +199,13 @@ def effective_request(
     """
     _check_request(precision)
     if bf16 and fp16:
-        raise ValueError("bf16 and fp16 cannot both be True; set precision to one of bf16, fp16 instead")
+        raise ConfigError("bf16", True, "set precision to one of bf16, fp16 instead",
+                          problem="got True, and fp16=True too")
     launcher = launcher_mixed_precision.lower() if isinstance(launcher_mixed_precision, str) else None
     if launcher is not None and launcher not in _LAUNCHER_VALUES:
-        raise ValueError(
-            f"ACCELERATE_MIXED_PRECISION={launcher_mixed_precision!r} is not supported with the precision field; "
-            f"allowed: {', '.join(_LAUNCHER_VALUES)}"
+        raise ConfigError(
+            "ACCELERATE_MIXED_PRECISION", launcher_mixed_precision, f"allowed: {', '.join(_LAUNCHER_VALUES)}",
+            problem=f"got {launcher_mixed_precision!r}, not supported with the precision field",
         )
     asked = []  # (value, source) pairs besides the precision field itself
     if bf16 or fp16:
@@ -214,15 +217,16 @@ def effective_request(
     if precision != "auto":
         for value, source in asked:
             if value != precision:
-                raise ValueError(
-                    f"precision={precision!r} contradicts {source}; set one of them only "
-                    f"(allowed precision values: {', '.join(PRECISIONS)})"
+                raise ConfigError(
+                    "precision", precision, f"set one of them only (precision: {', '.join(PRECISIONS)})",
+                    problem=f"got {precision!r}, which contradicts {source}",
                 )
         return precision, f"precision={precision}"
     values = {value for value, _ in asked}
     if len(values) > 1:
-        raise ValueError(
-            "conflicting precision requests: " + " and ".join(source for _, source in asked) + "; set precision explicitly"
+        raise ConfigError(
+            "precision", "auto", "set precision explicitly",
+            problem="conflicting requests: " + " and ".join(source for _, source in asked),
         )
     if asked:
         return asked[0]
@@ -264,7 +268,7 @@ def resolve_precision(
     """
     _check_request(requested)
     if tf32 is not None and not isinstance(tf32, bool):
-        raise ValueError(f"tf32 must be True, False or None (auto); got {tf32!r}")
+        raise ConfigError("tf32", tf32, "must be True, False or None (auto)")
     where = device.describe()
     warning = None
     use_cpu_needed = False
@@ -287,9 +291,9 @@ def resolve_precision(
             speed = "native" if device.bf16_supported else "no native bf16 on this CPU: expect it slower than fp32"
             why = f"bf16 autocast on CPU {where} ({speed}); use_cpu=True set, the Trainer requires it for bf16 on CPU"
         elif not device.bf16_supported:
-            raise ValueError(
-                f"precision='bf16' but {where} has no native bf16 (needs compute capability >= 8.0 on CUDA); "
-                "allowed here: 'fp16', 'fp32' or 'auto'"
+            raise ConfigError(
+                "precision", "bf16", "allowed here: fp16, fp32, auto",
+                problem=f"got 'bf16', but {where} has no native bf16 (needs compute capability >= 8.0 on CUDA)",
             )
         else:
             precision, why = "bf16", f"bf16 on {where} (as requested)"
@@ -299,21 +303,23 @@ def resolve_precision(
                 f"precision='fp16' on CPU {where}: the Trainer ignores fp16 on CPU and would silently train in fp32"
             )
             if strict:
-                raise ValueError(message + "; allowed on CPU: 'bf16', 'fp32' or 'auto'")
+                raise ConfigError("precision", "fp16", "allowed on CPU: bf16, fp32, auto",
+                                  problem=f"got 'fp16', but {message.split(': ', 1)[1]}")
             precision = "fp32"
             warning = message + "; training in fp32 (use precision='bf16' for mixed precision on CPU)"
             why = f"fp16 requested on CPU {where}: fp32 instead"
         elif not device.fp16_supported:
-            raise ValueError(f"precision='fp16' but {where} has no fp16 support; allowed here: 'bf16', 'fp32', 'auto'")
+            raise ConfigError("precision", "fp16", "allowed here: bf16, fp32, auto",
+                              problem=f"got 'fp16', but {where} has no fp16 support")
         else:
             precision, why = "fp16", f"fp16 with dynamic loss scaling on {where} (as requested)"
     else:  # fp32
         precision, why = "fp32", f"fp32 on {where} (as requested)"
 
     if tf32 is True and not device.tf32_supported:
-        raise ValueError(
-            f"tf32=True but {where} has no TF32 (needs an NVIDIA GPU with compute capability >= 8.0); "
-            "allowed here: tf32=None (auto) or False"
+        raise ConfigError(
+            "tf32", True, "allowed here: None (auto) or False",
+            problem=f"got True, but {where} has no TF32 (needs an NVIDIA GPU with compute capability >= 8.0)",
         )
     if tf32 is None and device.tf32_supported and requested != "fp32":
         tf32 = True

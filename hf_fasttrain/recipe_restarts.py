@@ -13,7 +13,9 @@ from ._files import atomic_write_text, last_complete_checkpoint
 from .callbacks.stop_at_step import StageFenceCallback
 from .data.from_args import planned_optimizer_steps, resolve_max_steps
 from .recipes import resolved_config
+from ._validation import ConfigError
 from .restarts import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec, restart_config_from_args
+from .restarts.config import in_option_words
 from .callbacks.run_record import checkpoint_log_history
 from .run import checkpoint_extras, train
 
@@ -194,10 +196,18 @@ def train_with_restarts(model_args, data_args, training_args, callbacks: Optiona
         runner = RecipeTrialRunner(model_args, data_args, training_args, subprocess=config.parallel == "per_gpu",
                                    callbacks=callbacks)
     if config.backend == "local":
-        return RestartOrchestrator(config, runner, training_args.output_dir, total_steps).run()
+        return _orchestrator(config, runner, training_args.output_dir, total_steps).run()
     from .restarts.ray_backend import RayTrialRunner
 
     runner = RayTrialRunner(runner, address=config.ray_address, resources=config.trial_resources)
-    search = RestartOrchestrator(config, runner, training_args.output_dir, total_steps)  # checks settings first
+    search = _orchestrator(config, runner, training_args.output_dir, total_steps)  # checks settings first
     with runner.started(training_args.output_dir):
         return search.run()
+
+
+def _orchestrator(config, runner, output_dir, total_steps) -> RestartOrchestrator:
+    """The search, its settings checked; a refusal names the ``restart_*`` option (``restart_metric``)."""
+    try:
+        return RestartOrchestrator(config, runner, output_dir, total_steps)
+    except ConfigError as err:
+        raise in_option_words(err) from None

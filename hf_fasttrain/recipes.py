@@ -277,7 +277,7 @@ def _coerce(section: str, key: str, value: Any, tp: Any) -> Any:
     if value is None:
         if type(None) in members or tp is Any:
             return None
-        raise ConfigError(where, None, f"a value of type {_type_name(tp)} is required")
+        raise ConfigError(where, None, _type_rule(tp))
     plain = [m for m in members if m is not type(None)]
     if len(plain) != 1:  # unions like `str | bool` or `dict | str`: the Trainer sorts them out
         return value
@@ -314,11 +314,20 @@ def _coerce(section: str, key: str, value: Any, tp: Any) -> Any:
             return value
     else:  # enums and other types: the dataclass validates
         return value
-    raise ConfigError(where, value, f"expected {_type_name(tp)}")
+    raise ConfigError(where, value, _type_rule(tp))
 
 
-def _type_name(tp) -> str:
-    return " | ".join(getattr(m, "__name__", str(m)) for m in _union_members(tp))
+_TYPE_RULES = {"int": "must be an integer", "float": "must be a number", "bool": "must be true or false",
+               "str": "must be a string", "dict": "must be a mapping", "list": "must be a list"}
+
+
+def _type_rule(tp) -> str:
+    """What a value of type ``tp`` must be, in words (``must be a number``; ``or null`` for an Optional)."""
+    members = _union_members(tp)
+    plain = [m for m in members if m is not type(None)]
+    names = [getattr(typing.get_origin(m) or m, "__name__", str(m)) for m in plain]
+    rule = " or ".join(_TYPE_RULES.get(n, f"must be of type {n}").replace("must be ", "") for n in names)
+    return f"must be {rule}" + (" or null" if type(None) in members else "")
 
 
 def _unknown_key_error(section: Optional[str], key: str, valid: Sequence[str]) -> ConfigError:

@@ -47,6 +47,8 @@ from typing import Callable, Literal, Mapping, Sequence
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
+from ._validation import ConfigError
+
 __all__ = [
     "DECAY_SHAPES",
     "DEFAULT_DECAY_FRACTION",
@@ -200,7 +202,7 @@ class TokenProgress:
 
     def __init__(self, total_tokens: int):
         if isinstance(total_tokens, bool) or not isinstance(total_tokens, numbers.Integral) or total_tokens <= 0:
-            raise ValueError(f"total_tokens={total_tokens!r} is not allowed; it must be a positive integer")
+            raise ConfigError("total_tokens", total_tokens, "must be an integer >= 1")
         self.total_tokens = int(total_tokens)
         self._seen = 0
         self._pending: list = []
@@ -321,13 +323,14 @@ def _floor_ratios(base_lrs: Sequence[float], min_lr, min_lr_ratio) -> list[float
         return [float(min_lr_ratio or 0.0)] * len(base_lrs)
     floors = list(min_lr) if isinstance(min_lr, (list, tuple)) else [min_lr] * len(base_lrs)
     if len(floors) != len(base_lrs):
-        raise ValueError(f"min_lr={min_lr!r} gives {len(floors)} floors for {len(base_lrs)} param groups; give one or one per group")
+        raise ConfigError("min_lr", min_lr, "give one, or one per param group",
+                          problem=f"got {min_lr!r}: {len(floors)} floors for {len(base_lrs)} param groups")
     ratios = []
     for i, (floor, peak) in enumerate(zip(floors, base_lrs)):
         if floor > peak:
-            raise ValueError(
-                f"min_lr={floor!r} is above the peak lr {peak!r} of param group {i}; the floor must be <= the peak "
-                f"(or use min_lr_ratio, a fraction of each group's own peak)"
+            raise ConfigError(
+                "min_lr", min_lr, "the floor must be <= the peak (or use min_lr_ratio, a fraction of each group's "
+                "own peak)", problem=f"got {floor!r}, above the peak lr {peak!r} of param group {i}",
             )
         ratios.append(floor / peak if peak > 0 else 0.0)
     return ratios
@@ -351,9 +354,9 @@ def build_lr_lambdas(
     """
     check_schedule_settings(lr_decay, warmup_start_factor, min_lr, min_lr_ratio, decay_fraction)
     if isinstance(num_training_steps, bool) or not isinstance(num_training_steps, numbers.Integral) or num_training_steps <= 0:
-        raise ValueError(f"num_training_steps={num_training_steps!r} is not allowed; it must be a positive integer")
+        raise ConfigError("num_training_steps", num_training_steps, "must be an integer >= 1")
     if progress is not None and not isinstance(progress, TokenProgress):
-        raise ValueError(f"progress={progress!r} is not allowed; pass a TokenProgress or None (count steps)")
+        raise ConfigError("progress", progress, "pass a TokenProgress or None (count steps)")
     warmup = resolve_warmup_steps(warmup_steps, num_training_steps)
     if decay_fraction is None:
         decay_fraction = DEFAULT_DECAY_FRACTION.get(lr_decay)

@@ -109,6 +109,22 @@ class SeqLenWiring:
 
     # -- construction --------------------------------------------------------------------------
     def _batching(self, args, dataset, data_collator):
+        """The batch sampler (and collator) of the options; a refusal of the sampler names the option."""
+        if args.curriculum_min_length is not None:
+            names = {"min_length": "curriculum_min_length", "max_length": "curriculum_max_length",
+                     "pacing": "curriculum_pacing", "num_stages": "curriculum_stages"}
+        elif args.packing == "rows":
+            names = {"max_tokens": "packing_row_length"}
+        else:
+            names = {"max_tokens": "max_tokens_per_batch", "min_tokens": "batch_warmup_min_tokens"}
+        try:
+            return self._build_batching(args, dataset, data_collator)
+        except ConfigError as err:
+            if type(err) is not ConfigError:
+                raise
+            raise err.renamed(names) from None
+
+    def _build_batching(self, args, dataset, data_collator):
         if dataset is None or not hasattr(dataset, "__len__"):
             name, value = batching_options(args)[0]
             raise ConfigError(name, value, STREAM_REFUSAL, problem=f"got {value!r} on a stream (an IterableDataset)")
@@ -168,7 +184,16 @@ class SeqLenWiring:
         if args.seq_len_warmup_min > full:
             _fail("seq_len_warmup_min", args.seq_len_warmup_min,
                   f"is above the training length {full} (the length of the training rows)")
-        warmup = seq_len_warmup_from_args(args, full)
+        try:
+            warmup = seq_len_warmup_from_args(args, full)
+        except ConfigError as err:
+            if type(err) is not ConfigError:
+                raise
+            raise err.renamed({
+                "min_seq_len": "seq_len_warmup_min", "pacing": "seq_len_warmup_pacing",
+                "num_stages": "seq_len_warmup_stages", "mode": "seq_len_warmup_mode",
+                "multiple": "seq_len_warmup_multiple",
+            }) from None
         pad = self.pad_token_id if self.pad_token_id is not None else 0
         return SeqLenWarmupCollator(data_collator, warmup, pad_token_id=pad)
 

@@ -85,12 +85,15 @@ def test_sampler_resumes_mid_warmup():
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(min_tokens=0), "min_tokens=0"), (dict(min_tokens=32), "min_tokens=32 is above max_tokens=16"),
-    (dict(warmup_steps=-1), "warmup_steps=-1"), (dict(pacing="cubic"), "pacing='cubic'"),
+    (dict(min_tokens=0), "min_tokens: got 0; must be an integer >= 1"),
+    (dict(min_tokens=32), "min_tokens: got 32; must be <= max_tokens (16)"),
+    (dict(warmup_steps=-1), "warmup_steps: got -1; must be an integer >= 0"),
+    (dict(pacing="cubic"), "pacing: got 'cubic'; allowed: linear, sqrt, steps"),
 ])
 def test_bad_plan_settings(kw, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError) as err:
         batch_warmup_steps([4] * 12, 16, **{"min_tokens": 4, "warmup_steps": 3, **kw})
+    assert str(err.value) == match
 
 
 def test_args_need_a_token_counted_run(tmp_path):

@@ -201,7 +201,7 @@ def test_a_refused_recipe_value_says_it_came_from_the_recipe(tmp_path, capsys):
     # the user's own value, or a field the recipe does not set: the message is left alone
     assert recipe_origin("warmup_steps=20 is long", [*argv, "--warmup_steps", "20"]) == "warmup_steps=20 is long"
     assert recipe_origin("max_steps: got 0; ...", argv) == "max_steps: got 0; ..."
-    assert recipe_origin("model.n_layer: got 'x'; expected int", argv).endswith(
+    assert recipe_origin("model.n_layer: got 'x'; must be an integer", argv).endswith(
         "(n_layer: 2 is from the recipe " + str(recipe) + "; override it with --n_layer <value>)")
 
 
@@ -514,7 +514,23 @@ ERROR_CASES = [
     (["--max_steps", "5", "--warmup_steps", "20"],
      "warmup_steps: got 20.0 (20 steps), longer than training (5 steps); must be at most 5 steps, or a fraction < 1 "
      "of the run"),
-    (["--restart_direction", "up"], "restart_direction: got 'up'; must be one of ['min', 'max']"),
+    (["--restart_direction", "up"], "restart_direction: got 'up'; allowed: min, max"),
+    (["--learning_rate", "abc"], "learning_rate: got 'abc'; must be a number"),
+    (["--precision", "fp32", "--bf16", "true"],
+     "precision: got 'fp32', which contradicts bf16=True; set one of them only (precision: auto, bf16, fp16, fp32)"),
+    (["--n_layer", "3", "--num_hidden_layers", "4"],
+     "n_layer: got 3, but num_hidden_layers got 4; they are the same setting: give one of n_layer, num_hidden_layers"),
+    (["--seq_len_warmup_pacing", "cubic"], "seq_len_warmup_pacing: got 'cubic'; allowed: linear, sqrt, steps"),
+    # an optimizer's own option is named as it is given: through optimizer_kwargs
+    (["--optimizer_kwargs", '{"adjust_lr_fn": "rms"}'],
+     "optimizer_kwargs.adjust_lr_fn: got 'rms' for Muon; allowed: match_rms_adamw, original"),
+    (["--optimizer_kwargs", '{"ns_steps": 0}'], "optimizer_kwargs.ns_steps: got 0 for Muon; must be an integer in [1, 99]"),
+    (["--optimizer", "lion", "--optimizer_kwargs", '{"betas": [0.9, 2]}'],
+     "optimizer_kwargs.betas: got [0.9, 2] for Lion; must be a list of 2 numbers in [0, 1)"),
+    (["--optimizer", "adamw", "--optimizer_kwargs", '{"cautious": true, "fused": true}'],
+     "optimizer_kwargs.fused: got True with cautious=True, which has no fused kernel; leave fused unset or false"),
+    (["--optimizer", "soap", "--optimizer_kwargs", '{"skinny_ratio": 0.5}'],
+     "optimizer_kwargs.skinny_ratio: got 0.5 for SOAP; must be a finite number >= 1 or null (off)"),
     (["--seq_len_warmup_mode", "crop"], "seq_len_warmup_mode: got 'crop'; allowed: truncate, rechunk"),
     # a bad name is refused even while its technique is off (gpt2_tiny has no curriculum, no batch warmup)
     (["--curriculum_pacing", "fast"], "curriculum_pacing: got 'fast'; allowed: linear, sqrt, steps"),
@@ -533,6 +549,27 @@ def test_every_refusal_has_one_style_and_close_suggestions_only(flags, expected,
     assert err == f"error: {expected}\n"
     assert ONE_STYLE.match(err), err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_random_restart_settings_checked_by_the_search_name_the_option(tmp_path, capsys):
+    """The metric and the rungs are checked when the search is set up (the metric against what the runner
+    reports): still before any trial, and named as the restart_* option, not as RestartConfig's field."""
+    from hf_fasttrain.cli import run_recipe
+
+    base = ["--config", "gpt2_tiny", "--max_steps", "8", "--restart_num_seeds", "4"]
+    assert run_recipe([*base, "--output_dir", str(tmp_path / "a"), "--restart_metric", "accuracy"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: restart_metric: got 'eval_accuracy'; allowed: eval_loss, eval_next_token_accuracy, eval_perplexity "
+        "(what this runner reports)")
+    assert run_recipe([*base, "--output_dir", str(tmp_path / "b"), "--restart_rungs", "9"]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith("error: restart_rungs: got 9, which with restart_explore_fraction=0.1 and "
+                           "restart_keep_fraction=0.5 cuts the ") and line.endswith(
+        "steps at 1, 1, 1, 1, 1, 1, 1, 1, 1; they must strictly increase: lower restart_rungs, raise "
+        "restart_explore_fraction or train longer")
+    assert ONE_STYLE.match(line + "\n"), line
+    assert not any(p.name.startswith("trial") for p in (tmp_path / "b").rglob("*"))
 
 
 def test_the_other_commands_refuse_in_the_same_style(tmp_path, capsys):

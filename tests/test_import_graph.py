@@ -5,9 +5,9 @@ included. ``from .a.b import c`` counts as importing ``a`` (its ``__init__`` run
 is a submodule, ``a.b.c``; a module's own packages (loaded before it) are not counted, and the root package
 counts only where names are taken from it. Layers, bottom to top (a module may import its own layer and those below):
 
-0. leaf: ``_version``, ``_files`` (standard library only)
+0. leaf: ``_version``, ``_files``, ``_validation`` (standard library only; the one way to refuse a setting)
 1. cores: pure parts with no Trainer wiring (schedules, optim, data, clipping, precision, the restart
-   search core, throughput, the guard core, validation, metrics, hub URIs, run info)
+   search core, throughput, the guard core, metrics, hub URIs, run info)
 2. config: ``args`` (FastTrainingArguments builds and checks the cores' configs)
 3. adapters: callbacks, the trainer wiring, model building, recipe YAML <-> args, push
 4. top: the trainer, run, cli, the restart recipe runner (``recipe_restarts``), the package face
@@ -32,6 +32,7 @@ LAYER_NAMES = ["leaf", "core", "config", "adapter", "top"]
 LAYERS = {
     "_version": LEAF,
     "_files": LEAF,
+    "_validation": LEAF,
     # cores
     "schedules": CORE,
     "optim": CORE,
@@ -45,7 +46,6 @@ LAYERS = {
     "trainables": CORE,
     "budget": CORE,
     "averaging": CORE,
-    "_validation": CORE,
     "_options": CORE,
     "metrics": CORE,
     "hub": CORE,

@@ -94,7 +94,7 @@ def test_model_config_reaches_the_family_config():
     (dict(model_type="lama"), ["model_type: got 'lama'", "'llama'"]),
     (dict(model_type="llama", model_config={"rms_norm_ep": 1.0}), ["model_config.rms_norm_ep", "'rms_norm_eps'", "known:"]),
     (dict(model_type="llama", model_config={"hidden_size": 8}), ["model_config.hidden_size", "n_embd/hidden_size"]),
-    (dict(n_layer=2, num_hidden_layers=3), ["n_layer=2", "num_hidden_layers=3"]),
+    (dict(n_layer=2, num_hidden_layers=3), ["n_layer: got 2, but num_hidden_layers got 3;"]),
     (dict(model_type="llama", n_head=4, n_embd=32, num_key_value_heads=3), ["num_key_value_heads: got 3", "n_head=4"]),
 ])
 def test_bad_model_settings_name_the_field(kwargs, names):
@@ -123,9 +123,11 @@ def test_command_line_size_under_the_other_spelling_overrides_the_recipe(tmp_pat
     m, _, _ = parse_config(["--config", "llama_tiny", "--output_dir", str(tmp_path), "--n_layer", "3",
                             "--model_config", '{"rope_theta": 5000, "tie_word_embeddings": false}'])
     assert (m.num_hidden_layers, m.model_config) == (3, {"rope_theta": 5000, "tie_word_embeddings": False})
-    with pytest.raises(ValueError, match="n_layer=3 and num_hidden_layers=4 disagree"):
+    with pytest.raises(ValueError) as err:
         parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path), "--n_layer", "3",
                       "--num_hidden_layers", "4"])
+    assert str(err.value) == ("n_layer: got 3, but num_hidden_layers got 4; they are the same setting: give one of "
+                              "n_layer, num_hidden_layers")
 
 
 def test_bundled_llama_recipes_parse(tmp_path):

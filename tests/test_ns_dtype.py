@@ -98,7 +98,7 @@ def test_default_is_auto_torchs_bf16_where_native_and_a_bad_value_is_one_line(na
     model = _tiny_gpt2()
     with pytest.raises(ValueError) as err:
         create_optimizer("muon", model, ns_dtype="fp16")
-    assert str(err.value) == "Muon: ns_dtype must be one of ['bfloat16', 'float32', 'auto'], got 'fp16'"
+    assert str(err.value) == "ns_dtype: got 'fp16' for Muon; allowed: bfloat16, float32, auto"
 
 
 @pytest.mark.parametrize("native", [False, True])

@@ -1,6 +1,8 @@
 """Packing: exact bins, sharded packed batches, exact collated tensors, and GPT-2 logits per document."""
 
 import numpy as np
+import re
+
 import pytest
 import torch
 from conftest import make_tiny_gpt2
@@ -9,6 +11,11 @@ from transformers import DataCollatorWithFlattening
 from hf_fasttrain.data.packing import PackedBatchSampler, PackedRowsCollator, pack_bins, packed_steps
 
 DOCS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19], [20, 21], [22, 23, 24, 25]]
+
+
+def exact(message: str) -> str:
+    """A ``pytest.raises(match=...)`` pattern for exactly this one-line message."""
+    return "^" + re.escape(message) + "$"
 
 
 def test_pack_bins_best_fit_decreasing_exact():
@@ -20,7 +27,7 @@ def test_pack_bins_best_fit_decreasing_exact():
     assert sorted(i for b in bins for i in b) == list(range(200))
     assert all(lengths[b].sum() <= 64 for b in bins)
     assert len(bins) <= int(np.ceil(lengths.sum() / 64 * 1.1)) + 1  # near the lower bound
-    with pytest.raises(ValueError, match="max_tokens=4 is below the longest example \\(index 4, length 6\\)"):
+    with pytest.raises(ValueError, match=exact('max_tokens: got 4, below the longest example (index 4, length 6); must be >= 6, or truncate the examples')):
         pack_bins([5, 3, 4, 2, 6], 4)
 
 

@@ -5,6 +5,7 @@ import doctest
 import glob
 import logging
 import os
+import re
 
 import pytest
 
@@ -35,6 +36,11 @@ V100 = DeviceInfo(kind="cuda", name="Tesla V100", compute_capability=(7, 0), fp1
 T4 = DeviceInfo(kind="cuda", name="Tesla T4", compute_capability=(7, 5), fp16_supported=True)
 MPS = DeviceInfo(kind="mps", name="Apple MPS", bf16_supported=True, fp16_supported=True)
 MI250 = DeviceInfo(kind="cuda", name="AMD MI250", compute_capability=(9, 0), bf16_supported=True, fp16_supported=True)
+
+
+def exact(message: str) -> str:
+    """A ``pytest.raises(match=...)`` pattern for exactly this one-line message."""
+    return "^" + re.escape(message) + "$"
 
 
 # (requested, device) -> (precision, bf16, fp16, use_cpu_needed, tf32, has_warning)
@@ -95,12 +101,12 @@ def test_fp16_on_cpu_falls_back_with_warning_or_raises_when_strict():
     c = resolve_precision("fp16", CPU)
     assert (c.precision, c.fp16) == ("fp32", False)
     assert "silently" in c.warning and "precision='bf16'" in c.warning
-    with pytest.raises(ValueError, match=r"precision='fp16' on CPU .* allowed on CPU: 'bf16', 'fp32' or 'auto'"):
+    with pytest.raises(ValueError, match=exact("precision: got 'fp16', but the Trainer ignores fp16 on CPU and would silently train in fp32; allowed on CPU: bf16, fp32, auto")):
         resolve_precision("fp16", CPU, strict=True)
 
 
 def test_bf16_on_gpu_without_native_bf16_raises():
-    with pytest.raises(ValueError, match=r"precision='bf16' but Tesla V100 \(sm 7.0\) has no native bf16"):
+    with pytest.raises(ValueError, match=exact("precision: got 'bf16', but Tesla V100 (sm 7.0) has no native bf16 (needs compute capability >= 8.0 on CUDA); allowed here: fp16, fp32, auto")):
         resolve_precision("bf16", V100)
     with pytest.raises(ValueError, match="has no native bf16"):
         resolve_precision("bf16", DeviceInfo(kind="mps", name="old mac", fp16_supported=True))
@@ -118,11 +124,11 @@ def test_tf32_explicit_values():
     assert resolve_precision("fp32", H200, tf32=True).tf32 is True
     assert resolve_precision("bf16", H200, tf32=False).tf32 is False
     assert resolve_precision("auto", CPU, tf32=False).tf32 is False
-    with pytest.raises(ValueError, match=r"tf32=True but cpu has no TF32 .* allowed here: tf32=None \(auto\) or False"):
+    with pytest.raises(ValueError, match=exact('tf32: got True, but cpu has no TF32 (needs an NVIDIA GPU with compute capability >= 8.0); allowed here: None (auto) or False')):
         resolve_precision("auto", CPU, tf32=True)
-    with pytest.raises(ValueError, match="tf32=True but Tesla V100"):
+    with pytest.raises(ValueError, match=exact('tf32: got True, but Tesla V100 (sm 7.0) has no TF32 (needs an NVIDIA GPU with compute capability >= 8.0); allowed here: None (auto) or False')):
         resolve_precision("fp16", V100, tf32=True)
-    with pytest.raises(ValueError, match="tf32 must be True, False or None"):
+    with pytest.raises(ValueError, match=exact("tf32: got 'yes'; must be True, False or None (auto)")):
         resolve_precision("auto", H200, tf32="yes")
 
 
@@ -156,15 +162,15 @@ def test_effective_request(given, expected):
 
 
 def test_effective_request_conflicts():
-    with pytest.raises(ValueError, match="precision='fp32' contradicts bf16=True"):
+    with pytest.raises(ValueError, match=exact("precision: got 'fp32', which contradicts bf16=True; set one of them only (precision: auto, bf16, fp16, fp32)")):
         effective_request("fp32", bf16=True)
-    with pytest.raises(ValueError, match="precision='bf16' contradicts ACCELERATE_MIXED_PRECISION=fp16"):
+    with pytest.raises(ValueError, match=exact("precision: got 'bf16', which contradicts ACCELERATE_MIXED_PRECISION=fp16 (accelerate launch / config file); set one of them only (precision: auto, bf16, fp16, fp32)")):
         effective_request("bf16", launcher_mixed_precision="fp16")
-    with pytest.raises(ValueError, match="conflicting precision requests: fp16=True and ACCELERATE_MIXED_PRECISION=bf16"):
+    with pytest.raises(ValueError, match=exact('precision: conflicting requests: fp16=True and ACCELERATE_MIXED_PRECISION=bf16 (accelerate launch / config file); set precision explicitly')):
         effective_request("auto", fp16=True, launcher_mixed_precision="bf16")
-    with pytest.raises(ValueError, match="bf16 and fp16 cannot both be True"):
+    with pytest.raises(ValueError, match=exact('bf16: got True, and fp16=True too; set precision to one of bf16, fp16 instead')):
         effective_request("auto", bf16=True, fp16=True)
-    with pytest.raises(ValueError, match=r"ACCELERATE_MIXED_PRECISION='fp8' is not supported .* allowed: no, bf16, fp16"):
+    with pytest.raises(ValueError, match=exact("ACCELERATE_MIXED_PRECISION: got 'fp8', not supported with the precision field; allowed: no, bf16, fp16")):
         effective_request("auto", launcher_mixed_precision="fp8")
 
 
@@ -396,7 +402,7 @@ def test_field_reads_accelerate_launch_mixed_precision(tmp_path, monkeypatch):
     args = _fast_args(tmp_path)
     assert (args.bf16, args.use_cpu) == (True, True)
     assert "ACCELERATE_MIXED_PRECISION=bf16" in args.precision_choice.reason
-    with pytest.raises(ValueError, match="precision='fp32' contradicts ACCELERATE_MIXED_PRECISION=bf16"):
+    with pytest.raises(ValueError, match=exact("precision: got 'fp32', which contradicts ACCELERATE_MIXED_PRECISION=bf16 (accelerate launch / config file); set one of them only (precision: auto, bf16, fp16, fp32)")):
         _fast_args(tmp_path, precision="fp32")
 
 
@@ -404,7 +410,7 @@ def test_field_rejects_bad_values_before_training(tmp_path, monkeypatch):
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     with pytest.raises(ValueError, match="precision: got 'half'; allowed: auto, bf16, fp16, fp32"):
         _fast_args(tmp_path, precision="half")
-    with pytest.raises(ValueError, match="precision='fp32' contradicts bf16=True"):
+    with pytest.raises(ValueError, match=exact("precision: got 'fp32', which contradicts bf16=True; set one of them only (precision: auto, bf16, fp16, fp32)")):
         _fast_args(tmp_path, precision="fp32", bf16=True)
 
 

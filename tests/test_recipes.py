@@ -63,12 +63,12 @@ def test_unknown_key_fails_naming_it_with_a_suggestion(tmp_path):
 @pytest.mark.parametrize(
     "recipe, pattern",
     [
-        ({"learning_rate": "fast"}, r"learning_rate: got 'fast'; expected float"),
-        ({"max_steps": 1.5}, r"max_steps: got 1.5; expected int"),
+        ({"learning_rate": "fast"}, r"learning_rate: got 'fast'; must be a number"),
+        ({"max_steps": 1.5}, r"max_steps: got 1.5; must be an integer"),
         ({"model": {"n_embd": 100, "n_head": 3}}, r"n_head: got 3; must divide n_embd=100"),
         ({"data": {"vocab_size": 10}}, r"vocab_size: got 10; must be an integer >= 260"),
         ({"model": {"dropout": 1.5}}, r"dropout: got 1.5; must be in \[0, 1\)"),
-        ({"data": {"block_size": "long"}}, r"data.block_size: got 'long'; expected int"),
+        ({"data": {"block_size": "long"}}, r"data.block_size: got 'long'; must be an integer"),
         ({"mfu_peak_tflops": -1.0}, r"mfu_peak_tflops: got -1.0; must be a finite number > 0 or null"),
     ],
 )

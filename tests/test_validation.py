@@ -123,7 +123,7 @@ def test_preflight_refuses_what_the_full_validation_refuses(tmp_path):
         (["--config", "gpt2_tiny", "--max_steps", "0"], r"max_steps: got 0;"),
         (["--config", "gpt2_tiny", "--max_steps", "-2"], r"max_steps: got -2;"),
         (["--learning_rate", "nan"], r"learning_rate: got nan;"),
-        (["--max_steps", "many"], r"max_steps: got 'many'; expected int"),
+        (["--max_steps", "many"], r"max_steps: got 'many'; must be an integer$"),
         (["--config", _recipe(tmp_path, "model:\n  n_layers: 2\n", "a.yaml")],
          r"n_layers: unknown recipe key in section 'model:'; did you mean 'n_layer'\?"),
         (["--config", _recipe(tmp_path, "seed: 1\nseed: 2\n", "b.yaml")], r"seed: written twice"),

@@ -28,6 +28,8 @@ from typing import Optional
 import torch
 from transformers import TrainerCallback
 
+from .._validation import ConfigError
+
 from ..averaging import WeightAverage, check_averaging_settings, load_average_file, save_average_file
 from ..trainables import trainable_parameters
 from ._rollback import register_participant
@@ -64,7 +66,7 @@ class WeightAveragingCallback(TrainerCallback):
                  lawa_k: int = 5, lawa_interval: int = 10, swap_for_eval: bool = True):
         check_averaging_settings(mode, decay, update_every, lawa_k, lawa_interval)
         if mode == "none":
-            raise ValueError("mode='none' is invalid for WeightAveragingCallback: allowed: 'ema', 'lawa'")
+            raise ConfigError("mode", "none", "allowed: ema, lawa", problem="got 'none', which has no average to keep")
         self.settings = dict(mode=mode, decay=decay, warmup=warmup, update_every=update_every, lawa_k=lawa_k,
                              lawa_interval=lawa_interval)
         self.swap_for_eval = swap_for_eval

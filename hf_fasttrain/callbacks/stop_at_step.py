@@ -16,6 +16,7 @@ import os
 
 from transformers import TrainerCallback
 
+from .._validation import ConfigError
 from ..restarts.state import check_generation
 
 __all__ = ["StopAtStepCallback", "TokenBudgetStopCallback", "StageFenceCallback"]
@@ -31,7 +32,7 @@ class StopAtStepCallback(TrainerCallback):
 
     def __init__(self, stop_at_step: int):
         if isinstance(stop_at_step, bool) or not isinstance(stop_at_step, int) or stop_at_step < 1:
-            raise ValueError(f"stop_at_step={stop_at_step!r} is invalid: it must be an integer >= 1.")
+            raise ConfigError("stop_at_step", stop_at_step, "must be an integer >= 1")
         self.stop_at_step = stop_at_step
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -67,7 +68,7 @@ class TokenBudgetStopCallback(TrainerCallback):
 
     def __init__(self, total_tokens: int, tokens_seen=None):
         if isinstance(total_tokens, bool) or not isinstance(total_tokens, int) or total_tokens < 1:
-            raise ValueError(f"total_tokens={total_tokens!r} is invalid: it must be an integer >= 1.")
+            raise ConfigError("total_tokens", total_tokens, "must be an integer >= 1")
         self.total_tokens = total_tokens
         self.tokens_seen = tokens_seen
         self.stopped_at_step = None

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from .._validation import ConfigError
+
 Step = list[list[int]]  # one batch (list of dataset indices) per rank
 
 
@@ -35,13 +37,13 @@ def _as_lengths(lengths: Sequence[int]) -> np.ndarray:
 
 def _check_int(field: str, value: Any, minimum: int) -> None:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{field}={value!r} must be an integer >= {minimum}.")
+        raise ConfigError(field, value, f"must be an integer >= {minimum}")
 
 
 def _check_world(world_size: int, rank: int | None = None) -> None:
     _check_int("world_size", world_size, 1)
     if rank is not None and (not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size):
-        raise ValueError(f"rank={rank!r} must be an integer in [0, world_size={world_size}).")
+        raise ConfigError("rank", rank, f"must be an integer in [0, world_size={world_size})")
 
 
 # ---- randomness ---------------------------------------------------------------------------------

@@ -38,6 +38,8 @@ from typing import Iterable, Optional
 import datasets
 from datasets import Dataset, DatasetDict
 
+from .._validation import ConfigError
+
 __all__ = [
     "EOS_TOKEN",
     "PAD_TOKEN",
@@ -106,7 +108,7 @@ def list_stdlib_sources(root: Optional[Path] = None, max_files: Optional[int] = 
         rels.append(rel.as_posix())
     if max_files is not None:
         if max_files < 1:
-            raise ValueError(f"max_files must be a positive integer or None, got: {max_files}")
+            raise ConfigError("max_files", max_files, "must be an integer >= 1 or None")
         rels = sorted(rels, key=_path_hash)[:max_files]
     return sorted(rels)
 
@@ -135,7 +137,7 @@ def build_stdlib_corpus(
     caches the tokenization of later calls.
     """
     if not 0.0 < validation_fraction < 1.0:
-        raise ValueError(f"validation_fraction must be in (0, 1), got: {validation_fraction}")
+        raise ConfigError("validation_fraction", validation_fraction, "must be in (0, 1)")
     root = Path(root) if root is not None else stdlib_root()
     rels = list_stdlib_sources(root, max_files)
     if not rels:
@@ -216,7 +218,7 @@ def build_prose_corpus(
     from pydoc_data.topics import topics
 
     if not 0.0 < validation_fraction < 1.0:
-        raise ValueError(f"validation_fraction must be in (0, 1), got: {validation_fraction}")
+        raise ConfigError("validation_fraction", validation_fraction, "must be in (0, 1)")
     root = Path(root) if root is not None else stdlib_root()
     rels = list_stdlib_sources(root, max_files)
     key_src = json.dumps([_PROSE_FORMAT, sys.version, str(root), validation_fraction, rels], sort_keys=True).encode()
@@ -236,7 +238,8 @@ def build_prose_corpus(
         splits[split]["path"].append(name)
         splits[split]["text"].append(text)
     if not splits["validation"]["path"] or not splits["train"]["path"]:
-        raise ValueError(f"validation_fraction={validation_fraction} with {len(docs)} documents leaves a split empty")
+        raise ConfigError("validation_fraction", validation_fraction, "choose a fraction (or more documents) that leaves each split one document",
+                          problem=f"got {validation_fraction}, which leaves a split of the {len(docs)} documents empty")
     dd = DatasetDict({k: Dataset.from_dict(v) for k, v in splits.items()})
     tmp = _atomic_dir(target)
     dd.save_to_disk(str(tmp))
@@ -407,7 +410,7 @@ def get_tokenizer(
     if name_or_path is not None:
         return load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
     if not isinstance(vocab_size, int) or vocab_size < 260:
-        raise ValueError(f"vocab_size must be an integer >= 260 (256 bytes + specials), got: {vocab_size}")
+        raise ConfigError("vocab_size", vocab_size, "must be an integer >= 260 (256 bytes + specials)")
     corpus = corpus if corpus is not None else build_stdlib_corpus()
     train = corpus["train"]
     key = f"bpe-v{vocab_size}-{_corpus_fingerprint(train)}"
@@ -468,7 +471,7 @@ def tokenize_and_chunk(
     """Fixed-length pretraining rows: tokenize every document, append EOS, concatenate, cut into
     ``block_size`` rows. Both steps are ``datasets.map(batched=True)`` and hit its cache on reruns."""
     if block_size < 2:
-        raise ValueError(f"block_size must be >= 2, got: {block_size}")
+        raise ConfigError("block_size", block_size, "must be an integer >= 2")
     cols = raw["train"].column_names
     tokenized = raw.map(
         _tokenize_fn(tokenizer, add_eos=True),

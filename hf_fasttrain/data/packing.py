@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._validation import ConfigError
 from ._plan import Step, _as_lengths, _check_int, _check_world, _permutation, _shuffle_steps, _split_to_multiple
 from ._plan import _StepPlanBatchSampler
 
@@ -52,9 +53,9 @@ def pack_bins(lengths: Sequence[int], max_tokens: int, order: Sequence[int] | No
     _check_int("max_tokens", max_tokens, 1)
     if int(arr.max()) > max_tokens:
         i = int(arr.argmax())
-        raise ValueError(
-            f"max_tokens={max_tokens} is below the longest example (index {i}, length {int(arr[i])}); "
-            f"it must be >= {int(arr.max())}, or truncate the examples."
+        raise ConfigError(
+            "max_tokens", max_tokens, f"must be >= {int(arr.max())}, or truncate the examples",
+            problem=f"got {max_tokens}, below the longest example (index {i}, length {int(arr[i])})",
         )
     if order is None:
         order = np.argsort(-arr, kind="stable")

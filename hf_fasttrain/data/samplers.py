@@ -41,6 +41,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._validation import ConfigError
 from ._plan import Step, _as_lengths, _check_int, _check_world, _deal, _permutation, _shuffle_steps
 from ._plan import _StepPlanBatchSampler
 from .seqlen import Pacing, check_pacing, length_limit_at
@@ -204,16 +205,16 @@ def curriculum_steps(
     _check_int("min_length", min_length, 1)
     _check_int("max_length", max_length, 1)
     if min_length > max_length:
-        raise ValueError(f"min_length={min_length} is above max_length={max_length}; it must be <= {max_length}.")
+        raise ConfigError("min_length", min_length, f"must be <= max_length ({max_length})")
     n, group = len(arr), batch_size * world_size
     admitted_at_start = int((arr <= min_length).sum())
     if admitted_at_start < group:
-        raise ValueError(
-            f"min_length={min_length} admits {admitted_at_start} examples, fewer than one step needs "
-            f"(batch_size * world_size = {group}); raise min_length to at least "
-            f"{int(np.sort(arr)[min(group, n) - 1])}"
-            + ("" if n >= group else f" and use more data ({n} examples)")
-            + "."
+        raise ConfigError(
+            "min_length", min_length,
+            f"must be at least {int(np.sort(arr)[min(group, n) - 1])}"
+            + ("" if n >= group else f", with more data ({n} examples)"),
+            problem=f"got {min_length}, which admits {admitted_at_start} examples, fewer than one step needs "
+            f"(batch_size * world_size = {group})",
         )
     steps_per_epoch = n // group if drop_last else -(-n // group)
 

@@ -29,6 +29,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from .._validation import ConfigError
+
 __all__ = [
     "PACINGS",
     "SEQ_LEN_MODES",
@@ -54,21 +56,21 @@ Mode = Literal["truncate", "rechunk"]
 def check_pacing(pacing: str, num_stages: int, field: str = "pacing", stages_field: str = "num_stages") -> None:
     """Raise a ValueError naming `field` if `pacing` is not one of `PACINGS` (or stages < 1)."""
     if pacing not in PACINGS:
-        raise ValueError(f"{field}={pacing!r} is not a known pacing; choose one of {list(PACINGS)}.")
+        raise ConfigError(field, pacing, "allowed: " + ", ".join(PACINGS))
     if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
-        raise ValueError(f"{stages_field}={num_stages!r} must be an integer >= 1.")
+        raise ConfigError(stages_field, num_stages, "must be an integer >= 1")
 
 
 def _check_int(field: str, value: Any, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{field}={value!r} must be an integer >= {minimum}.")
+        raise ConfigError(field, value, f"must be an integer >= {minimum}")
 
 
 def _check_range(min_field: str, min_value: int, max_field: str, max_value: int) -> None:
     _check_int(min_field, min_value, 1)
     _check_int(max_field, max_value, 1)
     if min_value > max_value:
-        raise ValueError(f"{min_field}={min_value} is above {max_field}={max_value}; it must be <= {max_value}.")
+        raise ConfigError(min_field, min_value, f"must be <= {max_field} ({max_value})")
 
 
 # ---- pure schedule functions --------------------------------------------------------------------
@@ -162,7 +164,7 @@ def set_batch_sequence_length(
         ```
     """
     if mode not in SEQ_LEN_MODES:
-        raise ValueError(f"mode={mode!r} is not a known mode; choose one of {list(SEQ_LEN_MODES)}.")
+        raise ConfigError("mode", mode, "allowed: " + ", ".join(SEQ_LEN_MODES))
     _check_int("seq_len", seq_len, 1)
     if "input_ids" not in batch:
         raise ValueError(f"set_batch_sequence_length needs an 'input_ids' tensor; batch keys are {list(batch)}.")
@@ -260,7 +262,7 @@ class SeqLenWarmup:
         _check_int("multiple", multiple, 1)
         check_pacing(pacing, num_stages)
         if mode not in SEQ_LEN_MODES:
-            raise ValueError(f"mode={mode!r} is not a known mode; choose one of {list(SEQ_LEN_MODES)}.")
+            raise ConfigError("mode", mode, "allowed: " + ", ".join(SEQ_LEN_MODES))
         self.min_seq_len = min_seq_len
         self.max_seq_len = max_seq_len
         self.warmup_batches = warmup_batches

@@ -40,6 +40,8 @@ from typing import Any, Optional
 
 import torch
 
+from .._validation import ConfigError
+
 __all__ = [
     "STREAM_KEY",
     "DEFAULT_WINDOW",
@@ -149,11 +151,11 @@ class TokenStream(torch.utils.data.IterableDataset):
     def __init__(self, source, tokenizer, block_size: int, *, text_column: str = "text", shuffle_buffer: int = 0,
                  seed: int = 0, rank: int = 0, world_size: int = 1, exclude: Iterable[bytes] = ()):
         if not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size={block_size!r} must be a positive integer")
+            raise ConfigError("block_size", block_size, "must be an integer >= 1")
         if not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
-            raise ValueError(f"shuffle_buffer={shuffle_buffer!r} must be an integer >= 0")
+            raise ConfigError("shuffle_buffer", shuffle_buffer, "must be an integer >= 0")
         if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
-            raise ValueError(f"rank={rank!r} must be in [0, world_size={world_size!r})")
+            raise ConfigError("rank", rank, f"must be in [0, world_size={world_size!r})")
         self.source = source
         self.tokenizer = tokenizer
         self.block_size = block_size

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._validation import ConfigError
 from ._plan import Step, _as_lengths, _check_int, _check_world, _halves, _permutation, _shuffle_steps
 from ._plan import _split_to_multiple, _StepPlanBatchSampler
 from .seqlen import Pacing, check_pacing, length_limit_at
@@ -64,10 +65,10 @@ def token_budget_steps(
     padded = np.maximum(-(-arr // pad_to_multiple_of) * pad_to_multiple_of, 1)
     if int(padded.max()) > max_tokens:
         i = int(padded.argmax())
-        raise ValueError(
-            f"max_tokens={max_tokens} is below the longest example (index {i}, length {int(arr[i])}"
-            f"{f', padded to {int(padded[i])}' if padded[i] != arr[i] else ''}); "
-            f"it must be >= {int(padded.max())}, or truncate the examples."
+        raise ConfigError(
+            "max_tokens", max_tokens, f"must be >= {int(padded.max())}, or truncate the examples",
+            problem=f"got {max_tokens}, below the longest example (index {i}, length {int(arr[i])}"
+            f"{f', padded to {int(padded[i])}' if padded[i] != arr[i] else ''})",
         )
     perm = _permutation(len(arr), seed, epoch)
     order = perm[np.argsort(-padded[perm], kind="stable")]
@@ -138,7 +139,7 @@ def batch_warmup_steps(
                               pad_to_multiple_of=pad_to_multiple_of)
     _check_int("min_tokens", min_tokens, 1)
     if min_tokens > max_tokens:
-        raise ValueError(f"min_tokens={min_tokens} is above max_tokens={max_tokens}; it must be <= {max_tokens}.")
+        raise ConfigError("min_tokens", min_tokens, f"must be <= max_tokens ({max_tokens})")
     check_pacing(pacing, num_stages, field="pacing", stages_field="num_stages")
     _check_int("warmup_steps", warmup_steps, 0)
     if epoch > 0 or warmup_steps == 0:

@@ -14,9 +14,12 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import torch
 from torch.optim import Optimizer
 
+from .._validation import ConfigError
+
 __all__ = [
     "LOW_PRECISION",
     "FP32StateOptimizer",
+    "OptionError",
     "check_betas",
     "check_bool",
     "check_nonnegative",
@@ -34,6 +37,22 @@ __all__ = [
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
+class OptionError(ConfigError):
+    """A refused optimizer option: ``<field>: got <value> for <Owner>; <what is allowed>``.
+
+    A ``ValueError`` (a :class:`~hf_fasttrain._validation.ConfigError`); ``owner`` is the optimizer's name.
+    The command line names the field as a user gives it there, ``optimizer_kwargs.<field>``.
+
+    Example:
+        >>> str(OptionError("Muon", "ns_steps", 0, "must be an integer in [1, 99]"))
+        'ns_steps: got 0 for Muon; must be an integer in [1, 99]'
+    """
+
+    def __init__(self, owner: str, field: str, value: Any, allowed: str, problem: Optional[str] = None):
+        self.owner = owner
+        super().__init__(field, value, allowed, problem if problem is not None else f"got {value!r} for {owner}")
+
+
 def _is_real_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -41,36 +60,39 @@ def _is_real_number(value: Any) -> bool:
 def check_nonnegative(owner: str, field: str, value: Any) -> float:
     """Raise ValueError unless `value` is a finite number >= 0; return it as float."""
     if not _is_real_number(value) or value < 0:
-        raise ValueError(f"{owner}: {field} must be a finite number >= 0, got {value!r}")
+        raise OptionError(owner, field, value, "must be a finite number >= 0")
     return float(value)
 
 
 def check_unit_interval(owner: str, field: str, value: Any) -> float:
     """Raise ValueError unless `value` is a number in [0, 1) (a decay rate such as a beta)."""
     if not _is_real_number(value) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{owner}: {field} must be a number in [0, 1), got {value!r}")
+        raise OptionError(owner, field, value, "must be a number in [0, 1)")
     return float(value)
 
 
 def check_betas(owner: str, betas: Any, n: int, field: str = "betas") -> tuple[float, ...]:
     """Raise ValueError unless `betas` is a sequence of `n` numbers, each in [0, 1)."""
     if isinstance(betas, (str, bytes)) or not isinstance(betas, Sequence) or len(betas) != n:
-        raise ValueError(f"{owner}: {field} must be a sequence of {n} numbers in [0, 1), got {betas!r}")
-    return tuple(check_unit_interval(owner, f"{field}[{i}]", b) for i, b in enumerate(betas))
+        shown = list(betas) if isinstance(betas, (list, tuple)) else betas
+        raise OptionError(owner, field, shown, f"must be a list of {n} numbers in [0, 1)")
+    if not all(_is_real_number(b) and 0.0 <= b < 1.0 for b in betas):
+        raise OptionError(owner, field, list(betas), f"must be a list of {n} numbers in [0, 1)")
+    return tuple(float(b) for b in betas)
 
 
 def check_positive_int(owner: str, field: str, value: Any, maximum: int | None = None) -> int:
     """Raise ValueError unless `value` is an int >= 1 (and <= maximum when given)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (maximum is not None and value > maximum):
         allowed = f"an integer in [1, {maximum}]" if maximum is not None else "an integer >= 1"
-        raise ValueError(f"{owner}: {field} must be {allowed}, got {value!r}")
+        raise OptionError(owner, field, value, f"must be {allowed}")
     return value
 
 
 def check_bool(owner: str, field: str, value: Any) -> bool:
     """Raise ValueError unless `value` is a bool (a switch such as ``cautious``)."""
     if not isinstance(value, bool):
-        raise ValueError(f"{owner}: {field} must be a bool, got {value!r}")
+        raise OptionError(owner, field, value, "must be true or false")
     return value
 
 

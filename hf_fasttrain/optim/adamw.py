@@ -21,8 +21,8 @@ from typing import Iterable, Optional
 import torch
 from torch.optim import Optimizer
 
-from ._common import (cautious_, check_betas, check_bool, check_nonnegative, evaluate_closure, params_with_grad,
-                      zero_state)
+from ._common import (OptionError, cautious_, check_betas, check_bool, check_nonnegative, evaluate_closure,
+                      params_with_grad, zero_state)
 
 __all__ = ["AdamW", "build_adamw"]
 
@@ -127,7 +127,8 @@ def build_adamw(
     groups = list(params)
     if cautious:
         if fused:
-            raise ValueError("AdamW: cautious=True has no fused kernel; leave fused unset or False")
+            raise OptionError("AdamW", "fused", fused, "leave fused unset or false",
+                              problem=f"got {fused!r} with cautious=True, which has no fused kernel")
         return AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, cautious=True)
     if fused is None:
         tensors = [

@@ -33,6 +33,7 @@ import torch
 
 from ._common import (
     FP32StateOptimizer,
+    OptionError,
     bucket,
     cautious_,
     check_betas,
@@ -130,9 +131,9 @@ class AdEMAMix(FP32StateOptimizer):
         if T_alpha_beta3 is not None:
             check_positive_int("AdEMAMix", "T_alpha_beta3", T_alpha_beta3)
             if betas[0] <= 0.0 or betas[2] <= 0.0:
-                raise ValueError(
-                    f"AdEMAMix: betas[0] and betas[2] must be > 0 when T_alpha_beta3 is set (the beta3 "
-                    f"warmup interpolates their logarithms), got betas={betas!r}"
+                raise OptionError(
+                    "AdEMAMix", "betas", list(betas), "betas[0] and betas[2] must be > 0 when T_alpha_beta3 is set "
+                    "(the beta3 warmup interpolates their logarithms)",
                 )
         check_nonnegative("AdEMAMix", "eps", eps)
         check_nonnegative("AdEMAMix", "weight_decay", weight_decay)

@@ -53,6 +53,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from ._common import (
+    OptionError,
     check_betas,
     check_bool,
     check_nonnegative,
@@ -240,7 +241,7 @@ class Muon(Optimizer):
         check_bool("Muon", "cautious_wd", cautious_wd)
         _check_hyperball(hyperball, normuon_beta2, cautious_wd)
         if ns_sharding not in NS_SHARDING:
-            raise ValueError(f"Muon: ns_sharding must be one of {list(NS_SHARDING)}, got {ns_sharding!r}")
+            raise OptionError("Muon", "ns_sharding", ns_sharding, "allowed: " + ", ".join(NS_SHARDING))
         check_bool("Muon", "ns_batched", ns_batched)
         self._ns_sharding = ns_sharding
         self._ns_batched = ns_batched
@@ -389,15 +390,17 @@ def _refuse_sharded(p: torch.Tensor, option: str, off: str) -> None:
 def _check_hyperball(value: Any, normuon_beta2: Optional[float], cautious_wd: bool) -> None:
     check_bool("Muon", "hyperball", value)
     if value and normuon_beta2 is not None:
-        raise ValueError("Muon: hyperball and normuon_beta2 both normalise the update; use one of them")
+        raise OptionError("Muon", "hyperball", value, "use one of them",
+                          problem="got True with normuon_beta2 set, and both normalise the update")
     if value and cautious_wd:
-        raise ValueError("Muon: hyperball replaces weight decay on the Muon matrices, so cautious_wd would do "
-                         "nothing; use one of them")
+        raise OptionError("Muon", "hyperball", value, "use one of them",
+                          problem="got True with cautious_wd=True, which would do nothing "
+                          "(hyperball replaces weight decay on the Muon matrices)")
 
 
 def _check_normuon_beta2(value: Any) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1):
-        raise ValueError(f"Muon: normuon_beta2 must be None (plain Muon) or a number in [0, 1), got {value!r}")
+        raise OptionError("Muon", "normuon_beta2", value, "must be null (plain Muon) or a number in [0, 1)")
 
 
 def _conv1d_type():
@@ -647,16 +650,17 @@ class MuonWithAdamW(Optimizer):
         check_unit_interval("Muon", "momentum", momentum)
         check_positive_int("Muon", "ns_steps", ns_steps, maximum=99)
         if adjust_lr_fn not in ADJUST_LR_FNS:
-            raise ValueError(f"Muon: adjust_lr_fn must be one of {list(ADJUST_LR_FNS)}, got {adjust_lr_fn!r}")
+            raise OptionError("Muon", "adjust_lr_fn", adjust_lr_fn, "allowed: " + ", ".join(ADJUST_LR_FNS))
         betas = check_betas("Muon", betas, 2)
         check_nonnegative("Muon", "eps", eps)
         check_bool("Muon", "nesterov", nesterov)
         check_bool("Muon", "cautious", cautious)
         if cautious and fused:
-            raise ValueError("Muon: cautious=True has no fused AdamW kernel; leave fused unset or False")
+            raise OptionError("Muon", "fused", fused, "leave fused unset or false",
+                              problem=f"got {fused!r} with cautious=True, which has no fused AdamW kernel")
         ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises naming the field
         if ns_sharding not in NS_SHARDING:
-            raise ValueError(f"Muon: ns_sharding must be one of {list(NS_SHARDING)}, got {ns_sharding!r}")
+            raise OptionError("Muon", "ns_sharding", ns_sharding, "allowed: " + ", ".join(NS_SHARDING))
         self._muon_defaults = {
             "lr": lr,
             "weight_decay": weight_decay,

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ._common import check_positive_int
+from ._common import OptionError, check_positive_int
 
 __all__ = ["NS_COEFFICIENTS", "NS_DTYPES", "native_bf16_matmul", "newton_schulz", "newton_schulz_batched",
            "ns_coefficient_schedule", "resolve_ns_dtype"]
@@ -82,7 +82,7 @@ def native_bf16_matmul(device: Any = "cpu") -> bool:
 def resolve_ns_dtype(ns_dtype: str, device: Any = "cpu") -> torch.dtype:
     """The dtype Newton-Schulz runs in for ``ns_dtype`` on ``device`` ("auto": bf16 where it is native)."""
     if ns_dtype not in NS_DTYPES:
-        raise ValueError(f"Muon: ns_dtype must be one of {list(NS_DTYPES)}, got {ns_dtype!r}")
+        raise OptionError("Muon", "ns_dtype", ns_dtype, "allowed: " + ", ".join(NS_DTYPES))
     if ns_dtype == "auto":
         return torch.bfloat16 if native_bf16_matmul(device) else torch.float32
     return torch.bfloat16 if ns_dtype == "bfloat16" else torch.float32
@@ -102,10 +102,10 @@ def ns_coefficient_schedule(ns_coefficients: Any = "jordan", ns_steps: int = 5) 
         7
     """
     check_positive_int("Muon", "ns_steps", ns_steps, maximum=99)
-    allowed = f'one of {sorted(NS_COEFFICIENTS)}, an (a, b, c) triple or a list of triples'
+    allowed = f"allowed: {', '.join(sorted(NS_COEFFICIENTS))}, an (a, b, c) triple or a list of triples"
     if isinstance(ns_coefficients, str):
         if ns_coefficients not in NS_COEFFICIENTS:
-            raise ValueError(f"Muon: ns_coefficients must be {allowed}, got {ns_coefficients!r}")
+            raise OptionError("Muon", "ns_coefficients", ns_coefficients, allowed)
         triples = list(NS_COEFFICIENTS[ns_coefficients])
     else:
         def _is_triple(x):
@@ -119,7 +119,7 @@ def ns_coefficient_schedule(ns_coefficients: Any = "jordan", ns_steps: int = 5) 
         elif isinstance(ns_coefficients, (list, tuple)) and ns_coefficients and all(map(_is_triple, ns_coefficients)):
             triples = list(ns_coefficients)
         else:
-            raise ValueError(f"Muon: ns_coefficients must be {allowed}, got {ns_coefficients!r}")
+            raise OptionError("Muon", "ns_coefficients", ns_coefficients, allowed)
         triples = [tuple(float(v) for v in t) for t in triples]
     triples = [tuple(t) for t in triples]
     return [triples[min(i, len(triples) - 1)] for i in range(ns_steps)]

@@ -45,8 +45,9 @@ from typing import Iterable, Optional
 
 import torch
 
-from ._common import (FP32StateOptimizer, bucket, check_betas, check_bool, check_nonnegative, check_positive_int,
-                      check_unit_interval, evaluate_closure, is_dtensor, params_with_grad, state_dtype, zero_state)
+from ._common import (FP32StateOptimizer, OptionError, bucket, check_betas, check_bool, check_nonnegative,
+                      check_positive_int, check_unit_interval, evaluate_closure, is_dtensor, params_with_grad,
+                      state_dtype, zero_state)
 
 _SHARDED = (
     "SOAP does not work under FSDP2 (DTensor parameters sharded over processes): its preconditioners would "
@@ -180,7 +181,7 @@ class SOAP(FP32StateOptimizer):
             not isinstance(skinny_ratio, (int, float)) or isinstance(skinny_ratio, bool)
             or not math.isfinite(skinny_ratio) or skinny_ratio < 1
         ):
-            raise ValueError(f"SOAP: skinny_ratio must be a finite number >= 1 or None (off), got {skinny_ratio!r}")
+            raise OptionError("SOAP", "skinny_ratio", skinny_ratio, "must be a finite number >= 1 or null (off)")
         defaults = {
             "lr": lr,
             "betas": betas,

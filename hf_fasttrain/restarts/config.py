@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
 
+from .._validation import ConfigError
+
 __all__ = ["RestartConfig", "ARG_FIELDS", "restart_config_from_args", "DIRECTIONS", "VARY", "BACKENDS",
            "EXECUTION_FIELDS"]
 
@@ -85,7 +87,7 @@ class RestartConfig:
         >>> RestartConfig(num_seeds=0)
         Traceback (most recent call last):
         ...
-        ValueError: RestartConfig.num_seeds: got 0; must be an integer >= 1
+        hf_fasttrain._validation.ConfigError: RestartConfig.num_seeds: got 0; must be an integer >= 1
         ```
     """
 
@@ -110,7 +112,8 @@ class RestartConfig:
 
     def __post_init__(self):
         def bad(name, allowed):
-            return ValueError(f"RestartConfig.{name}: got {getattr(self, name)!r}; must be {allowed}")
+            return ConfigError(f"RestartConfig.{name}", getattr(self, name),
+                               allowed if allowed.startswith("allowed:") else f"must be {allowed}")
 
         if isinstance(self.num_seeds, bool) or not isinstance(self.num_seeds, int) or self.num_seeds < 1:
             raise bad("num_seeds", "an integer >= 1")
@@ -122,7 +125,7 @@ class RestartConfig:
         if not self.metric.startswith("eval_"):
             self.metric = f"eval_{self.metric}"
         if self.direction not in DIRECTIONS:
-            raise bad("direction", f"one of {list(DIRECTIONS)}")
+            raise bad("direction", "allowed: " + ", ".join(DIRECTIONS))
         if isinstance(self.rungs, bool) or not isinstance(self.rungs, int) or self.rungs < 1:
             raise bad("rungs", "an integer >= 1")
         if not _is_real(self.keep_fraction) or not 0.0 < float(self.keep_fraction) < 1.0:
@@ -148,7 +151,7 @@ class RestartConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise bad(name, "an integer >= 0" + (" or None" if name == "data_seed" else ""))
         if self.vary not in VARY:
-            raise bad("vary", f"one of {list(VARY)}")
+            raise bad("vary", "allowed: " + ", ".join(VARY))
         if self.parallel in (None, "no", "none", "false", ""):
             self.parallel = False
         if self.parallel not in _PARALLEL or self.parallel is True:
@@ -160,7 +163,7 @@ class RestartConfig:
             if not self.devices or len(set(self.devices)) != len(self.devices):
                 raise bad("devices", "None or a non-empty list of distinct device ids")
         if self.backend not in BACKENDS:
-            raise bad("backend", f"one of {list(BACKENDS)}")
+            raise bad("backend", "allowed: " + ", ".join(BACKENDS))
         if isinstance(self.ray_address, str) and self.ray_address.strip().lower() in ("", "none", "null", "local"):
             self.ray_address = None
         if self.ray_address is not None and not _is_ray_address(self.ray_address):
@@ -247,9 +250,20 @@ def restart_config_from_args(training_args, **overrides) -> RestartConfig:
     kwargs.update(seed=training_args.seed, data_seed=getattr(training_args, "data_seed", None), **overrides)
     try:
         return RestartConfig(**kwargs)
-    except ValueError as e:
-        msg = str(e)
-        for arg, cfg in ARG_FIELDS.items():
-            msg = msg.replace(f"RestartConfig.{cfg}:", f"{arg}:")
-        raise ValueError(msg.replace("RestartConfig.", "")) from None
+    except ConfigError as err:
+        raise in_option_words(err) from None
+
+
+def in_option_words(err: ConfigError) -> ConfigError:
+    """A refusal naming a ``RestartConfig`` field (``RestartConfig.metric``) as the option that sets it
+    (``restart_metric``), for the command line and ``FastTrainingArguments`` users.
+
+    Example:
+        >>> str(in_option_words(ConfigError("RestartConfig.rungs", 0, "must be an integer >= 1")))
+        'restart_rungs: got 0; must be an integer >= 1'
+    """
+    names = {f"RestartConfig.{cfg}": arg for arg, cfg in ARG_FIELDS.items()}
+    names.update({f"RestartConfig.{name}": name for name in ("seed", "data_seed")})
+    names.update({cfg: arg for arg, cfg in ARG_FIELDS.items() if cfg not in ("metric", "direction")})
+    return err.renamed(names)
 

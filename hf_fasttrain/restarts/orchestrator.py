@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Protocol, runtime_checkable
 
+from .._validation import ConfigError
 from .config import RestartConfig
 from .ranking import compute_rung_steps, derive_seeds, divergence_reason, num_to_keep, rank_trials
 from .report import CURVES_PNG, SUMMARY_MD, build_summary, plot_curves, summary_markdown, write_summary
@@ -193,17 +194,14 @@ class RestartOrchestrator:
         if callable(available):
             names = sorted(available())
             if config.metric not in names:
-                raise ValueError(
-                    f"RestartConfig.metric: got {config.metric!r}; allowed: {', '.join(names)} (what this runner reports)"
-                )
+                raise ConfigError("RestartConfig.metric", config.metric,
+                                  f"allowed: {', '.join(names)} (what this runner reports)")
         self.devices: List[str] = []
         if config.parallel == "per_gpu":
             self.devices = list(config.devices) if config.devices is not None else _visible_gpus()
             if not self.devices:
-                raise ValueError(
-                    "RestartConfig.parallel: got 'per_gpu', but no GPU is visible; "
-                    "use parallel=False or give devices"
-                )
+                raise ConfigError("RestartConfig.parallel", "per_gpu", "use parallel=False or give devices",
+                                  problem="got 'per_gpu', but no GPU is visible")
         self.state_path = os.path.join(self.output_dir, STATE_FILE)
         self._lock = threading.RLock()
         self.state: Optional[SearchState] = None

@@ -6,6 +6,7 @@ import math
 import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .._validation import ConfigError
 from .config import DIRECTIONS
 
 __all__ = [
@@ -32,16 +33,17 @@ def compute_rung_steps(
     [5, 10, 20]
     """
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-        raise ValueError(f"max_steps={max_steps!r} is invalid: it must be an integer >= 1.")
+        raise ConfigError("max_steps", max_steps, "must be an integer >= 1")
     steps = []
     for r in range(rungs):
         frac = explore_fraction * keep_fraction ** (rungs - 1 - r)
         steps.append(min(max_steps, max(1, math.floor(frac * max_steps + 0.5))))
     if any(b <= a for a, b in zip(steps, steps[1:])):
-        raise ValueError(
-            f"rungs={rungs} with explore_fraction={explore_fraction} and keep_fraction={keep_fraction} gives "
-            f"rung steps {steps} for max_steps={max_steps}; they must strictly increase: use fewer rungs, "
-            "a larger explore_fraction or a longer run."
+        raise ConfigError(
+            "RestartConfig.rungs", rungs, "they must strictly increase: lower rungs, raise explore_fraction or "
+            "train longer",
+            problem=f"got {rungs}, which with explore_fraction={explore_fraction} and keep_fraction={keep_fraction} "
+            f"cuts the {max_steps} steps at {', '.join(map(str, steps))}",
         )
     return steps
 
@@ -73,7 +75,7 @@ def rank_trials(values: Dict[str, float], direction: str, order: Sequence[str]) 
     ['a', 'b', 'c']
     """
     if direction not in DIRECTIONS:
-        raise ValueError(f"direction={direction!r} is invalid: it must be one of {list(DIRECTIONS)}.")
+        raise ConfigError("direction", direction, "allowed: " + ", ".join(DIRECTIONS))
     position = {t: i for i, t in enumerate(order)}
     sign = 1.0 if direction == "min" else -1.0
     return sorted(values, key=lambda t: (sign * values[t], position[t]))
