@@ -86,10 +86,18 @@ from benchmarks._harness import display_command, display_path, run_cli, UsageErr
 from hf_fasttrain.callbacks.graceful_stop import TrainingStopped, stop_exit_code  # noqa: E402
 from hf_fasttrain.runinfo import environment_info  # noqa: E402
 
-FAMILIES = ("hf-best", "recipe")
+FAMILIES = ("hf-best", "recipe", "hf-best+", "recipe+groups")
+SEARCHED_BY_DEFAULT = ("hf-best", "recipe")
+# Per-group learning rates (hf_fasttrain.optim.groups), searched from a base family's winner at the same budget:
+# ``hf-best+`` is hf-best's AdamW on a plain Trainer with the group multipliers and weight decay on the hidden
+# matrices only (a few lines: ``optimizer_cls_and_kwargs_for("adamw", args, lr_multipliers=...)``);
+# ``recipe+groups`` the recipe with the same options on Muon's AdamW part (embeddings, head, norms).
+BASE_OF = {"hf-best": "hf-best", "recipe": "recipe", "hf-best+": "hf-best", "recipe+groups": "recipe"}
+# knob -> the group whose lr it multiplies
+GROUP_KNOBS = {"emb_lr": "embedding", "head_lr": "head", "norm_lr": "norm"}
 # Seed noise of the final eval loss at the ladder's best lrs (|seed 0 - seed 1|, 4x and 16x): AdamW 0.026 and
 # 0.000, recipe 0.003 and 0.048. A change is kept only if it gains more than this.
-NOISE = {"hf-best": 0.015, "recipe": 0.025}
+NOISE = {"hf-best": 0.015, "recipe": 0.025, "hf-best+": 0.015, "recipe+groups": 0.025}
 WARMUP = 0.02
 CHECKPOINT_FROM_BUDGET = 32  # budgets from here on save a checkpoint at every eval and resume a killed run
 # The models (``--model``): the ladder's, and a larger one (the scaling ladder's gpt2-3x192 rung, 1.33M
@@ -97,7 +105,7 @@ CHECKPOINT_FROM_BUDGET = 32  # budgets from here on save a checkpoint at every e
 # ``<budget>x-<model>``.
 MODELS = {"2x128": dict(n_layer=2, n_head=4, n_embd=128), "3x192": dict(n_layer=3, n_head=6, n_embd=192)}
 LADDER_MODEL = "2x128"
-OPTIMIZER_OF = {"hf-best": "adamw", "recipe": "muon"}  # whose measured lr law (hf_fasttrain.budget) a family follows
+OPTIMIZER_OF = {"hf-best": "adamw", "recipe": "muon", "hf-best+": "adamw", "recipe+groups": "muon"}  # whose measured lr law (hf_fasttrain.budget) a family follows
 
 
 CORPORA = ("stdlib", "unique")  # the ladder's corpora: the stdlib's (repeats past 1.3x), and one that does not repeat
@@ -146,11 +154,24 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
                ("seq_len_warmup", [False]),
                ("wd_timescale", [4.0, 16.0]),
                ("lr_scale", [0.5, 2.0])],
+    # The ladder's GPT-2 ties its head to the token embeddings (the head is the embedding group), so no head_lr
+    # knob here. modded-nanogpt's AdamW runs the embeddings at 700x the matrices' lr and scalars at 15x; the
+    # embedding lr first (x16 gained most in a first measurement at 1x), then weight decay off the embeddings,
+    # the norms, and the peak lr again (the matrices' best lr may move once the embeddings have their own).
+    "hf-best+": [("emb_lr", [8.0, 16.0, 32.0]),
+                 ("wd_on", ["matrices"]),
+                 ("norm_lr", [0.25, 4.0]),
+                 ("lr_scale", [0.5, 2.0])],
+    # The recipe's AdamW part already runs at Muon's lr (8x AdamW's at 1x): both ways from there
+    "recipe+groups": [("emb_lr", [0.5, 2.0]),
+                      ("norm_lr", [0.25, 4.0]),
+                      ("wd_on", ["matrices"])],
 }
 # Knobs added after a search began: absent from its start point, so the runs it has keep their keys; a
 # setting without the knob means this value.
 KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_lr_scale": 1.0, "lr_scale": 1.0,
-                                 "hyperball": False, "optimizer": "muon", "beta3": 0.9999}
+                                 "hyperball": False, "optimizer": "muon", "beta3": 0.9999,
+                                 "emb_lr": 1.0, "head_lr": 1.0, "norm_lr": 1.0, "wd_on": "default"}
 # Muon's own options, which mean nothing to another optimizer of the recipe
 MUON_ONLY = ("normuon", "cautious_wd", "adamw_lr_scale", "hyperball")
 # AdEMAMix's own: the slow momentum's decay (the paper's 0.9999 is a half-life of about 6,900 steps, longer than every
@@ -239,12 +260,23 @@ def recipe_schedule(schedule: str) -> dict[str, Any]:
             "wsd-1-sqrt": dict(lr_decay="1-sqrt", min_lr_ratio=0.0, decay_fraction=0.2)}[schedule]
 
 
+def group_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The per-group options (``lr_multipliers``, ``weight_decay_on``) ``config`` sets; empty at their defaults."""
+    mult = {GROUP_KNOBS[k]: float(knob_value(config, k)) for k in GROUP_KNOBS if knob_value(config, k) != 1.0}
+    out: dict[str, Any] = {"lr_multipliers": mult} if mult else {}
+    if knob_value(config, "wd_on") != "default":
+        out["weight_decay_on"] = knob_value(config, "wd_on")
+    return out
+
+
 def arm_for(family: str, config: dict[str, Any], steps: int) -> Arm:
-    """The time-to-loss arm that trains ``config``."""
+    """The time-to-loss arm that trains ``config``. The per-group options at their defaults train exactly as the
+    base family's arm (the same settings, the same code path)."""
     lr = config["lr"] * config["lr_scale"]
     wd = config["wd_timescale"] / (lr * steps)
     name = f"{family}@" + ",".join(f"{k}={v}" for k, v in sorted(config.items()))
-    if family == "hf-best":
+    groups = group_options(config)
+    if BASE_OF[family] == "hf-best":
         args: dict[str, Any] = dict(learning_rate=lr, warmup_steps=WARMUP, weight_decay=wd, adam_beta2=config["beta2"],
                                     max_grad_norm=1.0)
         if config["optim"] == "schedule_free_adamw":
@@ -252,6 +284,12 @@ def arm_for(family: str, config: dict[str, Any], steps: int) -> Arm:
             args.update(optim="schedule_free_adamw", lr_scheduler_type="constant", warmup_steps=round(WARMUP * steps))
         else:
             args.update(trainer_schedule(config["schedule"], steps))
+        if groups:
+            if config["optim"] != "adamw_torch":
+                raise ValueError(f"{name}: the per-group options need the package's AdamW, not optim={config['optim']!r}")
+            # the user's few lines: Trainer(optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("adamw", args, ...))
+            return Arm(name, "Trainer + AdamW with per-group lrs, " + name, fast=False, args=args,
+                       optimizer=("adamw", groups))
         return Arm(name, "Trainer + AdamW, " + name, fast=False, args=args)
     base = ARMS["fasttrain"].args
     args = {k: v for k, v in base.items() if k not in ("lr_decay", "min_lr_ratio", "weight_averaging", "ema_decay",
@@ -271,6 +309,7 @@ def arm_for(family: str, config: dict[str, Any], steps: int) -> Arm:
     adamw_scale = knob_value(config, "adamw_lr_scale")
     if adamw_scale != 1.0:  # the AdamW part (embeddings, head, norms) at its own lr; Muon's stays
         optimizer_kwargs["muon_lr"] = lr
+    optimizer_kwargs.update(groups)
     args.update(learning_rate=lr * adamw_scale, weight_decay=wd, adam_beta2=config["beta2"], optimizer_kwargs=optimizer_kwargs,
                 **recipe_schedule(config["schedule"]))
     return _recipe_arm(name, args, config, base)
@@ -458,7 +497,7 @@ def _run_job(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
     ckpt = Path(partial) / hashlib.sha1(run_key(*job).encode()).hexdigest()[:16] if partial else None
     arm = arm_for(family, config, setup.max_steps)
     ns_dtype = None  # recorded only where Muon runs and its iteration is not the ladder's bf16
-    if family == "recipe" and knob_value(config, "optimizer") == "muon":
+    if BASE_OF[family] == "recipe" and knob_value(config, "optimizer") == "muon":
         # given always: Muon's default ("auto") would run fp32 on a CPU without native bf16, and every run of
         # the ladder ran bf16
         given = _SHARED.get("ns_dtype", NS_DTYPE)
@@ -708,7 +747,13 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--budget", type=int, default=16, help="multiple of the 1x budget (300 steps) to search at")
-    p.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
+    p.add_argument("--families", default=",".join(SEARCHED_BY_DEFAULT),
+                   help=f"comma-separated, of {', '.join(FAMILIES)}; hf-best+ and recipe+groups start at hf-best's and "
+                        "the recipe's winners at the same budget (in --base, else the quick start) and search the "
+                        "per-group lrs")
+    p.add_argument("--base", default=None, metavar="JSON",
+                   help="the hf_best ledger whose finished searches give hf-best+ and recipe+groups their starts "
+                        "(default: results/hf_best.json); the winner's runs there are taken over as the start's")
     p.add_argument("--model", default=LADDER_MODEL,
                    help=f"LAYERSxWIDTH, one of {', '.join(MODELS)}; another than {LADDER_MODEL} needs --transfer-from "
                         "and starts at the law's lr for its width and tokens per parameter")
@@ -793,7 +838,13 @@ def main(argv=None) -> dict[str, Any]:
         else:
             firsts = {"hf-best": ladder_best_lr(ladder, rung, "adamw") or 2e-3,
                       "recipe": ladder_best_lr(ladder, rung, "recipe") or 1.6e-2}
-            starts = {f: start_config(f, firsts[f], setup.max_steps) for f in families}
+            starts = {f: start_config(f, firsts[f], setup.max_steps) for f in families if BASE_OF[f] == f}
+            base_path = Path(ns.base) if ns.base else RESULTS / "hf_best.json"
+            base = (json.loads(base_path.read_text()) if base_path.exists() and not ns.quick else
+                    {"runs": {}, "searches": {}})
+            for f in families:
+                if BASE_OF[f] != f:
+                    starts[f] = group_start(ledger, base, rung, f, firsts[BASE_OF[f]], setup.max_steps)
         if given is None and not transfer and import_ladder_starts(ledger, ladder, rung, starts):
             print(f"[hf_best] the budget ladder's {rung} runs at the start lrs are the start points", flush=True)
         env = environment_info()
@@ -855,6 +906,23 @@ def main(argv=None) -> dict[str, Any]:
     return {"summary": summary}
 
 
+def group_start(ledger: Ledger, base: dict[str, Any], rung: str, family: str, lr: float, steps: int) -> dict[str, Any]:
+    """The start of a per-group search (``hf-best+``, ``recipe+groups``): its base family's winner at ``rung`` in
+    ``base`` (an hf_best ledger), whose runs there are taken over as this family's (``imported_from``: the same
+    settings train the same); without a finished search there, the base's start (a smoke run)."""
+    source = BASE_OF[family]
+    won = ((base.get("searches") or {}).get(rung) or {}).get(source)
+    if won is None:
+        return start_config(source, lr, steps)
+    start = dict(won["best"])
+    for r in (base.get("runs") or {}).values():
+        if r["rung"] == rung and r["family"] == source and config_key(r["config"]) == config_key(start):
+            key = run_key(rung, family, start, r["seed"])
+            if key not in ledger.data["runs"]:
+                ledger.data["runs"][key] = {**r, "family": family, "imported_from": f"{source}'s winner in hf_best.json"}
+    return start
+
+
 def parse_config(text: str, families: list[str]) -> dict[str, Any]:
     """``--config``: a JSON object of one family's settings, every knob given (as the JSON's run keys show
     them), so it names the same runs as the search's."""
@@ -865,7 +933,7 @@ def parse_config(text: str, families: list[str]) -> dict[str, Any]:
         config = json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"--config: {text!r}: not JSON ({e.msg}); a JSON object of knob: value") from None
-    required = set(start_config(families[0], 1.0, 1))
+    required = set(start_config(BASE_OF[families[0]], 1.0, 1))
     if not isinstance(config, dict) or not required <= set(config):
         missing = ", ".join(sorted(required - set(config))) if isinstance(config, dict) else "all"
         raise UsageError(f"--config: {text!r}: a JSON object of every {families[0]} knob (missing: {missing})")
