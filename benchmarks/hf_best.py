@@ -8,6 +8,7 @@ each found by coordinate descent at one budget of the budget ladder.
     nice -n 10 python -m benchmarks.hf_best --budget 54 --model 3x192 --transfer-from 16 --jobs 2  # a larger model
     nice -n 10 python -m benchmarks.hf_best --budget 64 --corpus unique --transfer-from 16 --jobs 2  # no repeats
     python -m benchmarks.hf_best --budget 16 --report                # every budget's tables from the JSON
+    nice -n 15 python -m benchmarks.hf_best --budget 1 --families hf-best+ --name hf_best_groups   # per-group lrs
     python -m benchmarks.hf_best --quick --out /tmp/x                # a smoke run (the test suite uses it)
 
 Model, data and budget are the budget ladder's (benchmarks/budget_ladder.py): GPT-2 2x128 on the stdlib
@@ -29,6 +30,19 @@ corpus, ``multiple x 300`` steps of 16 x 128 tokens, 2% warmup, eval 12 times. T
   weight decay on Muon's matrices (Chen et al. 2025), the AdamW part's lr (embeddings, head and norms at x0.25 of Muon's: AdamW's own best lr), the EMA (off), sequence-length warmup (off), weight decay's timescale
   (4 and 16, about half and twice the start's 7.7 at 16x: Muon's matrices decay too) and the peak lr
   (x0.5, x2).
+
+Two more families search per-group learning rates (``hf_fasttrain.optim.groups``) from a base family's winner at
+the same budget (``--base``, default results/hf_best.json, whose winner's runs are taken over as the start's):
+
+- ``hf-best+``: hf-best's winner on a plain Trainer whose AdamW comes from
+  ``optimizer_cls_and_kwargs_for("adamw", args, lr_multipliers=..., weight_decay_on=...)``, what a user writes in a
+  few lines; knobs: the embeddings' lr (x8, x16, x32), weight decay on the hidden matrices only, the norms' lr (x0.25,
+  x4), the peak lr (x0.5, x2). The ladder's model ties its head to the embeddings, so the head has no knob.
+- ``recipe+groups``: the recipe's winner with the same options on Muon's AdamW part (embeddings x0.5 and x2, norms
+  x0.25 and x4, weight decay on the matrices only).
+
+The report then gives the recipe's tokens to each baseline's final loss (hf-best's and hf-best+'s) and a PNG of the
+starts' and winners' curves.
 
 Coordinate descent: knob by knob, from the current best, every other value of the knob is run (seed 0); the
 best of them replaces the current setting only if it lowers the final eval loss by more than the family's
@@ -902,6 +916,7 @@ def main(argv=None) -> dict[str, Any]:
     ledger.save()
     text = report_text(ledger)
     (out / f"{ns.name}.md").write_text(text)
+    group_plot(ledger, out / f"{ns.name}.png")
     print(text)
     return {"summary": summary}
 
@@ -1047,8 +1062,107 @@ def report_text(ledger: Ledger) -> str:
                     "and length (`learning_rate: auto`, hf_fasttrain/budget.py), so the sweep checks the law at a "
                     "point outside its fit.\n\n")
         text += (f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary) + memorisation(ledger, r)
-                 + one_run_table(ledger, r, summary) + precision_table(ledger, r, summary))
+                 + one_run_table(ledger, r, summary) + precision_table(ledger, r, summary)
+                 + group_ratio_table(group_ratios(ledger, r, summary)))
     return text
+
+
+def _start_runs(ledger: Ledger, rung: str, family: str) -> list[dict[str, Any]]:
+    """The runs a per-group search took over from its base family's winner (its start, every seed)."""
+    return [r for r in ledger.data["runs"].values()
+            if r["rung"] == rung and r["family"] == family and r.get("imported_from")]
+
+
+def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """Where the per-group searches ran (``hf-best+``, ``recipe+groups``): each baseline's final loss (hf-best: the
+    winner hf-best+ started from; hf-best+: its winner), and for the recipe's winner (recipe+groups' start) and
+    recipe+groups' winner, each seed's tokens to that loss over the budget (the one-run measure, interpolated
+    between evaluations) and their median; empty where neither search ran."""
+    baselines: dict[str, float] = {}
+    start = _start_runs(ledger, rung, "hf-best+")
+    if start:
+        baselines["hf-best"] = statistics.median(r["final_eval_loss"] for r in start)
+    if "hf-best+" in summary:
+        baselines["hf-best+"] = summary["hf-best+"]["final_eval_loss"]
+    if not baselines:
+        return {}
+    arms = {}
+    recipe_start = _start_runs(ledger, rung, "recipe+groups")
+    if recipe_start:
+        arms["recipe (its searched winner)"] = recipe_start
+    if "recipe+groups" in summary:
+        best = summary["recipe+groups"]["best"]
+        arms["recipe+groups"] = [r for r in ledger.data["runs"].values() if r["rung"] == rung
+                                 and r["family"] == "recipe+groups" and config_key(r["config"]) == config_key(best)]
+    rows = {}
+    for arm, runs in arms.items():
+        runs = sorted(runs, key=lambda r: r["seed"])
+        per = {}
+        for base, target in baselines.items():
+            ratios = [crossing(r["curve"], target, "tokens") / (r["max_steps"] * r["tokens_per_step"]) for r in runs]
+            per[base] = {"per_seed": ratios, "median": statistics.median(ratios)}
+        rows[arm] = {"seeds": [r["seed"] for r in runs], "config": runs[0]["config"],
+                     "final_eval_loss": statistics.median(r["final_eval_loss"] for r in runs), "to": per}
+    return {"baselines": baselines, "rows": rows}
+
+
+def group_ratio_table(ratios: dict[str, Any]) -> str:
+    """The markdown of :func:`group_ratios`."""
+    if not ratios:
+        return ""
+    bases = ratios["baselines"]
+    out = ["", "Against both baselines: each one's final eval loss (median of its seeds) and the recipe's tokens to it "
+           "over the budget (median of the seeds; each seed in brackets):", "",
+           "| baseline | final eval loss |", "|---|---|"]
+    out += [f"| {b} | {loss:.3f} |" for b, loss in bases.items()]
+    if ratios["rows"]:
+        out += ["", "| recipe | final eval loss | seeds | " + " | ".join(f"tokens to {b}'s loss / budget" for b in bases)
+                + " |", "|---|---|---|" + "---|" * len(bases)]
+        for arm, row in ratios["rows"].items():
+            cells = []
+            for b in bases:
+                to = row["to"][b]
+                each = ", ".join("never" if math.isinf(x) else f"{x:.3f}" for x in to["per_seed"])
+                cells.append(("never" if math.isinf(to["median"]) else f"{to['median']:.3f}") + f" ({each})")
+            out.append(f"| {arm} | {row['final_eval_loss']:.3f} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def group_plot(ledger: Ledger, path: Path) -> Optional[Path]:
+    """Eval loss against tokens of each per-group search's start and winner (seed 0), one panel per budget."""
+    rungs = [r for r in searched_rungs(ledger) if any(f in (ledger.data.get("summary", {}).get(r) or {})
+                                                    for f in ("hf-best+", "recipe+groups"))]
+    if not rungs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rungs), figsize=(6 * len(rungs), 4.2), squeeze=False)
+    for ax, rung in zip(axes[0], rungs):
+        summary = ledger.data["summary"][rung]
+        for family, label in (("hf-best+", "hf-best"), ("recipe+groups", "recipe")):
+            if family not in summary:
+                continue
+            start = [r for r in _start_runs(ledger, rung, family) if r["seed"] == 0]
+            best = [r for r in ledger.data["runs"].values() if r["rung"] == rung and r["family"] == family
+                    and r["seed"] == 0 and config_key(r["config"]) == config_key(summary[family]["best"])]
+            if start and best and config_key(best[0]["config"]) == config_key(start[0]["config"]):
+                best = []  # the search kept the start
+            for runs, name, style in ((start, label, "--"), (best, family, "-")):
+                if runs:
+                    c = runs[0]["curve"]
+                    ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], style, label=name)
+        ax.set_title(f"budget {rung}, seed 0")
+        ax.set_xlabel("training tokens (M)")
+        ax.set_ylabel("eval loss")
+        ax.set_ylim(top=min(6.0, ax.get_ylim()[1]))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def one_run_ratios(ledger: Ledger, rung: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
