@@ -208,7 +208,7 @@ def test_families_share_the_workers_and_decide_as_one_at_a_time(tmp_path, monkey
                 "cpu_seconds": 0.0}
 
     monkeypatch.setattr(mod, "_run_one", fake_run)
-    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.FAMILIES}
+    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.SEARCHED_BY_DEFAULT}
     outcomes = []
     for pool in (None, concurrent.futures.ThreadPoolExecutor(2)):
         order.clear()
@@ -263,7 +263,7 @@ def test_a_search_of_one_family_keeps_the_other_familys_record(tmp_path, monkeyp
                 "final_eval_loss": 3.0 - 0.05 * (config["schedule"] == "wsd-1-sqrt")}
 
     monkeypatch.setattr(mod, "_run_one", fake_run)
-    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.FAMILIES}
+    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.SEARCHED_BY_DEFAULT}
     ledger = mod.Ledger(tmp_path / "hf_best.json")
     both = mod.search(ledger, "16x", starts, None, seeds=2, log=lambda m: None)
     # later: a third seed of the recipe only (``--families recipe --seeds 3``)
@@ -671,7 +671,7 @@ def test_a_stopped_search_starts_no_run_after_the_stop_and_its_rerun_ends_as_a_s
                 "final_eval_loss": 3.0 - 0.05 * (config["schedule"] == "wsd-1-sqrt") + 0.01 * config["lr_scale"]}
 
     monkeypatch.setattr(mod, "_run_one", fake_run)
-    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.FAMILIES}
+    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.SEARCHED_BY_DEFAULT}
     ledger = mod.Ledger(tmp_path / "hf_best.json")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # one worker: the order of the runs is fixed
         mod.search(ledger, "16x", starts, pool, seeds=2, log=lambda m: None)
