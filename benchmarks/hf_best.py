@@ -1063,8 +1063,13 @@ def report_text(ledger: Ledger) -> str:
                     "point outside its fit.\n\n")
         text += (f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary) + memorisation(ledger, r)
                  + one_run_table(ledger, r, summary) + precision_table(ledger, r, summary)
-                 + group_ratio_table(group_ratios(ledger, r, summary)))
+                 + group_ratio_table(group_ratios(ledger, r, summary, _ladder())))
     return text
+
+
+def _ladder() -> dict[str, Any]:
+    path = RESULTS / "budget_ladder.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _start_runs(ledger: Ledger, rung: str, family: str) -> list[dict[str, Any]]:
@@ -1073,11 +1078,13 @@ def _start_runs(ledger: Ledger, rung: str, family: str) -> list[dict[str, Any]]:
             if r["rung"] == rung and r["family"] == family and r.get("imported_from")]
 
 
-def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any]) -> dict[str, Any]:
+def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any],
+                 ladder: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Where the per-group searches ran (``hf-best+``, ``recipe+groups``): each baseline's final loss (hf-best: the
-    winner hf-best+ started from; hf-best+: its winner), and for the recipe's winner (recipe+groups' start) and
-    recipe+groups' winner, each seed's tokens to that loss over the budget (the one-run measure, interpolated
-    between evaluations) and their median; empty where neither search ran."""
+    winner hf-best+ started from; hf-best+: its winner), and for the recipe (the budget ladder's runs at its best
+    lr, from ``ladder``, the headline's; the searched winner, recipe+groups' start; recipe+groups' winner), each
+    seed's tokens to that loss over the budget (the one-run measure, interpolated between evaluations) and their
+    median; empty where neither search ran."""
     baselines: dict[str, float] = {}
     start = _start_runs(ledger, rung, "hf-best+")
     if start:
@@ -1087,6 +1094,11 @@ def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any]) -> dict[str
     if not baselines:
         return {}
     arms = {}
+    best_lr = ladder_best_lr(ladder or {}, rung, "recipe")
+    headline = [r for r in (ladder or {}).get("runs", {}).values()
+                if r["rung"] == rung and r["optimizer"] == "recipe" and r["lr"] == best_lr]
+    if headline:
+        arms["recipe (the budget ladder's, at its best lr)"] = headline
     recipe_start = _start_runs(ledger, rung, "recipe+groups")
     if recipe_start:
         arms["recipe (its searched winner)"] = recipe_start
@@ -1101,7 +1113,7 @@ def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any]) -> dict[str
         for base, target in baselines.items():
             ratios = [crossing(r["curve"], target, "tokens") / (r["max_steps"] * r["tokens_per_step"]) for r in runs]
             per[base] = {"per_seed": ratios, "median": statistics.median(ratios)}
-        rows[arm] = {"seeds": [r["seed"] for r in runs], "config": runs[0]["config"],
+        rows[arm] = {"seeds": [r["seed"] for r in runs], "config": runs[0].get("config", {"lr": runs[0].get("lr")}),
                      "final_eval_loss": statistics.median(r["final_eval_loss"] for r in runs), "to": per}
     return {"baselines": baselines, "rows": rows}
 

@@ -873,3 +873,9 @@ def test_the_recipes_tokens_to_each_baselines_loss(tmp_path):
     assert row["to"]["hf-best+"]["per_seed"] == pytest.approx([0.5, (200 + 100 / 3) / 400])
     table = mod.group_ratio_table(got)
     assert "| hf-best+ | 4.200 |" in table and "| recipe (its searched winner) | 3.900 | 2 |" in table
+    # the budget ladder's recipe at its best lr (the headline's) too
+    lad_run = {**ledger.data["runs"][mod.run_key("1x", "recipe+groups", recipe, 0)], "optimizer": "recipe", "lr": 1.6e-2}
+    ladder = {"runs": {"a": lad_run, "b": {**lad_run, "lr": 8e-3, "final_eval_loss": 9.0}},
+              "summary": {"1x": {"optimizers": {"recipe": {"best_lr": 1.6e-2}}}}}
+    row = mod.group_ratios(ledger, "1x", summary, ladder)["rows"]["recipe (the budget ladder's, at its best lr)"]
+    assert (row["final_eval_loss"], row["to"]["hf-best+"]["per_seed"]) == (3.9, [0.5])
