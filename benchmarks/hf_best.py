@@ -1166,6 +1166,13 @@ def group_plot(ledger: Ledger, path: Path) -> Optional[Path]:
                 if runs:
                     c = runs[0]["curve"]
                     ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], style, label=name)
+        ladder = _ladder()
+        best_lr = ladder_best_lr(ladder, rung, "recipe")
+        headline = [r for r in (ladder.get("runs") or {}).values() if r["rung"] == rung and r["optimizer"] == "recipe"
+                    and r["lr"] == best_lr and r["seed"] == 0]
+        if headline:
+            c = headline[0]["curve"]
+            ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], ":", label="recipe (budget ladder)")
         ax.set_title(f"budget {rung}, seed 0")
         ax.set_xlabel("training tokens (M)")
         ax.set_ylabel("eval loss")
