@@ -1102,7 +1102,8 @@ def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any],
     recipe_start = _start_runs(ledger, rung, "recipe+groups")
     if recipe_start:
         arms["recipe (its searched winner)"] = recipe_start
-    if "recipe+groups" in summary:
+    if "recipe+groups" in summary and not (recipe_start and config_key(summary["recipe+groups"]["best"])
+                                           == config_key(recipe_start[0]["config"])):  # not the start again
         best = summary["recipe+groups"]["best"]
         arms["recipe+groups"] = [r for r in ledger.data["runs"].values() if r["rung"] == rung
                                  and r["family"] == "recipe+groups" and config_key(r["config"]) == config_key(best)]
