@@ -121,7 +121,8 @@ class FastTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Take lr_decay, min_lr_ratio, decay_fraction, weight_decay, adam_beta2 and, with "
                   "optimizer muon, its AdamW part's betas, NorMuon, cautious weight decay and the AdamW part's lr ratio "
-                  "(optimizer_kwargs betas, normuon_beta2, cautious_wd, adamw_lr_ratio) from the settings measured best for this "
+                  "(optimizer_kwargs betas, normuon_beta2, cautious_wd, adamw_lr_ratio) and, with optimizer adamw in short "
+                  "runs, the embeddings' lr multiplier (optimizer_kwargs lr_multipliers) from the settings measured best for this "
                   "run's length in tokens per non-embedding parameter (hf_fasttrain.budget: the budget ladder and "
                   "the long-horizon searches at 1.5, 6.2 (AdamW) and 24.8, Muon's complete runs at 12.4); they replace the values "
                   "given for those. The peak learning_rate stays yours; from 8.8 tokens per parameter on (Muon) and past 49.6 "
@@ -406,7 +407,9 @@ class FastTrainingArguments(TrainingArguments):
                   "'{\"cautious_wd\": true}' (cautious weight decay), '{\"adamw_lr_ratio\": 0.25}' (the AdamW part at a quarter "
                   "of Muon's lr), '{\"hyperball\": true}' (Hyperball: weight norms "
                   "held, no decay on Muon's matrices) and '{\"ns_dtype\": \"bfloat16\"}' (Newton-Schulz always in bf16; the "
-                  "default, auto, runs it in fp32 where bf16 is not native, e.g. an AVX2 CPU). Numbers written as "
+                  "default, auto, runs it in fp32 where bf16 is not native, e.g. an AVX2 CPU); for every optimizer "
+                  "'{\"lr_multipliers\": {\"embedding\": 16}, \"weight_decay_on\": \"matrices\"}' (per-group lrs: "
+                  "embedding, head, norm, bias, matrix; weight decay on the hidden matrices only). Numbers written as "
                   "strings ('1e-5') are "
                   "converted; unknown keys and bad values are errors. Overrides learning_rate / weight_decay when "
                   "it sets lr / weight_decay."},

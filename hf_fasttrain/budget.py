@@ -92,14 +92,19 @@ REGIMES: tuple[BudgetRegime, ...] = (
         "short", 3.1,
         # AdamW at 1x: warmup-stable-decay with a linear cooldown to 0 over the last 20% ended at 4.532 against
         # cosine to 10%'s 4.685 (1-sqrt cooldown 4.543, linear to 0 4.707, cosine to 1% 4.728); then beta2 0.999:
-        # 4.499 (0.99: 4.510); 2 seeds at the winner: 4.506 against hf-tuned's 4.701
+        # 4.499 (0.99: 4.510); 2 seeds at the winner: 4.506 against hf-tuned's 4.701. Then per-group lrs
+        # (hf-best+, benchmarks/results/hf_best_groups.md): the embeddings (tied head) at 16x the lr 4.220 (x8
+        # 4.306, x32 4.283), 2 seeds 4.220 / 4.203; weight decay on the matrices only 4.209, the norms' lr x0.25 /
+        # x4 4.232 / 4.217, the peak lr x0.5 / x2 4.231 / 4.260, all within the seed noise (0.015). Applied with
+        # optimizer="adamw" only (the package's AdamW takes per-group lrs; it was measured there); the other rows
+        # did not search it, so a given lr_multipliers stays there
         {"adamw": {"lr_decay": "linear", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1,
-                   "adam_beta2": 0.999},
+                   "adam_beta2": 0.999, "optimizer_kwargs": {"lr_multipliers": {"embedding": 16.0}}},
          # the recipe (Muon) at 1x: cosine to 10% stays (3.973; linear to 0 3.981, WSD 4.021); beta2 0.999 of
          # Muon's AdamW part 3.947 (0.99: 3.948); then NorMuon (beta2 0.95) 3.900; 2 seeds at the winner 3.903
          "muon": {"lr_decay": "cosine", "min_lr_ratio": 0.1, "decay_fraction": None, "weight_decay": 0.1,
                   "adam_beta2": 0.999, "optimizer_kwargs": {"betas": [0.9, 0.999], "normuon_beta2": 0.95, **_NOT_LONG}}},
-        "long-horizon search at 1x (benchmarks/results/hf_best.md)"),
+        "long-horizon search at 1x (benchmarks/results/hf_best.md; AdamW's per-group lrs: hf_best_groups.md)"),
     BudgetRegime(
         "middle", 8.8,
         # AdamW at 4x: warmup-stable-decay with a linear cooldown to 0 over the last 20% ended at 3.600 against

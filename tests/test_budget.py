@@ -310,3 +310,25 @@ def test_learning_rate_auto_is_refused_in_one_line_with_the_checks_figures(tmp_p
     longest = max(learning_rate_law_check("muon"), key=lambda r: r["tokens_per_param"])
     assert f"up to {worst:.2g}x for AdamW" in err and f"by {1 / longest['ratio']:.2g}x for Muon's" in err
     assert not (tmp_path / "o").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", None, "lion"])
+def test_budget_aware_short_adamw_runs_take_the_embeddings_lr_measured_with_the_packages_adamw(
+        tmp_path, tiny_lm, tiny_tokenizer, optimizer, caplog):
+    """At 1.5 tokens per parameter AdamW's embeddings at 16x the lr won by far more than the seed noise (hf-best+):
+    the package's AdamW takes it; the Trainer's own optim and another optimizer keep theirs, and the log says so."""
+    args = tiny_args(tmp_path, max_steps=2, budget_aware=True, lr_decay="cosine", optimizer=optimizer,
+                     run_record=False, optimizer_kwargs={"weight_decay_on": "matrices"} if optimizer else None)
+    with caplog.at_level("INFO", logger="hf_fasttrain.trainer"):
+        trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"])
+    assert trainer.budget["regime"] == "short"
+    assert budget_settings(1.0, "adamw")["settings"]["optimizer_kwargs"] == {"lr_multipliers": {"embedding": 16.0}}
+    if optimizer == "adamw":
+        assert trainer.args.optimizer_kwargs == {"weight_decay_on": "matrices", "lr_multipliers": {"embedding": 16.0}}
+        lrs = {g["lr_group"]: g["lr"] for g in trainer.create_optimizer().param_groups}
+        assert lrs == {"embedding": pytest.approx(16 * 3e-3), "matrix": 3e-3, "norm": 3e-3, "bias": 3e-3}
+        assert "not applied" not in caplog.text
+    else:
+        assert trainer.args.optimizer_kwargs == ({"weight_decay_on": "matrices"} if optimizer else None)
+        who = "the Trainer optim" if optimizer is None else "'lion'"
+        assert f"not applied: lr_multipliers (measured with optimizer 'adamw'; {who} keeps its own)" in caplog.text
