@@ -121,7 +121,7 @@ class FastTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Take lr_decay, min_lr_ratio, decay_fraction, weight_decay, adam_beta2 and, with "
                   "optimizer muon, its AdamW part's betas, NorMuon, cautious weight decay and the AdamW part's lr ratio "
-                  "(optimizer_kwargs betas, normuon_beta2, cautious_wd, adamw_lr_ratio) and, with optimizer adamw in short "
+                  "(optimizer_kwargs betas, normuon_beta2, cautious_wd, adamw_lr_ratio) and, with optimizer adamw or muon in short "
                   "runs, the embeddings' lr multiplier (optimizer_kwargs lr_multipliers) from the settings measured best for this "
                   "run's length in tokens per non-embedding parameter (hf_fasttrain.budget: the budget ladder and "
                   "the long-horizon searches at 1.5, 6.2 (AdamW) and 24.8, Muon's complete runs at 12.4); they replace the values "

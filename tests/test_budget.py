@@ -272,7 +272,14 @@ def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, t
     assert adamw_groups and {tuple(g["betas"]) for g in adamw_groups} == {(0.9, settings["adam_beta2"])}
     # long runs: cautious weight decay on Muon's matrices, the AdamW part at a quarter of the lr
     ratio = settings["optimizer_kwargs"]["adamw_lr_ratio"]
-    assert {g["lr"] for g in muon_groups} == {3e-3} and {g["lr"] for g in adamw_groups} == {3e-3 * ratio}
+    # short runs: the embeddings at their measured multiple of the AdamW part's lr
+    mult = settings["optimizer_kwargs"].get("lr_multipliers", {})
+    assert mult == ({"embedding": 2.0} if regime == "short" else {})
+    assert {g["lr"] for g in muon_groups} == {3e-3}
+    got = sorted((g.get("lr_group") or "", g["lr"]) for g in adamw_groups)
+    want = sorted((role, 3e-3 * ratio * mult.get(role, 1.0)) for role in ("embedding", "norm", "bias")) if mult else [
+        ("", 3e-3 * ratio)] * len(got)
+    assert [r for r, _ in got] == [r for r, _ in want] and [x for _, x in got] == pytest.approx([x for _, x in want])
     combined = regime in ("middle-long", "long")
     assert {g["cautious_wd"] for g in muon_groups} == {combined} and (ratio == 0.25) == combined
 
