@@ -8,6 +8,7 @@ each found by coordinate descent at one budget of the budget ladder.
     nice -n 10 python -m benchmarks.hf_best --budget 54 --model 3x192 --transfer-from 16 --jobs 2  # a larger model
     nice -n 10 python -m benchmarks.hf_best --budget 64 --corpus unique --transfer-from 16 --jobs 2  # no repeats
     python -m benchmarks.hf_best --budget 16 --report                # every budget's tables from the JSON
+    nice -n 15 python -m benchmarks.hf_best --budget 1 --families hf-best+ --name hf_best_groups   # per-group lrs
     python -m benchmarks.hf_best --quick --out /tmp/x                # a smoke run (the test suite uses it)
 
 Model, data and budget are the budget ladder's (benchmarks/budget_ladder.py): GPT-2 2x128 on the stdlib
@@ -29,6 +30,19 @@ corpus, ``multiple x 300`` steps of 16 x 128 tokens, 2% warmup, eval 12 times. T
   weight decay on Muon's matrices (Chen et al. 2025), the AdamW part's lr (embeddings, head and norms at x0.25 of Muon's: AdamW's own best lr), the EMA (off), sequence-length warmup (off), weight decay's timescale
   (4 and 16, about half and twice the start's 7.7 at 16x: Muon's matrices decay too) and the peak lr
   (x0.5, x2).
+
+Two more families search per-group learning rates (``hf_fasttrain.optim.groups``) from a base family's winner at
+the same budget (``--base``, default results/hf_best.json, whose winner's runs are taken over as the start's):
+
+- ``hf-best+``: hf-best's winner on a plain Trainer whose AdamW comes from
+  ``optimizer_cls_and_kwargs_for("adamw", args, lr_multipliers=..., weight_decay_on=...)``, what a user writes in a
+  few lines; knobs: the embeddings' lr (x8, x16, x32), weight decay on the hidden matrices only, the norms' lr (x0.25,
+  x4), the peak lr (x0.5, x2). The ladder's model ties its head to the embeddings, so the head has no knob.
+- ``recipe+groups``: the recipe's winner with the same options on Muon's AdamW part (embeddings x0.5 and x2, norms
+  x0.25 and x4, weight decay on the matrices only).
+
+The report then gives the recipe's tokens to each baseline's final loss (hf-best's and hf-best+'s) and a PNG of the
+starts' and winners' curves.
 
 Coordinate descent: knob by knob, from the current best, every other value of the knob is run (seed 0); the
 best of them replaces the current setting only if it lowers the final eval loss by more than the family's
@@ -90,10 +104,18 @@ from benchmarks._harness.budget import BASE_STEPS, budget_setup, data_args, uniq
 from benchmarks._harness.ledger import Ledger
 from benchmarks._harness.lm import ARMS, QUICK, Arm, crossing, non_embedding_params, run_arm
 
-FAMILIES = ("hf-best", "recipe")
+FAMILIES = ("hf-best", "recipe", "hf-best+", "recipe+groups")
+SEARCHED_BY_DEFAULT = ("hf-best", "recipe")
+# Per-group learning rates (hf_fasttrain.optim.groups), searched from a base family's winner at the same budget:
+# ``hf-best+`` is hf-best's AdamW on a plain Trainer with the group multipliers and weight decay on the hidden
+# matrices only (a few lines: ``optimizer_cls_and_kwargs_for("adamw", args, lr_multipliers=...)``);
+# ``recipe+groups`` the recipe with the same options on Muon's AdamW part (embeddings, head, norms).
+BASE_OF = {"hf-best": "hf-best", "recipe": "recipe", "hf-best+": "hf-best", "recipe+groups": "recipe"}
+# knob -> the group whose lr it multiplies
+GROUP_KNOBS = {"emb_lr": "embedding", "head_lr": "head", "norm_lr": "norm"}
 # Seed noise of the final eval loss at the ladder's best lrs (|seed 0 - seed 1|, 4x and 16x): AdamW 0.026 and
 # 0.000, recipe 0.003 and 0.048. A change is kept only if it gains more than this.
-NOISE = {"hf-best": 0.015, "recipe": 0.025}
+NOISE = {"hf-best": 0.015, "recipe": 0.025, "hf-best+": 0.015, "recipe+groups": 0.025}
 WARMUP = 0.02
 CHECKPOINT_FROM_BUDGET = 32  # budgets from here on save a checkpoint at every eval and resume a killed run
 # The models (``--model``): the ladder's, and a larger one (the scaling ladder's gpt2-3x192 rung, 1.33M
@@ -101,7 +123,7 @@ CHECKPOINT_FROM_BUDGET = 32  # budgets from here on save a checkpoint at every e
 # ``<budget>x-<model>``.
 MODELS = {"2x128": dict(n_layer=2, n_head=4, n_embd=128), "3x192": dict(n_layer=3, n_head=6, n_embd=192)}
 LADDER_MODEL = "2x128"
-OPTIMIZER_OF = {"hf-best": "adamw", "recipe": "muon"}  # whose measured lr law (hf_fasttrain.budget) a family follows
+OPTIMIZER_OF = {"hf-best": "adamw", "recipe": "muon", "hf-best+": "adamw", "recipe+groups": "muon"}  # whose measured lr law (hf_fasttrain.budget) a family follows
 
 
 CORPORA = ("stdlib", "unique")  # the ladder's corpora: the stdlib's (repeats past 1.3x), and one that does not repeat
@@ -150,11 +172,24 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
                ("seq_len_warmup", [False]),
                ("wd_timescale", [4.0, 16.0]),
                ("lr_scale", [0.5, 2.0])],
+    # The ladder's GPT-2 ties its head to the token embeddings (the head is the embedding group), so no head_lr
+    # knob here. modded-nanogpt's AdamW runs the embeddings at 700x the matrices' lr and scalars at 15x; the
+    # embedding lr first (x16 gained most in a first measurement at 1x), then weight decay off the embeddings,
+    # the norms, and the peak lr again (the matrices' best lr may move once the embeddings have their own).
+    "hf-best+": [("emb_lr", [8.0, 16.0, 32.0]),
+                 ("wd_on", ["matrices"]),
+                 ("norm_lr", [0.25, 4.0]),
+                 ("lr_scale", [0.5, 2.0])],
+    # The recipe's AdamW part already runs at Muon's lr (8x AdamW's at 1x): both ways from there
+    "recipe+groups": [("emb_lr", [0.5, 2.0]),
+                      ("norm_lr", [0.25, 4.0]),
+                      ("wd_on", ["matrices"])],
 }
 # Knobs added after a search began: absent from its start point, so the runs it has keep their keys; a
 # setting without the knob means this value.
 KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_lr_scale": 1.0, "lr_scale": 1.0,
-                                 "hyperball": False, "optimizer": "muon", "beta3": 0.9999}
+                                 "hyperball": False, "optimizer": "muon", "beta3": 0.9999,
+                                 "emb_lr": 1.0, "head_lr": 1.0, "norm_lr": 1.0, "wd_on": "default"}
 # Muon's own options, which mean nothing to another optimizer of the recipe
 MUON_ONLY = ("normuon", "cautious_wd", "adamw_lr_scale", "hyperball")
 # AdEMAMix's own: the slow momentum's decay (the paper's 0.9999 is a half-life of about 6,900 steps, longer than every
@@ -243,12 +278,23 @@ def recipe_schedule(schedule: str) -> dict[str, Any]:
             "wsd-1-sqrt": dict(lr_decay="1-sqrt", min_lr_ratio=0.0, decay_fraction=0.2)}[schedule]
 
 
+def group_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The per-group options (``lr_multipliers``, ``weight_decay_on``) ``config`` sets; empty at their defaults."""
+    mult = {GROUP_KNOBS[k]: float(knob_value(config, k)) for k in GROUP_KNOBS if knob_value(config, k) != 1.0}
+    out: dict[str, Any] = {"lr_multipliers": mult} if mult else {}
+    if knob_value(config, "wd_on") != "default":
+        out["weight_decay_on"] = knob_value(config, "wd_on")
+    return out
+
+
 def arm_for(family: str, config: dict[str, Any], steps: int) -> Arm:
-    """The time-to-loss arm that trains ``config``."""
+    """The time-to-loss arm that trains ``config``. The per-group options at their defaults train exactly as the
+    base family's arm (the same settings, the same code path)."""
     lr = config["lr"] * config["lr_scale"]
     wd = config["wd_timescale"] / (lr * steps)
     name = f"{family}@" + ",".join(f"{k}={v}" for k, v in sorted(config.items()))
-    if family == "hf-best":
+    groups = group_options(config)
+    if BASE_OF[family] == "hf-best":
         args: dict[str, Any] = dict(learning_rate=lr, warmup_steps=WARMUP, weight_decay=wd, adam_beta2=config["beta2"],
                                     max_grad_norm=1.0)
         if config["optim"] == "schedule_free_adamw":
@@ -256,6 +302,12 @@ def arm_for(family: str, config: dict[str, Any], steps: int) -> Arm:
             args.update(optim="schedule_free_adamw", lr_scheduler_type="constant", warmup_steps=round(WARMUP * steps))
         else:
             args.update(trainer_schedule(config["schedule"], steps))
+        if groups:
+            if config["optim"] != "adamw_torch":
+                raise ValueError(f"{name}: the per-group options need the package's AdamW, not optim={config['optim']!r}")
+            # the user's few lines: Trainer(optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for("adamw", args, ...))
+            return Arm(name, "Trainer + AdamW with per-group lrs, " + name, fast=False, args=args,
+                       optimizer=("adamw", groups))
         return Arm(name, "Trainer + AdamW, " + name, fast=False, args=args)
     base = ARMS["fasttrain"].args
     args = {k: v for k, v in base.items() if k not in ("lr_decay", "min_lr_ratio", "weight_averaging", "ema_decay",
@@ -275,6 +327,7 @@ def arm_for(family: str, config: dict[str, Any], steps: int) -> Arm:
     adamw_scale = knob_value(config, "adamw_lr_scale")
     if adamw_scale != 1.0:  # the AdamW part (embeddings, head, norms) at its own lr; Muon's stays
         optimizer_kwargs["muon_lr"] = lr
+    optimizer_kwargs.update(groups)
     args.update(learning_rate=lr * adamw_scale, weight_decay=wd, adam_beta2=config["beta2"], optimizer_kwargs=optimizer_kwargs,
                 **recipe_schedule(config["schedule"]))
     return _recipe_arm(name, args, config, base)
@@ -462,7 +515,7 @@ def _run_job(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
     ckpt = Path(partial) / hashlib.sha1(run_key(*job).encode()).hexdigest()[:16] if partial else None
     arm = arm_for(family, config, setup.max_steps)
     ns_dtype = None  # recorded only where Muon runs and its iteration is not the ladder's bf16
-    if family == "recipe" and knob_value(config, "optimizer") == "muon":
+    if BASE_OF[family] == "recipe" and knob_value(config, "optimizer") == "muon":
         # given always: Muon's default ("auto") would run fp32 on a CPU without native bf16, and every run of
         # the ladder ran bf16
         given = _SHARED.get("ns_dtype", NS_DTYPE)
@@ -712,7 +765,13 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--budget", type=int, default=16, help="multiple of the 1x budget (300 steps) to search at")
-    p.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
+    p.add_argument("--families", default=",".join(SEARCHED_BY_DEFAULT),
+                   help=f"comma-separated, of {', '.join(FAMILIES)}; hf-best+ and recipe+groups start at hf-best's and "
+                        "the recipe's winners at the same budget (in --base, else the quick start) and search the "
+                        "per-group lrs")
+    p.add_argument("--base", default=None, metavar="JSON",
+                   help="the hf_best ledger whose finished searches give hf-best+ and recipe+groups their starts "
+                        "(default: results/hf_best.json); the winner's runs there are taken over as the start's")
     p.add_argument("--model", default=LADDER_MODEL,
                    help=f"LAYERSxWIDTH, one of {', '.join(MODELS)}; another than {LADDER_MODEL} needs --transfer-from "
                         "and starts at the law's lr for its width and tokens per parameter")
@@ -797,7 +856,13 @@ def main(argv=None) -> dict[str, Any]:
         else:
             firsts = {"hf-best": ladder_best_lr(ladder, rung, "adamw") or 2e-3,
                       "recipe": ladder_best_lr(ladder, rung, "recipe") or 1.6e-2}
-            starts = {f: start_config(f, firsts[f], setup.max_steps) for f in families}
+            starts = {f: start_config(f, firsts[f], setup.max_steps) for f in families if BASE_OF[f] == f}
+            base_path = Path(ns.base) if ns.base else RESULTS / "hf_best.json"
+            base = (json.loads(base_path.read_text()) if base_path.exists() and not ns.quick else
+                    {"runs": {}, "searches": {}})
+            for f in families:
+                if BASE_OF[f] != f:
+                    starts[f] = group_start(ledger, base, rung, f, firsts[BASE_OF[f]], setup.max_steps)
         if given is None and not transfer and import_ladder_starts(ledger, ladder, rung, starts):
             print(f"[hf_best] the budget ladder's {rung} runs at the start lrs are the start points", flush=True)
         env = environment_info()
@@ -855,8 +920,26 @@ def main(argv=None) -> dict[str, Any]:
     ledger.save()
     text = report_text(ledger)
     (out / f"{ns.name}.md").write_text(text)
+    group_plot(ledger, out / f"{ns.name}.png")
     print(text)
     return {"summary": summary}
+
+
+def group_start(ledger: Ledger, base: dict[str, Any], rung: str, family: str, lr: float, steps: int) -> dict[str, Any]:
+    """The start of a per-group search (``hf-best+``, ``recipe+groups``): its base family's winner at ``rung`` in
+    ``base`` (an hf_best ledger), whose runs there are taken over as this family's (``imported_from``: the same
+    settings train the same); without a finished search there, the base's start (a smoke run)."""
+    source = BASE_OF[family]
+    won = ((base.get("searches") or {}).get(rung) or {}).get(source)
+    if won is None:
+        return start_config(source, lr, steps)
+    start = dict(won["best"])
+    for r in (base.get("runs") or {}).values():
+        if r["rung"] == rung and r["family"] == source and config_key(r["config"]) == config_key(start):
+            key = run_key(rung, family, start, r["seed"])
+            if key not in ledger.data["runs"]:
+                ledger.data["runs"][key] = {**r, "family": family, "imported_from": f"{source}'s winner in hf_best.json"}
+    return start
 
 
 def parse_config(text: str, families: list[str]) -> dict[str, Any]:
@@ -869,7 +952,7 @@ def parse_config(text: str, families: list[str]) -> dict[str, Any]:
         config = json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"--config: {text!r}: not JSON ({e.msg}); a JSON object of knob: value") from None
-    required = set(start_config(families[0], 1.0, 1))
+    required = set(start_config(BASE_OF[families[0]], 1.0, 1))
     if not isinstance(config, dict) or not required <= set(config):
         missing = ", ".join(sorted(required - set(config))) if isinstance(config, dict) else "all"
         raise UsageError(f"--config: {text!r}: a JSON object of every {families[0]} knob (missing: {missing})")
@@ -981,8 +1064,127 @@ def report_text(ledger: Ledger) -> str:
                     "and length (`learning_rate: auto`, hf_fasttrain/budget.py), so the sweep checks the law at a "
                     "point outside its fit.\n\n")
         text += (f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary) + memorisation(ledger, r)
-                 + one_run_table(ledger, r, summary) + precision_table(ledger, r, summary))
+                 + one_run_table(ledger, r, summary) + precision_table(ledger, r, summary)
+                 + group_ratio_table(group_ratios(ledger, r, summary, _ladder())))
     return text
+
+
+def _ladder() -> dict[str, Any]:
+    path = RESULTS / "budget_ladder.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _start_runs(ledger: Ledger, rung: str, family: str) -> list[dict[str, Any]]:
+    """The runs a per-group search took over from its base family's winner (its start, every seed)."""
+    return [r for r in ledger.data["runs"].values()
+            if r["rung"] == rung and r["family"] == family and r.get("imported_from")]
+
+
+def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any],
+                 ladder: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Where the per-group searches ran (``hf-best+``, ``recipe+groups``): each baseline's final loss (hf-best: the
+    winner hf-best+ started from; hf-best+: its winner), and for the recipe (the budget ladder's runs at its best
+    lr, from ``ladder``, the headline's; the searched winner, recipe+groups' start; recipe+groups' winner), each
+    seed's tokens to that loss over the budget (the one-run measure, interpolated between evaluations) and their
+    median; empty where neither search ran."""
+    baselines: dict[str, float] = {}
+    start = _start_runs(ledger, rung, "hf-best+")
+    if start:
+        baselines["hf-best"] = statistics.median(r["final_eval_loss"] for r in start)
+    if "hf-best+" in summary:
+        baselines["hf-best+"] = summary["hf-best+"]["final_eval_loss"]
+    if not baselines:
+        return {}
+    arms = {}
+    best_lr = ladder_best_lr(ladder or {}, rung, "recipe")
+    headline = [r for r in (ladder or {}).get("runs", {}).values()
+                if r["rung"] == rung and r["optimizer"] == "recipe" and r["lr"] == best_lr]
+    if headline:
+        arms["recipe (the budget ladder's, at its best lr)"] = headline
+    recipe_start = _start_runs(ledger, rung, "recipe+groups")
+    if recipe_start:
+        arms["recipe (its searched winner)"] = recipe_start
+    if "recipe+groups" in summary and not (recipe_start and config_key(summary["recipe+groups"]["best"])
+                                           == config_key(recipe_start[0]["config"])):  # not the start again
+        best = summary["recipe+groups"]["best"]
+        arms["recipe+groups"] = [r for r in ledger.data["runs"].values() if r["rung"] == rung
+                                 and r["family"] == "recipe+groups" and config_key(r["config"]) == config_key(best)]
+    rows = {}
+    for arm, runs in arms.items():
+        runs = sorted(runs, key=lambda r: r["seed"])
+        per = {}
+        for base, target in baselines.items():
+            ratios = [crossing(r["curve"], target, "tokens") / (r["max_steps"] * r["tokens_per_step"]) for r in runs]
+            per[base] = {"per_seed": ratios, "median": statistics.median(ratios)}
+        rows[arm] = {"seeds": [r["seed"] for r in runs], "config": runs[0].get("config", {"lr": runs[0].get("lr")}),
+                     "final_eval_loss": statistics.median(r["final_eval_loss"] for r in runs), "to": per}
+    return {"baselines": baselines, "rows": rows}
+
+
+def group_ratio_table(ratios: dict[str, Any]) -> str:
+    """The markdown of :func:`group_ratios`."""
+    if not ratios:
+        return ""
+    bases = ratios["baselines"]
+    out = ["", "Against both baselines: each one's final eval loss (median of its seeds) and the recipe's tokens to it "
+           "over the budget (median of the seeds; each seed in brackets):", "",
+           "| baseline | final eval loss |", "|---|---|"]
+    out += [f"| {b} | {loss:.3f} |" for b, loss in bases.items()]
+    if ratios["rows"]:
+        out += ["", "| recipe | final eval loss | seeds | " + " | ".join(f"tokens to {b}'s loss / budget" for b in bases)
+                + " |", "|---|---|---|" + "---|" * len(bases)]
+        for arm, row in ratios["rows"].items():
+            cells = []
+            for b in bases:
+                to = row["to"][b]
+                each = ", ".join("never" if math.isinf(x) else f"{x:.3f}" for x in to["per_seed"])
+                cells.append(("never" if math.isinf(to["median"]) else f"{to['median']:.3f}") + f" ({each})")
+            out.append(f"| {arm} | {row['final_eval_loss']:.3f} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def group_plot(ledger: Ledger, path: Path) -> Optional[Path]:
+    """Eval loss against tokens of each per-group search's start and winner (seed 0), one panel per budget."""
+    rungs = [r for r in searched_rungs(ledger) if any(f in (ledger.data.get("summary", {}).get(r) or {})
+                                                    for f in ("hf-best+", "recipe+groups"))]
+    if not rungs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rungs), figsize=(6 * len(rungs), 4.2), squeeze=False)
+    for ax, rung in zip(axes[0], rungs):
+        summary = ledger.data["summary"][rung]
+        for family, label in (("hf-best+", "hf-best"), ("recipe+groups", "recipe")):
+            if family not in summary:
+                continue
+            start = [r for r in _start_runs(ledger, rung, family) if r["seed"] == 0]
+            best = [r for r in ledger.data["runs"].values() if r["rung"] == rung and r["family"] == family
+                    and r["seed"] == 0 and config_key(r["config"]) == config_key(summary[family]["best"])]
+            if start and best and config_key(best[0]["config"]) == config_key(start[0]["config"]):
+                best = []  # the search kept the start
+            for runs, name, style in ((start, label, "--"), (best, family, "-")):
+                if runs:
+                    c = runs[0]["curve"]
+                    ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], style, label=name)
+        ladder = _ladder()
+        best_lr = ladder_best_lr(ladder, rung, "recipe")
+        headline = [r for r in (ladder.get("runs") or {}).values() if r["rung"] == rung and r["optimizer"] == "recipe"
+                    and r["lr"] == best_lr and r["seed"] == 0]
+        if headline:
+            c = headline[0]["curve"]
+            ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], ":", label="recipe (budget ladder)")
+        ax.set_title(f"budget {rung}, seed 0")
+        ax.set_xlabel("training tokens (M)")
+        ax.set_ylabel("eval loss")
+        ax.set_ylim(top=min(6.0, ax.get_ylim()[1]))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def one_run_ratios(ledger: Ledger, rung: str, summary: dict[str, Any]) -> list[dict[str, Any]]:

@@ -132,9 +132,10 @@ class FastTrainingArguments(TrainingArguments):
         default=False,
         metadata={"help": "Take lr_decay, min_lr_ratio, decay_fraction, weight_decay, adam_beta2 and, with "
                   "optimizer muon, its AdamW part's betas, NorMuon, cautious weight decay and the AdamW part's lr ratio "
-                  "(optimizer_kwargs betas, normuon_beta2, cautious_wd, adamw_lr_ratio) from the settings measured best for this "
-                  "run's length in tokens per non-embedding parameter (the table in hf_fasttrain.budget, each row with "
-                  "the study and command it comes from); they replace the values given for those. The peak "
+                  "(optimizer_kwargs betas, normuon_beta2, cautious_wd, adamw_lr_ratio) and, with optimizer adamw or muon, "
+                  "the embeddings' lr multiplier (optimizer_kwargs lr_multipliers) where a row measured it, from the settings "
+                  "measured best for this run's length in tokens per non-embedding parameter (the table in hf_fasttrain.budget, "
+                  "each row with the study and command it comes from); they replace the values given for those. The peak "
                   "learning_rate stays yours; where a row's settings were measured best at another peak lr, the log "
                   "says at what multiple."},
     )
@@ -425,7 +426,9 @@ class FastTrainingArguments(TrainingArguments):
                   "'{\"cautious_wd\": true}' (cautious weight decay), '{\"adamw_lr_ratio\": 0.25}' (the AdamW part at a quarter "
                   "of Muon's lr), '{\"hyperball\": true}' (Hyperball: weight norms "
                   "held, no decay on Muon's matrices) and '{\"ns_dtype\": \"bfloat16\"}' (Newton-Schulz always in bf16; the "
-                  "default, auto, runs it in fp32 where bf16 is not native, e.g. an AVX2 CPU). Numbers written as "
+                  "default, auto, runs it in fp32 where bf16 is not native, e.g. an AVX2 CPU); for every optimizer "
+                  "'{\"lr_multipliers\": {\"embedding\": 16}, \"weight_decay_on\": \"matrices\"}' (per-group lrs: "
+                  "embedding, head, norm, bias, matrix; weight decay on the hidden matrices only). Numbers written as "
                   "strings ('1e-5') are "
                   "converted; unknown keys and bad values are errors. Overrides learning_rate / weight_decay when "
                   "it sets lr / weight_decay."},

@@ -228,7 +228,12 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         tpp = tokens_per_parameter(tokens, non_embedding_parameters(self.model))
         chosen = budget_settings(tpp, self._option("optimizer") or "adamw")
         kept = ""
+        optimizer = self._option("optimizer")
         for name, value in chosen["settings"].items():
+            if name == "optimizer_kwargs" and optimizer not in ("adamw", "muon"):  # measured with those two only
+                kept = (f"; not applied: {', '.join(value)} (measured with optimizer 'adamw'; "
+                        f"{'the Trainer optim' if optimizer is None else repr(optimizer)} keeps its own)")
+                continue
             if name == "optimizer_kwargs":  # the optimizer's own options: into the given ones, by name
                 from .optim import parse_optimizer_kwargs
 
@@ -237,7 +242,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                 kept = f"; not applied: {', '.join(skipped)}" if skipped else ""
             setattr(args, name, value)
         args._check_lr_schedule()  # the chosen schedule must fit this run (warmup, cooldown)
-        settings = ", ".join(f"{k}={v}" for k, v in chosen["settings"].items())
+        settings = ", ".join(f"{k}={v}" for k, v in chosen["settings"].items()
+                             if k != "optimizer_kwargs" or optimizer in ("adamw", "muon"))
         hint = ""
         if chosen["lr_factor"]:  # the lr stays the user's; the log says how far the measured best moved
             hint = (f"; these settings were measured best at {chosen['lr_factor']:g}x the peak lr that was best for the "

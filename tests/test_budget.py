@@ -298,7 +298,14 @@ def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, t
     assert adamw_groups and {tuple(g["betas"]) for g in adamw_groups} == {(0.9, settings["adam_beta2"])}
     # long runs: cautious weight decay on Muon's matrices, the AdamW part at a quarter of the lr
     ratio = settings["optimizer_kwargs"]["adamw_lr_ratio"]
-    assert {g["lr"] for g in muon_groups} == {3e-3} and {g["lr"] for g in adamw_groups} == {3e-3 * ratio}
+    # short runs: the embeddings at their measured multiple of the AdamW part's lr
+    mult = settings["optimizer_kwargs"].get("lr_multipliers", {})
+    assert mult == ({"embedding": 2.0} if regime == "short" else {})
+    assert {g["lr"] for g in muon_groups} == {3e-3}
+    got = sorted((g.get("lr_group") or "", g["lr"]) for g in adamw_groups)
+    want = sorted((role, 3e-3 * ratio * mult.get(role, 1.0)) for role in ("embedding", "norm", "bias")) if mult else [
+        ("", 3e-3 * ratio)] * len(got)
+    assert [r for r, _ in got] == [r for r, _ in want] and [x for _, x in got] == pytest.approx([x for _, x in want])
     combined = regime in ("middle-long", "long")
     assert {g["cautious_wd"] for g in muon_groups} == {combined} and (ratio == 0.25) == combined
 
@@ -336,3 +343,25 @@ def test_learning_rate_auto_is_refused_in_one_line_with_the_checks_figures(tmp_p
     longest = max(learning_rate_law_check("muon"), key=lambda r: r["tokens_per_param"])
     assert f"up to {worst:.2g}x for AdamW" in err and f"by {1 / longest['ratio']:.2g}x for Muon's" in err
     assert not (tmp_path / "o").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", None, "lion"])
+def test_budget_aware_short_adamw_runs_take_the_embeddings_lr_measured_with_the_packages_adamw(
+        tmp_path, tiny_lm, tiny_tokenizer, optimizer, caplog):
+    """At 1.5 tokens per parameter AdamW's embeddings at 16x the lr won by far more than the seed noise (hf-best+):
+    the package's AdamW takes it; the Trainer's own optim and another optimizer keep theirs, and the log says so."""
+    args = tiny_args(tmp_path, max_steps=2, budget_aware=True, lr_decay="cosine", optimizer=optimizer,
+                     run_record=False, optimizer_kwargs={"weight_decay_on": "matrices"} if optimizer else None)
+    with caplog.at_level("INFO", logger="hf_fasttrain.trainer"):
+        trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"])
+    assert trainer.budget["regime"] == "short"
+    assert budget_settings(1.0, "adamw")["settings"]["optimizer_kwargs"] == {"lr_multipliers": {"embedding": 16.0}}
+    if optimizer == "adamw":
+        assert trainer.args.optimizer_kwargs == {"weight_decay_on": "matrices", "lr_multipliers": {"embedding": 16.0}}
+        lrs = {g["lr_group"]: g["lr"] for g in trainer.create_optimizer().param_groups}
+        assert lrs == {"embedding": pytest.approx(16 * 3e-3), "matrix": 3e-3, "norm": 3e-3, "bias": 3e-3}
+        assert "not applied" not in caplog.text
+    else:
+        assert trainer.args.optimizer_kwargs == ({"weight_decay_on": "matrices"} if optimizer else None)
+        who = "the Trainer optim" if optimizer is None else "'lion'"
+        assert f"not applied: lr_multipliers (measured with optimizer 'adamw'; {who} keeps its own)" in caplog.text

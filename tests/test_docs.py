@@ -1277,6 +1277,33 @@ def test_moe_study_quotes_its_results():
     assert f"yes: {muon:.2f}x tuned AdamW's tokens ({1 / muon:.1f}x fewer); {dense:.2f}x with the experts on AdamW" in summary
 
 
+def _groups_ratio(row_label: str) -> float:
+    """The recipe's median tokens to hf-best+'s 1x loss (over the budget), read off hf_best_groups.md's 1x table."""
+    text = (ROOT / "benchmarks/results/hf_best_groups.md").read_text(encoding="utf-8")
+    section = text.split("## Budget 1x", 1)[1].split("## Budget", 1)[0]
+    table = section.split("| recipe | final eval loss |", 1)[1]  # the table of the recipe's tokens to each baseline
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] == row_label:
+            return float(cells[-1].split()[0])
+    raise AssertionError(f"no row {row_label!r} in hf_best_groups.md's 1x table")
+
+
+def test_hf_best_plus_figures_are_the_results():
+    """hf-best+'s 1x loss and the recipe's tokens to it, on README, home, the summary and the study page."""
+    plus = _result("hf_best_groups")["summary"]["1x"]
+    loss = f"{plus['hf-best+']['final_eval_loss']:.3f}"
+    recipe = _ratio(_groups_ratio("recipe (the budget ladder's, at its best lr)"), "the tokens", "fewer")
+    own = _ratio(_groups_ratio("recipe+groups"), "the tokens", "fewer")
+    for page in ("README.md", "docs/index.md", "docs/benchmarks.md", "docs/benchmarks/hf-best-plus.md"):
+        text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+        assert loss in text and recipe in text, page
+    study = " ".join((ROOT / "docs/benchmarks/hf-best-plus.md").read_text(encoding="utf-8").split())
+    assert f"ends at {loss}" in study and own.split(" the tokens")[0] in study
+    summary = " ".join((ROOT / "docs/benchmarks.md").read_text(encoding="utf-8").split())
+    assert f"| 1x | 1.5 | {_result('hf_best')['summary']['1x']['hf-best']['final_eval_loss']:.3f} | {loss} |" in summary
+
+
 def _long_run(key: str) -> dict:
     return _result("budget_ladder")["versus_hf_best"][key]
 

@@ -204,7 +204,7 @@ def test_families_share_the_workers_and_decide_as_one_at_a_time(tmp_path, monkey
                 "cpu_seconds": 0.0}
 
     monkeypatch.setattr(mod, "_run_one", fake_run)
-    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.FAMILIES}
+    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.SEARCHED_BY_DEFAULT}
     outcomes = []
     for pool in (None, concurrent.futures.ThreadPoolExecutor(2)):
         order.clear()
@@ -259,7 +259,7 @@ def test_a_search_of_one_family_keeps_the_other_familys_record(tmp_path, monkeyp
                 "final_eval_loss": 3.0 - 0.05 * (config["schedule"] == "wsd-1-sqrt")}
 
     monkeypatch.setattr(mod, "_run_one", fake_run)
-    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.FAMILIES}
+    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.SEARCHED_BY_DEFAULT}
     ledger = mod.Ledger(tmp_path / "hf_best.json")
     both = mod.search(ledger, "16x", starts, None, seeds=2, log=lambda m: None)
     # later: a third seed of the recipe only (``--families recipe --seeds 3``)
@@ -671,7 +671,7 @@ def test_a_stopped_search_starts_no_run_after_the_stop_and_its_rerun_ends_as_a_s
                 "final_eval_loss": 3.0 - 0.05 * (config["schedule"] == "wsd-1-sqrt") + 0.01 * config["lr_scale"]}
 
     monkeypatch.setattr(mod, "_run_one", fake_run)
-    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.FAMILIES}
+    starts = {f: mod.start_config(f, 4e-3, 100) for f in mod.SEARCHED_BY_DEFAULT}
     ledger = mod.Ledger(tmp_path / "hf_best.json")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # one worker: the order of the runs is fixed
         mod.search(ledger, "16x", starts, pool, seeds=2, log=lambda m: None)
@@ -800,3 +800,82 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:  # an exited child of init not reaped yet is a zombie, not a worker
         return f.read().split(") ")[-1][0] != "Z"
+
+
+def test_per_group_families_start_at_their_bases_winner_and_train_it_unchanged(tmp_path):
+    mod = hb()
+    from scaling import Ledger
+
+    steps = 300
+    winner = {"lr": 2e-3, "schedule": "wsd-linear", "beta2": 0.999, "wd_timescale": 0.06, "lr_scale": 1.0,
+              "optim": "adamw_torch"}
+    curve = [{"step": 0, "tokens": 0, "eval_loss": 8.0}, {"step": 150, "tokens": 100, "eval_loss": 5.0},
+             {"step": 300, "tokens": 200, "eval_loss": 4.5}]
+    base_run = {"rung": "1x", "family": "hf-best", "config": winner, "seed": 0, "final_eval_loss": 4.5,
+                "curve": curve, "max_steps": steps, "tokens_per_step": 200 / steps}
+    base = {"runs": {mod.run_key("1x", "hf-best", winner, 0): base_run,
+                     mod.run_key("1x", "hf-best", {**winner, "lr_scale": 2.0}, 0): {**base_run, "config": {}}},
+            "searches": {"1x": {"hf-best": {"best": winner}}}}
+    ledger = Ledger(tmp_path / "groups.json")
+    start = mod.group_start(ledger, base, "1x", "hf-best+", 1e-3, steps)
+    assert start == winner
+    taken = ledger.data["runs"][mod.run_key("1x", "hf-best+", winner, 0)]
+    assert (taken["family"], taken["final_eval_loss"], taken["imported_from"]) == (
+        "hf-best+", 4.5, "hf-best's winner in hf_best.json")
+    assert len(ledger.data["runs"]) == 1  # only the winner's runs
+    # at the group defaults the arm is hf-best's own (the Trainer's AdamW); with a multiplier, the package's factory
+    assert mod.arm_for("hf-best+", start, steps).optimizer is None
+    assert mod.arm_for("hf-best+", start, steps).args == mod.arm_for("hf-best", winner, steps).args
+    grouped = mod.with_knob(mod.with_knob(start, "emb_lr", 16.0), "wd_on", "matrices")
+    arm = mod.arm_for("hf-best+", grouped, steps)
+    assert arm.optimizer == ("adamw", {"lr_multipliers": {"embedding": 16.0}, "weight_decay_on": "matrices"})
+    assert not arm.fast and arm.args == mod.arm_for("hf-best", winner, steps).args
+    recipe = mod.start_config("recipe", 1.6e-2, steps)
+    kwargs = mod.arm_for("recipe+groups", mod.with_knob(recipe, "norm_lr", 0.25), steps).args["optimizer_kwargs"]
+    assert kwargs == {"betas": [0.9, 0.95], "lr_multipliers": {"norm": 0.25}}
+    assert "lr_multipliers" not in mod.arm_for("recipe", recipe, steps).args["optimizer_kwargs"]
+    with pytest.raises(ValueError, match="need the package's AdamW"):
+        mod.arm_for("hf-best+", {**grouped, "optim": "schedule_free_adamw"}, steps)
+    # no finished search in the base: the base's start (a smoke run)
+    assert mod.group_start(ledger, {"runs": {}}, "4x", "recipe+groups", 1.6e-2, steps) == mod.start_config(
+        "recipe", 1.6e-2, steps)
+
+
+def test_the_recipes_tokens_to_each_baselines_loss(tmp_path):
+    mod = hb()
+    from scaling import Ledger
+
+    ledger = Ledger(tmp_path / "groups.json")
+    start = {"lr": 2e-3, "lr_scale": 1.0}
+    plus = {**start, "emb_lr": 16.0}
+    recipe = {"lr": 1.6e-2, "lr_scale": 1.0}
+
+    def run(family, config, seed, losses, imported=False):
+        curve = [{"step": i, "tokens": 100 * i, "eval_loss": x} for i, x in enumerate(losses)]
+        r = {"rung": "1x", "family": family, "config": config, "seed": seed, "final_eval_loss": losses[-1],
+             "curve": curve, "max_steps": 4, "tokens_per_step": 100}
+        if imported:
+            r["imported_from"] = "base"
+        ledger.data["runs"][mod.run_key("1x", family, config, seed)] = r
+
+    run("hf-best+", start, 0, [8, 6, 5, 4.6, 4.5], imported=True)
+    run("hf-best+", start, 1, [8, 6, 5, 4.6, 4.7], imported=True)
+    run("hf-best+", plus, 0, [8, 5, 4.5, 4.3, 4.2])
+    run("recipe+groups", recipe, 0, [8, 4.6, 4.2, 4.0, 3.9], imported=True)
+    run("recipe+groups", recipe, 1, [8, 4.4, 4.3, 4.0, 3.9], imported=True)
+    summary = {"hf-best+": {"best": plus, "final_eval_loss": 4.2}}
+    got = mod.group_ratios(ledger, "1x", summary)
+    assert got["baselines"] == {"hf-best": 4.6, "hf-best+": 4.2}
+    row = got["rows"]["recipe (its searched winner)"]
+    # of 400 tokens: seed 0 reaches 4.6 at its first eval (100), 4.2 at its second (200); seed 1 reaches 4.6 at
+    # 100 x 3.4/3.6 (between 8 and 4.4) and 4.2 at 200 + 100 x 0.1/0.3 (between 4.3 and 4.0)
+    assert row["to"]["hf-best"]["per_seed"] == pytest.approx([0.25, 100 * 3.4 / 3.6 / 400])
+    assert row["to"]["hf-best+"]["per_seed"] == pytest.approx([0.5, (200 + 100 / 3) / 400])
+    table = mod.group_ratio_table(got)
+    assert "| hf-best+ | 4.200 |" in table and "| recipe (its searched winner) | 3.900 | 2 |" in table
+    # the budget ladder's recipe at its best lr (the headline's) too
+    lad_run = {**ledger.data["runs"][mod.run_key("1x", "recipe+groups", recipe, 0)], "optimizer": "recipe", "lr": 1.6e-2}
+    ladder = {"runs": {"a": lad_run, "b": {**lad_run, "lr": 8e-3, "final_eval_loss": 9.0}},
+              "summary": {"1x": {"optimizers": {"recipe": {"best_lr": 1.6e-2}}}}}
+    row = mod.group_ratios(ledger, "1x", summary, ladder)["rows"]["recipe (the budget ladder's, at its best lr)"]
+    assert (row["final_eval_loss"], row["to"]["hf-best+"]["per_seed"]) == (3.9, [0.5])

@@ -49,6 +49,9 @@ class Arm:
     callbacks: Callable[[], list] = list
     # an arm that is not one training run (e.g. random restart) brings its own: run(arm, seed, setup, workdir)
     run: Optional[Callable[..., dict[str, Any]]] = None
+    # a plain Trainer arm's optimizer from the package, as a user's few lines give it:
+    # (name, kwargs) -> Trainer(optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for(name, args, **kwargs))
+    optimizer: Optional[tuple[str, dict[str, Any]]] = None
 
 
 # hf-tuned: the settings a knowledgeable user reaches with the Trainer's own options; the peak lr is the best
@@ -285,10 +288,15 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
     if not arm.fast:
         recorder = RunRecorderCallback(write_files=False)
         callbacks.append(recorder)
+    own_optimizer = {}
+    if arm.optimizer is not None and not arm.fast:
+        from hf_fasttrain.optim import optimizer_cls_and_kwargs_for
+
+        own_optimizer["optimizer_cls_and_kwargs"] = optimizer_cls_and_kwargs_for(arm.optimizer[0], args, **arm.optimizer[1])
     trainer = (FastTrainer if arm.fast else Trainer)(
         model=model, args=args, train_dataset=lm["train"], eval_dataset=lm["validation"],
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False), processing_class=tokenizer,
-        callbacks=callbacks,
+        callbacks=callbacks, **own_optimizer,
     )
     if arm.fast:
         trainer.recorder.write_files = False

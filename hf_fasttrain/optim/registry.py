@@ -31,6 +31,7 @@ from torch import nn
 
 from ._common import check_nonnegative
 from .adamw import build_adamw
+from .groups import regroup
 from .ademamix import AdEMAMix
 from .lion import Lion
 from .hyperball import initial_radius
@@ -79,12 +80,14 @@ def _defaults(fn: Callable) -> dict[str, Any]:
     }
 
 
-def _build(owner: str, builder: Callable, model: nn.Module, lr, weight_decay, kwargs) -> torch.optim.Optimizer:
+def _build(owner: str, builder: Callable, model: nn.Module, lr, weight_decay, kwargs,
+           lr_multipliers=None, weight_decay_on: str = "default") -> torch.optim.Optimizer:
     defaults = _defaults(builder)
     lr = defaults["lr"] if lr is None else lr
     weight_decay = defaults["weight_decay"] if weight_decay is None else weight_decay
     check_nonnegative(owner, "weight_decay", weight_decay)  # also set per group below
-    return builder(decay_param_groups(model, weight_decay), lr=lr, weight_decay=weight_decay, **kwargs)
+    groups = regroup(decay_param_groups(model, weight_decay), model, lr, lr_multipliers, weight_decay_on)
+    return builder(groups, lr=lr, weight_decay=weight_decay, **kwargs)
 
 
 def create_adamw(
@@ -95,12 +98,14 @@ def create_adamw(
     eps: float = 1e-8,
     fused: Optional[bool] = None,
     cautious: bool = False,
+    lr_multipliers: Optional[Mapping[str, float]] = None,
+    weight_decay_on: str = "default",
 ) -> torch.optim.Optimizer:
     """torch AdamW (fused on CUDA, foreach otherwise); defaults lr 1e-3, weight decay 0.1.
 
     `cautious=True`: cautious AdamW (Liang et al. 2024), this package's `AdamW` (no fused kernel)."""
     kwargs = {"betas": betas, "eps": eps, "fused": fused, "cautious": cautious}
-    return _build("AdamW", build_adamw, model, lr, weight_decay, kwargs)
+    return _build("AdamW", build_adamw, model, lr, weight_decay, kwargs, lr_multipliers, weight_decay_on)
 
 
 def create_lion(
@@ -109,9 +114,12 @@ def create_lion(
     weight_decay: Optional[float] = None,
     betas: tuple[float, float] = (0.9, 0.99),
     cautious: bool = False,
+    lr_multipliers: Optional[Mapping[str, float]] = None,
+    weight_decay_on: str = "default",
 ) -> torch.optim.Optimizer:
     """Lion (Chen et al. 2023); defaults lr 1e-4, weight decay 1.0, betas (0.9, 0.99); `cautious` C-Lion."""
-    return _build("Lion", Lion, model, lr, weight_decay, {"betas": betas, "cautious": cautious})
+    return _build("Lion", Lion, model, lr, weight_decay, {"betas": betas, "cautious": cautious}, lr_multipliers,
+                  weight_decay_on)
 
 
 def create_ademamix(
@@ -123,10 +131,12 @@ def create_ademamix(
     T_alpha_beta3: Optional[int] = None,
     eps: float = 1e-8,
     cautious: bool = False,
+    lr_multipliers: Optional[Mapping[str, float]] = None,
+    weight_decay_on: str = "default",
 ) -> torch.optim.Optimizer:
     """AdEMAMix (Pagliardini et al. 2024); set T_alpha_beta3 to the run's length, as the paper does."""
     kwargs = {"betas": betas, "alpha": alpha, "T_alpha_beta3": T_alpha_beta3, "eps": eps, "cautious": cautious}
-    return _build("AdEMAMix", AdEMAMix, model, lr, weight_decay, kwargs)
+    return _build("AdEMAMix", AdEMAMix, model, lr, weight_decay, kwargs, lr_multipliers, weight_decay_on)
 
 
 def create_soap(
@@ -140,6 +150,8 @@ def create_soap(
     max_precond_dim: int = 10000,
     precondition_1d: bool = False,
     skinny_ratio: Optional[float] = DEFAULT_SKINNY_RATIO,
+    lr_multipliers: Optional[Mapping[str, float]] = None,
+    weight_decay_on: str = "default",
 ) -> torch.optim.Optimizer:
     """SOAP (Vyas et al. 2024); defaults lr 3e-3, betas (0.95, 0.95), weight decay 0.01, refresh every 10.
 
@@ -158,7 +170,7 @@ def create_soap(
         "precondition_1d": precondition_1d,
         "skinny_ratio": skinny_ratio,
     }
-    return _build("SOAP", SOAP, model, lr, weight_decay, kwargs)
+    return _build("SOAP", SOAP, model, lr, weight_decay, kwargs, lr_multipliers, weight_decay_on)
 
 
 def create_muon(
@@ -183,6 +195,8 @@ def create_muon(
     hyperball: bool = False,
     ns_dtype: str = "auto",
     adamw_lr_ratio: float = 1.0,
+    lr_multipliers: Optional[Mapping[str, float]] = None,
+    weight_decay_on: str = "default",
 ) -> MuonWithAdamW:
     """Muon on the hidden matrices, AdamW on the rest (see `muon_routing`), as one optimizer.
 
@@ -256,6 +270,7 @@ def create_muon(
     adamw_names = {n for n, r in routing.items() if r == "adamw"}
     for g in decay_param_groups(model, weight_decay, names=adamw_names):
         groups.append({**g, "use_muon": False, "lr": adamw_lr})
+    groups = regroup(groups, model, lr, lr_multipliers, weight_decay_on)  # per-role lrs (hf_fasttrain.optim.groups)
     return MuonWithAdamW(
         groups,
         lr=lr,
@@ -341,7 +356,10 @@ def create_optimizer(
             `cautious` on flattened partitions) raises a one-line `ValueError` here, before training.
         **kwargs:
             The optimizer's other options (e.g. `betas`, `cautious`, `muon_lr`, `ns_coefficients`);
-            unknown names and bad values raise a `ValueError` naming them.
+            unknown names and bad values raise a `ValueError` naming them. Every optimizer takes
+            `lr_multipliers` (`{group: factor}`, groups `embedding`, `head`, `norm`, `bias`, `matrix`:
+            each group's lr is its lr times the factor) and `weight_decay_on` (`"default"`, the rule above,
+            or `"matrices"`: only the hidden matrices decay); see `hf_fasttrain.optim.groups`.
 
     Returns:
         `torch.optim.Optimizer`: the optimizer; every param group carries `param_names`.
@@ -497,6 +515,8 @@ def optimizer_cls_and_kwargs_for(name: str, args: Any = None, **kwargs) -> tuple
 
 
 def _coerce(value: Any) -> Any:
+    if isinstance(value, Mapping):  # lr_multipliers: {"embedding": "16"}
+        return {k: _coerce(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(_coerce(v) for v in value)
     if isinstance(value, str):
