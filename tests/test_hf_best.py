@@ -804,7 +804,7 @@ def _alive(pid: int) -> bool:
 
 def test_per_group_families_start_at_their_bases_winner_and_train_it_unchanged(tmp_path):
     mod = hb()
-    from scaling import Ledger
+    from benchmarks._harness.ledger import Ledger
 
     steps = 300
     winner = {"lr": 2e-3, "schedule": "wsd-linear", "beta2": 0.999, "wd_timescale": 0.06, "lr_scale": 1.0,
@@ -843,7 +843,7 @@ def test_per_group_families_start_at_their_bases_winner_and_train_it_unchanged(t
 
 def test_the_recipes_tokens_to_each_baselines_loss(tmp_path):
     mod = hb()
-    from scaling import Ledger
+    from benchmarks._harness.ledger import Ledger
 
     ledger = Ledger(tmp_path / "groups.json")
     start = {"lr": 2e-3, "lr_scale": 1.0}

@@ -158,7 +158,10 @@ def test_fasttrain_budget_arm_gets_the_1x_searchs_recipe_winner():
     winner = hf_best.summarise(hf_best.Ledger(hf_best.RESULTS / "hf_best.json"), "1x")["recipe"]["best"]
     assert chosen["regime"] == "short"
     assert chosen["settings"]["adam_beta2"] == winner["beta2"]
+    # and the embeddings' lr multiplier the recipe's per-group search kept at 1x (hf_best_groups.json)
+    groups = json.loads((hf_best.RESULTS / "hf_best_groups.json").read_text())["summary"]["1x"]["recipe+groups"]["best"]
     assert chosen["settings"]["optimizer_kwargs"] == {"betas": [0.9, winner["beta2"]], "normuon_beta2": winner["normuon"],
+                                                      "lr_multipliers": {"embedding": groups["emb_lr"]},
                                                       "cautious_wd": False, "adamw_lr_ratio": 1.0}
 
 
