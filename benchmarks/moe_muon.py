@@ -338,7 +338,7 @@ def write_outputs(record: dict, out: Path, stem: str) -> None:
     text = table(record)
     (out / f"{stem}.md").write_text(text + "\n")
     print(text)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 7), height_ratios=(3, 1))  # stacked: legible at a page's width
     colors = {"adamw": "#888", "muon": "#4c72b0", "muon-dense": "#dd8452"}
     for arm in ARMS:
         for i, curve in enumerate(record["curves"][arm]):
@@ -352,7 +352,7 @@ def write_outputs(record: dict, out: Path, stem: str) -> None:
     ax2.barh(list(ARMS), [timing[a]["cpu_s"] * 1e3 for a in ARMS], color=[colors[a] for a in ARMS])
     ax2.set_xlabel("optimizer step, CPU ms (median)")
     ax2.invert_yaxis()
-    fig.suptitle("Muon with experts vs AdamW on a tiny Qwen3-MoE (8 experts, top-2)")
+    fig.suptitle("Muon with experts vs AdamW, tiny Qwen3-MoE (8 experts, top-2)")
     fig.tight_layout()
     fig.savefig(out / f"{stem}.png", dpi=120)
     plt.close(fig)
