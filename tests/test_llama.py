@@ -217,15 +217,16 @@ def _trainer(tiny_tokenizer, tiny_lm, args, cls=FastTrainer):
 @pytest.mark.slow
 def test_seq_len_warmup_and_muon_train_a_llama(tiny_lm, tiny_tokenizer, tmp_path):
     # as tests/test_seqlen_trainer.py: 32-token rows, 4 per step, warmup 8 -> 32 over 3 batches
-    args = tiny_args(tmp_path, max_steps=6, per_device_train_batch_size=4, seq_len_warmup_min=8,
+    # a token budget of 6 full-length steps (768 tokens), which the shorter early rows spread over 8 steps
+    args = tiny_args(tmp_path, max_steps=-1, max_tokens=6 * 4 * 32, per_device_train_batch_size=4, seq_len_warmup_min=8,
                      seq_len_warmup_fraction=0.5, include_num_input_tokens_seen="all", optimizer="muon",
                      learning_rate=1e-2)
     trainer = _trainer(tiny_tokenizer, tiny_lm, args)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     logs = [e for e in trainer.state.log_history if "loss" in e]
-    assert [e["seq_len"] for e in logs] == [8, 16, 24, 32, 32, 32]  # max_steps 6: six optimizer steps
-    assert [e["num_input_tokens_seen"] for e in logs] == [32, 96, 192, 320, 448, 576]
+    assert [e["seq_len"] for e in logs] == [8, 16, 24, 32, 32, 32, 32, 32]
+    assert [e["num_input_tokens_seen"] for e in logs] == [32, 96, 192, 320, 448, 576, 704, 832]
     assert all(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
     assert logs[-1]["loss"] < logs[0]["loss"] - 0.5
 
