@@ -68,6 +68,7 @@ from hf_fasttrain.runinfo import environment_info
 from benchmarks._harness import RESULTS, UsageError, display_command, display_path, fmt as _fmt, run_cli
 from benchmarks._harness.budget import BASE_STEPS, budget_setup, data_args, unique_corpus_data
 from benchmarks._harness.ledger import Ledger
+from benchmarks._harness.long_runs import summarise as summarise_search
 from benchmarks._harness.lm import ARMS, Setup, crossing, load_saved_run, non_embedding_params, run_arm
 from benchmarks._harness.lm import run_key as saved_run_key
 from benchmarks._harness.sweeps import edge_extension, fit_line, interpolated_best_lr, sweep_losses
@@ -659,8 +660,6 @@ def report(ledger: Ledger, rungs: dict[str, tuple[int, str]], setups: dict[str, 
     hb_path = out / "hf_best.json"
     best_rows = {}
     if hb_path.exists():  # summarised here from its runs: a search still running has written no summary yet
-        from benchmarks.hf_best import summarise as summarise_search
-
         hb = json.loads(hb_path.read_text())
         view = type("View", (), {"data": hb})()
         hb["summary"] = {r: summarise_search(view, r) for r in {run["rung"] for run in hb.get("runs", {}).values()}}
