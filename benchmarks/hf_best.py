@@ -83,13 +83,10 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
-import itertools
-import math
 import json
 import multiprocessing
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import time
@@ -102,12 +99,14 @@ from hf_fasttrain.runinfo import environment_info
 from benchmarks._harness import RESULTS, UsageError, display_command, display_path, run_cli
 from benchmarks._harness.budget import BASE_STEPS, budget_setup, data_args, unique_corpus_data
 from benchmarks._harness.ledger import Ledger
-from benchmarks._harness.lm import ARMS, QUICK, Arm, crossing, non_embedding_params, run_arm
+from benchmarks._harness.lm import ARMS, QUICK, Arm, non_embedding_params, run_arm
+from benchmarks._harness.long_run_tables import (group_plot, group_ratio_table, group_ratios, ladder_ledger,
+                                                memorisation, one_run_table, precision_table)
 from benchmarks._harness.long_runs import (BASE_OF, CHECKPOINT_FROM_BUDGET, CORPORA, FAMILIES, GROUP_KNOBS, KNOBS,
                                           KNOB_DEFAULTS, LADDER_MODEL, MODELS, NOISE, OPTIMIZER_OF,
-                                          SEARCHED_BY_DEFAULT, TRANSFER_STEPS, WARMUP, config_key,
-                                          coordinate_descent, knob_value, lr_walk, rung_multiple, rung_name,
-                                          start_config, summarise)
+                                          SEARCHED_BY_DEFAULT, TRANSFER_STEPS, WARMUP, config_key, knob_value,
+                                          ladder_best_lr, rung_multiple, rung_name, run_key, run_search,
+                                          searched_rungs, start_config, summarise)
 from benchmarks._harness import processes
 from benchmarks._harness.processes import finished_results, stops_forwarded
 
@@ -218,10 +217,6 @@ NS_DTYPE = "bfloat16"
 NS_DTYPES = ("bfloat16", "float32")  # not "auto": it would name a different precision on each machine
 
 
-def run_key(rung: str, family: str, config: dict[str, Any], seed: int) -> str:
-    return f"{rung}|{family}|{config_key(config)}|{seed}"
-
-
 def _run_one(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
     """One run (in a pool worker or here). A run stopped by a signal raises TrainingStopped to the search; in a
     worker whose search has died (the parent-death SIGTERM) there is no one to tell, so the worker exits."""
@@ -265,12 +260,6 @@ def _run_job(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
     return r
 
 
-def ladder_best_lr(ladder: dict[str, Any], rung: str, optimizer: str) -> Optional[float]:
-    """The budget ladder's best lr (median over seeds) of ``optimizer`` ("adamw"/"recipe") at ``rung``."""
-    row = (ladder.get("summary", {}).get(rung) or {}).get("optimizers", {}).get(optimizer)
-    return row["best_lr"] if row else None
-
-
 def import_ladder_starts(ledger: Ledger, ladder: dict[str, Any], rung: str, starts: dict[str, dict[str, Any]]) -> int:
     """The ladder's runs of hf-tuned / the recipe at the start lr are the searches' start points (the same
     settings): taken over with ``imported_from``, so they are not trained twice."""
@@ -290,91 +279,9 @@ def import_ladder_starts(ledger: Ledger, ladder: dict[str, Any], rung: str, star
 
 def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, seeds: int, log=print,
            workers: Optional[int] = None, transfer_from: Optional[str] = None) -> dict[str, Any]:
-    """Both families' coordinate descents over one pool of ``workers`` workers; then later seeds at each winner.
-    With ``transfer_from`` (a searched budget whose winners are the starts) only the peak lr is walked
-    (``lr_walk``, no noise threshold).
-
-    A family asks for its next batch as soon as its own batch has finished, and a free worker takes the next
-    job of the family with the fewest jobs running, so one family's long batch does not hold the other back;
-    the decisions do not depend on the order."""
-    workers = workers or getattr(pool, "_max_workers", 1)
-    runs = ledger.data["runs"]
-    traces: dict[str, list] = {f: [] for f in starts}
-    gens = {f: lr_walk(starts[f], TRANSFER_STEPS, traces[f]) if transfer_from else
-            coordinate_descent(starts[f], KNOBS[f], NOISE[f], traces[f]) for f in starts}
-    pending = {f: next(g) for f, g in gens.items()}
-    outcome: dict[str, Any] = {}
-    futures: dict[Any, tuple] = {}  # submitted and not finished: future -> its job
-    queued: dict[str, list] = {f: [] for f in starts}  # asked for, waiting for a free worker
-
-    def record(r: dict[str, Any]) -> None:
-        runs[run_key(rung, r["family"], r["config"], r["seed"])] = r
-        ledger.save()  # each run is kept as soon as it ends
-        log(f"[hf_best] {rung} {r['family']:>7s} {config_key(r['config'])} seed {r['seed']}: "
-            f"final eval loss {r['final_eval_loss']:.4f} ({r['cpu_seconds']:.0f} CPU-s)")
-
-    def submit(jobs: list) -> bool:
-        """Queue the jobs not run yet; without a pool run them here (True when it ran any)."""
-        ran = False
-        for job in jobs:
-            if run_key(*job) in runs or job in futures.values() or job in queued[job[1]]:
-                continue
-            if pool is None:
-                record(_run_one(job))
-                ran = True
-            else:
-                queued[job[1]].append(job)
-        dispatch()
-        return ran
-
-    def dispatch() -> None:
-        """Hand queued jobs to free workers, the family with the fewest jobs running first."""
-        while pool is not None and not processes.STOP and len(futures) < workers and any(queued.values()):
-            family = min((f for f in queued if queued[f]), key=lambda f: sum(j[1] == f for j in futures.values()))
-            job = queued[family].pop(0)
-            futures[pool.submit(_run_one, job)] = job
-
-    def advance() -> None:
-        """Feed every family whose batch has finished its next batch (a finished search: its later seeds),
-        and queue what that asks for; repeat while anything moves (a rerun replays its decisions here)."""
-        while True:
-            moved = False
-            for f in list(pending):
-                batch = pending[f]
-                if not all(run_key(rung, f, c, 0) in runs for c in batch):
-                    continue
-                losses = {config_key(c): runs[run_key(rung, f, c, 0)]["final_eval_loss"] for c in batch}
-                try:
-                    pending[f] = gens[f].send(losses)
-                except StopIteration as stop:
-                    outcome[f] = stop.value
-                    del pending[f]
-                moved = True
-            # only the families searched here: a run of one family (``--families``) keeps the other's record
-            ledger.data.setdefault("progress", {}).setdefault(rung, {}).update(
-                {f: {"decisions": traces[f], "running": pending.get(f), "start": starts[f],
-                     **({"transfer_from": transfer_from} if transfer_from else {})} for f in starts})
-            finished = ledger.data.get("searches", {}).get(rung) or {}
-            if any(f in finished for f in pending):  # a finished search asking for more (its knobs grew): not finished
-                ledger.data["searches"][rung] = {f: o for f, o in finished.items() if f not in pending}
-            ledger.save()
-            # the families' jobs interleaved, so each gets a worker as soon as one is free
-            per_family = [[(rung, f, c, 0) for c in batch] for f, batch in pending.items()]
-            per_family += [[(rung, f, o["best"], s) for s in range(1, seeds)] for f, o in outcome.items()]
-            jobs = [j for group in itertools.zip_longest(*per_family) for j in group if j is not None]
-            if not submit(jobs) and not moved:
-                return
-
-    advance()
-    while futures:
-        done, _ = concurrent.futures.wait(list(futures), return_when=concurrent.futures.FIRST_COMPLETED)
-        for _, r in finished_results(futures, done):
-            record(r)
-        advance()
-    if outcome:  # a search stopped before either family finished records none
-        ledger.data.setdefault("searches", {}).setdefault(rung, {}).update(outcome)
-    ledger.save()
-    return outcome
+    """The families' searches at ``rung`` over ``pool`` (``long_runs.run_search``), each run by ``_run_one``."""
+    return run_search(ledger, rung, starts, pool, seeds, _run_one, KNOBS, NOISE, TRANSFER_STEPS, log=log,
+                      workers=workers, transfer_from=transfer_from)
 
 
 def _shown(value: Any) -> str:
@@ -677,12 +584,6 @@ def rung_commands(ledger: Ledger, rung: str) -> list[str]:
     return [known] if isinstance(known, str) else list(known)
 
 
-def searched_rungs(ledger: Ledger) -> list[str]:
-    """The budgets the ledger holds a search of, shortest first."""
-    return sorted({*ledger.data.get("progress", {}), *ledger.data.get("searches", {})},
-                  key=lambda r: (r.count("-"), rung_multiple(r)))
-
-
 def report_text(ledger: Ledger) -> str:
     """The markdown of every budget searched in the ledger, shortest first (two budgets may be searched by
     two processes sharing the file: each rung's table is rebuilt from the runs)."""
@@ -713,217 +614,8 @@ def report_text(ledger: Ledger) -> str:
                     "point outside its fit.\n\n")
         text += (f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary) + memorisation(ledger, r)
                  + one_run_table(ledger, r, summary) + precision_table(ledger, r, summary)
-                 + group_ratio_table(group_ratios(ledger, r, summary, _ladder())))
+                 + group_ratio_table(group_ratios(ledger, r, summary, ladder_ledger())))
     return text
-
-
-def _ladder() -> dict[str, Any]:
-    path = RESULTS / "budget_ladder.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _start_runs(ledger: Ledger, rung: str, family: str) -> list[dict[str, Any]]:
-    """The runs a per-group search took over from its base family's winner (its start, every seed)."""
-    return [r for r in ledger.data["runs"].values()
-            if r["rung"] == rung and r["family"] == family and r.get("imported_from")]
-
-
-def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any],
-                 ladder: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """Where the per-group searches ran (``hf-best+``, ``recipe+groups``): each baseline's final loss (hf-best: the
-    winner hf-best+ started from; hf-best+: its winner), and for the recipe (the budget ladder's runs at its best
-    lr, from ``ladder``, the headline's; the searched winner, recipe+groups' start; recipe+groups' winner), each
-    seed's tokens to that loss over the budget (the one-run measure, interpolated between evaluations) and their
-    median; empty where neither search ran."""
-    baselines: dict[str, float] = {}
-    start = _start_runs(ledger, rung, "hf-best+")
-    if start:
-        baselines["hf-best"] = statistics.median(r["final_eval_loss"] for r in start)
-    if "hf-best+" in summary:
-        baselines["hf-best+"] = summary["hf-best+"]["final_eval_loss"]
-    if not baselines:
-        return {}
-    arms = {}
-    best_lr = ladder_best_lr(ladder or {}, rung, "recipe")
-    headline = [r for r in (ladder or {}).get("runs", {}).values()
-                if r["rung"] == rung and r["optimizer"] == "recipe" and r["lr"] == best_lr]
-    if headline:
-        arms["recipe (the budget ladder's, at its best lr)"] = headline
-    recipe_start = _start_runs(ledger, rung, "recipe+groups")
-    if recipe_start:
-        arms["recipe (its searched winner)"] = recipe_start
-    if "recipe+groups" in summary and not (recipe_start and config_key(summary["recipe+groups"]["best"])
-                                           == config_key(recipe_start[0]["config"])):  # not the start again
-        best = summary["recipe+groups"]["best"]
-        arms["recipe+groups"] = [r for r in ledger.data["runs"].values() if r["rung"] == rung
-                                 and r["family"] == "recipe+groups" and config_key(r["config"]) == config_key(best)]
-    rows = {}
-    for arm, runs in arms.items():
-        runs = sorted(runs, key=lambda r: r["seed"])
-        per = {}
-        for base, target in baselines.items():
-            ratios = [crossing(r["curve"], target, "tokens") / (r["max_steps"] * r["tokens_per_step"]) for r in runs]
-            per[base] = {"per_seed": ratios, "median": statistics.median(ratios)}
-        rows[arm] = {"seeds": [r["seed"] for r in runs], "config": runs[0].get("config", {"lr": runs[0].get("lr")}),
-                     "final_eval_loss": statistics.median(r["final_eval_loss"] for r in runs), "to": per}
-    return {"baselines": baselines, "rows": rows}
-
-
-def group_ratio_table(ratios: dict[str, Any]) -> str:
-    """The markdown of :func:`group_ratios`."""
-    if not ratios:
-        return ""
-    bases = ratios["baselines"]
-    out = ["", "Against both baselines: each one's final eval loss (median of its seeds) and the recipe's tokens to it "
-           "over the budget (median of the seeds; each seed in brackets):", "",
-           "| baseline | final eval loss |", "|---|---|"]
-    out += [f"| {b} | {loss:.3f} |" for b, loss in bases.items()]
-    if ratios["rows"]:
-        out += ["", "| recipe | final eval loss | seeds | " + " | ".join(f"tokens to {b}'s loss / budget" for b in bases)
-                + " |", "|---|---|---|" + "---|" * len(bases)]
-        for arm, row in ratios["rows"].items():
-            cells = []
-            for b in bases:
-                to = row["to"][b]
-                each = ", ".join("never" if math.isinf(x) else f"{x:.3f}" for x in to["per_seed"])
-                cells.append(("never" if math.isinf(to["median"]) else f"{to['median']:.3f}") + f" ({each})")
-            out.append(f"| {arm} | {row['final_eval_loss']:.3f} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
-    return "\n".join(out) + "\n"
-
-
-def group_plot(ledger: Ledger, path: Path) -> Optional[Path]:
-    """Eval loss against tokens of each per-group search's start and winner (seed 0), one panel per budget."""
-    rungs = [r for r in searched_rungs(ledger) if any(f in (ledger.data.get("summary", {}).get(r) or {})
-                                                    for f in ("hf-best+", "recipe+groups"))]
-    if not rungs:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(rungs), figsize=(6 * len(rungs), 4.2), squeeze=False)
-    for ax, rung in zip(axes[0], rungs):
-        summary = ledger.data["summary"][rung]
-        for family, label in (("hf-best+", "hf-best"), ("recipe+groups", "recipe")):
-            if family not in summary:
-                continue
-            start = [r for r in _start_runs(ledger, rung, family) if r["seed"] == 0]
-            best = [r for r in ledger.data["runs"].values() if r["rung"] == rung and r["family"] == family
-                    and r["seed"] == 0 and config_key(r["config"]) == config_key(summary[family]["best"])]
-            if start and best and config_key(best[0]["config"]) == config_key(start[0]["config"]):
-                best = []  # the search kept the start
-            for runs, name, style in ((start, label, "--"), (best, family, "-")):
-                if runs:
-                    c = runs[0]["curve"]
-                    ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], style, label=name)
-        ladder = _ladder()
-        best_lr = ladder_best_lr(ladder, rung, "recipe")
-        headline = [r for r in (ladder.get("runs") or {}).values() if r["rung"] == rung and r["optimizer"] == "recipe"
-                    and r["lr"] == best_lr and r["seed"] == 0]
-        if headline:
-            c = headline[0]["curve"]
-            ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], ":", label="recipe (budget ladder)")
-        ax.set_title(f"budget {rung}, seed 0")
-        ax.set_xlabel("training tokens (M)")
-        ax.set_ylabel("eval loss")
-        ax.set_ylim(top=min(6.0, ax.get_ylim()[1]))
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def one_run_ratios(ledger: Ledger, rung: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each recipe run at ``rung``: its tokens to hf-best's final loss (median of its seeds) inside the run,
-    over the budget (the budget ladder's one-run measure), beside its final loss, best first; empty without
-    hf-best's result there. A candidate can tie on the final loss and still get there much sooner."""
-    target = (summary.get("hf-best") or {}).get("final_eval_loss")
-    if target is None:
-        return []
-    rows = []
-    for r in ledger.data["runs"].values():
-        if r["rung"] == rung and r["family"] == "recipe" and r.get("curve"):
-            budget = r["max_steps"] * r["tokens_per_step"]
-            rows.append({"config": r["config"], "seed": r["seed"], "final_eval_loss": r["final_eval_loss"],
-                         "ratio": crossing(r["curve"], target, "tokens") / budget, "target": target,
-                         "diverged_at": (r.get("diverged") or {}).get("step"), "ns_dtype": r.get("ns_dtype")})
-    return sorted(rows, key=lambda x: (x["ratio"], x["final_eval_loss"]))
-
-
-def one_run_table(ledger: Ledger, rung: str, summary: dict[str, Any]) -> str:
-    """The markdown of :func:`one_run_ratios` (the settings as they differ from the recipe's start)."""
-    rows = one_run_ratios(ledger, rung, summary)
-    if not rows:
-        return ""
-    start = recipe_start(ledger, rung)
-    out = ["", f"Inside one run: each recipe run's tokens to hf-best's final loss ({rows[0]['target']:.3f}) over the "
-           "budget (the budget ladder's one-run measure; interpolated between evaluations), beside its final loss:",
-           "", "| settings (as they differ from the recipe's start) | seed | tokens to hf-best's loss / budget | final eval loss |",
-           "|---|---|---|---|"]
-    for x in rows:
-        diff = ", ".join(f"{k} {v}" for k, v in sorted(x["config"].items()) if start.get(k, KNOB_DEFAULTS.get(k)) != v)
-        ratio = "never" if math.isinf(x["ratio"]) else f"{x['ratio']:.3f}"
-        if x["diverged_at"] is not None:
-            ratio += f" (the guard stopped it at step {x['diverged_at']})"
-        seed = f"{x['seed']} (Newton-Schulz in {x['ns_dtype']})" if x.get("ns_dtype") else str(x["seed"])
-        out.append(f"| {diff or 'the start'} | {seed} | {ratio} | {x['final_eval_loss']:.3f} |")
-    return "\n".join(out) + "\n"
-
-
-def recipe_start(ledger: Ledger, rung: str) -> dict[str, Any]:
-    """The recipe's settings the search at ``rung`` started from (the tables show each run's difference)."""
-    start = ((ledger.data.get("progress") or {}).get(rung, {}).get("recipe") or {}).get("start")
-    if not start:  # a search that began from the budget ladder's run: that run's settings
-        first = [r for r in ledger.data["runs"].values()
-                 if r["rung"] == rung and r["family"] == "recipe" and r.get("imported_from")]
-        start = first[0]["config"] if first else {}
-    return start
-
-
-def precision_table(ledger: Ledger, rung: str, summary: dict[str, Any]) -> str:
-    """``--precision-check``'s reruns at ``rung`` beside the runs they repeat (same settings, same seed, Muon's
-    Newton-Schulz iteration at another precision): what the precision alone moves, against the seed noise."""
-    checks = {k: r for k, r in (ledger.data.get("precision_check") or {}).items() if r["rung"] == rung}
-    if not checks:
-        return ""
-    target = (summary.get("hf-best") or {}).get("final_eval_loss")
-    start = recipe_start(ledger, rung)
-    out = ["", ("The same run with Muon's Newton-Schulz iteration at another precision (`--precision-check`: same "
-                "settings, same seed; every other run here is bfloat16 unless its seed says otherwise), against the "
-                f"seed noise threshold {NOISE.get('recipe')}:"), "",
-           "| settings | seed | precision | final eval loss: bfloat16 / it | difference | tokens to hf-best's loss / budget: bfloat16 / it |",
-           "|---|---|---|---|---|---|"]
-    for key, r in sorted(checks.items()):
-        base = ledger.data["runs"].get(key.rsplit("|", 1)[0])
-        if base is None:
-            continue
-        diff = ", ".join(f"{k} {v}" for k, v in r["config"].items() if start.get(k, KNOB_DEFAULTS.get(k)) != v)
-        ratios = "n/a"
-        if target is not None and base.get("curve") and r.get("curve"):
-            budget = r["max_steps"] * r["tokens_per_step"]
-            ratios = " / ".join(f"{crossing(x['curve'], target, 'tokens') / budget:.3f}" for x in (base, r))
-        out.append(f"| {diff or 'the start'} | {r['seed']} | {r['ns_dtype']} | {base['final_eval_loss']:.3f} / "
-                   f"{r['final_eval_loss']:.3f} | {r['final_eval_loss'] - base['final_eval_loss']:+.3f} | {ratios} |")
-    return "\n".join(out) + "\n"
-
-
-def memorisation(ledger: Ledger, rung: str) -> str:
-    """The runs that measured their loss on training rows (``final_train_loss``): epochs read, that loss and its
-    gap to the eval loss (past one epoch, the share of the gain that is memorised data); empty if none."""
-    runs = [r for r in ledger.data["runs"].values() if r["rung"] == rung and "final_train_loss" in r]
-    if not runs:
-        return ""
-    rows = ["", "Loss on training rows (as many as the eval rows, spread over the training set) at the end of each "
-            "run that measured it:", "", "| family | settings | seed | epochs read | eval loss | training-rows loss | gap |",
-            "|---|---|---|---|---|---|---|"]
-    for r in sorted(runs, key=lambda r: (r["family"], r["final_eval_loss"])):
-        settings = ", ".join(f"{k} {v}" for k, v in sorted(r["config"].items()))
-        rows.append(f"| {r['family']} | {settings} | {r['seed']} | {r['epochs']:.2f} | "
-                    f"{r['final_eval_loss']:.3f} | {r['final_train_loss']:.3f} | "
-                    f"{r['final_eval_loss'] - r['final_train_loss']:+.3f} |")
-    return "\n".join(rows) + "\n"
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks._harness import long_runs, processes
+from benchmarks._harness import long_run_tables, long_runs, processes
 
 
 def hb():
@@ -540,7 +540,7 @@ def test_one_run_table_ranks_recipe_runs_by_tokens_to_hf_bests_loss(tmp_path):
         "d": run({**start, "lr_scale": 2.0, "ema": False}, 0, [5.0, 4.0, 3.6, 3.5, 3.5], 3.5),  # never
         "h": {**run(start, 0, [5.0, 3.0], 3.0), "family": "hf-best"},
     }
-    rows = mod.one_run_ratios(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
+    rows = long_run_tables.one_run_ratios(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
     assert [(r["config"].get("lr_scale"), r["ratio"]) for r in rows][:2] == [(0.5, 0.375), (1.0, 0.5)]
     assert math.isinf(rows[2]["ratio"])
     text = mod.one_run_table(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})

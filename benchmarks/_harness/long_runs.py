@@ -7,11 +7,15 @@ is keyed, the two searches (coordinate descent, the lr walk) and the summary of 
 
 from __future__ import annotations
 
+import concurrent.futures
+import itertools
 import json
 import statistics
-from typing import Any, Generator, Optional
+from typing import Any, Callable, Generator, Optional
 
 from benchmarks._harness.ledger import Ledger
+from benchmarks._harness import processes
+from benchmarks._harness.processes import finished_results
 
 FAMILIES = ("hf-best", "recipe", "hf-best+", "recipe+groups")
 SEARCHED_BY_DEFAULT = ("hf-best", "recipe")
@@ -166,6 +170,22 @@ def config_key(config: dict[str, Any]) -> str:
     return json.dumps(config, sort_keys=True)
 
 
+def run_key(rung: str, family: str, config: dict[str, Any], seed: int) -> str:
+    return f"{rung}|{family}|{config_key(config)}|{seed}"
+
+
+def ladder_best_lr(ladder: dict[str, Any], rung: str, optimizer: str) -> Optional[float]:
+    """The budget ladder's best lr (median over seeds) of ``optimizer`` ("adamw"/"recipe") at ``rung``."""
+    row = (ladder.get("summary", {}).get(rung) or {}).get("optimizers", {}).get(optimizer)
+    return row["best_lr"] if row else None
+
+
+def searched_rungs(ledger: Ledger) -> list[str]:
+    """The budgets the ledger holds a search of, shortest first."""
+    return sorted({*ledger.data.get("progress", {}), *ledger.data.get("searches", {})},
+                  key=lambda r: (r.count("-"), rung_multiple(r)))
+
+
 # --- The search ---------------------------------------------------------------------------------------
 def coordinate_descent(start: dict[str, Any], knobs: list[tuple[str, list[Any]]], noise: float,
                        decisions: Optional[list] = None,
@@ -316,3 +336,95 @@ def _knob_of(knobs: list[tuple[str, list[Any]]], best: dict[str, Any], keys: lis
             if config_key(with_knob(best, knob, v)) in keys:
                 found.append((knob, v))
     return found
+
+
+def run_search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, seeds: int,
+               run_one: Callable[[tuple], dict[str, Any]], knobs: dict[str, list[tuple[str, list[Any]]]],
+               noise: dict[str, float], transfer_steps: int, log=print, workers: Optional[int] = None,
+               transfer_from: Optional[str] = None) -> dict[str, Any]:
+    """The families' coordinate descents (``knobs``, ``noise`` per family) over one pool of ``workers`` workers,
+    each job ``(rung, family, config, seed)`` run by ``run_one``; then later seeds at each winner.
+    With ``transfer_from`` (a searched budget whose winners are the starts) only the peak lr is walked
+    (``lr_walk``, no noise threshold).
+
+    A family asks for its next batch as soon as its own batch has finished, and a free worker takes the next
+    job of the family with the fewest jobs running, so one family's long batch does not hold the other back;
+    the decisions do not depend on the order."""
+    workers = workers or getattr(pool, "_max_workers", 1)
+    runs = ledger.data["runs"]
+    traces: dict[str, list] = {f: [] for f in starts}
+    gens = {f: lr_walk(starts[f], transfer_steps, traces[f]) if transfer_from else
+            coordinate_descent(starts[f], knobs[f], noise[f], traces[f]) for f in starts}
+    pending = {f: next(g) for f, g in gens.items()}
+    outcome: dict[str, Any] = {}
+    futures: dict[Any, tuple] = {}  # submitted and not finished: future -> its job
+    queued: dict[str, list] = {f: [] for f in starts}  # asked for, waiting for a free worker
+
+    def record(r: dict[str, Any]) -> None:
+        runs[run_key(rung, r["family"], r["config"], r["seed"])] = r
+        ledger.save()  # each run is kept as soon as it ends
+        log(f"[hf_best] {rung} {r['family']:>7s} {config_key(r['config'])} seed {r['seed']}: "
+            f"final eval loss {r['final_eval_loss']:.4f} ({r['cpu_seconds']:.0f} CPU-s)")
+
+    def submit(jobs: list) -> bool:
+        """Queue the jobs not run yet; without a pool run them here (True when it ran any)."""
+        ran = False
+        for job in jobs:
+            if run_key(*job) in runs or job in futures.values() or job in queued[job[1]]:
+                continue
+            if pool is None:
+                record(run_one(job))
+                ran = True
+            else:
+                queued[job[1]].append(job)
+        dispatch()
+        return ran
+
+    def dispatch() -> None:
+        """Hand queued jobs to free workers, the family with the fewest jobs running first."""
+        while pool is not None and not processes.STOP and len(futures) < workers and any(queued.values()):
+            family = min((f for f in queued if queued[f]), key=lambda f: sum(j[1] == f for j in futures.values()))
+            job = queued[family].pop(0)
+            futures[pool.submit(run_one, job)] = job
+
+    def advance() -> None:
+        """Feed every family whose batch has finished its next batch (a finished search: its later seeds),
+        and queue what that asks for; repeat while anything moves (a rerun replays its decisions here)."""
+        while True:
+            moved = False
+            for f in list(pending):
+                batch = pending[f]
+                if not all(run_key(rung, f, c, 0) in runs for c in batch):
+                    continue
+                losses = {config_key(c): runs[run_key(rung, f, c, 0)]["final_eval_loss"] for c in batch}
+                try:
+                    pending[f] = gens[f].send(losses)
+                except StopIteration as stop:
+                    outcome[f] = stop.value
+                    del pending[f]
+                moved = True
+            # only the families searched here: a run of one family (``--families``) keeps the other's record
+            ledger.data.setdefault("progress", {}).setdefault(rung, {}).update(
+                {f: {"decisions": traces[f], "running": pending.get(f), "start": starts[f],
+                     **({"transfer_from": transfer_from} if transfer_from else {})} for f in starts})
+            finished = ledger.data.get("searches", {}).get(rung) or {}
+            if any(f in finished for f in pending):  # a finished search asking for more (its knobs grew): not finished
+                ledger.data["searches"][rung] = {f: o for f, o in finished.items() if f not in pending}
+            ledger.save()
+            # the families' jobs interleaved, so each gets a worker as soon as one is free
+            per_family = [[(rung, f, c, 0) for c in batch] for f, batch in pending.items()]
+            per_family += [[(rung, f, o["best"], s) for s in range(1, seeds)] for f, o in outcome.items()]
+            jobs = [j for group in itertools.zip_longest(*per_family) for j in group if j is not None]
+            if not submit(jobs) and not moved:
+                return
+
+    advance()
+    while futures:
+        done, _ = concurrent.futures.wait(list(futures), return_when=concurrent.futures.FIRST_COMPLETED)
+        for _, r in finished_results(futures, done):
+            record(r)
+        advance()
+    if outcome:  # a search stopped before either family finished records none
+        ledger.data.setdefault("searches", {}).setdefault(rung, {}).update(outcome)
+    ledger.save()
+    return outcome
