@@ -11,64 +11,33 @@ each found by coordinate descent at one budget of the budget ladder.
     nice -n 15 python -m benchmarks.hf_best --budget 1 --families hf-best+ --name hf_best_groups   # per-group lrs
     python -m benchmarks.hf_best --quick --out /tmp/x                # a smoke run (the test suite uses it)
 
-Model, data and budget are the budget ladder's (benchmarks/budget_ladder.py): GPT-2 2x128 on the stdlib
-corpus, ``multiple x 300`` steps of 16 x 128 tokens, 2% warmup, eval 12 times. Two families:
+Model, data and budget are the budget ladder's (GPT-2 2x128 on the stdlib corpus, ``multiple x 300`` steps of
+16 x 128 tokens, 2% warmup, 12 evals). Families and their knobs are in ``benchmarks/_harness/long_runs.py``:
 
-- ``hf-best``: plain ``transformers.Trainer`` with AdamW and only the Trainer's own options. It starts at
-  ``hf-tuned``'s best at that budget (cosine to 10%, weight decay 0.1, beta2 0.95, its swept best lr) and
-  tries, one knob at a time: the schedule (cosine to 1%, linear to 0, warmup-stable-decay with a 20%
-  linear or 1-sqrt cooldown to 0), beta2 (0.99, 0.999), weight decay by its timescale
-  ``lr x wd x steps`` (0.5, 1, 4, 8; Wang & Aitchison 2024), the peak lr (x0.5, x2, weight decay's
-  timescale kept) and ``optim="schedule_free_adamw"`` (constant lr, its own warmup; at x1 and x2 the lr).
-- ``recipe``: FastTrainer as the ladder's recipe (Muon + AdamW, divergence guard, EMA 0.98, sequence-length
-  warmup 16 -> 128 over 30%) from its best lr at that budget; knobs: the schedule (linear to 0, 1-sqrt WSD
-  to 0 over the last 20%), beta2 of Muon's AdamW part (0.99, 0.999), NorMuon (Muon's update normalised per
-  neuron, beta2 0.95; Li et al. 2025; then with the peak lr x0.5 too, a joint knob), the four knobs below
-  that gained less than the noise one at a time at 16x, together (cautious weight decay, the AdamW part at
-  x0.25, weight decay timescale 4, the peak lr x0.5), Hyperball (Muon's matrices held at their initial
-  norms in place of weight decay; Wen et al. 2025; at x1, x0.5 and x0.25 the lr, a joint knob), cautious
-  weight decay on Muon's matrices (Chen et al. 2025), the AdamW part's lr (embeddings, head and norms at x0.25 of Muon's: AdamW's own best lr), the EMA (off), sequence-length warmup (off), weight decay's timescale
-  (4 and 16, about half and twice the start's 7.7 at 16x: Muon's matrices decay too) and the peak lr
-  (x0.5, x2).
+- ``hf-best``: plain ``transformers.Trainer`` with AdamW and the Trainer's own options, from ``hf-tuned``'s best
+  at the budget (cosine to 10%, weight decay 0.1, beta2 0.95, its swept lr).
+- ``recipe``: FastTrainer as the ladder's recipe (Muon + AdamW, divergence guard, EMA, sequence-length warmup)
+  from its best lr at the budget.
+- ``hf-best+`` and ``recipe+groups``: per-group learning rates (``hf_fasttrain.optim.groups``) from a base
+  family's winner at the same budget (``--base``, default results/hf_best.json).
 
-Two more families search per-group learning rates (``hf_fasttrain.optim.groups``) from a base family's winner at
-the same budget (``--base``, default results/hf_best.json, whose winner's runs are taken over as the start's):
+Coordinate descent: knob by knob from the current best, every other value of the knob runs (seed 0); the best
+replaces the current setting only if it lowers the final eval loss by more than the family's seed noise
+(``NOISE``). A relative knob (the peak lr) multiplies the current value; a joint knob (``a+b``) sets two settings
+at once. A second seed then runs at the winner. The search is a generator that is sent its batches' losses, so a
+rerun replays its decisions from the JSON and runs only what is missing; the families share the ``--jobs``
+workers.
 
-- ``hf-best+``: hf-best's winner on a plain Trainer whose AdamW comes from
-  ``optimizer_cls_and_kwargs_for("adamw", args, lr_multipliers=..., weight_decay_on=...)``, what a user writes in a
-  few lines; knobs: the embeddings' lr (x8, x16, x32), weight decay on the hidden matrices only, the norms' lr (x0.25,
-  x4), the peak lr (x0.5, x2). The ladder's model ties its head to the embeddings, so the head has no knob.
-- ``recipe+groups``: the recipe's winner with the same options on Muon's AdamW part (embeddings x0.5 and x2, norms
-  x0.25 and x4, weight decay on the matrices only).
+``--transfer-from`` starts each family at a searched budget's winner and walks only the peak lr, one run at a
+time (x0.5 first, on down while the loss falls, else x2 and up; at most ``TRANSFER_STEPS`` steps one way).
+``--model 3x192`` (rung ``<budget>x-3x192``) starts each family at the measured lr law's lr; ``--corpus unique``
+(rung ``<budget>x-unique``) trains on the ladder's corpus that does not repeat. From budget 32 on
+(``--checkpoints auto``) every run saves a checkpoint at each eval into ``<out>/<name>_partial/`` and a killed run
+resumes from it; SIGTERM or Ctrl-C lets each running run save its step, starts no queued run, and exits 143
+(130 for Ctrl-C). The same command resumes.
 
-The report then gives the recipe's tokens to each baseline's final loss (hf-best's and hf-best+'s) and a PNG of the
-starts' and winners' curves.
-
-Coordinate descent: knob by knob, from the current best, every other value of the knob is run (seed 0); the
-best of them replaces the current setting only if it lowers the final eval loss by more than the family's
-seed noise (``NOISE``: measured at 4x and 16x on the ladder's 2-seed best lrs). The peak lr's values
-multiply the current one (x0.5, x2 of wherever the search stands); a joint knob (``normuon+lr_scale``) sets
-two settings at once, for a candidate that needs its own lr. A second seed then runs at
-the winner. The search is a pure generator (``coordinate_descent``): it asks for a batch of settings and is
-told their losses, so a rerun replays its decisions from the JSON and runs only what is missing. The two
-families share the ``--jobs`` workers, each asking for its next batch as soon as its own has finished.
-
-A budget too long to search (``--budget 64 --transfer-from 16``) starts each family at its winner of a shorter
-budget's search and walks only the peak lr, one run at a time (``lr_walk``): x0.5 first, on down while each step
-lowers the final loss, and x2 and on up where the first step down does not; it stops at the first step that does not
-(the best then lies inside the sweep) or after four steps one way. The weight decay's timescale is in units of the
-run, so it carries over as is. ``--model 3x192`` does the same on a larger model (1.33M non-embedding parameters; rung
-``<budget>x-3x192``, e.g. ``--budget 54``: 24.9 tokens per parameter), each family's lr there starting at the
-measured law's (``learning_rate: auto``), so the sweep also checks the law at a point outside its fit. ``--corpus unique``
-does the same on the ladder's corpus that does not repeat (the stdlib corpus plus Python sources of the installed
-packages; rung ``<budget>x-unique``): at 64x the stdlib corpus is read about 12 times, and this rung tells
-whether the repeats, rather than the optimizers, decide the result there. From budget 32 on (``--checkpoints auto``) every run saves a checkpoint at each eval into
-``<out>/<name>_partial/`` and a killed run resumes from it, so a search cut short loses at most one eval interval;
-one stopped by SIGTERM or Ctrl-C loses nothing: each running run finishes its step, saves it and stops, no queued
-run starts, and the search exits 143 (130 for Ctrl-C) once they have saved. The same command resumes.
-
-Writes hf_best.json (every run, every decision) and hf_best.md into --out (benchmarks/results); the budget
-ladder's report reads hf_best.json for its hf-best rows.
+Writes hf_best.json (every run, every decision), hf_best.md and, where a per-group family ran, hf_best.png into
+--out (benchmarks/results); the budget ladder's report reads hf_best.json for its hf-best rows.
 """
 
 from __future__ import annotations

@@ -19,21 +19,17 @@ from benchmarks._harness.processes import finished_results
 
 FAMILIES = ("hf-best", "recipe", "hf-best+", "recipe+groups")
 SEARCHED_BY_DEFAULT = ("hf-best", "recipe")
-# Per-group learning rates (hf_fasttrain.optim.groups), searched from a base family's winner at the same budget:
-# ``hf-best+`` is hf-best's AdamW on a plain Trainer with the group multipliers and weight decay on the hidden
-# matrices only (a few lines: ``optimizer_cls_and_kwargs_for("adamw", args, lr_multipliers=...)``);
-# ``recipe+groups`` the recipe with the same options on Muon's AdamW part (embeddings, head, norms).
+# The per-group families start from their base family's winner at the same budget: ``hf-best+`` is hf-best's AdamW
+# with group lr multipliers (``optimizer_cls_and_kwargs_for("adamw", args, lr_multipliers=...)``), ``recipe+groups``
+# the recipe with the same options on Muon's AdamW part.
 BASE_OF = {"hf-best": "hf-best", "recipe": "recipe", "hf-best+": "hf-best", "recipe+groups": "recipe"}
 # knob -> the group whose lr it multiplies
 GROUP_KNOBS = {"emb_lr": "embedding", "head_lr": "head", "norm_lr": "norm"}
-# Seed noise of the final eval loss at the ladder's best lrs (|seed 0 - seed 1|, 4x and 16x): AdamW 0.026 and
-# 0.000, recipe 0.003 and 0.048. A change is kept only if it gains more than this.
+# Seed noise of the final eval loss per family: a change is kept only if it gains more than this.
 NOISE = {"hf-best": 0.015, "recipe": 0.025, "hf-best+": 0.015, "recipe+groups": 0.025}
 WARMUP = 0.02
 CHECKPOINT_FROM_BUDGET = 32  # budgets from here on save a checkpoint at every eval and resume a killed run
-# The models (``--model``): the ladder's, and a larger one (the scaling ladder's gpt2-3x192 rung, 1.33M
-# non-embedding parameters, head size 32 as the ladder's); a rung of another model than the ladder's is named
-# ``<budget>x-<model>``.
+# The models (``--model``): the ladder's and a larger one; a rung of another model is named ``<budget>x-<model>``.
 MODELS = {"2x128": dict(n_layer=2, n_head=4, n_embd=128), "3x192": dict(n_layer=3, n_head=6, n_embd=192)}
 LADDER_MODEL = "2x128"
 OPTIMIZER_OF = {"hf-best": "adamw", "recipe": "muon", "hf-best+": "adamw", "recipe+groups": "muon"}  # whose measured lr law (hf_fasttrain.budget) a family follows
@@ -51,16 +47,13 @@ def rung_multiple(rung: str) -> int:
     """The budget multiple of a rung name (``16x``, ``54x-3x192``)."""
     return int(rung.split("x")[0])
 
-# The recipe's four candidates that each gained less than the seed noise one at a time at 16x (cautious weight
-# decay, the AdamW part at a quarter of Muon's lr, weight decay timescale 4, half the peak lr), tried at once: small
-# gains that add up would pass the threshold together where none did alone.
+# A joint knob of four settings tried at once (cautious weight decay, the AdamW part at a quarter of Muon's lr,
+# weight decay timescale 4, half the peak lr).
 TOGETHER = "cautious_wd+adamw_lr_scale+wd_timescale+lr_scale"
-# AdEMAMix replaces the recipe's optimizer, at its own lr and at AdamW's weight decay timescale (hf-best's start at
-# 16x: 4e-3 x 0.1 x 4800 steps; the recipe's 7.68 is Muon's)
+# AdEMAMix in place of the recipe's optimizer, at its own lr and at AdamW's weight decay timescale (lr x wd x steps)
 ADEMAMIX = "optimizer+lr_scale+wd_timescale"
 ADAMW_TIMESCALE = 1.92
-# Knobs and the values tried, in the order the search visits them (what the literature expects to matter
-# most at long horizons first).
+# Knobs and the values tried, in the order the search visits them.
 KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
     "hf-best": [("schedule", ["linear0", "wsd-1-sqrt", "cosine1", "wsd-linear"]),
                 ("beta2", [0.99, 0.999]),
@@ -71,13 +64,10 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
                ("beta2", [0.99, 0.999]),
                ("normuon", [0.95]),
                ("normuon+lr_scale", [(0.95, 0.5)]),  # NorMuon at its own (lower) lr
-               # the candidates that each gained less than the noise at 16x, together (added after the 16x search)
                (TOGETHER, [(True, 0.25, 4.0, 0.5)]),
-               # Hyperball (Wen et al. 2025): weight norms held in place of Muon's weight decay; its lr is the
-               # step as a fraction of the weights' norm, so it gets its own sweep
+               # Hyperball (Wen et al. 2025): weight norms held in place of weight decay, with its own lr sweep
                ("hyperball+lr_scale", [(True, 1.0), (True, 0.5), (True, 0.25)]),
-               # AdEMAMix (Pagliardini et al. 2024: a slow momentum beside Adam's) in place of Muon + AdamW, at
-               # half and at AdamW's own best lr and weight decay timescale (x0.125 / x0.25 of the recipe's lr)
+               # AdEMAMix (Pagliardini et al. 2024) in place of Muon + AdamW, at x0.125 and x0.25 the recipe's lr
                (ADEMAMIX, [("ademamix", 0.125, ADAMW_TIMESCALE), ("ademamix", 0.25, ADAMW_TIMESCALE)]),
                ("cautious_wd", [True]),
                ("adamw_lr_scale", [0.25]),
@@ -85,39 +75,32 @@ KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
                ("seq_len_warmup", [False]),
                ("wd_timescale", [4.0, 16.0]),
                ("lr_scale", [0.5, 2.0])],
-    # The ladder's GPT-2 ties its head to the token embeddings (the head is the embedding group), so no head_lr
-    # knob here. modded-nanogpt's AdamW runs the embeddings at 700x the matrices' lr and scalars at 15x; the
-    # embedding lr first (x16 gained most in a first measurement at 1x), then weight decay off the embeddings,
-    # the norms, and the peak lr again (the matrices' best lr may move once the embeddings have their own).
+    # The ladder's GPT-2 ties its head to the token embeddings, so no head_lr knob; the peak lr comes last, once
+    # the embeddings have their own.
     "hf-best+": [("emb_lr", [8.0, 16.0, 32.0]),
                  ("wd_on", ["matrices"]),
                  ("norm_lr", [0.25, 4.0]),
                  ("lr_scale", [0.5, 2.0])],
-    # The recipe's AdamW part already runs at Muon's lr (8x AdamW's at 1x): both ways from there
+    # The recipe's AdamW part runs at Muon's lr: both ways from there
     "recipe+groups": [("emb_lr", [0.5, 2.0]),
                       ("norm_lr", [0.25, 4.0]),
                       ("wd_on", ["matrices"])],
 }
-# Knobs added after a search began: absent from its start point, so the runs it has keep their keys; a
-# setting without the knob means this value.
+# The value a setting without the knob means (settings saved without a knob keep their run keys).
 KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_lr_scale": 1.0, "lr_scale": 1.0,
                                  "hyperball": False, "optimizer": "muon", "beta3": 0.9999,
                                  "emb_lr": 1.0, "head_lr": 1.0, "norm_lr": 1.0, "wd_on": "default"}
 # Muon's own options, which mean nothing to another optimizer of the recipe
 MUON_ONLY = ("normuon", "cautious_wd", "adamw_lr_scale", "hyperball")
-# AdEMAMix's own: the slow momentum's decay (the paper's 0.9999 is a half-life of about 6,900 steps, longer than every
-# run here below 32x; 0.999's is about 690)
+# AdEMAMix's own: the slow momentum's decay
 ADEMAMIX_ONLY = ("beta3",)
 
 
 # Knobs whose values multiply the current one (the peak lr: x0.5 and x2 of wherever the search stands).
 RELATIVE_KNOBS = ("lr_scale",)
 
-# ``--transfer-from``: a budget too long to search takes each family's winner at a searched budget and walks only
-# its peak lr, one run at a time (``lr_walk``): x0.5 first, then on down while each step lowers the final loss; where
-# the first step down does not, x2 and on up. The walk stops at the first step that does not lower the loss (the best
-# then has both neighbours run: an interior best in as few as three runs) or after
-# ``TRANSFER_STEPS`` steps one way (at the edge: x1/16 or x16). The best lr is the lowest loss: no threshold.
+# ``--transfer-from``: the peak lr walked from a searched budget's winner, one run at a time (``lr_walk``), at most
+# ``TRANSFER_STEPS`` steps one way; the best lr is the lowest loss (no threshold).
 TRANSFER_KNOBS = [("lr_scale", [0.5, 2.0])]  # the values one step of the walk tries, from the best so far
 TRANSFER_STEPS = 4
 
@@ -224,11 +207,8 @@ def lr_walk(start: dict[str, Any], steps: Optional[int] = None, decisions: Optio
     """The peak lr walked from ``start`` one run at a time, downhill first: a generator as ``coordinate_descent``
     (one setting a batch; each step one decision), returning ``{"best", "loss", "decisions"}``.
 
-    Down first because in every transferred sweep measured before the walk (both families at 64x, hf-best on the
-    larger model) the best lr sat below the start. One run at a time because each run at these lengths takes
-    hours: after x1 and x0.5, a loss that rose at x0.5 sends the walk to x2 and one that fell to x0.25, so a best
-    inside the sweep costs three runs, not the four of a batch of x0.5 and x2 followed by the next point out (with
-    ``--jobs 2``, give both families: each walks on its own worker)."""
+    x0.5 first, on down while each step lowers the final loss; where the first step down does not, x2 and on up.
+    It stops at the first step that does not lower the loss or after ``steps`` steps one way."""
     steps = TRANSFER_STEPS if steps is None else steps
     knob, (down, up) = TRANSFER_KNOBS[0][0], TRANSFER_KNOBS[0][1]
     losses = yield [start]
