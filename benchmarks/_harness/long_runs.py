@@ -11,6 +11,7 @@ import concurrent.futures
 import itertools
 import json
 import statistics
+from pathlib import Path
 from typing import Any, Callable, Generator, Optional
 
 from benchmarks._harness.ledger import Ledger
@@ -408,3 +409,14 @@ def run_search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], poo
         ledger.data.setdefault("searches", {}).setdefault(rung, {}).update(outcome)
     ledger.save()
     return outcome
+
+
+def search_ledger(path: Path) -> Optional[dict[str, Any]]:
+    """The search's ledger at ``path`` with ``summary`` per budget rebuilt from its runs (a search still running
+    has written no summary yet); None where there is no file."""
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    view = type("View", (), {"data": data})()
+    data["summary"] = {r: summarise(view, r) for r in {run["rung"] for run in data.get("runs", {}).values()}}
+    return data
