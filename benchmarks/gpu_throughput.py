@@ -50,7 +50,6 @@ import datetime
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -60,6 +59,9 @@ import time
 from benchmarks._harness import ROOT as _ROOT
 from benchmarks._harness import UsageError, run_cli
 from benchmarks._harness import display_command, display_path, module_command, subprocess_env
+from benchmarks._harness.throughput import (MemoryWatch, SyntheticTokens, aggregate_repeats, build_gpt2,
+                                           git_revision, param_count_no_pos, peak_bf16_flops, summarize_steps,
+                                           sync_device)
 
 ROOT = str(_ROOT)
 
@@ -108,45 +110,6 @@ MODEL_SPECS = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=32, vocab_size=512, n_positions=64, batch_size=8, seq_len=64),
 }
 
-def peak_bf16_flops(device_name: str | None) -> float | None:
-    """Dense bf16 peak FLOP/s for a known GPU name (hf_fasttrain.throughput's table), else None."""
-    from hf_fasttrain.throughput import PEAK_BF16_FLOPS
-
-    if not device_name:
-        return None
-    for key, peak in PEAK_BF16_FLOPS.items():  # first match wins: specific names come first
-        if key in device_name:
-            return peak
-    return None
-
-
-def summarize_steps(step_times: list[float], tokens_per_step: int) -> dict:
-    """Median / p10 / p90 step time and the throughputs they give.
-
-    Example:
-        ```python
-        >>> s = summarize_steps([0.1, 0.2, 0.1, 0.1], tokens_per_step=1000)
-        >>> (s["step_time_median_s"], s["tokens_per_s"], s["tokens_per_s_window"])
-        (0.1, 10000.0, 8000.0)
-        ```
-    """
-    if not step_times:
-        raise ValueError("step_times must not be empty (were all steps warm-up?)")
-    ordered = sorted(step_times)
-
-    def q(p):
-        return ordered[min(len(ordered) - 1, max(0, int(round(p * (len(ordered) - 1)))))]
-
-    median = statistics.median(step_times)
-    return {
-        "step_time_median_s": median,
-        "step_time_p10_s": q(0.1),
-        "step_time_p90_s": q(0.9),
-        "tokens_per_s": tokens_per_step / median,
-        "tokens_per_s_window": tokens_per_step * len(step_times) / sum(step_times),
-    }
-
-
 # ------------------------------------------------------------------------------------------------
 # Worker side: one arm in this process.
 # ------------------------------------------------------------------------------------------------
@@ -154,74 +117,6 @@ def summarize_steps(step_times: list[float], tokens_per_step: int) -> dict:
 
 class ArmUnavailable(RuntimeError):
     """The arm cannot run in this checkout (e.g. FastTrainer not there yet)."""
-
-
-def _sync(device):
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class MemoryWatch:
-    """Peak device memory of the whole run and of the timed steps alone (CUDA only)."""
-
-    def __init__(self, device):
-        self.device = device
-        self.warmup_peak = None
-
-    def warmup_done(self):
-        import torch
-
-        if self.device.type == "cuda":
-            self.warmup_peak = int(torch.cuda.max_memory_allocated(self.device))
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def report(self) -> dict:
-        import torch
-
-        if self.device.type != "cuda":
-            return {"peak_mem_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024,  # KiB on Linux
-                    "peak_mem_timed_bytes": None, "peak_mem_kind": "cpu peak RSS (whole process)"}
-        timed = int(torch.cuda.max_memory_allocated(self.device))
-        return {"peak_mem_bytes": max(timed, self.warmup_peak or 0), "peak_mem_timed_bytes": timed,
-                "peak_mem_reserved_bytes": int(torch.cuda.max_memory_reserved(self.device)),
-                "peak_mem_kind": "cuda max_memory_allocated",
-                "tf32_matmul_effective": bool(torch.backends.cuda.matmul.allow_tf32)}
-
-
-def _build_model(spec, attn_implementation="sdpa"):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    p = spec.get("dropout", 0.0)
-    config = GPT2Config(
-        n_layer=spec["n_layer"], n_head=spec["n_head"], n_embd=spec["n_embd"], vocab_size=spec["vocab_size"],
-        n_positions=spec["n_positions"], bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM",
-        attn_implementation=attn_implementation, resid_pdrop=p, embd_pdrop=p, attn_pdrop=p,
-    )
-    return GPT2LMHeadModel(config)
-
-
-def _param_count_no_pos(model) -> int:
-    n = sum(p.numel() for p in model.parameters())  # tied wte/lm_head counted once
-    return n - model.transformer.wpe.weight.numel()
-
-
-class SyntheticTokens:
-    """Uniform random token ids, fixed by seed: a map-style dataset of {input_ids, labels}."""
-
-    def __init__(self, n_rows, seq_len, vocab_size, seed=0):
-        import torch
-
-        g = torch.Generator().manual_seed(seed)
-        self.data = torch.randint(0, vocab_size, (n_rows, seq_len), generator=g)
-
-    def __len__(self):
-        return self.data.shape[0]
-
-    def __getitem__(self, i):
-        row = self.data[i]
-        return {"input_ids": row, "labels": row}
 
 
 def _device_and_precision(opts):
@@ -284,7 +179,7 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
 
         def on_step_end(self, args, state, control, **kwargs):
             self.reads_at.append(reads.n)  # before the timing sync, which is the benchmark's own read
-            _sync(device)
+            sync_device(device)
             self.ends.append(time.perf_counter())
             if len(self.ends) == opts.warmup:
                 memory.warmup_done()
@@ -299,7 +194,7 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
     trainer_cls, kwargs, attn, settings = trainer_arm_setup(arm, kwargs, info, _compile_on(opts), opts)
     trainer_cls = trainer_cls or Trainer
 
-    model = _build_model(spec, attn) if attn else _build_model(spec, attn_implementation=None)
+    model = build_gpt2(spec, attn) if attn else build_gpt2(spec, attn_implementation=None)
     if arm == "fasttrain-lora":  # step time and memory with adapters only trained (a frozen base, no Hub download)
         try:
             import peft  # noqa: F401
@@ -316,12 +211,12 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
     trainer = trainer_cls(model=model, args=args, train_dataset=dataset, callbacks=[timer])
     if getattr(trainer, "recorder", None) is not None:  # FastTrainer: no metrics.json / loss PNG (matplotlib may be absent)
         trainer.recorder.write_files = False
-    _sync(device)
+    sync_device(device)
     compiles = CompileCounter()
     start = time.perf_counter()
     with reads:
         out = trainer.train()
-    _sync(device)
+    sync_device(device)
     timed_reads = [b - a for a, b in zip(timer.reads_at[opts.warmup - 1 : -1], timer.reads_at[opts.warmup :])]
     ends = [start] + timer.ends
     step_times = [b - a for a, b in zip(ends[opts.warmup : -1], ends[opts.warmup + 1 :])]
@@ -335,7 +230,7 @@ def _trainer_arm(arm, opts, spec, device, info, memory):
         "step_times_s": step_times,
         "tokens_per_step": args.per_device_train_batch_size * spec["seq_len"],
         "final_loss": float(out.training_loss),
-        "n_params_no_pos": _param_count_no_pos(model),
+        "n_params_no_pos": param_count_no_pos(model),
         "settings": settings,
         "steps_run": len(timer.ends),
         **compiles.stats(),  # compiles (most of one function) and compiled_graphs (in all, graph-break pieces too)
@@ -385,7 +280,7 @@ def _loop_arm(arm, opts, spec, device, info, memory):
     if choice.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    model = _build_model(spec, "sdpa").to(device)
+    model = build_gpt2(spec, "sdpa").to(device)
     model.train()
     fused = device.type == "cuda"
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.0, fused=fused)
@@ -406,7 +301,7 @@ def _loop_arm(arm, opts, spec, device, info, memory):
     order = torch.randperm(data.shape[0], generator=torch.Generator().manual_seed(0))
     ends = []
     losses = []
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     for step in range(total_steps):
         idx = order[step * spec["batch_size"] : (step + 1) * spec["batch_size"]]
@@ -417,7 +312,7 @@ def _loop_arm(arm, opts, spec, device, info, memory):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
-        _sync(device)
+        sync_device(device)
         ends.append(time.perf_counter())
         if step + 1 == opts.warmup:
             memory.warmup_done()
@@ -427,7 +322,7 @@ def _loop_arm(arm, opts, spec, device, info, memory):
         "step_times_s": step_times,
         "tokens_per_step": spec["batch_size"] * spec["seq_len"],
         "final_loss": float(torch.stack(losses).float().mean()),
-        "n_params_no_pos": _param_count_no_pos(model),
+        "n_params_no_pos": param_count_no_pos(model),
         "settings": {
             "trainer": "plain loop", "precision": "bf16", "torch_compile": _compile_on(opts), "tf32": choice.tf32,
             "optim": "torch.optim.AdamW(fused=%s)" % fused, "attn_implementation": model.config._attn_implementation,
@@ -471,14 +366,6 @@ def run_worker(arm: str, opts) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 
-def _git_revision():
-    try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def _run_arm_process(arm, opts, argv_common):
     with tempfile.TemporaryDirectory(prefix="gpu_throughput_") as tmp:
         result_file = os.path.join(tmp, "result.json")
@@ -500,44 +387,6 @@ def _run_arm_process(arm, opts, argv_common):
             result = {"status": "error", "error": f"exit code {proc.returncode}", "stderr_tail": tail}
         result["process_wall_s"] = time.perf_counter() - began
         return result
-
-
-def _aggregate(arm_runs: list[dict], peak_flops: float | None) -> dict:
-    """Median over repeats of each repeat's median step time; everything per repeat kept too."""
-    ok = [r for r in arm_runs if r.get("status") == "ok"]
-    if not ok:
-        return dict(arm_runs[0], repeats=arm_runs)
-    per_repeat = [summarize_steps(r["step_times_s"], r["tokens_per_step"]) for r in ok]
-    first = ok[0]
-    median_step = statistics.median(s["step_time_median_s"] for s in per_repeat)
-    tokens_per_s = first["tokens_per_step"] / median_step
-    from hf_fasttrain.throughput import flops_per_token
-
-    fpt = flops_per_token(first["n_params_no_pos"], first["model"]["n_layer"], first["model"]["n_embd"],
-                          first["model"]["seq_len"])
-    out = {
-        "status": "ok",
-        "description": ARMS[first["arm"]],
-        "tokens_per_s": tokens_per_s,
-        "step_time_median_s": median_step,
-        "tokens_per_s_window": statistics.median(s["tokens_per_s_window"] for s in per_repeat),
-        "step_time_p10_s": statistics.median(s["step_time_p10_s"] for s in per_repeat),
-        "step_time_p90_s": statistics.median(s["step_time_p90_s"] for s in per_repeat),
-        "mfu": tokens_per_s * fpt / peak_flops if peak_flops else None,
-        "flops_per_token": fpt,
-        "peak_mem_bytes": max(r["peak_mem_bytes"] for r in ok),
-        "peak_mem_timed_bytes": first.get("peak_mem_timed_bytes"),
-        "peak_mem_kind": first["peak_mem_kind"],
-        "final_loss": statistics.median(r["final_loss"] for r in ok),
-        "settings": first["settings"],
-        "compiles": first.get("compiles"),
-        "compiled_graphs": first.get("compiled_graphs"),
-        "host_reads_per_step": first.get("host_reads_per_step"),
-        "tokens_per_step": first["tokens_per_step"],
-        "n_repeats": len(ok),
-        "repeats": arm_runs,
-    }
-    return out
 
 
 def _fmt_mem(n):
@@ -701,14 +550,14 @@ def _write_outputs(opts, argv, runs, earlier, json_path, stem, final):
     peak = opts.peak_tflops * 1e12 if opts.peak_tflops else (peak_bf16_flops(device_name) if opts.device == "cuda" else None)
     spec = first_ok.get("model", MODEL_SPECS["tiny" if opts.tiny else "small"])
     arms = {a: r for a, r in earlier.items() if a not in done}
-    arms.update({arm: _aggregate(rs, peak) for arm, rs in done.items()})
+    arms.update({arm: aggregate_repeats(rs, peak, ARMS) for arm, rs in done.items()})
     arms = {a: arms[a] for a in ARMS if a in arms}  # a fixed order
     results = {
         "benchmark": "gpu_throughput",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "complete": final,
         "command": display_command("python -m benchmarks.gpu_throughput", list(argv if argv is not None else sys.argv[1:])),
-        "git_revision": _git_revision(),
+        "git_revision": git_revision(),
         "machine": {
             "device": opts.device, "device_name": device_name, "peak_bf16_flops": peak,
             "platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count(),

@@ -11,64 +11,33 @@ each found by coordinate descent at one budget of the budget ladder.
     nice -n 15 python -m benchmarks.hf_best --budget 1 --families hf-best+ --name hf_best_groups   # per-group lrs
     python -m benchmarks.hf_best --quick --out /tmp/x                # a smoke run (the test suite uses it)
 
-Model, data and budget are the budget ladder's (benchmarks/budget_ladder.py): GPT-2 2x128 on the stdlib
-corpus, ``multiple x 300`` steps of 16 x 128 tokens, 2% warmup, eval 12 times. Two families:
+Model, data and budget are the budget ladder's (GPT-2 2x128 on the stdlib corpus, ``multiple x 300`` steps of
+16 x 128 tokens, 2% warmup, 12 evals). Families and their knobs are in ``benchmarks/_harness/long_runs.py``:
 
-- ``hf-best``: plain ``transformers.Trainer`` with AdamW and only the Trainer's own options. It starts at
-  ``hf-tuned``'s best at that budget (cosine to 10%, weight decay 0.1, beta2 0.95, its swept best lr) and
-  tries, one knob at a time: the schedule (cosine to 1%, linear to 0, warmup-stable-decay with a 20%
-  linear or 1-sqrt cooldown to 0), beta2 (0.99, 0.999), weight decay by its timescale
-  ``lr x wd x steps`` (0.5, 1, 4, 8; Wang & Aitchison 2024), the peak lr (x0.5, x2, weight decay's
-  timescale kept) and ``optim="schedule_free_adamw"`` (constant lr, its own warmup; at x1 and x2 the lr).
-- ``recipe``: FastTrainer as the ladder's recipe (Muon + AdamW, divergence guard, EMA 0.98, sequence-length
-  warmup 16 -> 128 over 30%) from its best lr at that budget; knobs: the schedule (linear to 0, 1-sqrt WSD
-  to 0 over the last 20%), beta2 of Muon's AdamW part (0.99, 0.999), NorMuon (Muon's update normalised per
-  neuron, beta2 0.95; Li et al. 2025; then with the peak lr x0.5 too, a joint knob), the four knobs below
-  that gained less than the noise one at a time at 16x, together (cautious weight decay, the AdamW part at
-  x0.25, weight decay timescale 4, the peak lr x0.5), Hyperball (Muon's matrices held at their initial
-  norms in place of weight decay; Wen et al. 2025; at x1, x0.5 and x0.25 the lr, a joint knob), cautious
-  weight decay on Muon's matrices (Chen et al. 2025), the AdamW part's lr (embeddings, head and norms at x0.25 of Muon's: AdamW's own best lr), the EMA (off), sequence-length warmup (off), weight decay's timescale
-  (4 and 16, about half and twice the start's 7.7 at 16x: Muon's matrices decay too) and the peak lr
-  (x0.5, x2).
+- ``hf-best``: plain ``transformers.Trainer`` with AdamW and the Trainer's own options, from ``hf-tuned``'s best
+  at the budget (cosine to 10%, weight decay 0.1, beta2 0.95, its swept lr).
+- ``recipe``: FastTrainer as the ladder's recipe (Muon + AdamW, divergence guard, EMA, sequence-length warmup)
+  from its best lr at the budget.
+- ``hf-best+`` and ``recipe+groups``: per-group learning rates (``hf_fasttrain.optim.groups``) from a base
+  family's winner at the same budget (``--base``, default results/hf_best.json).
 
-Two more families search per-group learning rates (``hf_fasttrain.optim.groups``) from a base family's winner at
-the same budget (``--base``, default results/hf_best.json, whose winner's runs are taken over as the start's):
+Coordinate descent: knob by knob from the current best, every other value of the knob runs (seed 0); the best
+replaces the current setting only if it lowers the final eval loss by more than the family's seed noise
+(``NOISE``). A relative knob (the peak lr) multiplies the current value; a joint knob (``a+b``) sets two settings
+at once. A second seed then runs at the winner. The search is a generator that is sent its batches' losses, so a
+rerun replays its decisions from the JSON and runs only what is missing; the families share the ``--jobs``
+workers.
 
-- ``hf-best+``: hf-best's winner on a plain Trainer whose AdamW comes from
-  ``optimizer_cls_and_kwargs_for("adamw", args, lr_multipliers=..., weight_decay_on=...)``, what a user writes in a
-  few lines; knobs: the embeddings' lr (x8, x16, x32), weight decay on the hidden matrices only, the norms' lr (x0.25,
-  x4), the peak lr (x0.5, x2). The ladder's model ties its head to the embeddings, so the head has no knob.
-- ``recipe+groups``: the recipe's winner with the same options on Muon's AdamW part (embeddings x0.5 and x2, norms
-  x0.25 and x4, weight decay on the matrices only).
+``--transfer-from`` starts each family at a searched budget's winner and walks only the peak lr, one run at a
+time (x0.5 first, on down while the loss falls, else x2 and up; at most ``TRANSFER_STEPS`` steps one way).
+``--model 3x192`` (rung ``<budget>x-3x192``) starts each family at the measured lr law's lr; ``--corpus unique``
+(rung ``<budget>x-unique``) trains on the ladder's corpus that does not repeat. From budget 32 on
+(``--checkpoints auto``) every run saves a checkpoint at each eval into ``<out>/<name>_partial/`` and a killed run
+resumes from it; SIGTERM or Ctrl-C lets each running run save its step, starts no queued run, and exits 143
+(130 for Ctrl-C). The same command resumes.
 
-The report then gives the recipe's tokens to each baseline's final loss (hf-best's and hf-best+'s) and a PNG of the
-starts' and winners' curves.
-
-Coordinate descent: knob by knob, from the current best, every other value of the knob is run (seed 0); the
-best of them replaces the current setting only if it lowers the final eval loss by more than the family's
-seed noise (``NOISE``: measured at 4x and 16x on the ladder's 2-seed best lrs). The peak lr's values
-multiply the current one (x0.5, x2 of wherever the search stands); a joint knob (``normuon+lr_scale``) sets
-two settings at once, for a candidate that needs its own lr. A second seed then runs at
-the winner. The search is a pure generator (``coordinate_descent``): it asks for a batch of settings and is
-told their losses, so a rerun replays its decisions from the JSON and runs only what is missing. The two
-families share the ``--jobs`` workers, each asking for its next batch as soon as its own has finished.
-
-A budget too long to search (``--budget 64 --transfer-from 16``) starts each family at its winner of a shorter
-budget's search and walks only the peak lr, one run at a time (``lr_walk``): x0.5 first, on down while each step
-lowers the final loss, and x2 and on up where the first step down does not; it stops at the first step that does not
-(the best then lies inside the sweep) or after four steps one way. The weight decay's timescale is in units of the
-run, so it carries over as is. ``--model 3x192`` does the same on a larger model (1.33M non-embedding parameters; rung
-``<budget>x-3x192``, e.g. ``--budget 54``: 24.9 tokens per parameter), each family's lr there starting at the
-measured law's (``learning_rate: auto``), so the sweep also checks the law at a point outside its fit. ``--corpus unique``
-does the same on the ladder's corpus that does not repeat (the stdlib corpus plus Python sources of the installed
-packages; rung ``<budget>x-unique``): at 64x the stdlib corpus is read about 12 times, and this rung tells
-whether the repeats, rather than the optimizers, decide the result there. From budget 32 on (``--checkpoints auto``) every run saves a checkpoint at each eval into
-``<out>/<name>_partial/`` and a killed run resumes from it, so a search cut short loses at most one eval interval;
-one stopped by SIGTERM or Ctrl-C loses nothing: each running run finishes its step, saves it and stops, no queued
-run starts, and the search exits 143 (130 for Ctrl-C) once they have saved. The same command resumes.
-
-Writes hf_best.json (every run, every decision) and hf_best.md into --out (benchmarks/results); the budget
-ladder's report reads hf_best.json for its hf-best rows.
+Writes hf_best.json (every run, every decision), hf_best.md and, where a per-group family ran, hf_best.png into
+--out (benchmarks/results); the budget ladder's report reads hf_best.json for its hf-best rows.
 """
 
 from __future__ import annotations
@@ -83,18 +52,15 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
-import itertools
-import math
 import json
 import multiprocessing
 import os
 import signal
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Generator, Optional
+from typing import Any, Optional
 
 from hf_fasttrain.callbacks.graceful_stop import TrainingStopped, stop_exit_code
 from hf_fasttrain.runinfo import environment_info
@@ -102,160 +68,16 @@ from hf_fasttrain.runinfo import environment_info
 from benchmarks._harness import RESULTS, UsageError, display_command, display_path, run_cli
 from benchmarks._harness.budget import BASE_STEPS, budget_setup, data_args, unique_corpus_data
 from benchmarks._harness.ledger import Ledger
-from benchmarks._harness.lm import ARMS, QUICK, Arm, crossing, non_embedding_params, run_arm
-
-FAMILIES = ("hf-best", "recipe", "hf-best+", "recipe+groups")
-SEARCHED_BY_DEFAULT = ("hf-best", "recipe")
-# Per-group learning rates (hf_fasttrain.optim.groups), searched from a base family's winner at the same budget:
-# ``hf-best+`` is hf-best's AdamW on a plain Trainer with the group multipliers and weight decay on the hidden
-# matrices only (a few lines: ``optimizer_cls_and_kwargs_for("adamw", args, lr_multipliers=...)``);
-# ``recipe+groups`` the recipe with the same options on Muon's AdamW part (embeddings, head, norms).
-BASE_OF = {"hf-best": "hf-best", "recipe": "recipe", "hf-best+": "hf-best", "recipe+groups": "recipe"}
-# knob -> the group whose lr it multiplies
-GROUP_KNOBS = {"emb_lr": "embedding", "head_lr": "head", "norm_lr": "norm"}
-# Seed noise of the final eval loss at the ladder's best lrs (|seed 0 - seed 1|, 4x and 16x): AdamW 0.026 and
-# 0.000, recipe 0.003 and 0.048. A change is kept only if it gains more than this.
-NOISE = {"hf-best": 0.015, "recipe": 0.025, "hf-best+": 0.015, "recipe+groups": 0.025}
-WARMUP = 0.02
-CHECKPOINT_FROM_BUDGET = 32  # budgets from here on save a checkpoint at every eval and resume a killed run
-# The models (``--model``): the ladder's, and a larger one (the scaling ladder's gpt2-3x192 rung, 1.33M
-# non-embedding parameters, head size 32 as the ladder's); a rung of another model than the ladder's is named
-# ``<budget>x-<model>``.
-MODELS = {"2x128": dict(n_layer=2, n_head=4, n_embd=128), "3x192": dict(n_layer=3, n_head=6, n_embd=192)}
-LADDER_MODEL = "2x128"
-OPTIMIZER_OF = {"hf-best": "adamw", "recipe": "muon", "hf-best+": "adamw", "recipe+groups": "muon"}  # whose measured lr law (hf_fasttrain.budget) a family follows
-
-
-CORPORA = ("stdlib", "unique")  # the ladder's corpora: the stdlib's (repeats past 1.3x), and one that does not repeat
-
-
-def rung_name(budget: int, model: str = LADDER_MODEL, corpus: str = "stdlib") -> str:
-    """``16x``; another model ``54x-3x192``; the corpus that does not repeat ``64x-unique``."""
-    return f"{budget}x" + ("" if model == LADDER_MODEL else f"-{model}") + ("" if corpus == "stdlib" else f"-{corpus}")
-
-
-def rung_multiple(rung: str) -> int:
-    """The budget multiple of a rung name (``16x``, ``54x-3x192``)."""
-    return int(rung.split("x")[0])
-
-# The recipe's four candidates that each gained less than the seed noise one at a time at 16x (cautious weight
-# decay, the AdamW part at a quarter of Muon's lr, weight decay timescale 4, half the peak lr), tried at once: small
-# gains that add up would pass the threshold together where none did alone.
-TOGETHER = "cautious_wd+adamw_lr_scale+wd_timescale+lr_scale"
-# AdEMAMix replaces the recipe's optimizer, at its own lr and at AdamW's weight decay timescale (hf-best's start at
-# 16x: 4e-3 x 0.1 x 4800 steps; the recipe's 7.68 is Muon's)
-ADEMAMIX = "optimizer+lr_scale+wd_timescale"
-ADAMW_TIMESCALE = 1.92
-# Knobs and the values tried, in the order the search visits them (what the literature expects to matter
-# most at long horizons first).
-KNOBS: dict[str, list[tuple[str, list[Any]]]] = {
-    "hf-best": [("schedule", ["linear0", "wsd-1-sqrt", "cosine1", "wsd-linear"]),
-                ("beta2", [0.99, 0.999]),
-                ("wd_timescale", [0.5, 1.0, 4.0, 8.0]),
-                ("lr_scale", [0.5, 2.0]),
-                ("optim", ["schedule_free_adamw"])],
-    "recipe": [("schedule", ["linear0", "wsd-1-sqrt"]),
-               ("beta2", [0.99, 0.999]),
-               ("normuon", [0.95]),
-               ("normuon+lr_scale", [(0.95, 0.5)]),  # NorMuon at its own (lower) lr
-               # the candidates that each gained less than the noise at 16x, together (added after the 16x search)
-               (TOGETHER, [(True, 0.25, 4.0, 0.5)]),
-               # Hyperball (Wen et al. 2025): weight norms held in place of Muon's weight decay; its lr is the
-               # step as a fraction of the weights' norm, so it gets its own sweep
-               ("hyperball+lr_scale", [(True, 1.0), (True, 0.5), (True, 0.25)]),
-               # AdEMAMix (Pagliardini et al. 2024: a slow momentum beside Adam's) in place of Muon + AdamW, at
-               # half and at AdamW's own best lr and weight decay timescale (x0.125 / x0.25 of the recipe's lr)
-               (ADEMAMIX, [("ademamix", 0.125, ADAMW_TIMESCALE), ("ademamix", 0.25, ADAMW_TIMESCALE)]),
-               ("cautious_wd", [True]),
-               ("adamw_lr_scale", [0.25]),
-               ("ema", [False]),
-               ("seq_len_warmup", [False]),
-               ("wd_timescale", [4.0, 16.0]),
-               ("lr_scale", [0.5, 2.0])],
-    # The ladder's GPT-2 ties its head to the token embeddings (the head is the embedding group), so no head_lr
-    # knob here. modded-nanogpt's AdamW runs the embeddings at 700x the matrices' lr and scalars at 15x; the
-    # embedding lr first (x16 gained most in a first measurement at 1x), then weight decay off the embeddings,
-    # the norms, and the peak lr again (the matrices' best lr may move once the embeddings have their own).
-    "hf-best+": [("emb_lr", [8.0, 16.0, 32.0]),
-                 ("wd_on", ["matrices"]),
-                 ("norm_lr", [0.25, 4.0]),
-                 ("lr_scale", [0.5, 2.0])],
-    # The recipe's AdamW part already runs at Muon's lr (8x AdamW's at 1x): both ways from there
-    "recipe+groups": [("emb_lr", [0.5, 2.0]),
-                      ("norm_lr", [0.25, 4.0]),
-                      ("wd_on", ["matrices"])],
-}
-# Knobs added after a search began: absent from its start point, so the runs it has keep their keys; a
-# setting without the knob means this value.
-KNOB_DEFAULTS: dict[str, Any] = {"normuon": None, "cautious_wd": False, "adamw_lr_scale": 1.0, "lr_scale": 1.0,
-                                 "hyperball": False, "optimizer": "muon", "beta3": 0.9999,
-                                 "emb_lr": 1.0, "head_lr": 1.0, "norm_lr": 1.0, "wd_on": "default"}
-# Muon's own options, which mean nothing to another optimizer of the recipe
-MUON_ONLY = ("normuon", "cautious_wd", "adamw_lr_scale", "hyperball")
-# AdEMAMix's own: the slow momentum's decay (the paper's 0.9999 is a half-life of about 6,900 steps, longer than every
-# run here below 32x; 0.999's is about 690)
-ADEMAMIX_ONLY = ("beta3",)
-
-
-# Knobs whose values multiply the current one (the peak lr: x0.5 and x2 of wherever the search stands).
-RELATIVE_KNOBS = ("lr_scale",)
-
-# ``--transfer-from``: a budget too long to search takes each family's winner at a searched budget and walks only
-# its peak lr, one run at a time (``lr_walk``): x0.5 first, then on down while each step lowers the final loss; where
-# the first step down does not, x2 and on up. The walk stops at the first step that does not lower the loss (the best
-# then has both neighbours run: an interior best in as few as three runs) or after
-# ``TRANSFER_STEPS`` steps one way (at the edge: x1/16 or x16). The best lr is the lowest loss: no threshold.
-TRANSFER_KNOBS = [("lr_scale", [0.5, 2.0])]  # the values one step of the walk tries, from the best so far
-TRANSFER_STEPS = 4
-
-
-def knob_value(config: dict[str, Any], knob: str) -> Any:
-    """A setting's value of ``knob``; of a joint knob ``"a+b"``, the tuple of its parts' values."""
-    if "+" in knob:
-        return tuple(knob_value(config, k) for k in knob.split("+"))
-    return config.get(knob, KNOB_DEFAULTS.get(knob))
-
-
-def settled(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with the settings that cannot act beside another one turned off, so two settings that train
-    the same are one setting (and the search does not train it twice): Hyperball holds the norms of Muon's
-    matrices, so cautious weight decay on them has nothing to act on; Muon's options do nothing to AdEMAMix."""
-    if config.get("optimizer", "muon") != "muon":
-        return {k: v for k, v in config.items() if k not in MUON_ONLY}
-    config = {k: v for k, v in config.items() if k not in ADEMAMIX_ONLY}
-    if config.get("hyperball") and config.get("cautious_wd"):
-        return {**config, "cautious_wd": False}
-    return config
-
-
-def set_knob(config: dict[str, Any], knob: str, value: Any) -> dict[str, Any]:
-    """``config`` with ``knob`` at ``value`` as a decision records it (absolute; a joint knob's parts)."""
-    if "+" in knob:
-        return settled({**config, **dict(zip(knob.split("+"), value))})
-    return settled({**config, knob: value})
-
-
-def with_knob(config: dict[str, Any], knob: str, value: Any) -> dict[str, Any]:
-    """``config`` with ``knob`` set to ``value`` (a joint knob sets each part; a relative knob multiplies)."""
-    if "+" in knob:
-        return settled({**config, **dict(zip(knob.split("+"), value))})
-    if knob in RELATIVE_KNOBS:
-        return settled({**config, knob: round(knob_value(config, knob) * value, 6)})
-    return settled({**config, knob: value})
-
-
-def start_config(family: str, lr: float, steps: int) -> dict[str, Any]:
-    """hf-tuned's (or the recipe's) settings at its swept best lr: the search's first point."""
-    base = {"lr": lr, "schedule": "cosine10", "beta2": 0.95, "wd_timescale": round(lr * 0.1 * steps, 3),
-            "lr_scale": 1.0}
-    if family == "hf-best":
-        return {**base, "optim": "adamw_torch"}
-    return {**base, "ema": True, "seq_len_warmup": True}
-
-
-def config_key(config: dict[str, Any]) -> str:
-    return json.dumps(config, sort_keys=True)
-
+from benchmarks._harness.lm import ARMS, QUICK, Arm, non_embedding_params, run_arm
+from benchmarks._harness.long_run_tables import (group_plot, group_ratio_table, group_ratios, ladder_ledger,
+                                                memorisation, one_run_table, precision_table)
+from benchmarks._harness.long_runs import (BASE_OF, CHECKPOINT_FROM_BUDGET, CORPORA, FAMILIES, GROUP_KNOBS, KNOBS,
+                                          KNOB_DEFAULTS, LADDER_MODEL, MODELS, NOISE, OPTIMIZER_OF,
+                                          SEARCHED_BY_DEFAULT, TRANSFER_STEPS, WARMUP, config_key, knob_value,
+                                          ladder_best_lr, rung_multiple, rung_name, run_key, run_search,
+                                          searched_rungs, start_config, summarise)
+from benchmarks._harness import processes
+from benchmarks._harness.processes import finished_results, stops_forwarded
 
 def trainer_schedule(schedule: str, steps: int) -> dict[str, Any]:
     """The Trainer's own ``lr_scheduler_type`` (and kwargs) for a schedule name."""
@@ -342,76 +164,8 @@ def _recipe_arm(name: str, args: dict[str, Any], config: dict[str, Any], base: d
     return Arm(name, "FastTrainer recipe, " + name, fast=True, args=args)
 
 
-# --- The search ----------------------------------------------------------------------------------------
-def coordinate_descent(start: dict[str, Any], knobs: list[tuple[str, list[Any]]], noise: float,
-                       decisions: Optional[list] = None,
-                       ) -> Generator[list[dict[str, Any]], dict[str, float], dict[str, Any]]:
-    """Knob by knob from ``start``: yields the settings to run (a list of configs), is sent their final
-    losses (``config_key -> loss``), and returns ``{"best", "loss", "decisions"}``.
-
-    The first batch is ``[start]``. For each knob, every value other than the current one is run; the best
-    replaces the current value only if its loss is lower by more than ``noise``. ``decisions`` (a list)
-    receives each decision as it is made, so a search cut short still shows them."""
-    losses = yield [start]
-    best, best_loss = dict(start), losses[config_key(start)]
-    decisions = [] if decisions is None else decisions
-    seen = {config_key(start)}
-    for knob, values in knobs:
-        trial = [with_knob(best, knob, v) for v in values]
-        trial = [c for c in trial if c != best]
-        if not trial or all(config_key(c) in seen for c in trial):  # nothing new to learn (a knob visited again)
-            continue
-        seen.update(config_key(c) for c in trial)
-        losses = yield trial
-        scored = sorted(((losses[config_key(c)], i, c) for i, c in enumerate(trial)))
-        loss, _, cand = scored[0]
-        accepted = loss < best_loss - noise
-        decisions.append({"knob": knob, "from": knob_value(best, knob),
-                          "tried": {str(knob_value(c, knob)): losses[config_key(c)] for c in trial},
-                          "current_loss": best_loss, "best_value": knob_value(cand, knob), "best_loss": loss,
-                          "accepted": accepted})
-        if accepted:
-            best, best_loss = cand, loss
-    return {"best": best, "loss": best_loss, "decisions": decisions}
-
-
-def lr_walk(start: dict[str, Any], steps: Optional[int] = None, decisions: Optional[list] = None,
-            ) -> Generator[list[dict[str, Any]], dict[str, float], dict[str, Any]]:
-    """The peak lr walked from ``start`` one run at a time, downhill first: a generator as ``coordinate_descent``
-    (one setting a batch; each step one decision), returning ``{"best", "loss", "decisions"}``.
-
-    Down first because in every transferred sweep measured before the walk (both families at 64x, hf-best on the
-    larger model) the best lr sat below the start. One run at a time because each run at these lengths takes
-    hours: after x1 and x0.5, a loss that rose at x0.5 sends the walk to x2 and one that fell to x0.25, so a best
-    inside the sweep costs three runs, not the four of a batch of x0.5 and x2 followed by the next point out (with
-    ``--jobs 2``, give both families: each walks on its own worker)."""
-    steps = TRANSFER_STEPS if steps is None else steps
-    knob, (down, up) = TRANSFER_KNOBS[0][0], TRANSFER_KNOBS[0][1]
-    losses = yield [start]
-    best, best_loss = dict(start), losses[config_key(start)]
-    decisions = [] if decisions is None else decisions
-    factor, taken = down, 0
-    while taken < steps:
-        cand = with_knob(best, knob, factor)
-        losses = yield [cand]
-        loss = losses[config_key(cand)]
-        taken += 1
-        accepted = loss < best_loss
-        decisions.append({"knob": knob, "from": knob_value(best, knob), "tried": {str(knob_value(cand, knob)): loss},
-                          "current_loss": best_loss, "best_value": knob_value(cand, knob), "best_loss": loss,
-                          "accepted": accepted})
-        if accepted:
-            best, best_loss = cand, loss
-        elif factor == down and len(decisions) == 1:  # the first step down lost: the other way, as far
-            factor, taken = up, 0
-        else:
-            break
-    return {"best": best, "loss": best_loss, "decisions": decisions}
-
-
 # --- Runs ----------------------------------------------------------------------------------------------
 _SHARED: dict[str, Any] = {}
-_STOP: list[int] = []  # the signal that stopped this search: no run starts after it
 
 
 def _init_worker(threads: int) -> None:
@@ -421,60 +175,7 @@ def _init_worker(threads: int) -> None:
     # a forked worker would inherit the parent's forwarding handler; its trainer installs its own stop handler
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    _term_when_parent_dies()
-
-
-def _term_when_parent_dies() -> None:
-    """On Linux, SIGTERM this worker when the search's process dies (SIGKILL, a crash): its running run saves
-    its step and stops, rather than training on as an orphan whose result nobody reads (and racing the
-    rerun's worker for the same checkpoint folder). Elsewhere a no-op."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    parent = os.getppid()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the request: act on it now
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _stopping(signum: int) -> None:
-    if not _STOP:
-        _STOP.append(signum)
-
-
-@contextlib.contextmanager
-def stops_forwarded(pool) -> Generator[None, None, None]:
-    """While the pool runs: SIGTERM or Ctrl-C to this process reaches each worker as SIGTERM, so its running run
-    finishes the step in flight, saves a checkpoint and raises TrainingStopped; no queued run starts after it.
-    (Ctrl-C in a terminal reaches the workers too; a second signal to a stopping trainer is ignored.)"""
-    def forward(signum, frame):
-        _stopping(signum)
-        for proc in list((getattr(pool, "_processes", None) or {}).values()):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-def finished_results(futures: dict[Any, tuple], done) -> Generator[tuple[tuple, dict[str, Any]], None, None]:
-    """(job, result) of each finished future in ``done`` (removed from ``futures``); a run stopped by a signal
-    (its checkpoint saved) yields nothing and stops the search from starting another."""
-    for fut in done:
-        job = futures.pop(fut)
-        try:
-            result = fut.result()
-        except TrainingStopped as exc:
-            _stopping(exc.signum)
-            continue
-        yield job, result
+    processes.term_when_parent_dies()
 
 
 # Muon's Newton-Schulz precision in the recipe's runs: torch's bf16, as every ladder run (given explicitly: Muon's
@@ -483,10 +184,6 @@ def finished_results(futures: dict[Any, tuple], done) -> Generator[tuple[tuple, 
 # ``--precision-check`` measures what the precision does to a finished run's result (same settings, same seed).
 NS_DTYPE = "bfloat16"
 NS_DTYPES = ("bfloat16", "float32")  # not "auto": it would name a different precision on each machine
-
-
-def run_key(rung: str, family: str, config: dict[str, Any], seed: int) -> str:
-    return f"{rung}|{family}|{config_key(config)}|{seed}"
 
 
 def _run_one(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
@@ -532,12 +229,6 @@ def _run_job(job: tuple[str, str, dict[str, Any], int]) -> dict[str, Any]:
     return r
 
 
-def ladder_best_lr(ladder: dict[str, Any], rung: str, optimizer: str) -> Optional[float]:
-    """The budget ladder's best lr (median over seeds) of ``optimizer`` ("adamw"/"recipe") at ``rung``."""
-    row = (ladder.get("summary", {}).get(rung) or {}).get("optimizers", {}).get(optimizer)
-    return row["best_lr"] if row else None
-
-
 def import_ladder_starts(ledger: Ledger, ladder: dict[str, Any], rung: str, starts: dict[str, dict[str, Any]]) -> int:
     """The ladder's runs of hf-tuned / the recipe at the start lr are the searches' start points (the same
     settings): taken over with ``imported_from``, so they are not trained twice."""
@@ -557,176 +248,9 @@ def import_ladder_starts(ledger: Ledger, ladder: dict[str, Any], rung: str, star
 
 def search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], pool, seeds: int, log=print,
            workers: Optional[int] = None, transfer_from: Optional[str] = None) -> dict[str, Any]:
-    """Both families' coordinate descents over one pool of ``workers`` workers; then later seeds at each winner.
-    With ``transfer_from`` (a searched budget whose winners are the starts) only the peak lr is walked
-    (``lr_walk``, no noise threshold).
-
-    A family asks for its next batch as soon as its own batch has finished, and a free worker takes the next
-    job of the family with the fewest jobs running, so one family's long batch does not hold the other back;
-    the decisions do not depend on the order."""
-    workers = workers or getattr(pool, "_max_workers", 1)
-    runs = ledger.data["runs"]
-    traces: dict[str, list] = {f: [] for f in starts}
-    gens = {f: lr_walk(starts[f], decisions=traces[f]) if transfer_from else
-            coordinate_descent(starts[f], KNOBS[f], NOISE[f], traces[f]) for f in starts}
-    pending = {f: next(g) for f, g in gens.items()}
-    outcome: dict[str, Any] = {}
-    futures: dict[Any, tuple] = {}  # submitted and not finished: future -> its job
-    queued: dict[str, list] = {f: [] for f in starts}  # asked for, waiting for a free worker
-
-    def record(r: dict[str, Any]) -> None:
-        runs[run_key(rung, r["family"], r["config"], r["seed"])] = r
-        ledger.save()  # each run is kept as soon as it ends
-        log(f"[hf_best] {rung} {r['family']:>7s} {config_key(r['config'])} seed {r['seed']}: "
-            f"final eval loss {r['final_eval_loss']:.4f} ({r['cpu_seconds']:.0f} CPU-s)")
-
-    def submit(jobs: list) -> bool:
-        """Queue the jobs not run yet; without a pool run them here (True when it ran any)."""
-        ran = False
-        for job in jobs:
-            if run_key(*job) in runs or job in futures.values() or job in queued[job[1]]:
-                continue
-            if pool is None:
-                record(_run_one(job))
-                ran = True
-            else:
-                queued[job[1]].append(job)
-        dispatch()
-        return ran
-
-    def dispatch() -> None:
-        """Hand queued jobs to free workers, the family with the fewest jobs running first."""
-        while pool is not None and not _STOP and len(futures) < workers and any(queued.values()):
-            family = min((f for f in queued if queued[f]), key=lambda f: sum(j[1] == f for j in futures.values()))
-            job = queued[family].pop(0)
-            futures[pool.submit(_run_one, job)] = job
-
-    def advance() -> None:
-        """Feed every family whose batch has finished its next batch (a finished search: its later seeds),
-        and queue what that asks for; repeat while anything moves (a rerun replays its decisions here)."""
-        while True:
-            moved = False
-            for f in list(pending):
-                batch = pending[f]
-                if not all(run_key(rung, f, c, 0) in runs for c in batch):
-                    continue
-                losses = {config_key(c): runs[run_key(rung, f, c, 0)]["final_eval_loss"] for c in batch}
-                try:
-                    pending[f] = gens[f].send(losses)
-                except StopIteration as stop:
-                    outcome[f] = stop.value
-                    del pending[f]
-                moved = True
-            # only the families searched here: a run of one family (``--families``) keeps the other's record
-            ledger.data.setdefault("progress", {}).setdefault(rung, {}).update(
-                {f: {"decisions": traces[f], "running": pending.get(f), "start": starts[f],
-                     **({"transfer_from": transfer_from} if transfer_from else {})} for f in starts})
-            finished = ledger.data.get("searches", {}).get(rung) or {}
-            if any(f in finished for f in pending):  # a finished search asking for more (its knobs grew): not finished
-                ledger.data["searches"][rung] = {f: o for f, o in finished.items() if f not in pending}
-            ledger.save()
-            # the families' jobs interleaved, so each gets a worker as soon as one is free
-            per_family = [[(rung, f, c, 0) for c in batch] for f, batch in pending.items()]
-            per_family += [[(rung, f, o["best"], s) for s in range(1, seeds)] for f, o in outcome.items()]
-            jobs = [j for group in itertools.zip_longest(*per_family) for j in group if j is not None]
-            if not submit(jobs) and not moved:
-                return
-
-    advance()
-    while futures:
-        done, _ = concurrent.futures.wait(list(futures), return_when=concurrent.futures.FIRST_COMPLETED)
-        for _, r in finished_results(futures, done):
-            record(r)
-        advance()
-    if outcome:  # a search stopped before either family finished records none
-        ledger.data.setdefault("searches", {}).setdefault(rung, {}).update(outcome)
-    ledger.save()
-    return outcome
-
-
-def summarise(ledger: Ledger, rung: str) -> dict[str, Any]:
-    """Per family: the winner (or, while the search runs, the best so far), its final loss (median over the
-    seeds run at it), every decision, and whether the search is complete."""
-    out = {}
-    done = ledger.data.get("searches", {}).get(rung) or {}
-    progress = ledger.data.get("progress", {}).get(rung) or {}
-    runs = [r for r in ledger.data["runs"].values() if r["rung"] == rung]
-    for family in [f for f in FAMILIES if f in done or f in progress]:  # in FAMILIES' order, whoever wrote first
-        if family in done:
-            best, decisions, complete = done[family]["best"], done[family]["decisions"], True
-        else:
-            decisions, complete = progress[family]["decisions"], False
-            start = ([{"config": progress[family]["start"]}] if progress[family].get("start") else
-                     [r for r in runs if r["family"] == family and r.get("imported_from")])
-            if not start:
-                continue
-            best = dict(start[0]["config"])
-            for d in decisions:
-                if d["accepted"]:
-                    best = set_knob(best, d["knob"], d["best_value"])
-        at_best = _seeds_of(runs, family, best)
-        if not at_best:
-            continue
-        out[family] = {"best": best, **at_best, "decisions": decisions, "complete": complete}
-        if (progress.get(family) or {}).get("transfer_from"):
-            out[family]["transfer_from"] = progress[family]["transfer_from"]
-        knobs = TRANSFER_KNOBS if out[family].get("transfer_from") else KNOBS.get(family, [])
-        if not complete:  # the knob being tried now: the values that have finished
-            trying, finished = {}, []
-            running = [config_key(c) for c in progress[family].get("running") or []]
-            for knob, value in _knob_of(knobs, best, running):
-                c = with_knob(best, knob, value)
-                got = [r["final_eval_loss"] for r in runs if r["family"] == family and r["seed"] == 0
-                       and config_key(r["config"]) == config_key(c)]
-                trying.setdefault("knob", knob)
-                trying.setdefault("finished", {})[str(knob_value(c, knob))] = got[0] if got else None
-                finished += [(got[0], c)] if got else []
-            seed0 = [r["final_eval_loss"] for r in runs if r["family"] == family and r["seed"] == 0
-                     and config_key(r["config"]) == config_key(best)]
-            if trying.get("knob"):
-                trying["from"] = knob_value(best, trying["knob"])
-            trying["from_loss"] = seed0[0] if seed0 else out[family]["final_eval_loss"]
-            out[family]["trying"] = trying
-            # runs that finished ahead of their knob's turn (a restarted search, a reordered knob list): shown,
-            # not yet decided
-            settled = {d["knob"] for d in decisions} | {trying.get("knob")}
-            ahead = {}
-            for knob, values in knobs:
-                for v in values:
-                    c = with_knob(best, knob, v)
-                    got = [r["final_eval_loss"] for r in runs if r["family"] == family and r["seed"] == 0
-                           and config_key(r["config"]) == config_key(c)]
-                    if got and knob not in settled and c != best:
-                        ahead.setdefault(knob, {})[str(knob_value(c, knob))] = got[0]
-            out[family]["ahead"] = ahead
-            # an lr sweep keeps the lowest loss, with no threshold: so does its best so far, before the batch is
-            # decided (the baseline a ratio is measured against must be the best run there is)
-            lower = min(finished, key=lambda lc: lc[0], default=None)
-            if out[family].get("transfer_from") and lower and lower[0] < trying["from_loss"]:
-                out[family].pop("seeds_ns_other", None)
-                out[family].update(best=lower[1], **_seeds_of(runs, family, lower[1]))
-    return out
-
-
-def _seeds_of(runs: list[dict[str, Any]], family: str, config: dict[str, Any]) -> dict[str, Any]:
-    """The median final loss of ``family``'s runs of ``config`` over its seeds, how many, and how many ran Muon's
-    iteration at another precision; empty where none ran."""
-    mine = [r for r in runs if r["family"] == family and config_key(r["config"]) == config_key(config)]
-    if not mine:
-        return {}
-    other_precision = sum(bool(r.get("ns_dtype")) for r in mine)
-    return {"final_eval_loss": statistics.median(r["final_eval_loss"] for r in mine), "seeds": len(mine),
-            **({"seeds_ns_other": other_precision} if other_precision else {})}
-
-
-def _knob_of(knobs: list[tuple[str, list[Any]]], best: dict[str, Any], keys: list[str]) -> list[tuple[str, Any]]:
-    """(knob, value) of each running setting, found among ``knobs`` from ``best``."""
-    found = []
-    for knob, values in knobs:
-        for v in values:
-            if config_key(with_knob(best, knob, v)) in keys:
-                found.append((knob, v))
-    return found
+    """The families' searches at ``rung`` over ``pool`` (``long_runs.run_search``), each run by ``_run_one``."""
+    return run_search(ledger, rung, starts, pool, seeds, _run_one, KNOBS, NOISE, TRANSFER_STEPS, log=log,
+                      workers=workers, transfer_from=transfer_from)
 
 
 def _shown(value: Any) -> str:
@@ -905,12 +429,12 @@ def main(argv=None) -> dict[str, Any]:
             finally:
                 if pool:
                     pool.shutdown(wait=True, cancel_futures=True)
-        if _STOP:  # each run that was running saved its checkpoint (FastTrainer's save_on_signal or run_arm's callback)
+        if processes.STOP:  # each run that was running saved its checkpoint (FastTrainer's save_on_signal or run_arm's callback)
             kept = (f"the running runs saved their checkpoints in {display_path(str(partial))}" if partial is not None
                     else f"below budget {CHECKPOINT_FROM_BUDGET} runs keep no checkpoint: the running runs start over")
-            print(f"[hf_best] stopped by {signal.Signals(_STOP[0]).name}: {kept}; rerun the same command to resume",
+            print(f"[hf_best] stopped by {signal.Signals(processes.STOP[0]).name}: {kept}; rerun the same command to resume",
                   flush=True)
-            raise SystemExit(stop_exit_code(_STOP[0]))
+            raise SystemExit(stop_exit_code(processes.STOP[0]))
     if ns.report and not searched_rungs(ledger):
         raise UsageError(f"--report: {display_path(str(ledger.path))}: no search recorded there; run one first "
                          "(e.g. `python -m benchmarks.hf_best --budget 16 --jobs 2`)")
@@ -1029,12 +553,6 @@ def rung_commands(ledger: Ledger, rung: str) -> list[str]:
     return [known] if isinstance(known, str) else list(known)
 
 
-def searched_rungs(ledger: Ledger) -> list[str]:
-    """The budgets the ledger holds a search of, shortest first."""
-    return sorted({*ledger.data.get("progress", {}), *ledger.data.get("searches", {})},
-                  key=lambda r: (r.count("-"), rung_multiple(r)))
-
-
 def report_text(ledger: Ledger) -> str:
     """The markdown of every budget searched in the ledger, shortest first (two budgets may be searched by
     two processes sharing the file: each rung's table is rebuilt from the runs)."""
@@ -1065,217 +583,8 @@ def report_text(ledger: Ledger) -> str:
                     "point outside its fit.\n\n")
         text += (f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary) + memorisation(ledger, r)
                  + one_run_table(ledger, r, summary) + precision_table(ledger, r, summary)
-                 + group_ratio_table(group_ratios(ledger, r, summary, _ladder())))
+                 + group_ratio_table(group_ratios(ledger, r, summary, ladder_ledger())))
     return text
-
-
-def _ladder() -> dict[str, Any]:
-    path = RESULTS / "budget_ladder.json"
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _start_runs(ledger: Ledger, rung: str, family: str) -> list[dict[str, Any]]:
-    """The runs a per-group search took over from its base family's winner (its start, every seed)."""
-    return [r for r in ledger.data["runs"].values()
-            if r["rung"] == rung and r["family"] == family and r.get("imported_from")]
-
-
-def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any],
-                 ladder: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """Where the per-group searches ran (``hf-best+``, ``recipe+groups``): each baseline's final loss (hf-best: the
-    winner hf-best+ started from; hf-best+: its winner), and for the recipe (the budget ladder's runs at its best
-    lr, from ``ladder``, the headline's; the searched winner, recipe+groups' start; recipe+groups' winner), each
-    seed's tokens to that loss over the budget (the one-run measure, interpolated between evaluations) and their
-    median; empty where neither search ran."""
-    baselines: dict[str, float] = {}
-    start = _start_runs(ledger, rung, "hf-best+")
-    if start:
-        baselines["hf-best"] = statistics.median(r["final_eval_loss"] for r in start)
-    if "hf-best+" in summary:
-        baselines["hf-best+"] = summary["hf-best+"]["final_eval_loss"]
-    if not baselines:
-        return {}
-    arms = {}
-    best_lr = ladder_best_lr(ladder or {}, rung, "recipe")
-    headline = [r for r in (ladder or {}).get("runs", {}).values()
-                if r["rung"] == rung and r["optimizer"] == "recipe" and r["lr"] == best_lr]
-    if headline:
-        arms["recipe (the budget ladder's, at its best lr)"] = headline
-    recipe_start = _start_runs(ledger, rung, "recipe+groups")
-    if recipe_start:
-        arms["recipe (its searched winner)"] = recipe_start
-    if "recipe+groups" in summary and not (recipe_start and config_key(summary["recipe+groups"]["best"])
-                                           == config_key(recipe_start[0]["config"])):  # not the start again
-        best = summary["recipe+groups"]["best"]
-        arms["recipe+groups"] = [r for r in ledger.data["runs"].values() if r["rung"] == rung
-                                 and r["family"] == "recipe+groups" and config_key(r["config"]) == config_key(best)]
-    rows = {}
-    for arm, runs in arms.items():
-        runs = sorted(runs, key=lambda r: r["seed"])
-        per = {}
-        for base, target in baselines.items():
-            ratios = [crossing(r["curve"], target, "tokens") / (r["max_steps"] * r["tokens_per_step"]) for r in runs]
-            per[base] = {"per_seed": ratios, "median": statistics.median(ratios)}
-        rows[arm] = {"seeds": [r["seed"] for r in runs], "config": runs[0].get("config", {"lr": runs[0].get("lr")}),
-                     "final_eval_loss": statistics.median(r["final_eval_loss"] for r in runs), "to": per}
-    return {"baselines": baselines, "rows": rows}
-
-
-def group_ratio_table(ratios: dict[str, Any]) -> str:
-    """The markdown of :func:`group_ratios`."""
-    if not ratios:
-        return ""
-    bases = ratios["baselines"]
-    out = ["", "Against both baselines: each one's final eval loss (median of its seeds) and the recipe's tokens to it "
-           "over the budget (median of the seeds; each seed in brackets):", "",
-           "| baseline | final eval loss |", "|---|---|"]
-    out += [f"| {b} | {loss:.3f} |" for b, loss in bases.items()]
-    if ratios["rows"]:
-        out += ["", "| recipe | final eval loss | seeds | " + " | ".join(f"tokens to {b}'s loss / budget" for b in bases)
-                + " |", "|---|---|---|" + "---|" * len(bases)]
-        for arm, row in ratios["rows"].items():
-            cells = []
-            for b in bases:
-                to = row["to"][b]
-                each = ", ".join("never" if math.isinf(x) else f"{x:.3f}" for x in to["per_seed"])
-                cells.append(("never" if math.isinf(to["median"]) else f"{to['median']:.3f}") + f" ({each})")
-            out.append(f"| {arm} | {row['final_eval_loss']:.3f} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
-    return "\n".join(out) + "\n"
-
-
-def group_plot(ledger: Ledger, path: Path) -> Optional[Path]:
-    """Eval loss against tokens of each per-group search's start and winner (seed 0), one panel per budget."""
-    rungs = [r for r in searched_rungs(ledger) if any(f in (ledger.data.get("summary", {}).get(r) or {})
-                                                    for f in ("hf-best+", "recipe+groups"))]
-    if not rungs:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(rungs), figsize=(6 * len(rungs), 4.2), squeeze=False)
-    for ax, rung in zip(axes[0], rungs):
-        summary = ledger.data["summary"][rung]
-        for family, label in (("hf-best+", "hf-best"), ("recipe+groups", "recipe")):
-            if family not in summary:
-                continue
-            start = [r for r in _start_runs(ledger, rung, family) if r["seed"] == 0]
-            best = [r for r in ledger.data["runs"].values() if r["rung"] == rung and r["family"] == family
-                    and r["seed"] == 0 and config_key(r["config"]) == config_key(summary[family]["best"])]
-            if start and best and config_key(best[0]["config"]) == config_key(start[0]["config"]):
-                best = []  # the search kept the start
-            for runs, name, style in ((start, label, "--"), (best, family, "-")):
-                if runs:
-                    c = runs[0]["curve"]
-                    ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], style, label=name)
-        ladder = _ladder()
-        best_lr = ladder_best_lr(ladder, rung, "recipe")
-        headline = [r for r in (ladder.get("runs") or {}).values() if r["rung"] == rung and r["optimizer"] == "recipe"
-                    and r["lr"] == best_lr and r["seed"] == 0]
-        if headline:
-            c = headline[0]["curve"]
-            ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], ":", label="recipe (budget ladder)")
-        ax.set_title(f"budget {rung}, seed 0")
-        ax.set_xlabel("training tokens (M)")
-        ax.set_ylabel("eval loss")
-        ax.set_ylim(top=min(6.0, ax.get_ylim()[1]))
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def one_run_ratios(ledger: Ledger, rung: str, summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each recipe run at ``rung``: its tokens to hf-best's final loss (median of its seeds) inside the run,
-    over the budget (the budget ladder's one-run measure), beside its final loss, best first; empty without
-    hf-best's result there. A candidate can tie on the final loss and still get there much sooner."""
-    target = (summary.get("hf-best") or {}).get("final_eval_loss")
-    if target is None:
-        return []
-    rows = []
-    for r in ledger.data["runs"].values():
-        if r["rung"] == rung and r["family"] == "recipe" and r.get("curve"):
-            budget = r["max_steps"] * r["tokens_per_step"]
-            rows.append({"config": r["config"], "seed": r["seed"], "final_eval_loss": r["final_eval_loss"],
-                         "ratio": crossing(r["curve"], target, "tokens") / budget, "target": target,
-                         "diverged_at": (r.get("diverged") or {}).get("step"), "ns_dtype": r.get("ns_dtype")})
-    return sorted(rows, key=lambda x: (x["ratio"], x["final_eval_loss"]))
-
-
-def one_run_table(ledger: Ledger, rung: str, summary: dict[str, Any]) -> str:
-    """The markdown of :func:`one_run_ratios` (the settings as they differ from the recipe's start)."""
-    rows = one_run_ratios(ledger, rung, summary)
-    if not rows:
-        return ""
-    start = recipe_start(ledger, rung)
-    out = ["", f"Inside one run: each recipe run's tokens to hf-best's final loss ({rows[0]['target']:.3f}) over the "
-           "budget (the budget ladder's one-run measure; interpolated between evaluations), beside its final loss:",
-           "", "| settings (as they differ from the recipe's start) | seed | tokens to hf-best's loss / budget | final eval loss |",
-           "|---|---|---|---|"]
-    for x in rows:
-        diff = ", ".join(f"{k} {v}" for k, v in sorted(x["config"].items()) if start.get(k, KNOB_DEFAULTS.get(k)) != v)
-        ratio = "never" if math.isinf(x["ratio"]) else f"{x['ratio']:.3f}"
-        if x["diverged_at"] is not None:
-            ratio += f" (the guard stopped it at step {x['diverged_at']})"
-        seed = f"{x['seed']} (Newton-Schulz in {x['ns_dtype']})" if x.get("ns_dtype") else str(x["seed"])
-        out.append(f"| {diff or 'the start'} | {seed} | {ratio} | {x['final_eval_loss']:.3f} |")
-    return "\n".join(out) + "\n"
-
-
-def recipe_start(ledger: Ledger, rung: str) -> dict[str, Any]:
-    """The recipe's settings the search at ``rung`` started from (the tables show each run's difference)."""
-    start = ((ledger.data.get("progress") or {}).get(rung, {}).get("recipe") or {}).get("start")
-    if not start:  # a search that began from the budget ladder's run: that run's settings
-        first = [r for r in ledger.data["runs"].values()
-                 if r["rung"] == rung and r["family"] == "recipe" and r.get("imported_from")]
-        start = first[0]["config"] if first else {}
-    return start
-
-
-def precision_table(ledger: Ledger, rung: str, summary: dict[str, Any]) -> str:
-    """``--precision-check``'s reruns at ``rung`` beside the runs they repeat (same settings, same seed, Muon's
-    Newton-Schulz iteration at another precision): what the precision alone moves, against the seed noise."""
-    checks = {k: r for k, r in (ledger.data.get("precision_check") or {}).items() if r["rung"] == rung}
-    if not checks:
-        return ""
-    target = (summary.get("hf-best") or {}).get("final_eval_loss")
-    start = recipe_start(ledger, rung)
-    out = ["", ("The same run with Muon's Newton-Schulz iteration at another precision (`--precision-check`: same "
-                "settings, same seed; every other run here is bfloat16 unless its seed says otherwise), against the "
-                f"seed noise threshold {NOISE.get('recipe')}:"), "",
-           "| settings | seed | precision | final eval loss: bfloat16 / it | difference | tokens to hf-best's loss / budget: bfloat16 / it |",
-           "|---|---|---|---|---|---|"]
-    for key, r in sorted(checks.items()):
-        base = ledger.data["runs"].get(key.rsplit("|", 1)[0])
-        if base is None:
-            continue
-        diff = ", ".join(f"{k} {v}" for k, v in r["config"].items() if start.get(k, KNOB_DEFAULTS.get(k)) != v)
-        ratios = "n/a"
-        if target is not None and base.get("curve") and r.get("curve"):
-            budget = r["max_steps"] * r["tokens_per_step"]
-            ratios = " / ".join(f"{crossing(x['curve'], target, 'tokens') / budget:.3f}" for x in (base, r))
-        out.append(f"| {diff or 'the start'} | {r['seed']} | {r['ns_dtype']} | {base['final_eval_loss']:.3f} / "
-                   f"{r['final_eval_loss']:.3f} | {r['final_eval_loss'] - base['final_eval_loss']:+.3f} | {ratios} |")
-    return "\n".join(out) + "\n"
-
-
-def memorisation(ledger: Ledger, rung: str) -> str:
-    """The runs that measured their loss on training rows (``final_train_loss``): epochs read, that loss and its
-    gap to the eval loss (past one epoch, the share of the gain that is memorised data); empty if none."""
-    runs = [r for r in ledger.data["runs"].values() if r["rung"] == rung and "final_train_loss" in r]
-    if not runs:
-        return ""
-    rows = ["", "Loss on training rows (as many as the eval rows, spread over the training set) at the end of each "
-            "run that measured it:", "", "| family | settings | seed | epochs read | eval loss | training-rows loss | gap |",
-            "|---|---|---|---|---|---|---|"]
-    for r in sorted(runs, key=lambda r: (r["family"], r["final_eval_loss"])):
-        settings = ", ".join(f"{k} {v}" for k, v in sorted(r["config"].items()))
-        rows.append(f"| {r['family']} | {settings} | {r['seed']} | {r['epochs']:.2f} | "
-                    f"{r['final_eval_loss']:.3f} | {r['final_train_loss']:.3f} | "
-                    f"{r['final_eval_loss'] - r['final_train_loss']:+.3f} |")
-    return "\n".join(rows) + "\n"
 
 
 if __name__ == "__main__":

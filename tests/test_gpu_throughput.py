@@ -10,6 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 from benchmarks import gpu_throughput as gt  # noqa: E402
+from benchmarks._harness import throughput  # noqa: E402
 
 
 def test_flops_per_token_gpt2_small():
@@ -28,8 +29,8 @@ def test_gpt2_small_parameter_count_matches():
 
     spec = gt.MODEL_SPECS["small"]
     with torch.device("meta"):
-        model = gt._build_model(spec)
-    assert gt._param_count_no_pos(model) == 123_653_376
+        model = throughput.build_gpt2(spec)
+    assert throughput.param_count_no_pos(model) == 123_653_376
 
 
 @pytest.mark.parametrize(

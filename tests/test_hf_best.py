@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from benchmarks._harness import long_run_tables, long_runs, processes
+
 
 def hb():
     from benchmarks import hf_best
@@ -27,28 +29,26 @@ def drive(search, losses):
 
 
 def test_coordinate_descent_keeps_only_changes_larger_than_the_noise():
-    mod = hb()
     start = {"a": 1, "b": "x"}
     knobs = [("a", [0, 2]), ("b", ["y", "z"])]
     table = {(1, "x"): 3.00, (0, "x"): 2.995, (2, "x"): 2.90, (2, "y"): 2.895, (2, "z"): 2.80,
              (1, "y"): 2.99, (1, "z"): 2.95}
-    batches, out = drive(mod.coordinate_descent(start, knobs, noise=0.01), lambda c: table[(c["a"], c["b"])])
+    batches, out = drive(long_runs.coordinate_descent(start, knobs, noise=0.01), lambda c: table[(c["a"], c["b"])])
     assert batches == [[start], [{"a": 0, "b": "x"}, {"a": 2, "b": "x"}], [{"a": 2, "b": "y"}, {"a": 2, "b": "z"}]]
     assert out["best"] == {"a": 2, "b": "z"} and out["loss"] == 2.80
     assert [(d["knob"], d["best_value"], d["accepted"]) for d in out["decisions"]] == [("a", 2, True), ("b", "z", True)]
     # a gain inside the noise is not taken
-    _, out = drive(mod.coordinate_descent(start, knobs, noise=0.2), lambda c: table[(c["a"], c["b"])])
+    _, out = drive(long_runs.coordinate_descent(start, knobs, noise=0.2), lambda c: table[(c["a"], c["b"])])
     assert out["best"] == start and not any(d["accepted"] for d in out["decisions"])
 
 
 def test_the_lr_walk_goes_downhill_one_run_at_a_time_and_stops_where_the_loss_rises():
     """``lr_walk``: x0.5 first, on while the loss falls; where the first step down loses, x2 and on up; at most
     ``steps`` steps one way. Each batch is one run; each step is one decision."""
-    mod = hb()
     start = {"lr": 1e-2, "lr_scale": 1.0}
 
     def walk(best_scale, steps=4):
-        batches, out = drive(mod.lr_walk(start, steps=steps),
+        batches, out = drive(long_runs.lr_walk(start, steps=steps),
                              lambda c: 3.0 + abs(math.log2(c["lr_scale"] / best_scale)) * 0.1)
         assert all(len(b) == 1 for b in batches)
         return [b[0]["lr_scale"] for b in batches], out
@@ -64,7 +64,7 @@ def test_the_lr_walk_goes_downhill_one_run_at_a_time_and_stops_where_the_loss_ri
     scales, out = walk(1 / 64, steps=4)  # four steps down and still falling: stops at the edge
     assert scales == [1.0, 0.5, 0.25, 0.125, 0.0625] and out["best"]["lr_scale"] == 0.0625
     # a step that ties does not move the walk (the lowest loss wins, ties keep the current best)
-    _, out = drive(mod.lr_walk(start), lambda c: 3.0)
+    _, out = drive(long_runs.lr_walk(start), lambda c: 3.0)
     assert out["best"] == start and [d["best_value"] for d in out["decisions"]] == [0.5, 2.0]
 
 
@@ -88,19 +88,19 @@ def test_arms_use_the_trainers_own_options_for_hf_best():
     assert recipe.args["seq_len_warmup_min"] == 16
     # the sub-noise candidates together: Muon at half the lr, the AdamW part at a quarter of that, timescale 4
     start = mod.start_config("recipe", 1.6e-2, steps)
-    together = mod.with_knob(start, mod.TOGETHER, (True, 0.25, 4.0, 0.5))
+    together = long_runs.with_knob(start, long_runs.TOGETHER, (True, 0.25, 4.0, 0.5))
     args = mod.arm_for("recipe", together, steps).args
     assert args["optimizer_kwargs"] == {"betas": [0.9, 0.95], "cautious_wd": True, "muon_lr": 8e-3}
     assert args["learning_rate"] == pytest.approx(2e-3) and args["weight_decay"] == pytest.approx(4.0 / (8e-3 * steps))
     # Hyperball replaces Muon's decay, so cautious weight decay is not passed beside it (the optimizer refuses both)
-    ball_config = mod.with_knob(together, "hyperball+lr_scale", (True, 0.25))
+    ball_config = long_runs.with_knob(together, "hyperball+lr_scale", (True, 0.25))
     assert ball_config["cautious_wd"] is False  # one setting, so the search does not train it twice
-    assert mod.with_knob(ball_config, "cautious_wd", True) == ball_config
+    assert long_runs.with_knob(ball_config, "cautious_wd", True) == ball_config
     ball = mod.arm_for("recipe", ball_config, steps).args
     assert ball["optimizer_kwargs"] == {"betas": [0.9, 0.95], "hyperball": True, "muon_lr": 4e-3}
     # AdEMAMix in place of Muon: Muon's options dropped, AdamW's lr and weight decay timescale
-    adema = mod.with_knob(ball_config, mod.ADEMAMIX, ("ademamix", 0.25, mod.ADAMW_TIMESCALE))
-    assert not set(mod.MUON_ONLY) & set(adema) and adema["optimizer"] == "ademamix"
+    adema = long_runs.with_knob(ball_config, long_runs.ADEMAMIX, ("ademamix", 0.25, long_runs.ADAMW_TIMESCALE))
+    assert not set(long_runs.MUON_ONLY) & set(adema) and adema["optimizer"] == "ademamix"
     args = mod.arm_for("recipe", adema, steps).args
     assert (args["optimizer"], args["learning_rate"]) == ("ademamix", pytest.approx(4e-3))
     assert args["weight_decay"] == pytest.approx(0.1) and args["weight_averaging"] == "ema"
@@ -108,7 +108,7 @@ def test_arms_use_the_trainers_own_options_for_hf_best():
     # its slow momentum's decay is a knob of its own (absent: the paper's 0.9999); to Muon it means nothing
     faster = mod.arm_for("recipe", {**adema, "beta3": 0.999}, steps).args
     assert faster["optimizer_kwargs"] == {"betas": [0.9, 0.95, 0.999], "alpha": 5.0}
-    assert "beta3" not in mod.with_knob(adema, "optimizer", "muon")
+    assert "beta3" not in long_runs.with_knob(adema, "optimizer", "muon")
     assert mod.parse_config(json.dumps({**adema, "beta3": 0.999}), ["recipe"])["beta3"] == 0.999
 
 
@@ -236,18 +236,17 @@ def test_families_share_the_workers_and_decide_as_one_at_a_time(tmp_path, monkey
 
 def test_joint_and_relative_knobs():
     # a joint knob "a+b" sets both parts at once (a candidate at its own lr); the lr knob multiplies the current lr
-    mod = hb()
     start = {"normuon": None, "lr_scale": 1.0}
     knobs = [("normuon", [0.95]), ("normuon+lr_scale", [(0.95, 0.5)]), ("lr_scale", [0.5, 2.0])]
     table = {(None, 1.0): 3.0, (0.95, 1.0): 3.2, (0.95, 0.5): 2.9, (0.95, 0.25): 2.95, (0.95, 1.0 + 0): 3.2}
-    batches, out = drive(mod.coordinate_descent(start, knobs, noise=0.01), lambda c: table[(c["normuon"], c["lr_scale"])])
+    batches, out = drive(long_runs.coordinate_descent(start, knobs, noise=0.01), lambda c: table[(c["normuon"], c["lr_scale"])])
     assert batches[2] == [{"normuon": 0.95, "lr_scale": 0.5}]
     assert batches[3] == [{"normuon": 0.95, "lr_scale": 0.25}, {"normuon": 0.95, "lr_scale": 1.0}]  # x0.5, x2 of 0.5
     assert out["best"] == {"normuon": 0.95, "lr_scale": 0.5}
     joint = out["decisions"][1]
     assert joint["tried"] == {"(0.95, 0.5)": 2.9} and joint["accepted"] and joint["best_value"] == (0.95, 0.5)
     # the summary rebuilds the best setting from the decisions, joint ones included
-    assert mod.set_knob(start, "normuon+lr_scale", [0.95, 0.5]) == out["best"]
+    assert long_runs.set_knob(start, "normuon+lr_scale", [0.95, 0.5]) == out["best"]
 
 
 def test_a_search_of_one_family_keeps_the_other_familys_record(tmp_path, monkeypatch):
@@ -541,7 +540,7 @@ def test_one_run_table_ranks_recipe_runs_by_tokens_to_hf_bests_loss(tmp_path):
         "d": run({**start, "lr_scale": 2.0, "ema": False}, 0, [5.0, 4.0, 3.6, 3.5, 3.5], 3.5),  # never
         "h": {**run(start, 0, [5.0, 3.0], 3.0), "family": "hf-best"},
     }
-    rows = mod.one_run_ratios(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
+    rows = long_run_tables.one_run_ratios(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
     assert [(r["config"].get("lr_scale"), r["ratio"]) for r in rows][:2] == [(0.5, 0.375), (1.0, 0.5)]
     assert math.isinf(rows[2]["ratio"])
     text = mod.one_run_table(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
@@ -659,7 +658,7 @@ def test_a_stopped_search_starts_no_run_after_the_stop_and_its_rerun_ends_as_a_s
     from hf_fasttrain.callbacks import TrainingStopped
 
     mod = hb()
-    monkeypatch.setattr(mod, "_STOP", [])
+    monkeypatch.setattr(processes, "STOP", [])
     started, stop_at = [], {"n": 3}
 
     def fake_run(job):  # the 3rd run started is stopped by a signal (its checkpoint saved); the others finish
@@ -675,11 +674,11 @@ def test_a_stopped_search_starts_no_run_after_the_stop_and_its_rerun_ends_as_a_s
     ledger = mod.Ledger(tmp_path / "hf_best.json")
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # one worker: the order of the runs is fixed
         mod.search(ledger, "16x", starts, pool, seeds=2, log=lambda m: None)
-    assert mod._STOP == [signal.SIGTERM]
+    assert processes.STOP == [signal.SIGTERM]
     assert len(started) == 3 and len(ledger.data["runs"]) == 2  # the stopped run is not a result; none started after
     assert mod.run_key(*started[2]) not in ledger.data["runs"]
     assert "16x" not in ledger.data.get("searches", {})  # neither family's search is recorded as finished
-    mod._STOP.clear()
+    processes.STOP.clear()
     stop_at["n"] = 0
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         resumed = mod.search(mod.Ledger(tmp_path / "hf_best.json"), "16x", starts, pool, seeds=2, log=lambda m: None)
@@ -715,21 +714,21 @@ def test_sigterm_to_the_search_reaches_each_worker_and_the_search_outlives_it(tm
     import time
 
     mod = hb()
-    monkeypatch.setattr(mod, "_STOP", [])
+    monkeypatch.setattr(processes, "STOP", [])
     pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"),
                                                   initializer=mod._init_worker, initargs=(1,))
     before = signal.getsignal(signal.SIGTERM)
     try:
-        with mod.stops_forwarded(pool):
+        with processes.stops_forwarded(pool):
             futures = {pool.submit(_run_until_sigterm, str(tmp_path), i): i for i in range(2)}
             deadline = time.monotonic() + 60
             while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGTERM)  # to the search's process only, as `kill <pid>` does
-            got = list(mod.finished_results(futures, concurrent.futures.as_completed(list(futures))))
+            got = list(processes.finished_results(futures, concurrent.futures.as_completed(list(futures))))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    assert got == [] and not futures and mod._STOP == [signal.SIGTERM]  # both runs stopped, neither is a result
+    assert got == [] and not futures and processes.STOP == [signal.SIGTERM]  # both runs stopped, neither is a result
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
 
 
@@ -826,12 +825,12 @@ def test_per_group_families_start_at_their_bases_winner_and_train_it_unchanged(t
     # at the group defaults the arm is hf-best's own (the Trainer's AdamW); with a multiplier, the package's factory
     assert mod.arm_for("hf-best+", start, steps).optimizer is None
     assert mod.arm_for("hf-best+", start, steps).args == mod.arm_for("hf-best", winner, steps).args
-    grouped = mod.with_knob(mod.with_knob(start, "emb_lr", 16.0), "wd_on", "matrices")
+    grouped = long_runs.with_knob(long_runs.with_knob(start, "emb_lr", 16.0), "wd_on", "matrices")
     arm = mod.arm_for("hf-best+", grouped, steps)
     assert arm.optimizer == ("adamw", {"lr_multipliers": {"embedding": 16.0}, "weight_decay_on": "matrices"})
     assert not arm.fast and arm.args == mod.arm_for("hf-best", winner, steps).args
     recipe = mod.start_config("recipe", 1.6e-2, steps)
-    kwargs = mod.arm_for("recipe+groups", mod.with_knob(recipe, "norm_lr", 0.25), steps).args["optimizer_kwargs"]
+    kwargs = mod.arm_for("recipe+groups", long_runs.with_knob(recipe, "norm_lr", 0.25), steps).args["optimizer_kwargs"]
     assert kwargs == {"betas": [0.9, 0.95], "lr_multipliers": {"norm": 0.25}}
     assert "lr_multipliers" not in mod.arm_for("recipe", recipe, steps).args["optimizer_kwargs"]
     with pytest.raises(ValueError, match="need the package's AdamW"):
