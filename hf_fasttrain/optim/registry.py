@@ -35,7 +35,8 @@ from .groups import regroup
 from .ademamix import AdEMAMix
 from .lion import Lion
 from .hyperball import initial_radius
-from .muon import MuonWithAdamW, _conv1d_type, conv1d_lr_multiplier, expert_param_groups, muon_routing
+from .muon import MuonWithAdamW, conv1d_lr_multiplier, expert_param_groups
+from .routing import _conv1d_type, muon_routing
 from .orthogonalize import _NS_EPS
 from .sharding import check_sharding_support, detect_sharding
 from .soap import DEFAULT_SKINNY_RATIO, SOAP
