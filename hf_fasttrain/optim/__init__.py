@@ -29,11 +29,9 @@ from .registry import (
     create_optimizer,
     decay_param_groups,
     get_optimizer_factory,
-    optimizer_cls_and_kwargs_for,
     optimizer_option_names,
-    parse_optimizer_kwargs,
-    trainer_optimizer_kwargs,
 )
+from .options import optimizer_cls_and_kwargs_for, parse_optimizer_kwargs, trainer_optimizer_kwargs
 from .sharding import (
     SHARDING_MODES,
     check_sharding_support,
@@ -45,7 +43,7 @@ from .soap import SOAP, soap_preconditioned_dims
 
 # The public API: pick by name, or use a class directly. The other names imported above (param-group
 # routing, option parsing and checking, per-optimizer helpers) are plumbing for FastTrainer and the tests;
-# import them from their modules (hf_fasttrain.optim.registry, .routing, .muon, .orthogonalize, .soap, .ademamix).
+# import them from their modules (hf_fasttrain.optim.registry, .options, .routing, .muon, .orthogonalize, .soap, .ademamix).
 __all__ = [
     "OPTIMIZERS",
     "create_optimizer",
