@@ -48,23 +48,12 @@ def _recipe_keys(source: Optional[str]) -> set[str]:
     return keys
 
 
-def _budget_tokens(model_args, data_args, training_args) -> tuple[int, int]:
-    """(tokens of the run, non-embedding parameters of its model), as ``budget_aware`` counts them when the run
-    starts: max_steps x global batch x row length (the data's block_size), or schedule_total_tokens."""
+def _non_embedding_parameters(model_args, data_args) -> int:
+    """The non-embedding parameters of the run's model, as ``budget_aware`` counts them, built on the meta device."""
     import torch
 
     from .budget import non_embedding_parameters
 
-    args = training_args
-    tokens = args.schedule_total_tokens
-    if not tokens:
-        from ._validation import ConfigError
-
-        if args.max_steps <= 0:
-            raise ConfigError("budget_aware", True, allowed="needs the run's tokens: max_steps, or "
-                              "schedule_unit='tokens' with schedule_total_tokens")
-        tokens = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps \
-            * max(args.world_size, 1) * data_args.block_size
     with torch.device("meta"):  # shapes only: no memory for the weights, nothing initialised
         if model_args.model_name_or_path:
             from transformers import AutoConfig, AutoModelForCausalLM
@@ -76,7 +65,7 @@ def _budget_tokens(model_args, data_args, training_args) -> tuple[int, int]:
             from .modeling import build_model
 
             model = build_model(model_args, _Vocabulary(data_args.vocab_size), data_args.block_size)
-    return tokens, non_embedding_parameters(model)
+    return non_embedding_parameters(model)
 
 
 class _Vocabulary:
@@ -94,19 +83,13 @@ class _Vocabulary:
 
 
 def apply_budget(model_args, data_args, training_args) -> list[str]:
-    """Apply ``budget_aware``'s settings to ``training_args`` as a run does; returns the fields set."""
-    from .budget import budget_settings, merge_optimizer_kwargs, tokens_per_parameter
-    from .optim import parse_optimizer_kwargs
+    """Apply ``budget_aware``'s settings to ``training_args`` as a run does (the run's rows are the data's
+    ``block_size``); returns the fields set."""
+    from .budget import apply_budget_settings, run_tokens
 
-    tokens, params = _budget_tokens(model_args, data_args, training_args)
-    chosen = budget_settings(tokens_per_parameter(tokens, params), training_args.optimizer or "adamw")
-    for name, value in chosen["settings"].items():
-        if name == "optimizer_kwargs":  # the optimizer's own options: into the given ones, by name
-            given = parse_optimizer_kwargs(training_args.optimizer, training_args.optimizer_kwargs)
-            value, _ = merge_optimizer_kwargs(given, value)
-        setattr(training_args, name, value)
-    training_args._check_lr_schedule()  # the chosen schedule must fit this run (warmup, cooldown)
-    return list(chosen["settings"])
+    tokens = run_tokens(training_args, data_args.block_size)  # refuses (one line) before the model is built
+    return list(apply_budget_settings(training_args, tokens, _non_embedding_parameters(model_args, data_args))
+                ["settings"])
 
 
 def _field_defaults() -> dict[str, Any]:

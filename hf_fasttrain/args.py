@@ -22,7 +22,7 @@ from ._validation import ConfigError, check_ranges
 from ._validation import check as _check
 from .clipping import CLIP_MODES
 from .data.from_args import check_seqlen_args
-from .guard import GuardConfig
+from .guard import GuardConfig, check_stability_sharding
 from ._model_data_args import DataArguments, ModelArguments
 from .restarts.config import restart_config_from_args
 
@@ -449,26 +449,12 @@ class FastTrainingArguments(TrainingArguments):
         _check(isinstance(self.ema_warmup, bool), "ema_warmup", self.ema_warmup, "must be true or false")
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         check_seqlen_args(self)
-        self._check_optimizer()
-        self._check_stability_sharding()
+        from .optim.options import check_optimizer_args  # torch's optimizers load only when arguments are built
+
+        check_optimizer_args(self)  # the optimizer's name and options
+        check_stability_sharding(self)  # the guard and value/AGC clipping need whole gradients
         super().__post_init__()
         self._check_lr_schedule()
-
-    def _check_stability_sharding(self) -> None:
-        """The guard and value/AGC clipping need whole gradients: refuse FSDP and DeepSpeed now, before any data work
-        (the callbacks would otherwise raise at on_train_begin, after the data is prepared)."""
-        from .optim.sharding import detect_sharding
-
-        mode = detect_sharding(args=self)
-        if mode not in ("fsdp1", "fsdp2", "deepspeed"):
-            return
-        shown = {"fsdp1": "FSDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed ZeRO"}[mode]
-        _check(not self.divergence_guard, "divergence_guard", self.divergence_guard,
-               f"set it to false under {shown}, or train with DDP; the guard needs whole (unsharded) gradients",
-               problem=f"not supported under {shown}")
-        _check(self.clip_mode in ("norm", "none"), "clip_mode", self.clip_mode,
-               f"use 'norm' (max_grad_norm) under {shown}; value and AGC clipping need whole gradients",
-               problem=f"not supported under {shown}")
 
     def _check_lr_schedule(self) -> None:
         from transformers.trainer_utils import SchedulerType
@@ -526,30 +512,6 @@ class FastTrainingArguments(TrainingArguments):
         self.precision_choice = dataclasses.replace(choice, reason=f"{choice.reason} [from {source}]")
         if choice.warning:
             precision_logger.warning(choice.warning)
-
-    def _check_optimizer(self) -> None:
-        """Validate `optimizer` / `optimizer_kwargs` now: a bad name or value fails before any training."""
-        from .optim import (
-            check_optimizer_options,
-            get_optimizer_factory,
-            parse_optimizer_kwargs,
-            trainer_optimizer_kwargs,
-        )
-
-        if self.optimizer is None:
-            _check(not self.optimizer_kwargs, "optimizer_kwargs", self.optimizer_kwargs,
-                   "only allowed together with `optimizer` (the Trainer's `optim` takes `optim_args`)")
-            return
-        get_optimizer_factory(self.optimizer)  # ValueError naming the known optimizers
-        default_optim = next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "optim")
-        optim = getattr(self.optim, "value", self.optim)
-        _check(optim == default_optim, "optim", optim,
-               f"set either `optim` or `optimizer` (here {self.optimizer!r}), not both; leave optim at "
-               f"{default_optim!r} when `optimizer` is set")
-        _check(not self.optim_args, "optim_args", self.optim_args,
-               f"applies to `optim` only; give options of optimizer={self.optimizer!r} in `optimizer_kwargs`")
-        self.optimizer_kwargs = parse_optimizer_kwargs(self.optimizer, self.optimizer_kwargs)  # JSON, "1e-5"
-        check_optimizer_options(self.optimizer, **trainer_optimizer_kwargs(self))
 
 
 # What an option reads as on arguments of another class (a plain TrainingArguments, TRL's configs): its default,

@@ -30,7 +30,8 @@ from typing import Any, Optional
 from ._validation import ConfigError
 
 __all__ = ["tokens_per_parameter", "non_embedding_parameters", "BudgetRegime", "REGIMES", "budget_settings",
-           "merge_optimizer_kwargs", "LONGEST_MEASURED", "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check"]
+           "merge_optimizer_kwargs", "LONGEST_MEASURED", "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check",
+           "MEASURED_OPTIMIZERS", "run_tokens", "apply_budget_settings", "describe_budget"]
 
 
 def tokens_per_parameter(tokens: float, non_embedding_parameters: int) -> float:
@@ -196,3 +197,63 @@ def learning_rate_law_check(optimizer: str) -> list[dict[str, Any]]:
         out.append({"source": source, "width": w, "tokens_per_param": t, "measured": lr, "predicted": pred,
                     "ratio": pred / lr})
     return out
+
+
+# -- applying the settings to a run ------------------------------------------------------------------------------
+#: the optimizers the regimes' optimizer options were measured with; any other keeps its own
+MEASURED_OPTIMIZERS = ("adamw", "muon")
+
+
+def run_tokens(args, row_length: Optional[int]) -> int:
+    """A run's length in tokens, as ``budget_aware`` counts it: ``schedule_total_tokens`` (or ``max_tokens``) when
+    given, else max_steps x global batch x ``row_length`` (the tokens in one row)."""
+    tokens = getattr(args, "schedule_total_tokens", None) or getattr(args, "max_tokens", None)
+    if tokens:
+        return tokens
+    if row_length is None or args.max_steps <= 0:
+        raise ConfigError("budget_aware", True, allowed="needs the run's tokens: max_steps and rows of a known "
+                          "length (input_ids rows, or block_size), or schedule_unit='tokens' with "
+                          "schedule_total_tokens")
+    return (args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
+            * max(args.world_size, 1) * row_length)
+
+
+def apply_budget_settings(args, tokens: int, non_embedding_params: int) -> dict[str, Any]:
+    """``budget_aware``: set on ``args`` the settings measured best for ``tokens`` over ``non_embedding_params``
+    (:func:`budget_settings`). The optimizer's own options merge into the given ones by name
+    (:func:`merge_optimizer_kwargs`), and only for an optimizer they were measured with
+    (:data:`MEASURED_OPTIMIZERS`). Returns :func:`budget_settings`' dict with ``settings`` narrowed to what was
+    set, ``tokens_per_param`` and ``not_applied`` (each option left out, with why)."""
+    from .optim import parse_optimizer_kwargs
+
+    optimizer = getattr(args, "optimizer", None)
+    tpp = tokens_per_parameter(tokens, non_embedding_params)
+    chosen = budget_settings(tpp, optimizer or "adamw")
+    applied: dict[str, Any] = {}
+    not_applied: list[str] = []
+    for name, value in chosen["settings"].items():
+        if name == "optimizer_kwargs":
+            if optimizer not in MEASURED_OPTIMIZERS:
+                who = "the Trainer optim" if optimizer is None else repr(optimizer)
+                not_applied.append(f"{', '.join(value)} (measured with optimizer 'adamw'; {who} keeps its own)")
+                continue
+            given = parse_optimizer_kwargs(optimizer, args.optimizer_kwargs)
+            value, skipped = merge_optimizer_kwargs(given, value)
+            not_applied += skipped
+        setattr(args, name, value)
+        applied[name] = chosen["settings"][name]
+    args._check_lr_schedule()  # the chosen schedule must fit this run (warmup, cooldown)
+    return {**chosen, "settings": applied, "tokens_per_param": tpp, "not_applied": not_applied}
+
+
+def describe_budget(applied: dict[str, Any]) -> str:
+    """One line for the log: what :func:`apply_budget_settings` chose, from which measurement, and what it left."""
+    settings = ", ".join(f"{k}={v}" for k, v in applied["settings"].items())
+    hint = ""
+    if applied["lr_factor"]:  # the lr stays the user's; the line says how far the measured best moved
+        hint = (f"; these settings were measured best at {applied['lr_factor']:g}x the peak lr that was best for the "
+                "longest search's winner: sweep the lr down from a shorter run's")
+    kept = f"; not applied: {', '.join(applied['not_applied'])}" if applied["not_applied"] else ""
+    beyond = f"; beyond the longest run measured ({LONGEST_MEASURED})" if applied["extrapolated"] else ""
+    return (f"budget_aware: {applied['tokens_per_param']:.1f} tokens per non-embedding parameter -> the "
+            f"{applied['regime']}-run settings {settings} ({applied['source']}){hint}{kept}{beyond}")

@@ -55,6 +55,7 @@ __all__ = [
     "guard_decision",
     "remember",
     "detect_spike",
+    "check_stability_sharding",
 ]
 
 ROLLBACK_MODES = ("auto", "memory", "checkpoint", "none")
@@ -257,6 +258,25 @@ class Stop:
 
 
 Decision = Union[Healthy, Skip, RollBack, Stop]
+
+
+def check_stability_sharding(args: Any) -> None:
+    """The guard and value/AGC clipping need whole gradients: refuse FSDP and DeepSpeed in ``args``
+    (``divergence_guard``, ``clip_mode``) when the arguments are built, before any data work (the callbacks would
+    otherwise raise at on_train_begin, after the data is prepared)."""
+    from ._validation import check
+    from .optim.sharding import detect_sharding
+
+    mode = detect_sharding(args=args)
+    if mode not in ("fsdp1", "fsdp2", "deepspeed"):
+        return
+    shown = {"fsdp1": "FSDP", "fsdp2": "FSDP2", "deepspeed": "DeepSpeed ZeRO"}[mode]
+    check(not args.divergence_guard, "divergence_guard", args.divergence_guard,
+          f"set it to false under {shown}, or train with DDP; the guard needs whole (unsharded) gradients",
+          problem=f"not supported under {shown}")
+    check(args.clip_mode in ("norm", "none"), "clip_mode", args.clip_mode,
+          f"use 'norm' (max_grad_norm) under {shown}; value and AGC clipping need whole gradients",
+          problem=f"not supported under {shown}")
 
 
 def detect_spike(value: float, history: list[float], sigma: float, ratio: float, warmup: int) -> bool:

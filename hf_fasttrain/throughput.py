@@ -33,6 +33,8 @@ __all__ = [
     "flops_per_token",
     "device_peak_flops",
     "mfu",
+    "model_dims",
+    "throughput_logs",
     "ThroughputMeter",
     "PEAK_BF16_FLOPS",
     "compiled_graphs",
@@ -190,6 +192,63 @@ def mfu(tokens_per_second: float, flops_per_tok: float, peak_flops: Optional[flo
     if not peak_flops:
         return None
     return tokens_per_second * flops_per_tok / (peak_flops * n_devices)
+
+
+def model_dims(model) -> tuple[int, int, int]:
+    """(matmul parameters, layers, attention width) for the FLOP estimate, for any decoder family.
+
+    Parameters exclude position-embedding tables and an input embedding that is not tied to the LM
+    head: both are table lookups, not matmuls (as nanoGPT counts; a tied embedding is the head's
+    matmul and counts once). The attention width is heads x head size, which for GQA models is the
+    query width: the score and value FLOPs grow with the query heads, not the key/value heads.
+    """
+    cfg = getattr(model, "config", None)
+    n_layer = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", 0) or 0
+    d_model = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0) or 0
+    n_heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
+    head_dim = getattr(cfg, "head_dim", None)
+    attn_width = n_heads * head_dim if n_heads and head_dim else d_model
+    n_params = sum(p.numel() for p in model.parameters())
+    for name, p in model.named_parameters():
+        if name.endswith(("wpe.weight", "position_embeddings.weight", "embed_positions.weight")):
+            n_params -= p.numel()  # a table lookup, not matmul FLOPs (as nanoGPT counts)
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    inp = get_in() if callable(get_in) else None
+    out = get_out() if callable(get_out) else None
+    w_in, w_out = getattr(inp, "weight", None), getattr(out, "weight", None)
+    if w_in is not None and w_out is not None and w_in is not w_out:
+        n_params -= w_in.numel()  # untied input embedding (Llama's default): a lookup
+    return n_params, int(n_layer), int(attn_width)
+
+
+def throughput_logs(real: int, total: int, samples: int, seconds: float, seq_len: int = 0,
+                    peak_flops: Optional[float] = None, dims: Optional[tuple[int, int, int]] = None,
+                    n_devices: int = 1) -> dict[str, float]:
+    """The throughput logs of ``seconds`` of training over which ``real`` of ``total`` tokens (rows of
+    ``seq_len``) and ``samples`` samples of batches without tokens were counted: ``tokens_per_second`` and
+    ``padding_fraction`` for token batches (or when nothing was counted), ``samples_per_second`` for the others,
+    and ``mfu`` with a ``peak_flops`` and the model's :func:`model_dims` (padded tokens cost compute too:
+    utilisation counts every token the model ran on).
+
+    Example:
+        >>> throughput_logs(real=750, total=1000, samples=0, seconds=2.0)
+        {'tokens_per_second': 375.0, 'padding_fraction': 0.25}
+    """
+    seconds = max(seconds, 1e-9)
+    out: dict[str, float] = {}
+    if total or not samples:  # token batches (or nothing counted yet): tokens
+        out["tokens_per_second"] = real / seconds
+        out["padding_fraction"] = (1.0 - real / total) if total else 0.0
+    if samples:  # batches without a token dimension (images, features): samples
+        out["samples_per_second"] = samples / seconds
+    if peak_flops and total and dims is not None:
+        n_params, n_layer, d_model = dims
+        if n_layer and d_model:  # the FLOP count is known only for a transformer with these in its config
+            value = mfu(total / seconds, flops_per_token(n_params, n_layer, d_model, seq_len), peak_flops,
+                        n_devices=n_devices)
+            if value is not None:
+                out["mfu"] = value
+    return out
 
 
 @dataclass

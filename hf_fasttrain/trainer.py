@@ -23,6 +23,7 @@ import torch
 from transformers import Trainer
 
 from .args import fast_option
+from .budget import apply_budget_settings, describe_budget, non_embedding_parameters, run_tokens
 from .callbacks.averaging import AVERAGE_FILE, WeightAveragingCallback
 from .callbacks.run_record import WALL_CLOCK_LOG_KEYS, RunRecorderCallback
 from .callbacks.clipping import ClipStatsWindow
@@ -43,7 +44,7 @@ from ._resume_identity import ResumePlan, discard_previous_run, plan_resume, wri
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress, make_scheduler
 from .throughput import (HOST_BATCH_KEY, CompileCounter, HostBatchCollator, HostCopy, ThroughputMeter, count_batch,
-                         device_peak_flops, flops_per_token, mfu)
+                         device_peak_flops, model_dims, throughput_logs)
 from .data.from_args import resolve_max_steps
 from .wiring import SeqLenWiring, _row_length
 
@@ -57,33 +58,6 @@ RESUME_HOOK = hasattr(Trainer, "get_resumed_dataloader")
 # WALL_CLOCK_LOG_KEYS (from the run record): the log keys FastTrainer adds with run_record on that measure
 # wall-clock: the only ones (with the Trainer's own *_runtime and *_per_second) in which a resumed run's logs differ
 # from a straight run's. They are in the logs, not in state.log_history (the run record keeps them per checkpoint).
-
-
-def _model_dims(model) -> tuple[int, int, int]:
-    """(matmul parameters, layers, attention width) for the FLOP estimate, for any decoder family.
-
-    Parameters exclude position-embedding tables and an input embedding that is not tied to the LM
-    head: both are table lookups, not matmuls (as nanoGPT counts; a tied embedding is the head's
-    matmul and counts once). The attention width is heads x head size, which for GQA models is the
-    query width: the score and value FLOPs grow with the query heads, not the key/value heads.
-    """
-    cfg = getattr(model, "config", None)
-    n_layer = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", 0) or 0
-    d_model = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0) or 0
-    n_heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
-    head_dim = getattr(cfg, "head_dim", None)
-    attn_width = n_heads * head_dim if n_heads and head_dim else d_model
-    n_params = sum(p.numel() for p in model.parameters())
-    for name, p in model.named_parameters():
-        if name.endswith(("wpe.weight", "position_embeddings.weight", "embed_positions.weight")):
-            n_params -= p.numel()  # a table lookup, not matmul FLOPs (as nanoGPT counts)
-    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
-    inp = get_in() if callable(get_in) else None
-    out = get_out() if callable(get_out) else None
-    w_in, w_out = getattr(inp, "weight", None), getattr(out, "weight", None)
-    if w_in is not None and w_out is not None and w_in is not w_out:
-        n_params -= w_in.numel()  # untied input embedding (Llama's default): a lookup
-    return n_params, int(n_layer), int(attn_width)
 
 
 def _collate_with_host_batch(loader) -> None:
@@ -205,53 +179,17 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.add_callback(self.graceful_stop)
 
     def _apply_budget_settings(self) -> dict[str, Any]:
-        """``budget_aware``: the measured settings for this run's tokens per non-embedding parameter
-        (:func:`hf_fasttrain.budget.budget_settings`) replace the given ones; returns what was chosen."""
-        from ._validation import ConfigError
-        from .budget import (LONGEST_MEASURED, budget_settings, merge_optimizer_kwargs, non_embedding_parameters,
-                             tokens_per_parameter)
-
-        args = self.args
-        tokens = self._option("schedule_total_tokens") or self._option("max_tokens")
-        if not tokens:
-            row = getattr(self.train_dataset, "block_size", None)  # a TokenStream's rows
-            if row is None:
-                try:
-                    row = len(self.train_dataset[0]["input_ids"])
-                except Exception:  # rows without input_ids
-                    pass
-            if row is None or args.max_steps <= 0:
-                raise ConfigError("budget_aware", True, allowed="needs the run's tokens: max_steps and a dataset of "
-                                  "input_ids rows, or schedule_unit='tokens' with schedule_total_tokens")
-            tokens = args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps \
-                * max(args.world_size, 1) * row
-        tpp = tokens_per_parameter(tokens, non_embedding_parameters(self.model))
-        chosen = budget_settings(tpp, self._option("optimizer") or "adamw")
-        kept = ""
-        optimizer = self._option("optimizer")
-        for name, value in chosen["settings"].items():
-            if name == "optimizer_kwargs" and optimizer not in ("adamw", "muon"):  # measured with those two only
-                kept = (f"; not applied: {', '.join(value)} (measured with optimizer 'adamw'; "
-                        f"{'the Trainer optim' if optimizer is None else repr(optimizer)} keeps its own)")
-                continue
-            if name == "optimizer_kwargs":  # the optimizer's own options: into the given ones, by name
-                from .optim import parse_optimizer_kwargs
-
-                given = parse_optimizer_kwargs(self._option("optimizer"), args.optimizer_kwargs)
-                value, skipped = merge_optimizer_kwargs(given, value)
-                kept = f"; not applied: {', '.join(skipped)}" if skipped else ""
-            setattr(args, name, value)
-        args._check_lr_schedule()  # the chosen schedule must fit this run (warmup, cooldown)
-        settings = ", ".join(f"{k}={v}" for k, v in chosen["settings"].items()
-                             if k != "optimizer_kwargs" or optimizer in ("adamw", "muon"))
-        hint = ""
-        if chosen["lr_factor"]:  # the lr stays the user's; the log says how far the measured best moved
-            hint = (f"; these settings were measured best at {chosen['lr_factor']:g}x the peak lr that was best for the "
-                    "longest search's winner: sweep the lr down from a shorter run's")
-        logger.info("budget_aware: %.1f tokens per non-embedding parameter -> the %s-run settings %s (%s)%s%s%s", tpp,
-                    chosen["regime"], settings, chosen["source"], hint, kept,
-                    f"; beyond the longest run measured ({LONGEST_MEASURED})" if chosen["extrapolated"] else "")
-        return {**chosen, "tokens_per_param": tpp}
+        """``budget_aware``: the measured settings for this run's tokens per non-embedding parameter replace the
+        given ones (:func:`hf_fasttrain.budget.apply_budget_settings`); returns what was chosen."""
+        row = getattr(self.train_dataset, "block_size", None)  # a TokenStream's rows
+        if row is None:
+            try:
+                row = len(self.train_dataset[0]["input_ids"])
+            except Exception:  # rows without input_ids
+                pass
+        applied = apply_budget_settings(self.args, run_tokens(self.args, row), non_embedding_parameters(self.model))
+        logger.info(describe_budget(applied))
+        return applied
 
     def _replace_jit_checkpoint(self) -> None:
         """The Trainer's own JIT checkpoint (``enable_jit_checkpoint``) is what GracefulStopCallback extends: drop
@@ -648,25 +586,12 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         now = recorder.train_seconds()
         if self._last_log_seconds is None:  # first log of this train() call (maybe a resume)
             self._last_log_seconds = recorder._offset
-        dt = max(now - self._last_log_seconds, 1e-9)
-        self._last_log_seconds = now
-        out: dict[str, float] = {}
-        if total or not samples:  # token batches (or nothing counted yet): tokens
-            out["tokens_per_second"] = real / dt
-            out["padding_fraction"] = (1.0 - real / total) if total else 0.0
-        if samples:  # batches without a token dimension (images, features): samples
-            out["samples_per_second"] = samples / dt
-        out["train_seconds"] = now
+        seconds, self._last_log_seconds = now - self._last_log_seconds, now
         peak_tflops = self._option("mfu_peak_tflops")
         peak = peak_tflops * 1e12 if peak_tflops else device_peak_flops(self.args.device)
-        if peak and total:
-            if self._dims is None:
-                self._dims = _model_dims(self.model)
-            n_params, n_layer, d_model = self._dims
-            if n_layer and d_model:  # the FLOP count is known only for a transformer with these in its config
-                fpt = flops_per_token(n_params, n_layer, d_model, stats["seq_len"])
-                # padded tokens cost compute too: utilisation counts every token the model ran on
-                value = mfu(total / dt, fpt, peak, n_devices=self.args.world_size)
-                if value is not None:
-                    out["mfu"] = value
+        if peak and total and self._dims is None:
+            self._dims = model_dims(self.model)
+        out = throughput_logs(real, total, samples, seconds, seq_len=stats["seq_len"], peak_flops=peak,
+                              dims=self._dims, n_devices=self.args.world_size)
+        out["train_seconds"] = now
         return out

@@ -365,3 +365,41 @@ def test_budget_aware_short_adamw_runs_take_the_embeddings_lr_measured_with_the_
         assert trainer.args.optimizer_kwargs == ({"weight_decay_on": "matrices"} if optimizer else None)
         who = "the Trainer optim" if optimizer is None else "'lion'"
         assert f"not applied: lr_multipliers (measured with optimizer 'adamw'; {who} keeps its own)" in caplog.text
+
+
+@pytest.mark.parametrize("given, row, expected", [
+    ({"schedule_total_tokens": 5000, "lr_decay": "cosine", "schedule_unit": "tokens"}, None, 5000),  # given: no row needed
+    ({"max_tokens": 7000}, 64, 7000),
+    ({"max_steps": 10, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}, 64, 10 * 4 * 2 * 64),
+])
+def test_run_tokens_counts_a_run_as_budget_aware_does(tmp_path, given, row, expected):
+    from hf_fasttrain.budget import run_tokens
+
+    assert run_tokens(tiny_args(tmp_path, **given), row) == expected
+
+
+@pytest.mark.parametrize("given, row", [({"max_steps": 10}, None), ({"max_steps": -1}, 64)])
+def test_run_tokens_unknown_is_one_line(tmp_path, given, row):
+    from hf_fasttrain.budget import run_tokens
+
+    with pytest.raises(ConfigError, match="budget_aware: .*needs the run's tokens"):
+        run_tokens(tiny_args(tmp_path, **given), row)
+
+
+@pytest.mark.parametrize("optimizer, kwargs_set", [("adamw", True), ("lion", False)])
+def test_apply_budget_settings_sets_and_reports_the_same_fields(tmp_path, optimizer, kwargs_set):
+    """What apply_budget_settings reports as set is what it set: a short AdamW run takes the embeddings' lr; lion
+    keeps its own options, and says so, and reports no optimizer_kwargs (the trainer and --dry_run read this)."""
+    from hf_fasttrain.budget import apply_budget_settings, describe_budget
+
+    args = tiny_args(tmp_path, max_steps=2, lr_decay="cosine", optimizer=optimizer)
+    applied = apply_budget_settings(args, tokens=1000, non_embedding_params=1000)  # 1 token per parameter: short
+    table = budget_settings(1.0, "adamw")["settings"]
+    assert applied["regime"] == "short" and applied["tokens_per_param"] == 1.0
+    assert ("optimizer_kwargs" in applied["settings"]) == kwargs_set
+    assert set(applied["settings"]) == set(table) - ({"optimizer_kwargs"} if not kwargs_set else set())
+    assert args.lr_decay == table["lr_decay"]
+    assert args.optimizer_kwargs == ({"lr_multipliers": {"embedding": 16.0}} if kwargs_set else {})
+    line = describe_budget(applied)
+    assert line.startswith("budget_aware: 1.0 tokens per non-embedding parameter -> the short-run settings ")
+    assert ("not applied: lr_multipliers (measured with optimizer 'adamw'; 'lion' keeps its own)" in line) != kwargs_set

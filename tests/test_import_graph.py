@@ -47,6 +47,7 @@ LAYERS = {
     "budget": CORE,
     "averaging": CORE,
     "_options": CORE,
+    "_recipe_files": CORE,  # recipe files for the fast path (no torch)
     "metrics": CORE,
     "hub": CORE,
     "runinfo": CORE,

@@ -16,7 +16,7 @@ from hf_fasttrain.optim import create_optimizer
 from hf_fasttrain.optim.muon import muon_routing
 from hf_fasttrain.recipes import bundled_recipes, load_recipe, parse_config, validate_recipe
 from hf_fasttrain.throughput import flops_per_token
-from hf_fasttrain.trainer import _model_dims
+from hf_fasttrain.throughput import model_dims as _model_dims
 
 from conftest import TINY_BLOCK, tiny_args
 

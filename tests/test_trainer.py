@@ -7,7 +7,7 @@ from transformers import DataCollatorForLanguageModeling, TrainerCallback
 
 from hf_fasttrain.callbacks.run_record import WALL_CLOCK_LOG_KEYS
 from hf_fasttrain import FastTrainer
-from hf_fasttrain.throughput import ThroughputMeter, count_tokens, flops_per_token, mfu
+from hf_fasttrain.throughput import ThroughputMeter, count_tokens, flops_per_token, mfu, throughput_logs
 
 from conftest import make_tiny_gpt2, tiny_args
 
@@ -128,6 +128,20 @@ def test_flops_and_mfu_formulas():
     assert mfu(1000.0, 2e9, 1e12 * 4, n_devices=1) == pytest.approx(0.5)
     assert mfu(1000.0, 2e9, 1e12, n_devices=4) == pytest.approx(0.5)
     assert mfu(1000.0, 2e9, None) is None
+
+
+@pytest.mark.parametrize("counts, kwargs, expected", [
+    ((750, 1000, 0, 2.0), {}, {"tokens_per_second": 375.0, "padding_fraction": 0.25}),
+    ((0, 0, 0, 2.0), {}, {"tokens_per_second": 0.0, "padding_fraction": 0.0}),  # nothing counted yet
+    ((0, 0, 8, 2.0), {}, {"samples_per_second": 4.0}),  # images, features: samples only
+    # mfu: 1000 of 1000 tokens in 1 s x (6 x 100 + 12 x 2 x 8 x 16 FLOPs) over a 10 kFLOP/s peak x 2 devices
+    ((1000, 1000, 0, 1.0), {"seq_len": 16, "peak_flops": 1e4, "dims": (100, 2, 8), "n_devices": 2},
+     {"tokens_per_second": 1000.0, "padding_fraction": 0.0, "mfu": 1000 * (600 + 3072) / 2e4}),
+    ((1000, 1000, 0, 1.0), {"seq_len": 16, "peak_flops": 1e4, "dims": (100, 0, 0)},  # no layers known: no mfu
+     {"tokens_per_second": 1000.0, "padding_fraction": 0.0}),
+])
+def test_throughput_logs_table(counts, kwargs, expected):
+    assert throughput_logs(*counts, **kwargs) == pytest.approx(expected)
 
 
 def test_logged_padding_fraction_is_exact_on_a_hand_made_batch(tiny_tokenizer, tmp_path):

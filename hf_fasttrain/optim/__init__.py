@@ -19,7 +19,8 @@ With FastTrainer, set `FastTrainingArguments(optimizer="lion", optimizer_kwargs=
 from .ademamix import AdEMAMix, ademamix_alpha, ademamix_beta3, slow_momentum_half_life
 from .adamw import AdamW, build_adamw
 from .lion import Lion
-from .muon import MuonWithAdamW, conv1d_lr_multiplier, muon_routing
+from .muon import MuonWithAdamW, conv1d_lr_multiplier
+from .routing import ROUTING_RULES, muon_route_table, muon_routing
 from .orthogonalize import NS_COEFFICIENTS, newton_schulz, newton_schulz_batched, ns_coefficient_schedule
 from .registry import (
     OPTIMIZERS,
@@ -28,11 +29,9 @@ from .registry import (
     create_optimizer,
     decay_param_groups,
     get_optimizer_factory,
-    optimizer_cls_and_kwargs_for,
     optimizer_option_names,
-    parse_optimizer_kwargs,
-    trainer_optimizer_kwargs,
 )
+from .options import optimizer_cls_and_kwargs_for, parse_optimizer_kwargs, trainer_optimizer_kwargs
 from .sharding import (
     SHARDING_MODES,
     check_sharding_support,
@@ -44,7 +43,7 @@ from .soap import SOAP, soap_preconditioned_dims
 
 # The public API: pick by name, or use a class directly. The other names imported above (param-group
 # routing, option parsing and checking, per-optimizer helpers) are plumbing for FastTrainer and the tests;
-# import them from their modules (hf_fasttrain.optim.registry, .muon, .orthogonalize, .soap, .ademamix).
+# import them from their modules (hf_fasttrain.optim.registry, .options, .routing, .muon, .orthogonalize, .soap, .ademamix).
 __all__ = [
     "OPTIMIZERS",
     "create_optimizer",

@@ -34,7 +34,7 @@ from typing import Any, Mapping, Optional
 from torch import nn
 
 from .._validation import ConfigError
-from .muon import _wrapped_modules
+from .routing import _wrapped_modules
 
 __all__ = ["ROLES", "WEIGHT_DECAY_ON", "param_roles", "check_group_options", "regroup"]
 
