@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
-__all__ = ["atomic_write_text", "checkpoint_step", "last_complete_checkpoint"]
+__all__ = ["atomic_write_text", "checkpoint_step", "last_complete_checkpoint", "read_json_dict"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,3 +86,13 @@ def last_complete_checkpoint(
             continue
         return path
     return None
+
+
+def read_json_dict(path: Union[str, Path]) -> Optional[dict]:
+    """The JSON object in ``path``; None when the file is missing, unreadable or not an object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from ._files import atomic_write_text, last_complete_checkpoint
+from ._files import atomic_write_text, last_complete_checkpoint, read_json_dict as _read_json
 from ._validation import ConfigError
 
 __all__ = ["OPTIONS_FILE", "DISCARD_FLAG", "MAY_CHANGE_ON_RESUME", "LENGTH_FIELDS", "Change", "flat_options",
@@ -224,15 +224,6 @@ def write_options(checkpoint: str, options: Mapping[str, Any]) -> None:
     """Save ``options`` into ``checkpoint`` (:data:`OPTIONS_FILE`)."""
     atomic_write_text(os.path.join(checkpoint, OPTIONS_FILE), json.dumps({"options": dict(options)}, indent=1,
                                                                          default=str))
-
-
-def _read_json(path: str) -> Optional[dict]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None
 
 
 @dataclass

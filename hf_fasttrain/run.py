@@ -6,7 +6,6 @@ arm that uses FastTrainer; the recipe script only parses arguments and calls :fu
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -17,7 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from ._files import last_complete_checkpoint
+from ._files import last_complete_checkpoint, read_json_dict as _read_json
 from ._validation import ConfigError
 from .args import DataArguments, FastTrainingArguments, ModelArguments, fast_option
 from .callbacks.averaging import AVERAGE_FILE
@@ -128,15 +127,6 @@ def _plan(training_args: FastTrainingArguments, options: dict, data) -> ResumePl
     return plan_resume(out, options, max_steps=training_args.max_steps, planned_steps=data.planned_steps,
                        required=checkpoint_extras(training_args, data.args),
                        stop_at_step=training_args.restart_stop_at_step)
-
-
-def _read_json(path: str) -> Optional[dict]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None
 
 
 def _final_outputs_present(output_dir: str) -> Optional[dict]:
