@@ -140,7 +140,7 @@ def main(args) -> dict:
     import datasets
     from transformers import DataCollatorForLanguageModeling
 
-    from hf_fasttrain.args import DataArguments
+    from hf_fasttrain.config.args import DataArguments
     from hf_fasttrain.data.corpus import build_stdlib_corpus, get_tokenizer, tokenize_and_chunk
     from hf_fasttrain.data.prepare import prepare_lm_data, pretokenize
 

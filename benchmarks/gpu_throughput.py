@@ -122,7 +122,7 @@ class ArmUnavailable(RuntimeError):
 def _device_and_precision(opts):
     import torch
 
-    from hf_fasttrain.precision import detect_device
+    from hf_fasttrain.stability.precision import detect_device
 
     if opts.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda but torch.cuda.is_available() is False")
@@ -141,7 +141,7 @@ def trainer_arm_setup(arm, kwargs, info, compile_on, opts=None):
     Pure apart from the fasttrain arm (which reads the recipe), so the GPU settings of each arm are
     testable with a mocked device.
     """
-    from hf_fasttrain.precision import apply_precision, resolve_precision
+    from hf_fasttrain.stability.precision import apply_precision, resolve_precision
 
     kwargs = dict(kwargs)
     settings = {"trainer": "Trainer"}
@@ -255,7 +255,7 @@ def _fasttrain_setup(kwargs, compile_on, opts, info):
     if not os.path.exists(os.path.join(ROOT, "hf_fasttrain", "trainer.py")):
         raise ArmUnavailable("FastTrainer is not in this checkout yet (no hf_fasttrain/trainer.py)")
     from hf_fasttrain import FastTrainer, FastTrainingArguments
-    from hf_fasttrain.recipes import load_recipe, validate_recipe
+    from hf_fasttrain.config.recipes import load_recipe, validate_recipe
 
     recipe = validate_recipe(load_recipe(FASTTRAIN_RECIPE))[None]
     taken = {k: v for k, v in recipe.items() if k not in RUN_KEYS}
@@ -273,7 +273,7 @@ def _loop_arm(arm, opts, spec, device, info, memory):
     import torch
 
     from benchmarks._harness.chunked_ce import chunked_lm_head_loss
-    from hf_fasttrain.precision import resolve_precision
+    from hf_fasttrain.stability.precision import resolve_precision
 
     torch.manual_seed(0)
     choice = resolve_precision("bf16", info)

@@ -398,7 +398,7 @@ def main(argv=None) -> dict[str, Any]:
         ledger.data.setdefault("setups", {})[rung] = dataclasses.asdict(setup)
         if not torch.cuda.is_available():
             torch.set_num_threads(ns.threads)
-        from hf_fasttrain.run import prepare_data
+        from hf_fasttrain.run.train import prepare_data
 
         # runs of 64x and longer keep checkpoints next to the JSON (cheap at this model size), so a killed
         # search loses at most one eval interval of its running runs
@@ -538,10 +538,10 @@ def tokens_per_param(setup) -> float:
 
 
 def at_law_lr(config: dict[str, Any], family: str, setup) -> dict[str, Any]:
-    """A winner moved to another model: its peak lr the measured law's (hf_fasttrain.budget, the one
+    """A winner moved to another model: its peak lr the measured law's (hf_fasttrain.config.budget, the one
     ``learning_rate: auto`` uses) for the model's width and the run's tokens per parameter, 3 significant
     digits; the other settings as they are. The lr sweep around it checks the law at a point outside its fit."""
-    from hf_fasttrain.budget import predict_learning_rate
+    from hf_fasttrain.config.budget import predict_learning_rate
 
     lr = predict_learning_rate(OPTIMIZER_OF[family], setup.n_embd, tokens_per_param(setup))
     return {**config, "lr": float(f"{lr:.3g}"), "lr_scale": 1.0}
@@ -579,7 +579,7 @@ def report_text(ledger: Ledger) -> str:
             shape = type("Shape", (), {**setup, "tokens_per_step": setup["batch_size"] * setup["block_size"]})
             how += (f"Model: GPT-2 {setup['n_layer']}x{setup['n_embd']}, {tokens_per_param(shape):.1f} tokens per "
                     "non-embedding parameter; the starting lr of each family is the measured law's for this width "
-                    "and length (`learning_rate: auto`, hf_fasttrain/budget.py), so the sweep checks the law at a "
+                    "and length (`learning_rate: auto`, hf_fasttrain/config/budget.py), so the sweep checks the law at a "
                     "point outside its fit.\n\n")
         text += (f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary) + memorisation(ledger, r)
                  + one_run_table(ledger, r, summary) + precision_table(ledger, r, summary)

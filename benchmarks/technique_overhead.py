@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hf_fasttrain.averaging import WeightAverage
+from hf_fasttrain.stability.averaging import WeightAverage
 from hf_fasttrain.optim import create_optimizer
 from benchmarks._harness import machine_info as environment_info
 

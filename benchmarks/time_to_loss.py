@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_fasttrain import FastTrainingArguments
-from hf_fasttrain.run import prepare_data
+from hf_fasttrain.run.train import prepare_data
 
 from benchmarks._harness import RESULTS, UsageError, display_command, fmt as _fmt, run_cli
 from benchmarks._harness import machine_info as environment_info
@@ -144,7 +144,7 @@ def run_best_of_n(arm: Arm, seed: int, setup: Setup, workdir: Path, num_seeds: i
     as one single-seed run: N*f*T + (1-f)*T = max_steps (N=4, f=0.1, 300 steps: T=231, 4*23 + 208 = 300).
     Its clock counts every trial's training, losers included (``search_time_curve``)."""
     from hf_fasttrain.restarts import search_time_curve
-    from hf_fasttrain.recipe_restarts import train_with_restarts
+    from hf_fasttrain.run.recipe_restarts import train_with_restarts
 
     total = round(setup.max_steps / (1 + (num_seeds - 1) * explore_fraction))
     out = workdir / f"{arm.name}-seed{seed}"

@@ -19,9 +19,9 @@ from ._version import __version__
 _LAZY = {
     # the trainer and its config
     "FastTrainer": ".trainer",
-    "FastTrainingArguments": ".args",
-    "ModelArguments": "._model_data_args",
-    "DataArguments": "._model_data_args",
+    "FastTrainingArguments": ".config.args",
+    "ModelArguments": ".config._model_data_args",
+    "DataArguments": ".config._model_data_args",
     # one entry point per technique, for any transformers.Trainer
     "optimizer_cls_and_kwargs_for": ".optim",  # optimizers: Trainer(..., optimizer_cls_and_kwargs=...)
     "LRScheduleCallback": ".callbacks",  # lr schedules
@@ -35,7 +35,7 @@ _LAZY = {
     "WeightAveragingCallback": ".callbacks",  # EMA or LAWA of the weights, evaluated and saved as the model
     "GracefulStopCallback": ".callbacks",  # SIGTERM / Ctrl-C: finish the step, save, exit 143 / 130
     # random restart: a recipe (train_with_restarts) or any trainer behind a TrialRunner (RestartOrchestrator)
-    "train_with_restarts": ".recipe_restarts",
+    "train_with_restarts": ".run.recipe_restarts",
     "RestartConfig": ".restarts",
     "RestartOrchestrator": ".restarts",
 }
@@ -57,7 +57,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
-    from .args import FastTrainingArguments  # noqa: F401
+    from .config.args import FastTrainingArguments  # noqa: F401
     from .callbacks import (  # noqa: F401
         DivergenceError,
         DivergenceGuardCallback,
@@ -70,8 +70,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
         apply_batch_sampler,
         apply_seq_len_warmup,
     )
-    from ._model_data_args import DataArguments, ModelArguments  # noqa: F401
+    from .config._model_data_args import DataArguments, ModelArguments  # noqa: F401
     from .optim import optimizer_cls_and_kwargs_for  # noqa: F401
     from .restarts import RestartConfig, RestartOrchestrator  # noqa: F401
-    from .recipe_restarts import train_with_restarts  # noqa: F401
+    from .run.recipe_restarts import train_with_restarts  # noqa: F401
     from .trainer import FastTrainer  # noqa: F401

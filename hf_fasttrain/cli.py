@@ -18,7 +18,7 @@ import sys
 import textwrap
 from typing import Optional, Sequence
 
-from ._options import config_source as _config_source
+from .config._options import config_source as _config_source
 from ._validation import check_output_dir
 
 __all__ = ["main"]
@@ -69,7 +69,7 @@ def with_default_recipe(argv: Sequence[str]) -> list[str]:
         return argv
     import torch
 
-    from ._options import default_recipe_dirs, find_recipes
+    from .config._options import default_recipe_dirs, find_recipes
 
     bundled = ", ".join(find_recipes(default_recipe_dirs()))
     if torch.cuda.is_available():
@@ -87,7 +87,7 @@ def with_default_recipe(argv: Sequence[str]) -> list[str]:
 
 
 def _print_help(argv: Sequence[str], full: bool = False) -> int:
-    from ._options import _load_local_recipe, render_help
+    from .config._options import _load_local_recipe, render_help
 
     source = _config_source(argv)
     recipe = _load_local_recipe(source) if source else None
@@ -95,7 +95,7 @@ def _print_help(argv: Sequence[str], full: bool = False) -> int:
         return -1
     text = render_help(RECIPE_DESCRIPTION, recipe, recipe_name=source if recipe is not None else None, full=full)
     if text is None:  # the option list could not be read from the sources: the full parser's help
-        from .recipes import make_parser
+        from .config.recipes import make_parser
 
         make_parser(prog="hf-fasttrain train").print_help()
     else:
@@ -120,7 +120,7 @@ def recipe_origin(message: str, argv: Sequence[str]) -> str:
     given = {a.split("=", 1)[0][2:].replace("-", "_") for a in argv if a.startswith("--")}
     if field in given:
         return message
-    from ._options import _load_local_recipe
+    from .config._options import _load_local_recipe
 
     try:
         recipe = _load_local_recipe(source) or {}
@@ -168,7 +168,7 @@ def run_recipe(argv: Sequence[str]) -> int:
         if "--help-all" in argv and _print_help(argv, full=True) == 0:  # grouped as --help is
             return 0
         if "--help-all" in argv:
-            from .recipes import load_recipe, make_parser, validate_recipe
+            from .config.recipes import load_recipe, make_parser, validate_recipe
 
             parser = make_parser(prog="hf-fasttrain train")
             source = _config_source(argv)
@@ -177,18 +177,18 @@ def run_recipe(argv: Sequence[str]) -> int:
                 parser.set_defaults(**sections[None], **sections["model"], **sections["data"])
             parser.print_help()
             return 0
-        from ._options import preflight
+        from .config._options import preflight
 
         dry = "--dry_run" in argv
         argv = [a for a in argv if a != "--dry_run"]
         preflight(argv)  # unknown flags / keys, duplicate keys, ranges: before torch is imported
         argv = with_default_recipe(argv)
         if dry:  # the resolved options and their sources; nothing is written
-            from ._dry_run import dry_run, render
+            from .run._dry_run import dry_run, render
 
             print(render(*dry_run(argv)), end="")
             return 0
-        from .recipes import parse_config
+        from .config.recipes import parse_config
 
         model_args, data_args, training_args = parse_config(argv)
         check_output_dir(training_args.output_dir)  # before any data work
@@ -199,9 +199,9 @@ def run_recipe(argv: Sequence[str]) -> int:
         return 2
     if training_args.restart_num_seeds > 1:  # random restart: explore N seeds, continue the best
         return _run_restarts(model_args, data_args, training_args)
-    from . import run
+    from .run import train as run
     from ._validation import ConfigError
-    from .snapshots import NoSpaceError
+    from .stability.snapshots import NoSpaceError
 
     try:
         run.train(model_args, data_args, training_args)
@@ -252,7 +252,7 @@ RESTART_FLAGS = ("num-seeds", "explore-fraction", "rungs", "keep-fraction", "met
 def restarts_help(width: int = 100) -> str:
     """``hf-fasttrain restarts --help``: the search's own flags, with their defaults; the training options
     are ``hf-fasttrain train --help``'s. Read from the sources, like ``train --help`` (no torch import)."""
-    from ._options import _fmt_default, _first_sentence, load_schema
+    from .config._options import _fmt_default, _first_sentence, load_schema
 
     schema = load_schema() or {}
     col = 34
@@ -279,7 +279,7 @@ def _restarts(argv: Sequence[str]) -> int:
     if any(a in ("-h", "--help", "--help-all") for a in argv):
         print(restarts_help(), end="")
         return 0
-    from .recipes import parse_config
+    from .config.recipes import parse_config
 
     flags = {f"--{name}": f"--restart_{name.replace('-', '_')}" for name in RESTART_FLAGS}
     args = []
@@ -302,7 +302,7 @@ def _run_restarts(model_args, data_args, training_args, debug: bool = False) -> 
     """Run the search and print its summary table; 1 when no seed survived. A refusal before any trial (a
     backend that is missing, an output_dir the Ray workers do not share) is one line and exit 2."""
     from .restarts import SUMMARY_MD
-    from .recipe_restarts import train_with_restarts
+    from .run.recipe_restarts import train_with_restarts
 
     starts = _stage_starts(training_args.output_dir)
     try:
@@ -368,7 +368,7 @@ def _tokenize(argv: Sequence[str]) -> int:
     if args is None:
         return 2
     try:
-        from .args import DataArguments
+        from .config.args import DataArguments
         from .data.prepare import pretokenize
 
         data_args = DataArguments(
@@ -430,7 +430,7 @@ def _recipes(argv: Sequence[str]) -> int:
     parser.add_argument("action", choices=["list"], help="list: name, file and description of each bundled recipe")
     if _parse(parser, argv) is None:
         return 2
-    from ._options import default_recipe_dirs, find_recipes
+    from .config._options import default_recipe_dirs, find_recipes
 
     names = find_recipes(default_recipe_dirs())
     width = max((len(n) for n in names), default=0)
@@ -471,9 +471,9 @@ def _push_recipe(argv: Sequence[str]) -> int:
     if args is None:
         return 2
     from ._validation import check_ranges
-    from .args import DataArguments, ModelArguments
-    from .push import push_recipe
-    from .recipes import load_recipe, recipe_path, validate_recipe
+    from .config.args import DataArguments, ModelArguments
+    from .run.push import push_recipe
+    from .config.recipes import load_recipe, recipe_path, validate_recipe
 
     # validate before anything is written: keys, types, ranges, and the model/data sections (the training
     # section's device checks, e.g. bf16 needs a GPU, belong to the machine that runs it)
@@ -507,7 +507,7 @@ def _push_recipe(argv: Sequence[str]) -> int:
 
 
 def _generate(argv: Sequence[str]) -> int:
-    from ._generate import main as generate_main
+    from .run._generate import main as generate_main
 
     return generate_main(argv)
 

@@ -9,7 +9,7 @@
    revision, cache folder, how to fix) when the file is not there.
 
 Reading the YAML safely and the ``trust_remote_code`` guard serve every recipe, not just Hub ones: they are
-in :mod:`hf_fasttrain.recipes`. Pushing a recipe with its model card is :mod:`hf_fasttrain.push`.
+in :mod:`hf_fasttrain.config.recipes`. Pushing a recipe with its model card is :mod:`hf_fasttrain.run.push`.
 
 Environment: ``HF_HUB_OFFLINE`` and ``HF_HUB_CACHE`` are read when a function is called, not only when
 ``huggingface_hub`` was imported (``huggingface_hub.constants`` freezes them at import time), so setting

@@ -1,6 +1,6 @@
 """Model construction for recipes: a pretrained causal LM, or a decoder of any family built from scratch.
 
-From scratch, :func:`hf_fasttrain.decoders.decoder_config` turns the ``model:`` section (family + sizes)
+From scratch, :func:`hf_fasttrain.config.decoders.decoder_config` turns the ``model:`` section (family + sizes)
 into the family's config, and :func:`build_model` builds it with ``AutoModelForCausalLM.from_config``.
 """
 
@@ -11,7 +11,7 @@ import inspect
 from typing import TYPE_CHECKING
 
 from ._validation import ConfigError
-from .decoders import (  # noqa: F401  (re-exported: the model-building names in one place)
+from .config.decoders import (  # noqa: F401  (re-exported: the model-building names in one place)
     GATED_MLP_FAMILIES,
     check_model_config,
     check_model_type,
@@ -20,7 +20,7 @@ from .decoders import (  # noqa: F401  (re-exported: the model-building names in
 )
 
 if TYPE_CHECKING:
-    from ._model_data_args import ModelArguments
+    from .config._model_data_args import ModelArguments
 
 __all__ = ["build_model", "apply_lora", "check_tokenizer_fits", "merge_lora", "decoder_config", "default_intermediate_size", "check_model_type", "check_model_config",
            "GATED_MLP_FAMILIES", "is_causal_lm"]

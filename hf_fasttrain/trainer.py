@@ -22,8 +22,8 @@ from typing import Any, Optional
 import torch
 from transformers import Trainer
 
-from .args import fast_option
-from .budget import apply_budget_settings, describe_budget, non_embedding_parameters, run_tokens
+from .config.args import fast_option
+from .config.budget import apply_budget_settings, describe_budget, non_embedding_parameters, run_tokens
 from .callbacks.averaging import AVERAGE_FILE, WeightAveragingCallback
 from .callbacks.run_record import WALL_CLOCK_LOG_KEYS, RunRecorderCallback
 from .callbacks.clipping import ClipStatsWindow
@@ -33,13 +33,13 @@ from .callbacks.graceful_stop import GracefulStopCallback
 from .callbacks.guard import stability_callbacks
 from .callbacks.mixin import StabilityTrainerMixin
 from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
-from .clipping import norm_clip_stats
+from .stability.clipping import norm_clip_stats
 from .data.streaming import StreamPosition, TokenStream
 from .modeling import is_causal_lm
 from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
 from .optim.orthogonalize import native_bf16_matmul
 from .optim.ademamix import slow_momentum_half_life
-from .precision import logger as precision_logger
+from .stability.precision import logger as precision_logger
 from ._resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress, make_scheduler
@@ -80,7 +80,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     """A ``Trainer`` that adds hf_fasttrain's techniques according to ``FastTrainingArguments``.
 
     Any arguments work: a plain ``TrainingArguments`` or a subclass of it (TRL's ``SFTConfig``) reads every
-    package option as its default (off; see :func:`hf_fasttrain.args.fast_option`), and ``FastTrainer(model)``
+    package option as its default (off; see :func:`hf_fasttrain.config.args.fast_option`), and ``FastTrainer(model)``
     without arguments gets the Trainer's default ``TrainingArguments``. Any model works: batches without
     ``input_ids`` (``pixel_values``, ``inputs_embeds``, regression features) are counted in samples or in
     their token dimension.
@@ -180,7 +180,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
 
     def _apply_budget_settings(self) -> dict[str, Any]:
         """``budget_aware``: the measured settings for this run's tokens per non-embedding parameter replace the
-        given ones (:func:`hf_fasttrain.budget.apply_budget_settings`); returns what was chosen."""
+        given ones (:func:`hf_fasttrain.config.budget.apply_budget_settings`); returns what was chosen."""
         row = getattr(self.train_dataset, "block_size", None)  # a TokenStream's rows
         if row is None:
             try:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ._validation import ConfigError
-from .args import FastOptions
+from .config.args import FastOptions
 from .callbacks.seqlen import CurriculumCallback, SeqLenWarmupCallback, batch_sampler_dataloader
 from .data.from_args import (batching_options, budget_row_tokens, schedule_length, seq_len_warmup_from_args,
                               seqlen_enabled)

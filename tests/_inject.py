@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import hf_fasttrain.run as run  # noqa: E402
+import hf_fasttrain.run.train as run  # noqa: E402
 
 ACTION, STEP = sys.argv[1], int(sys.argv[2])
 RANK = int(sys.argv[3]) if sys.argv[3] != "--" else None

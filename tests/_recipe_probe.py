@@ -2,7 +2,7 @@
 
     [accelerate launch ...] python tests/_recipe_probe.py PROBE_DIR <recipe arguments>
 
-The recipe's own code path runs (parse_config -> hf_fasttrain.run.train); the probe only adds a
+The recipe's own code path runs (parse_config -> hf_fasttrain.run.train.train); the probe only adds a
 callback and wraps the functions that write outputs, then writes PROBE_DIR/rank<R>.json at exit:
 sha1 of every training row this process ran forward on, the global steps it ended, whether
 autocast was on and the LM head's output dtype, and the output-writing calls it made.
@@ -22,7 +22,7 @@ from transformers import PreTrainedModel, TrainerCallback
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import hf_fasttrain.run as run  # noqa: E402
+import hf_fasttrain.run.train as run  # noqa: E402
 import hf_fasttrain.trainer as fast_trainer  # noqa: E402
 from hf_fasttrain.callbacks.run_record import RunRecorderCallback  # noqa: E402
 

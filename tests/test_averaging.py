@@ -5,7 +5,7 @@ import torch
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 
 from hf_fasttrain import FastTrainer
-from hf_fasttrain.averaging import (
+from hf_fasttrain.stability.averaging import (
     WeightAverage,
     decay_from_half_life,
     ema_decay_at,

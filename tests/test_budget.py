@@ -1,4 +1,4 @@
-"""hf_fasttrain.budget: the measured settings by run length (a table), the lr law and its leave-one-out check,
+"""hf_fasttrain.config.budget: the measured settings by run length (a table), the lr law and its leave-one-out check,
 and FastTrainer's budget_aware option."""
 
 import json
@@ -8,7 +8,7 @@ import pytest
 
 from hf_fasttrain import FastTrainer
 from hf_fasttrain._validation import ConfigError
-from hf_fasttrain.budget import (MEASURED_BEST_LR, REGIMES, budget_settings, learning_rate_law_check,
+from hf_fasttrain.config.budget import (MEASURED_BEST_LR, REGIMES, budget_settings, learning_rate_law_check,
                                  merge_optimizer_kwargs, non_embedding_parameters, predict_learning_rate,
                                  tokens_per_parameter)
 
@@ -333,7 +333,7 @@ def test_budget_aware_without_known_tokens_is_one_line(tmp_path, tiny_tokenizer)
 
 
 def test_learning_rate_auto_is_refused_in_one_line_with_the_checks_figures(tmp_path, capsys):
-    from hf_fasttrain.budget import learning_rate_law_check
+    from hf_fasttrain.config.budget import learning_rate_law_check
     from hf_fasttrain.cli import run_recipe
 
     assert run_recipe(["--config", "gpt2_tiny", "--learning_rate", "auto", "--output_dir", str(tmp_path / "o")]) == 2
@@ -373,14 +373,14 @@ def test_budget_aware_short_adamw_runs_take_the_embeddings_lr_measured_with_the_
     ({"max_steps": 10, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}, 64, 10 * 4 * 2 * 64),
 ])
 def test_run_tokens_counts_a_run_as_budget_aware_does(tmp_path, given, row, expected):
-    from hf_fasttrain.budget import run_tokens
+    from hf_fasttrain.config.budget import run_tokens
 
     assert run_tokens(tiny_args(tmp_path, **given), row) == expected
 
 
 @pytest.mark.parametrize("given, row", [({"max_steps": 10}, None), ({"max_steps": -1}, 64)])
 def test_run_tokens_unknown_is_one_line(tmp_path, given, row):
-    from hf_fasttrain.budget import run_tokens
+    from hf_fasttrain.config.budget import run_tokens
 
     with pytest.raises(ConfigError, match="budget_aware: .*needs the run's tokens"):
         run_tokens(tiny_args(tmp_path, **given), row)
@@ -390,7 +390,7 @@ def test_run_tokens_unknown_is_one_line(tmp_path, given, row):
 def test_apply_budget_settings_sets_and_reports_the_same_fields(tmp_path, optimizer, kwargs_set):
     """What apply_budget_settings reports as set is what it set: a short AdamW run takes the embeddings' lr; lion
     keeps its own options, and says so, and reports no optimizer_kwargs (the trainer and --dry_run read this)."""
-    from hf_fasttrain.budget import apply_budget_settings, describe_budget
+    from hf_fasttrain.config.budget import apply_budget_settings, describe_budget
 
     args = tiny_args(tmp_path, max_steps=2, lr_decay="cosine", optimizer=optimizer)
     applied = apply_budget_settings(args, tokens=1000, non_embedding_params=1000)  # 1 token per parameter: short

@@ -18,7 +18,7 @@ SCRIPT = str(ROOT / "recipes" / "gpt2_small.py")
 
 # -- help ------------------------------------------------------------------------------------------
 def test_short_help_starts_with_the_headline_options_and_shows_every_value():
-    from hf_fasttrain._options import _load_local_recipe, choices, load_schema, render_help
+    from hf_fasttrain.config._options import _load_local_recipe, choices, load_schema, render_help
 
     text = render_help("Pretrain a causal language model.")
     lines = text.splitlines()
@@ -134,7 +134,7 @@ def test_refusal_from_the_full_validation_is_one_line_and_exit_2():
 # -- the command line's mistakes: one line, exit 2, before any data work -----------------------------------------
 def test_a_prefix_of_a_flag_is_refused_with_a_suggestion(capsys):
     from hf_fasttrain.cli import _push_parser, run_recipe
-    from hf_fasttrain.recipes import make_parser, parse_config
+    from hf_fasttrain.config.recipes import make_parser, parse_config
 
     assert run_recipe(["--config", "gpt2_tiny", "--max_step", "30"]) == 2
     assert capsys.readouterr().err == "error: --max_step: unknown option; did you mean '--max_steps'?\n"
@@ -145,7 +145,7 @@ def test_a_prefix_of_a_flag_is_refused_with_a_suggestion(capsys):
 
 def test_a_misplaced_recipe_key_names_its_section(tmp_path, capsys):
     from hf_fasttrain.cli import run_recipe
-    from hf_fasttrain.recipes import validate_recipe
+    from hf_fasttrain.config.recipes import validate_recipe
 
     for text, expected in (
         ("model:\n  block_size: 64\n",
@@ -164,7 +164,7 @@ def test_a_misplaced_recipe_key_names_its_section(tmp_path, capsys):
 
 def test_none_switches_an_optional_option_off_and_help_says_so(tmp_path, capsys):
     from hf_fasttrain.cli import run_recipe
-    from hf_fasttrain.recipes import NULL_HELP, make_parser, parse_config, validate_recipe
+    from hf_fasttrain.config.recipes import NULL_HELP, make_parser, parse_config, validate_recipe
 
     for word in ("none", "None", "null", "NULL"):
         args = parse_config(["--config", "gpt2_tiny", "--seq_len_warmup_min", word, "--min_lr_ratio", word])[2]
@@ -180,7 +180,7 @@ def test_none_switches_an_optional_option_off_and_help_says_so(tmp_path, capsys)
 
 
 def test_bundled_recipes_give_warmup_as_a_fraction_so_any_max_steps_works():
-    from hf_fasttrain.recipes import bundled_recipes, load_recipe, parse_config
+    from hf_fasttrain.config.recipes import bundled_recipes, load_recipe, parse_config
 
     for name in bundled_recipes():
         assert 0 < load_recipe(name)["warmup_steps"] < 1, name
@@ -263,7 +263,7 @@ def test_bare_launch_picks_a_recipe_for_the_machine_and_says_so(monkeypatch, cap
 
 
 def test_a_run_always_has_its_own_folder(tmp_path):
-    from hf_fasttrain.recipes import parse_config
+    from hf_fasttrain.config.recipes import parse_config
 
     for name in ("gpt2_tiny", "gpt2_small"):  # the bundled recipes name theirs
         assert parse_config(["--config", name, "--use_cpu", "true"])[2].output_dir == f"runs/{name}"
@@ -290,7 +290,7 @@ def test_log_lines_print_numbers_as_numbers():
 
 
 def test_start_line_and_end_summary():
-    from hf_fasttrain.run import end_summary, start_line
+    from hf_fasttrain.run.train import end_summary, start_line
 
     facts = {"parameters": 539648, "world_size": 2, "global_batch": 32, "tokens_per_step": 4096, "max_steps": 300,
              "device": "cuda:0 (NVIDIA H200)", "precision": "bf16"}
@@ -317,7 +317,7 @@ def test_start_line_and_end_summary():
 
 
 def test_each_eval_once():
-    from hf_fasttrain.run import _tidy_records
+    from hf_fasttrain.run.train import _tidy_records
 
     recs = [{"eval_loss": 8.0, "step": 0}, {"loss": 5.0, "step": 5}, {"eval_loss": 4.0, "step": 10},
             {"eval_loss": 4.0, "eval_runtime": 1.0, "step": 10}]
@@ -330,7 +330,7 @@ def test_each_eval_once():
 def test_only_harmless_warnings_are_silenced():
     from conftest import make_tiny_gpt2
 
-    from hf_fasttrain.run import _TiedKeysFilter, _quiet_known_warnings, _tied_parameter_names
+    from hf_fasttrain.run.train import _TiedKeysFilter, _quiet_known_warnings, _tied_parameter_names
 
     model = make_tiny_gpt2(100)
     assert _tied_parameter_names(model) == {"lm_head.weight"}
@@ -395,9 +395,9 @@ def _fingerprint(out: Path) -> dict[str, tuple[int, bytes]]:
 
 @pytest.mark.slow
 def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, capsys):
-    from hf_fasttrain import run
+    from hf_fasttrain.run import train as run
     from hf_fasttrain.data.from_args import planned_optimizer_steps
-    from hf_fasttrain.recipes import parse_config
+    from hf_fasttrain.config.recipes import parse_config
 
     out = tmp_path / "run"
     argv = [*TINY_RUN, "--output_dir", str(out)]
@@ -468,7 +468,8 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
 
 
 def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
-    from hf_fasttrain import cli, run
+    from hf_fasttrain import cli
+    from hf_fasttrain.run import train as run
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -483,7 +484,8 @@ def test_a_finished_recipe_run_ends_its_process_group(tmp_path, monkeypatch):
     # a launched run's gloo threads must stop before the interpreter does (else a rank can abort at exit)
     import torch.distributed as dist
 
-    from hf_fasttrain import cli, run
+    from hf_fasttrain import cli
+    from hf_fasttrain.run import train as run
 
     def fake_train(*args, **kwargs):  # what accelerate does at the start of a launched run
         dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -574,7 +576,7 @@ def test_random_restart_settings_checked_by_the_search_name_the_option(tmp_path,
 
 def test_the_other_commands_refuse_in_the_same_style(tmp_path, capsys):
     from hf_fasttrain.cli import main
-    from hf_fasttrain.recipes import bundled_recipes
+    from hf_fasttrain.config.recipes import bundled_recipes
 
     for argv, expected in [
         (["recipes", "lst"], "action: got 'lst'; allowed: list"),

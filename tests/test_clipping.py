@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from hf_fasttrain.clipping import (
+from hf_fasttrain.stability.clipping import (
     ClipStats,
     agc_unit_dims,
     clip_agc_,

@@ -54,7 +54,7 @@ def rel(path: Path) -> str:
 
 
 # Text that documents another branch's work before it is merged sits between
-#     <!-- needs: hf_fasttrain.guard -->  ...  <!-- /needs -->
+#     <!-- needs: hf_fasttrain.stability.guard -->  ...  <!-- /needs -->
 # and is checked (names, links, snippets) only once that module or attribute exists; text that a merge
 # will make wrong sits between <!-- until: NAME --> ... <!-- /until --> and is checked only while NAME
 # does not exist. Both markers are invisible on GitHub and on the site.
@@ -264,7 +264,7 @@ def test_markers_are_found():
 
 
 def test_recipe_blocks_validate():
-    from hf_fasttrain.recipes import validate_recipe
+    from hf_fasttrain.config.recipes import validate_recipe
 
     blocks = [b for b in all_blocks() if b.directive and parse_directive(b.directive)["kind"] == "recipe"]
     assert blocks, "no recipe block marked in the docs"
@@ -277,10 +277,10 @@ def test_recipe_blocks_validate():
 PENDING = {
     "hf_fasttrain._validation": "cli",
     "hf_fasttrain.wiring": "dropin",
-    "hf_fasttrain.guard": "guard",
-    "hf_fasttrain.push": "reshape",
+    "hf_fasttrain.stability.guard": "guard",
+    "hf_fasttrain.run.push": "reshape",
     "hf_fasttrain.optim.muon.ns_coefficient_schedule": "sharded",
-    "hf_fasttrain.averaging": "faster",
+    "hf_fasttrain.stability.averaging": "faster",
     "hf_fasttrain.modeling.check_model_type": "scaling",
 }
 
@@ -311,7 +311,7 @@ def test_regions_name_known_branches_and_until_regions_go_once_merged():
 def own_fields() -> dict[str, dict[str, dataclasses.Field]]:
     from transformers import TrainingArguments
 
-    from hf_fasttrain.args import DataArguments, FastTrainingArguments, ModelArguments
+    from hf_fasttrain.config.args import DataArguments, FastTrainingArguments, ModelArguments
 
     base = {f.name for f in dataclasses.fields(TrainingArguments)}
     return {
@@ -409,7 +409,7 @@ def _option_groups() -> list[tuple[str, list[dataclasses.Field]]]:
     """FastTrainingArguments' own fields in source order, grouped by the `# --- Title ---` comments."""
     import inspect
 
-    from hf_fasttrain.args import FastTrainingArguments
+    from hf_fasttrain.config.args import FastTrainingArguments
 
     own = own_fields()["FastTrainingArguments option"]
     group_of, title = {}, "Other"
@@ -579,7 +579,7 @@ def test_every_command_is_on_the_cli_page():
 
 
 def _recipe_keys() -> set[str]:
-    from hf_fasttrain.args import DataArguments, FastTrainingArguments, ModelArguments
+    from hf_fasttrain.config.args import DataArguments, FastTrainingArguments, ModelArguments
 
     return {f.name for cls in (FastTrainingArguments, ModelArguments, DataArguments) for f in dataclasses.fields(cls)}
 
@@ -1144,7 +1144,7 @@ def _x(value: float) -> str:
 
 
 def _bundled_recipes() -> str:
-    from hf_fasttrain._options import default_recipe_dirs, find_recipes
+    from hf_fasttrain.config._options import default_recipe_dirs, find_recipes
 
     return ", ".join(find_recipes(default_recipe_dirs()))
 

@@ -20,7 +20,7 @@ from torch import nn
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 
 from hf_fasttrain import FastTrainer, FastTrainingArguments
-from hf_fasttrain.args import FastOptions, fast_option
+from hf_fasttrain.config.args import FastOptions, fast_option
 from hf_fasttrain.callbacks import RunRecorderCallback
 from hf_fasttrain.callbacks.run_record import RECORD_FILE
 from hf_fasttrain.throughput import BatchCount, ThroughputMeter, count_batch, count_tokens

@@ -14,7 +14,7 @@ def _tree(path: Path) -> list[str]:
 @pytest.mark.parametrize("entry", ["recipe script", "hf-fasttrain train"])
 def test_dry_run_prints_the_resolved_config_with_sources_and_writes_nothing(entry, tmp_path, capsys, monkeypatch):
     from hf_fasttrain.cli import main, run_recipe
-    from hf_fasttrain.recipes import parse_config, resolved_config
+    from hf_fasttrain.config.recipes import parse_config, resolved_config
 
     monkeypatch.chdir(tmp_path)
     cache = Path(os.environ["HF_FASTTRAIN_CACHE"])
@@ -46,7 +46,7 @@ def test_dry_run_applies_budget_aware_as_the_trainer_does(tmp_path, capsys, tiny
     from hf_fasttrain import FastTrainer
     from hf_fasttrain.cli import run_recipe
     from hf_fasttrain.modeling import build_model
-    from hf_fasttrain.recipes import parse_config
+    from hf_fasttrain.config.recipes import parse_config
 
     argv = ["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "run"), "--budget_aware", "true",
             "--optimizer", "adamw", "--learning_rate", "2e-3", "--weight_decay", "0.5", "--max_steps", "40",

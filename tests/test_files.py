@@ -90,7 +90,7 @@ def test_last_complete_checkpoint_requires_the_files_callbacks_add_after_the_sta
 def test_weight_average_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     import torch
 
-    from hf_fasttrain import averaging
+    from hf_fasttrain.stability import averaging
 
     path = str(tmp_path / "weight_average.pt")
     averaging.save_average_file({"w": torch.ones(3)}, path)
@@ -109,8 +109,8 @@ def test_weight_average_file_is_written_whole_or_not_at_all(tmp_path, monkeypatc
 
 
 def test_a_run_with_weight_averaging_resumes_only_from_a_checkpoint_with_its_average(tmp_path):
-    from hf_fasttrain.args import FastTrainingArguments
-    from hf_fasttrain.run import find_resume_checkpoint
+    from hf_fasttrain.config.args import FastTrainingArguments
+    from hf_fasttrain.run.train import find_resume_checkpoint
 
     _ckpt(tmp_path, 5)
     _ckpt(tmp_path, 10)

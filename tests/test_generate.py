@@ -20,8 +20,8 @@ def run_dir(tmp_path, tiny_tokenizer):
     (run / "config.yaml").write_text("weight_averaging: ema\n")
     ckpt = run / "checkpoint-2"
     make_tiny_gpt2(len(tiny_tokenizer), seed=2).save_pretrained(ckpt)
-    from hf_fasttrain.averaging import WeightAverage, save_average_file
-    from hf_fasttrain.trainables import trainable_parameters
+    from hf_fasttrain.stability.averaging import WeightAverage, save_average_file
+    from hf_fasttrain.stability.trainables import trainable_parameters
 
     averaged = make_tiny_gpt2(len(tiny_tokenizer), seed=3)
     save_average_file(WeightAverage(trainable_parameters(averaged), mode="ema").state_dict(),
@@ -34,7 +34,7 @@ def _same_weights(a, b) -> bool:
 
 
 def test_generate_loads_the_weights_it_says_and_is_deterministic_for_a_seed(run_dir, tiny_tokenizer):
-    from hf_fasttrain._generate import generate, load_run_model
+    from hf_fasttrain.run._generate import generate, load_run_model
 
     model, tok, what = load_run_model(str(run_dir))
     assert what == "the final model, the run's weight average (ema)"
@@ -102,9 +102,9 @@ def test_generate_refusals_are_one_line_and_exit_2(case, run_dir, tmp_path, caps
 @pytest.mark.slow
 def test_generate_samples_from_the_tiny_recipe_run(tmp_path, capsys):
     """The tiny recipe trained in-process, then sampled: tokens of the run's own vocabulary, the same for a seed."""
-    from hf_fasttrain import run
-    from hf_fasttrain._generate import generate, load_run_model
-    from hf_fasttrain.recipes import parse_config
+    from hf_fasttrain.run import train as run
+    from hf_fasttrain.run._generate import generate, load_run_model
+    from hf_fasttrain.config.recipes import parse_config
 
     out = tmp_path / "run"
     run.train(*parse_config(["--config", "gpt2_tiny", "--max_corpus_files", "40", "--vocab_size", "300",

@@ -105,7 +105,7 @@ def test_cpu_tiny_run_writes_json_with_all_arms(tmp_path):
 def test_arm_settings_on_a_mocked_h200():
     """What each Trainer arm would ask of the Trainer on an H200 (no GPU needed to check it)."""
     from hf_fasttrain import FastTrainer, FastTrainingArguments
-    from hf_fasttrain.precision import DeviceInfo
+    from hf_fasttrain.stability.precision import DeviceInfo
 
     h200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0),
                       bf16_supported=True, fp16_supported=True, tf32_supported=True)
@@ -134,7 +134,7 @@ def test_arm_settings_on_a_mocked_h200():
 
 def test_fast_path_arms_change_one_part_of_the_recipe():
     """Each fasttrain-<part> arm is the recipe with exactly its own change; --arms fast-path names them all."""
-    from hf_fasttrain.precision import DeviceInfo
+    from hf_fasttrain.stability.precision import DeviceInfo
 
     h200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0),
                       bf16_supported=True, fp16_supported=True, tf32_supported=True)

@@ -1,4 +1,4 @@
-"""Decision tables for the divergence guard's pure core (hf_fasttrain.guard) and the disk-space check."""
+"""Decision tables for the divergence guard's pure core (hf_fasttrain.stability.guard) and the disk-space check."""
 
 import errno
 import json
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_fasttrain.guard import (
+from hf_fasttrain.stability.guard import (
     GuardConfig,
     GuardMemory,
     Healthy,
@@ -20,7 +20,7 @@ from hf_fasttrain.guard import (
     guard_decision,
     remember,
 )
-from hf_fasttrain.snapshots import NoSpaceError, check_free_space, checkpoint_bytes, is_no_space_error
+from hf_fasttrain.stability.snapshots import NoSpaceError, check_free_space, checkpoint_bytes, is_no_space_error
 
 CFG = GuardConfig(
     spike_window=4, spike_warmup=4, rollback_after_spikes=3, max_consecutive_skips=5, max_rollbacks=1,
@@ -200,7 +200,7 @@ def test_checkpoint_bytes_counts_model_and_optimizer_state_once():
 
 
 def test_check_free_space(tmp_path, monkeypatch):
-    import hf_fasttrain.snapshots as snapshots
+    import hf_fasttrain.stability.snapshots as snapshots
 
     monkeypatch.setattr(snapshots.shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 5 * 2**20, 5 * 2**20))
     check_free_space(str(tmp_path / "out" / "checkpoint-4"), 4 * 2**20, "checkpoint-4")  # fits; path not there yet
@@ -249,7 +249,7 @@ def test_guard_memory_starts_fresh_at_a_train_that_is_not_a_resume():
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
     from hf_fasttrain.callbacks.guard import DivergenceGuardCallback
-    from hf_fasttrain.guard import GuardMemory
+    from hf_fasttrain.stability.guard import GuardMemory
 
     guard = DivergenceGuardCallback(spike_window=4, rollback="checkpoint")
     guard.memory = GuardMemory(loss_history=[1.0, 1.1, 0.9, 1.0], num_skipped_spike=3)

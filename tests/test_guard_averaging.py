@@ -17,10 +17,10 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import logging as hf_logging
 
-from hf_fasttrain.averaging import ema_update_
+from hf_fasttrain.stability.averaging import ema_update_
 from hf_fasttrain.callbacks import DivergenceGuardCallback, StabilityTrainerMixin, WeightAveragingCallback
-from hf_fasttrain.snapshots import checkpoint_bytes, load_checkpoint_state, take_snapshot
-from hf_fasttrain.trainables import trainable_bytes, trainable_parameters
+from hf_fasttrain.stability.snapshots import checkpoint_bytes, load_checkpoint_state, take_snapshot
+from hf_fasttrain.stability.trainables import trainable_bytes, trainable_parameters
 
 peft = pytest.importorskip("peft")
 

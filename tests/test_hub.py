@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hf_fasttrain import hub, recipes
+from hf_fasttrain import hub
+from hf_fasttrain.config import recipes
 from hf_fasttrain.hub import (
     DEFAULT_RECIPE_FILENAME,
     HubRecipeRef,
@@ -25,8 +26,8 @@ from hf_fasttrain.hub import (
     parse_hub_uri,
     resolve_hub_recipe,
 )
-from hf_fasttrain.push import prepare_recipe_folder, push_recipe, read_run_results
-from hf_fasttrain.recipes import RecipeYAMLError, guard_trust_remote_code, load_recipe, safe_load_yaml
+from hf_fasttrain.run.push import prepare_recipe_folder, push_recipe, read_run_results
+from hf_fasttrain.config.recipes import RecipeYAMLError, guard_trust_remote_code, load_recipe, safe_load_yaml
 
 COMMIT_OLD = "a" * 8 + "0123456789abcdef0123456789abcdef"
 COMMIT_NEW = "b" * 8 + "fedcba9876543210fedcba9876543210"
@@ -512,7 +513,7 @@ def test_prepare_recipe_folder_without_run_and_named_file(recipe_file, tmp_path)
 def test_model_card_tags(recipe, tags, expected):
     from huggingface_hub import ModelCard
 
-    from hf_fasttrain.push import render_model_card
+    from hf_fasttrain.run.push import render_model_card
 
     card = ModelCard(render_model_card(recipe, "x: 1\n", repo_id="o/r", tags=tags))
     assert card.data.tags == expected and card.data.library_name == "hf_fasttrain"
@@ -661,7 +662,7 @@ TINY = {
 
 
 def test_parse_config_loads_hf_uri_with_overrides_and_pinning(offline_cache, tmp_path):
-    from hf_fasttrain.recipes import parse_config
+    from hf_fasttrain.config.recipes import parse_config
 
     old = yaml.safe_dump({**TINY, "max_steps": 10})
     new = "# tiny\n" + yaml.safe_dump({**TINY, "learning_rate": "1e-3"})  # YAML 1.1 reads 1e-3 as a string
@@ -681,7 +682,7 @@ def test_parse_config_loads_hf_uri_with_overrides_and_pinning(offline_cache, tmp
 
 
 def test_no_recipe_turns_on_trust_remote_code(offline_cache, tmp_path):
-    from hf_fasttrain.recipes import parse_config
+    from hf_fasttrain.config.recipes import parse_config
 
     text = yaml.safe_dump({**TINY, "model": {**TINY["model"], "trust_remote_code": True}})
     cache_repo(offline_cache, "owner/remote", {COMMIT_NEW: {"recipe.yaml": text}}, {"main": COMMIT_NEW})
@@ -705,7 +706,7 @@ def test_args_yaml_args_round_trip_is_identity(tmp_path):
     """args -> resolved YAML -> args gives equal dataclasses, for every field type a recipe uses."""
     import dataclasses
 
-    from hf_fasttrain.recipes import parse_config, resolved_config
+    from hf_fasttrain.config.recipes import parse_config, resolved_config
 
     argv = [
         "--config", "gpt2_tiny",
@@ -749,7 +750,7 @@ def test_args_yaml_args_round_trip_is_identity(tmp_path):
 def test_every_bundled_recipe_validates_and_parses(tmp_path):
     import dataclasses
 
-    from hf_fasttrain.recipes import bundled_recipes, load_recipe, parse_config, validate_recipe
+    from hf_fasttrain.config.recipes import bundled_recipes, load_recipe, parse_config, validate_recipe
 
     names = bundled_recipes()
     assert {"gpt2_tiny", "gpt2_small"} <= set(names)
@@ -770,7 +771,7 @@ def test_every_bundled_recipe_validates_and_parses(tmp_path):
 
 def test_cli_recipes_list(capsys):
     from hf_fasttrain.cli import main
-    from hf_fasttrain.recipes import bundled_recipes
+    from hf_fasttrain.config.recipes import bundled_recipes
 
     assert main(["recipes", "list"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -793,7 +794,7 @@ def test_cli_push_recipe_dry_run(run_dir, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.startswith("Dry run: would push recipe hf://owner/tiny\n")
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == RUN_FOLDER
-    from hf_fasttrain.recipes import bundled_recipes
+    from hf_fasttrain.config.recipes import bundled_recipes
 
     assert (out / "recipe.yaml").read_text() == bundled_recipes()["gpt2_tiny"].read_text()
     card = (out / "README.md").read_text()
@@ -854,8 +855,8 @@ def test_local_recipe_run_push_then_pull_by_hf_uri(tmp_path, offline_cache, caps
     """The whole story on the tiny model: a recipe trains, its run is pushed with the results, and
     ``--config hf://...`` from the cache gives back the same arguments."""
     from hf_fasttrain.cli import main
-    from hf_fasttrain.recipes import parse_config
-    from hf_fasttrain.run import train
+    from hf_fasttrain.config.recipes import parse_config
+    from hf_fasttrain.run.train import train
 
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text("# tiny GPT-2 for tests\n" + yaml.safe_dump(TINY, sort_keys=False))

@@ -37,38 +37,31 @@ LAYERS = {
     "schedules": CORE,
     "optim": CORE,
     "data": CORE,
-    "clipping": CORE,
-    "precision": CORE,
+    "stability": CORE,  # clipping, precision, the guard's decision, snapshots, weight averages, trainables
     "restarts": CORE,
     "throughput": CORE,
-    "guard": CORE,
-    "snapshots": CORE,
-    "trainables": CORE,
-    "budget": CORE,
-    "averaging": CORE,
-    "_options": CORE,
-    "_recipe_files": CORE,  # recipe files for the fast path (no torch)
     "metrics": CORE,
     "hub": CORE,
     "runinfo": CORE,
     "_resume_identity": CORE,
-    "decoders": CORE,
+    "config.budget": CORE,
+    "config._options": CORE,
+    "config._recipe_files": CORE,  # recipe files for the fast path (no torch)
+    "config.decoders": CORE,
     # config
-    "args": CONFIG,
-    "_model_data_args": CONFIG,  # ModelArguments, DataArguments (re-exported by args)
+    "config": CONFIG,  # config/__init__.py (a docstring)
+    "config.args": CONFIG,
+    "config._model_data_args": CONFIG,  # ModelArguments, DataArguments (re-exported by args)
     # adapters
     "callbacks": ADAPTER,
     "wiring": ADAPTER,
     "modeling": ADAPTER,
-    "recipes": ADAPTER,
-    "push": ADAPTER,
+    "config.recipes": ADAPTER,
+    "run.push": ADAPTER,
     # top
-    "recipe_restarts": TOP,
     "trainer": TOP,
-    "run": TOP,
     "cli": TOP,
-    "_dry_run": TOP,  # --dry_run: resolves the options as a run does
-    "_generate": TOP,  # hf-fasttrain generate: samples from a run's model
+    "run": TOP,  # run/: the recipe's train(), random restart for a recipe, --dry_run, generate
     "": TOP,  # hf_fasttrain/__init__.py
 }
 
@@ -198,10 +191,10 @@ def _name(m: str) -> str:
 
 def test_the_reader_sees_known_imports():
     """A guard against a reader that finds nothing (and so passes everything)."""
-    assert {"data.from_args", "restarts", "restarts.config"} <= GRAPH["args"]
-    assert {"run", "recipes", "restarts", "_files"} <= GRAPH["recipe_restarts"]
-    assert "recipes" in GRAPH["push"] and "hub" in GRAPH["recipes"]
-    assert "precision" in GRAPH["args"]  # a lazy import inside a method
+    assert {"data.from_args", "restarts", "restarts.config"} <= GRAPH["config.args"]
+    assert {"run.train", "config.recipes", "restarts", "_files"} <= GRAPH["run.recipe_restarts"]
+    assert "config.recipes" in GRAPH["run.push"] and "hub" in GRAPH["config.recipes"]
+    assert "stability.precision" in GRAPH["config.args"]  # a lazy import inside a method
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 

@@ -14,7 +14,7 @@ from hf_fasttrain.data import PackedRowsCollator
 from hf_fasttrain.modeling import build_model, decoder_config, default_intermediate_size
 from hf_fasttrain.optim import create_optimizer
 from hf_fasttrain.optim.muon import muon_routing
-from hf_fasttrain.recipes import bundled_recipes, load_recipe, parse_config, validate_recipe
+from hf_fasttrain.config.recipes import bundled_recipes, load_recipe, parse_config, validate_recipe
 from hf_fasttrain.throughput import flops_per_token
 from hf_fasttrain.throughput import model_dims as _model_dims
 

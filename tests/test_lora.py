@@ -12,7 +12,7 @@ peft = pytest.importorskip("peft")
 
 from hf_fasttrain import DataArguments, ModelArguments  # noqa: E402
 from hf_fasttrain._validation import ConfigError  # noqa: E402
-from hf_fasttrain.recipes import load_recipe, parse_config, resolved_config, validate_recipe  # noqa: E402
+from hf_fasttrain.config.recipes import load_recipe, parse_config, resolved_config, validate_recipe  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +35,7 @@ def base_dir(tmp_path_factory, tiny_tokenizer):
 
 
 def lora_run(base_dir, out, callbacks=(), **kw):
-    from hf_fasttrain.run import train
+    from hf_fasttrain.run.train import train
 
     model_args = ModelArguments(model_name_or_path=str(base_dir), lora_r=4, lora_alpha=8.0,
                                 **{k: v for k, v in kw.items() if k.startswith("lora_")})
@@ -133,7 +133,7 @@ def test_a_tokenizer_that_does_not_fit_the_base_is_refused(tmp_path, base_dir):
 
     big = get_tokenizer(vocab_size=600, corpus=build_stdlib_corpus(max_files=TINY_FILES))
     big.save_pretrained(tmp_path / "big")
-    from hf_fasttrain.run import train
+    from hf_fasttrain.run.train import train
 
     model_args = ModelArguments(model_name_or_path=str(base_dir), lora_r=4)
     data_args = DataArguments(block_size=TINY_BLOCK, max_corpus_files=TINY_FILES, tokenizer=str(tmp_path / "big"))

@@ -875,7 +875,7 @@ def test_fast_training_arguments_reject_bad_optimizer_settings(kwargs, message):
 
 
 def test_recipe_and_command_line_set_the_optimizer(tmp_path):
-    from hf_fasttrain.recipes import parse_config
+    from hf_fasttrain.config.recipes import parse_config
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(

@@ -66,8 +66,8 @@ def test_progress_doctests():
 
 # -- the command line --------------------------------------------------------------------------------
 def test_help_cuts_at_word_boundaries_and_never_inside_a_value_list():
-    import hf_fasttrain._options as options
-    from hf_fasttrain._options import _first_sentence, render_help
+    import hf_fasttrain.config._options as options
+    from hf_fasttrain.config._options import _first_sentence, render_help
 
     assert doctest.testmod(options).failed == 0
     text = "Optimizer from hf_fasttrain.optim: 'adamw', 'lion', 'ademamix', 'soap', 'muon'"
@@ -97,7 +97,7 @@ def test_restarts_help_is_short_and_starts_nothing(capsys):
 
 def test_recipes_list_names_every_bundled_recipe_with_a_whole_sentence(capsys):
     from hf_fasttrain.cli import main
-    from hf_fasttrain.recipes import bundled_recipes
+    from hf_fasttrain.config.recipes import bundled_recipes
 
     assert main(["recipes", "list"]) == 0
     out = capsys.readouterr().out
@@ -179,7 +179,7 @@ def test_no_pinned_memory_on_a_cpu(tmp_path):
 
 def test_help_all_is_grouped_as_help_is_and_lists_every_flag(capsys):
     from hf_fasttrain.cli import main
-    from hf_fasttrain.recipes import make_parser
+    from hf_fasttrain.config.recipes import make_parser
 
     assert main(["train", "--help"]) == 0
     short = capsys.readouterr().out

@@ -148,8 +148,8 @@ def test_a_finished_run_met_by_another_is_refused(tmp_path, capsys, change, expe
 
 
 def test_the_same_finished_run_is_still_a_noop(tmp_path, caplog):
-    from hf_fasttrain import run
-    from hf_fasttrain.recipes import parse_config
+    from hf_fasttrain.run import train as run
+    from hf_fasttrain.config.recipes import parse_config
 
     out = tmp_path / "run"
     _finished_run(out, "a.parquet")

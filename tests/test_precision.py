@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from hf_fasttrain import precision as precision_mod
-from hf_fasttrain.precision import (
+from hf_fasttrain.stability import precision as precision_mod
+from hf_fasttrain.stability.precision import (
     DeviceInfo,
     apply_precision,
     detect_device,
@@ -358,8 +358,8 @@ class _ListHandler(logging.Handler):
 
 @contextlib.contextmanager
 def _capture(level):
-    """Records of hf_fasttrain.precision itself, whatever propagation run.setup_logging left behind."""
-    log = logging.getLogger("hf_fasttrain.precision")
+    """Records of hf_fasttrain.stability.precision itself, whatever propagation run.setup_logging left behind."""
+    log = logging.getLogger("hf_fasttrain.stability.precision")
     handler, old = _ListHandler(), log.level
     log.addHandler(handler)
     log.setLevel(level)
@@ -415,7 +415,7 @@ def test_field_rejects_bad_values_before_training(tmp_path, monkeypatch):
 
 
 def test_gpt2_small_recipe_uses_precision_auto(monkeypatch):
-    from hf_fasttrain.recipes import load_recipe, validate_recipe
+    from hf_fasttrain.config.recipes import load_recipe, validate_recipe
 
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
     top = validate_recipe(load_recipe("gpt2_small"))[None]

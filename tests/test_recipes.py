@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hf_fasttrain.recipes import bundled_recipes, load_recipe, parse_config, resolved_config, validate_recipe
+from hf_fasttrain.config.recipes import bundled_recipes, load_recipe, parse_config, resolved_config, validate_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +23,7 @@ def test_bundled_recipes_validate():
 
 
 def test_bundled_recipes_found_where_a_wheel_installs_them(tmp_path, monkeypatch):
-    import hf_fasttrain.recipes as recipes
+    import hf_fasttrain.config.recipes as recipes
 
     installed = tmp_path / "share" / "hf_fasttrain" / "recipes"
     installed.mkdir(parents=True)
@@ -98,7 +98,7 @@ def test_resolved_config_reloads_to_the_same_arguments(tmp_path):
 
 
 def test_help_all_documents_every_option():
-    from hf_fasttrain.recipes import make_parser
+    from hf_fasttrain.config.recipes import make_parser
 
     text = make_parser().format_help()
     for flag in ("--config", "--learning_rate", "--n_layer", "--block_size", "--dataset", "--tokenizer",
@@ -116,5 +116,5 @@ def test_help_all_documents_every_option():
     ("hf://owner/repo/configs/small.yaml@main", "small"),
 ])
 def test_a_run_is_named_after_its_recipe_source(source, stem):
-    from hf_fasttrain.recipes import _recipe_stem
+    from hf_fasttrain.config.recipes import _recipe_stem
     assert _recipe_stem(source) == stem

@@ -1,4 +1,4 @@
-"""Random restart end to end on the tiny GPT-2 recipe: real trials through hf_fasttrain.run.train.
+"""Random restart end to end on the tiny GPT-2 recipe: real trials through hf_fasttrain.run.train.train.
 
 One search (3 seeds, 6 steps, exploration 2 steps, seed-2 forced to diverge with a huge learning rate)
 is shared by the tests; each claim is checked against an uninterrupted plain run where it says so.
@@ -11,7 +11,7 @@ import pytest
 from transformers import TrainerCallback
 
 from hf_fasttrain.cli import main as cli_main
-from hf_fasttrain.recipes import parse_config
+from hf_fasttrain.config.recipes import parse_config
 from hf_fasttrain.restarts import (
     STATE_FILE,
     SUMMARY_JSON,
@@ -20,9 +20,9 @@ from hf_fasttrain.restarts import (
     RestartOrchestrator,
     restart_config_from_args,
 )
-from hf_fasttrain.recipe_restarts import RecipeTrialRunner, train_with_restarts
+from hf_fasttrain.run.recipe_restarts import RecipeTrialRunner, train_with_restarts
 from hf_fasttrain.data.from_args import planned_optimizer_steps
-from hf_fasttrain.run import train
+from hf_fasttrain.run.train import train
 
 pytestmark = pytest.mark.slow  # real (tiny) training runs: about a minute on an idle 2-core CPU
 
@@ -215,7 +215,7 @@ def test_parallel_per_gpu_runs_trials_as_recipe_subprocesses(tmp_path):
 def test_a_streaming_trial_resumes_only_from_a_checkpoint_with_its_stream_position(tmp_path):
     # a kill between the Trainer's save and the stream position's leaves a checkpoint without it: skipped
     from hf_fasttrain.restarts import TrialSpec
-    from hf_fasttrain.run import checkpoint_extras
+    from hf_fasttrain.run.train import checkpoint_extras
 
     m, d, t = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "run")])
     d.streaming = True

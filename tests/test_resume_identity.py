@@ -185,7 +185,7 @@ RECIPE = ["--config", "gpt2_tiny", "--n_layer", "1", "--n_embd", "32", "--n_head
 def _stopped_recipe_run(out, **trained_with):
     """An output_dir as a recipe run stopped at step 4 leaves it: checkpoint-4 holding the options it trained with
     (this command's, changed by ``trained_with``), its config.yaml and run_info.json."""
-    from hf_fasttrain.recipes import parse_config, resolved_config
+    from hf_fasttrain.config.recipes import parse_config, resolved_config
     from hf_fasttrain._resume_identity import write_options
 
     options = resolved_config(*parse_config([*RECIPE, "--output_dir", str(out)]))

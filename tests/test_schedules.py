@@ -745,7 +745,7 @@ def test_fast_training_arguments_accept_a_schedule_by_name(tmp_path):
 
 
 def test_tiny_recipe_uses_a_named_schedule(tmp_path):
-    from hf_fasttrain.recipes import parse_config
+    from hf_fasttrain.config.recipes import parse_config
 
     _, _, t = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "o")])
     assert (t.lr_decay, t.min_lr_ratio) == ("cosine", 0.1)

@@ -189,7 +189,7 @@ def test_settings_that_need_the_data_fail_before_training(tiny_lm, tiny_tokenize
 
 
 def test_recipe_keys_are_the_field_names():
-    from hf_fasttrain.recipes import validate_recipe
+    from hf_fasttrain.config.recipes import validate_recipe
 
     sections = validate_recipe({"seq_len_warmup_min": 64, "seq_len_warmup_fraction": "0.25", "packing": "none"})
     assert sections[None] == {"seq_len_warmup_min": 64, "seq_len_warmup_fraction": 0.25, "packing": "none"}

@@ -9,7 +9,7 @@ from hf_fasttrain._validation import ConfigError
 from hf_fasttrain.data.corpus import is_validation_path
 from hf_fasttrain.data.sft import IGNORE_INDEX
 from hf_fasttrain.data.sft_sources import build_function_corpus, prepare_sft_data, sft_collator
-from hf_fasttrain.recipes import load_recipe, validate_recipe
+from hf_fasttrain.config.recipes import load_recipe, validate_recipe
 from tests.conftest import TINY_FILES
 
 

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from hf_fasttrain.args import DataArguments
+from hf_fasttrain.config.args import DataArguments
 from hf_fasttrain.data.prepare import prepare_lm_data
 from hf_fasttrain.data.sources import LOAD_FROM_DISK, DataError, first_non_utf8, load_source, resolve_source
 

@@ -34,7 +34,7 @@ from hf_fasttrain.callbacks.stability import (
     stability_callbacks,
     take_snapshot,
 )
-from hf_fasttrain.recipes import parse_config
+from hf_fasttrain.config.recipes import parse_config
 
 V, T, BS = 64, 16, 8
 NAN, GRAD_X1E6, POISON, LOSS_X50, GRAD_X100 = 1, 2, 3, 4, 5
@@ -802,9 +802,9 @@ def test_the_ceiling_catches_a_huge_gradient_inside_the_warm_up(tmp_path):
 @pytest.mark.slow  # four short Trainer runs
 def test_a_full_disk_while_saving_says_where_and_what_to_do(tmp_path, monkeypatch):
     """14.8: a write that fails for lack of space ends with one clear message; resuming still works."""
-    import hf_fasttrain.snapshots as snapshots
-    from hf_fasttrain.run import last_complete_checkpoint
-    from hf_fasttrain.snapshots import NoSpaceError
+    import hf_fasttrain.stability.snapshots as snapshots
+    from hf_fasttrain.run.train import last_complete_checkpoint
+    from hf_fasttrain.stability.snapshots import NoSpaceError
 
     Usage = type("Usage", (), {})
     disk = {"full": False}
@@ -867,8 +867,9 @@ def test_the_recipe_command_reports_a_full_disk_in_one_line(tmp_path, monkeypatc
     """14.8 at the command line: no traceback, the message and exit status 1."""
     import errno
 
-    from hf_fasttrain import cli, run
-    from hf_fasttrain.snapshots import NoSpaceError, no_space_message
+    from hf_fasttrain import cli
+    from hf_fasttrain.run import train as run
+    from hf_fasttrain.stability.snapshots import NoSpaceError, no_space_message
 
     msg = no_space_message(str(tmp_path / "checkpoint-4"), "checkpoint-4")
 

@@ -22,7 +22,7 @@ SMALL = ["--config", "gpt2_tiny", "--vocab_size", "300", "--block_size", "32", "
 KILLER = r'''
 import os, runpy, signal, sys
 from transformers import TrainerCallback
-import hf_fasttrain.run as run
+import hf_fasttrain.run.train as run
 
 KILL_AT = int(os.environ.get("KILL_AT_STEP", "0"))
 
@@ -151,9 +151,9 @@ def test_two_processes_whose_streams_end_apart_stay_in_step(tmp_path):
 DDP_UNEVEN = r'''
 import hashlib, json, sys
 from transformers import TrainerCallback
-from hf_fasttrain import run
+from hf_fasttrain.run import train as run
 from hf_fasttrain.data.streaming import stream_datasets
-from hf_fasttrain.recipes import parse_config
+from hf_fasttrain.config.recipes import parse_config
 
 class Digest(TrainerCallback):
     micro_batches = 0
@@ -187,9 +187,9 @@ torch.distributed.destroy_process_group(); gc.collect()
 DDP_COUNT = r'''
 import json, re, sys
 import torch
-from hf_fasttrain import run
+from hf_fasttrain.run import train as run
 from hf_fasttrain.data.streaming import StreamCollator, stream_datasets
-from hf_fasttrain.recipes import parse_config
+from hf_fasttrain.config.recipes import parse_config
 
 out = sys.argv[1]
 model_args, data_args, training_args = parse_config(sys.argv[2:])

@@ -149,7 +149,7 @@ def test_fasttrain_budget_arm_gets_the_1x_searchs_recipe_winner():
     ttl = _load()
     from benchmarks import hf_best
 
-    from hf_fasttrain.budget import budget_settings
+    from hf_fasttrain.config.budget import budget_settings
 
     arm = ttl.ARMS["fasttrain-budget"]
     assert {k: v for k, v in arm.args.items() if k != "budget_aware"} == ttl.ARMS["fasttrain"].args

@@ -161,7 +161,7 @@ def test_logged_padding_fraction_is_exact_on_a_hand_made_batch(tiny_tokenizer, t
 
 
 def test_resume_skips_a_checkpoint_cut_short(tmp_path):
-    from hf_fasttrain.run import last_complete_checkpoint
+    from hf_fasttrain.run.train import last_complete_checkpoint
 
     for step, state in ((5, '{"global_step": 5}'), (10, '{"global_step": 10}'), (15, '{"global_st')):
         d = tmp_path / f"checkpoint-{step}"
@@ -178,7 +178,7 @@ def test_setup_logging_writes_to_the_current_stderr_or_defers_to_the_app(monkeyp
     import sys
     from types import SimpleNamespace
 
-    from hf_fasttrain.run import setup_logging
+    from hf_fasttrain.run.train import setup_logging
 
     pkg, root = logging.getLogger("hf_fasttrain"), logging.getLogger()
     monkeypatch.setattr(pkg, "handlers", [])
@@ -189,7 +189,7 @@ def test_setup_logging_writes_to_the_current_stderr_or_defers_to_the_app(monkeyp
     for _ in range(2):  # each record goes to sys.stderr as it is then, not as it was at setup
         err = io.StringIO()
         monkeypatch.setattr(sys, "stderr", err)
-        logging.getLogger("hf_fasttrain.run").info("resumed from checkpoint-7")
+        logging.getLogger("hf_fasttrain.run.train").info("resumed from checkpoint-7")
         assert err.getvalue() == "[hf_fasttrain] resumed from checkpoint-7\n"
     setup_logging(SimpleNamespace(should_log=True))  # called again: still one handler
     assert len(pkg.handlers) == 1
@@ -200,5 +200,5 @@ def test_setup_logging_writes_to_the_current_stderr_or_defers_to_the_app(monkeyp
     root.handlers = [handler]
     setup_logging(SimpleNamespace(should_log=True))
     assert pkg.propagate is True and pkg.handlers == []
-    logging.getLogger("hf_fasttrain.run").info("hello")
+    logging.getLogger("hf_fasttrain.run.train").info("hello")
     assert [r.getMessage() for r in seen] == ["hello"]

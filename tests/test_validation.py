@@ -87,7 +87,7 @@ def _recipe(tmp_path, text, name="r.yaml"):
     ("model:\n  n_layer: 2\n  n_layer: 3\n", "model.n_layer: written twice"),
 ])
 def test_recipe_values_refused_naming_the_key(tmp_path, text, message):
-    from hf_fasttrain.recipes import parse_config
+    from hf_fasttrain.config.recipes import parse_config
 
     path = _recipe(tmp_path, text + f"output_dir: {tmp_path / 'o'}\n")
     with pytest.raises(ValueError, match=message):
@@ -96,7 +96,7 @@ def test_recipe_values_refused_naming_the_key(tmp_path, text, message):
 
 
 def test_unknown_flag_gets_the_same_did_you_mean_as_an_unknown_key(tmp_path):
-    from hf_fasttrain.recipes import parse_config
+    from hf_fasttrain.config.recipes import parse_config
 
     with pytest.raises(ConfigError, match=r"^--learnig_rate: unknown option; did you mean '--learning_rate'\?$"):
         parse_config(["--config", "gpt2_tiny", "--learnig_rate", "1e-3"])
@@ -109,7 +109,7 @@ def test_unknown_flag_gets_the_same_did_you_mean_as_an_unknown_key(tmp_path):
 
 # -- the fast path (no torch): the same refusals from the option list read off the sources ----------
 def test_preflight_refuses_what_the_full_validation_refuses(tmp_path):
-    from hf_fasttrain._options import load_schema, preflight
+    from hf_fasttrain.config._options import load_schema, preflight
 
     schema = load_schema()
     assert schema is not None and len(schema) > 150
@@ -141,7 +141,7 @@ def test_preflight_refuses_what_the_full_validation_refuses(tmp_path):
 
 
 def test_every_range_checked_field_exists():
-    from hf_fasttrain._options import load_schema
+    from hf_fasttrain.config._options import load_schema
 
     schema = load_schema()
     assert set(TRAINING_RANGES) <= set(schema), set(TRAINING_RANGES) - set(schema)

@@ -34,7 +34,7 @@ from hf_fasttrain.data.sft import IGNORE_INDEX, CompletionCollator, tokenize_sft
 from hf_fasttrain.data.sft_sources import function_pairs  # noqa: E402
 from hf_fasttrain.data.token_budget import TokenBudgetBatchSampler  # noqa: E402
 from hf_fasttrain.modeling import build_model  # noqa: E402
-from hf_fasttrain.run import prepare_data  # noqa: E402
+from hf_fasttrain.run.train import prepare_data  # noqa: E402
 
 from benchmarks._harness.lm import HF_TUNED, MUON_RECIPE  # noqa: E402
 
@@ -282,7 +282,7 @@ def run_one(spec: dict[str, Any], seed: int, setup: Setup, base: Path, tokenizer
 
 def state_sizes(trainer) -> dict[str, int]:
     """Bytes of the trained parameters, the optimizer's state and the weight average (exact, not sampled)."""
-    from hf_fasttrain.trainables import trainable_bytes
+    from hf_fasttrain.stability.trainables import trainable_bytes
 
     opt = sum(t.numel() * t.element_size() for s in trainer.optimizer.state.values() for t in s.values()
               if torch.is_tensor(t))

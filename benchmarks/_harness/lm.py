@@ -101,7 +101,7 @@ ARMS: dict[str, Arm] = {
     "fasttrain": Arm("fasttrain", "FastTrainer as the tiny recipe: Muon+AdamW at lr 1.6e-2, 2% warmup, cosine to 10%, "
                      "wd 0.1, clip 1, divergence guard" + FASTTRAIN_EXTRA_DESCRIPTION,
                      fast=True, args={**MUON_RECIPE, **FASTTRAIN_EXTRA}),
-    # the recipe with the settings hf_fasttrain.budget picks for the run's length
+    # the recipe with the settings hf_fasttrain.config.budget picks for the run's length
     "fasttrain-budget": Arm("fasttrain-budget", "the fasttrain arm with budget_aware: true (at 1.5 tokens per "
                             "parameter: beta2 0.999 in Muon's AdamW part, NorMuon with beta2 0.95)",
                             fast=True, args={**MUON_RECIPE, **FASTTRAIN_EXTRA, "budget_aware": True}),

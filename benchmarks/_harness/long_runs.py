@@ -33,7 +33,7 @@ CHECKPOINT_FROM_BUDGET = 32  # budgets from here on save a checkpoint at every e
 # The models (``--model``): the ladder's and a larger one; a rung of another model is named ``<budget>x-<model>``.
 MODELS = {"2x128": dict(n_layer=2, n_head=4, n_embd=128), "3x192": dict(n_layer=3, n_head=6, n_embd=192)}
 LADDER_MODEL = "2x128"
-OPTIMIZER_OF = {"hf-best": "adamw", "recipe": "muon", "hf-best+": "adamw", "recipe+groups": "muon"}  # whose measured lr law (hf_fasttrain.budget) a family follows
+OPTIMIZER_OF = {"hf-best": "adamw", "recipe": "muon", "hf-best+": "adamw", "recipe+groups": "muon"}  # whose measured lr law (hf_fasttrain.config.budget) a family follows
 
 
 CORPORA = ("stdlib", "unique")  # the ladder's corpora: the stdlib's (repeats past 1.3x), and one that does not repeat

@@ -1,4 +1,4 @@
-"""WeightAveragingCallback: an EMA or LAWA average of the weights (hf_fasttrain.averaging) in any Trainer.
+"""WeightAveragingCallback: an EMA or LAWA average of the weights (hf_fasttrain.stability.averaging) in any Trainer.
 
 - after each optimizer step the average is updated (``on_step_end``);
 - every evaluation during training runs on the average (swapped in when the Trainer is about to evaluate,
@@ -30,8 +30,8 @@ from transformers import TrainerCallback
 
 from .._validation import ConfigError
 
-from ..averaging import WeightAverage, check_averaging_settings, load_average_file, save_average_file
-from ..trainables import trainable_parameters
+from ..stability.averaging import WeightAverage, check_averaging_settings, load_average_file, save_average_file
+from ..stability.trainables import trainable_parameters
 from ._rollback import register_participant
 
 __all__ = ["WeightAveragingCallback", "AVERAGE_FILE"]
@@ -46,7 +46,7 @@ class WeightAveragingCallback(TrainerCallback):
 
     Args:
         mode: ``"ema"`` or ``"lawa"``.
-        decay: the EMA's decay (see :class:`~hf_fasttrain.averaging.WeightAverage`).
+        decay: the EMA's decay (see :class:`~hf_fasttrain.stability.averaging.WeightAverage`).
         warmup: when on, the decay at step t is ``min(decay, (1 + t) / (10 + t))``, so the start is forgotten early.
         update_every: update the EMA every this many optimizer steps.
         lawa_k: LAWA: the number of copies kept.
@@ -56,7 +56,7 @@ class WeightAveragingCallback(TrainerCallback):
     Attributes:
         resume_dir: the checkpoint a resume starts from, when it is not ``output_dir/checkpoint-<step>``
             (FastTrainer sets it from ``train(resume_from_checkpoint=...)``; set it by hand otherwise).
-        average: the :class:`~hf_fasttrain.averaging.WeightAverage` (built at ``on_train_begin``).
+        average: the :class:`~hf_fasttrain.stability.averaging.WeightAverage` (built at ``on_train_begin``).
 
     The callback must come after the Trainer's ``DefaultFlowCallback`` (any ``callbacks=[...]`` or
     ``add_callback`` does), since it reads the flags that one sets to know an evaluation is coming.

@@ -1,6 +1,6 @@
 """Gradient clipping by value, by global norm or adaptively (AGC), as a callback for any Trainer.
 
-The math lives in :mod:`hf_fasttrain.clipping`; this module runs it once per optimizer step at
+The math lives in :mod:`hf_fasttrain.stability.clipping`; this module runs it once per optimizer step at
 ``on_pre_optimizer_step`` and keeps the statistics for the logs (see :mod:`.mixin` for where that is
 in the Trainer's step).
 """
@@ -16,8 +16,8 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from .._validation import ConfigError
-from ..args import fast_option
-from ..clipping import (
+from ..config.args import fast_option
+from ..stability.clipping import (
     CLIP_MODES,
     ClipStats,
     agc_unit_dims,
@@ -42,7 +42,7 @@ class ClipStatsWindow:
 
     Example:
         ```python
-        >>> from hf_fasttrain.clipping import norm_clip_stats
+        >>> from hf_fasttrain.stability.clipping import norm_clip_stats
         >>> w = ClipStatsWindow()
         >>> w.add(norm_clip_stats(torch.tensor(4.0), 1.0)); w.add(norm_clip_stats(torch.tensor(0.5), 1.0))
         >>> {k: round(v, 4) for k, v in w.pop().items()}
@@ -100,7 +100,7 @@ class GradientClippingCallback(TrainerCallback, ExportableState):
         mode (`str`, *optional*, defaults to `"value"`):
             ``"value"`` (clamp each element to ``[-clip_value, clip_value]``), ``"norm"`` (scale all
             gradients to global norm ``max_norm`` when above it), ``"agc"`` (adaptive, unit-wise, see
-            :func:`hf_fasttrain.clipping.clip_agc_`) or ``"none"`` (measure and log only).
+            :func:`hf_fasttrain.stability.clipping.clip_agc_`) or ``"none"`` (measure and log only).
         clip_value (`float`, *optional*, defaults to `1.0`):
             The bound for ``"value"``.
         max_norm (`float`, *optional*, defaults to `1.0`):

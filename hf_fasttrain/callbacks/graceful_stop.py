@@ -289,7 +289,7 @@ class GracefulStopCallback(JITCheckpointCallback):
         """Print the stop line (main process) and return the :class:`TrainingStopped` to raise."""
         checkpoint, auto_resume = None, False
         if self.trainer is not None:
-            from ..args import fast_option
+            from ..config.args import fast_option
 
             checkpoint = os.path.join(self.trainer._get_output_dir(trial=None), f"{PREFIX_CHECKPOINT_DIR}-{self.stopped_at}")
             args = self.trainer.args  # FastTrainer resumes by itself with auto_resume and its run record on

@@ -1,5 +1,5 @@
 """The divergence guard as a callback for any Trainer: measures each step, asks
-:func:`hf_fasttrain.guard.guard_decision`, and carries the answer out (skip, roll back, stop).
+:func:`hf_fasttrain.stability.guard.guard_decision`, and carries the answer out (skip, roll back, stop).
 
 Loss access. Callbacks are not given the loss nor the pre-clip gradient norm.
 :class:`~hf_fasttrain.callbacks.mixin.StabilityTrainerMixin` (used by ``FastTrainer``) hands both to
@@ -26,9 +26,9 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from ..args import FastOptions, fast_option
-from ..clipping import global_grad_norm
-from ..guard import (
+from ..config.args import FastOptions, fast_option
+from ..stability.clipping import global_grad_norm
+from ..stability.guard import (
     Decision,
     GuardConfig,
     GuardMemory,
@@ -39,7 +39,7 @@ from ..guard import (
     guard_decision,
     remember,
 )
-from ..snapshots import (
+from ..stability.snapshots import (
     TrainingSnapshot,
     check_free_space,
     checkpoint_bytes,
@@ -49,7 +49,7 @@ from ..snapshots import (
     restore_snapshot,
     take_snapshot,
 )
-from ..trainables import trainable_bytes
+from ..stability.trainables import trainable_bytes
 from ._rollback import participants
 from .clipping import GradientClippingCallback
 from .mixin import all_reduce, ensure_unscaled, merge_in_on_log, optimizer_params, unsupported_parallelism, world_size
@@ -71,7 +71,7 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
 
     Every optimizer step, at ``on_pre_optimizer_step`` (before the update is applied), the guard
     measures the step (loss, pre-clip gradient norm, non-finite values) and acts on
-    :func:`hf_fasttrain.guard.guard_decision`:
+    :func:`hf_fasttrain.stability.guard.guard_decision`:
 
     - **skip** a step with a NaN/inf loss or gradient, a gradient norm above ``grad_norm_ceiling``, a
       loss spike or a gradient-norm spike (6 sigma over the last 128 healthy steps: OLMo-core's rule).
@@ -102,7 +102,7 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
     snapshots are not saved: after a resume the first good state is the resumed one.
 
     Before each checkpoint the free disk space is checked against the checkpoint's size; a full disk
-    raises :class:`~hf_fasttrain.snapshots.NoSpaceError` before anything is written.
+    raises :class:`~hf_fasttrain.stability.snapshots.NoSpaceError` before anything is written.
 
     Logged with each training log: ``guard_skipped_nonfinite``, ``guard_skipped_spike`` and
     ``guard_rollbacks`` (totals over the run, resumes included); every event is also a warning in the
@@ -110,7 +110,7 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
 
     Args:
         config (`GuardConfig`, *optional*, defaults to `None`):
-            The guard's settings (:class:`~hf_fasttrain.guard.GuardConfig`); `None` builds one from
+            The guard's settings (:class:`~hf_fasttrain.stability.guard.GuardConfig`); `None` builds one from
             ``**settings``, or the defaults.
         **settings:
             ``GuardConfig`` fields as keyword arguments instead of ``config`` (``spike_window=128,

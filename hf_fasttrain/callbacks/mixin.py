@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..snapshots import NoSpaceError, check_free_space, checkpoint_bytes, is_no_space_error, no_space_message
+from ..stability.snapshots import NoSpaceError, check_free_space, checkpoint_bytes, is_no_space_error, no_space_message
 from ._logs import add_to_log
 
 __all__ = [
@@ -143,7 +143,7 @@ class StabilityTrainerMixin:
     private hooks of ``transformers.Trainer`` that have no public counterpart: ``_get_grad_norm`` (the
     norm the Trainer measures before it clips, handed to callbacks with ``observe_grad_norm``) and
     ``_save_checkpoint`` (checks free space first; a full disk raises
-    :class:`~hf_fasttrain.snapshots.NoSpaceError` saying "no space left on <path> while saving
+    :class:`~hf_fasttrain.stability.snapshots.NoSpaceError` saying "no space left on <path> while saving
     checkpoint-N; free space and rerun the same command", and removes the unfinished checkpoint
     folder). All call ``super()``. Callbacks are looked up on each call, so callbacks the Trainer
     re-creates when it restores their state from a checkpoint are found too.

@@ -2,13 +2,13 @@
 
 The parts live in :mod:`hf_fasttrain.callbacks.clipping` (gradient clipping callback),
 :mod:`hf_fasttrain.callbacks.guard` (divergence guard callback), :mod:`hf_fasttrain.callbacks.mixin`
-(the Trainer mixin and shared helpers), :mod:`hf_fasttrain.guard` (the pure decision) and
-:mod:`hf_fasttrain.snapshots` (snapshots, checkpoint reading, disk space).
+(the Trainer mixin and shared helpers), :mod:`hf_fasttrain.stability.guard` (the pure decision) and
+:mod:`hf_fasttrain.stability.snapshots` (snapshots, checkpoint reading, disk space).
 """
 
-from ..clipping import CLIP_MODES
-from ..guard import ROLLBACK_MODES, GuardConfig, detect_spike, guard_decision
-from ..snapshots import TrainingSnapshot, load_checkpoint_state, restore_snapshot, take_snapshot
+from ..stability.clipping import CLIP_MODES
+from ..stability.guard import ROLLBACK_MODES, GuardConfig, detect_spike, guard_decision
+from ..stability.snapshots import TrainingSnapshot, load_checkpoint_state, restore_snapshot, take_snapshot
 from .clipping import ClipStatsWindow, GradientClippingCallback
 from .guard import DivergenceError, DivergenceGuardCallback, stability_callbacks
 from .mixin import StabilityTrainerMixin, ensure_unscaled, merge_log_stats, report_grad_norm, report_loss

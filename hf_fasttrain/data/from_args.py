@@ -3,7 +3,7 @@
 Pure: no Trainer here. `hf_fasttrain.wiring.SeqLenWiring` builds the parts from these options for
 FastTrainer (see hf_fasttrain.callbacks.seqlen for the plain-Trainer one-liners). The functions take
 any object with the option fields; FastTrainer hands them a view that reads absent options as their
-defaults (`hf_fasttrain.args.fast_option`).
+defaults (`hf_fasttrain.config.args.fast_option`).
 """
 
 from __future__ import annotations

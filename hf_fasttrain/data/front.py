@@ -5,7 +5,7 @@ two steps so that a run refuses what it cannot do, and a finished run stops, bef
 
 1. ``run_data(...)``: a pretrained base's own tokenizer is named when none is, and what a stream cannot do is
    refused (:func:`~hf_fasttrain.data.streaming.check_stream_args`); nothing is read. The resume checks of
-   :func:`hf_fasttrain.run.train` use this much: the data arguments and the run's planned optimizer steps.
+   :func:`hf_fasttrain.run.train.train` use this much: the data arguments and the run's planned optimizer steps.
 2. ``RunData.load()``: the tokenizer, the train set (or stream), the eval set, the collator and the one-line
    summary of what was loaded, the main process first (the others then find its caches).
 

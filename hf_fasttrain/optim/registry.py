@@ -218,7 +218,7 @@ def create_muon(
     `ns_dtype` ("auto", the default, "bfloat16" or "float32") is the Newton-Schulz precision (see `MuonWithAdamW`).
     `adamw_lr_ratio` (default 1.0) runs the AdamW part at that multiple of `lr` while Muon keeps `lr`: 0.25 is
     what the long-horizon search at 24.8 tokens per parameter measured with cautious weight decay
-    (`hf_fasttrain.budget`). It is a ratio to Muon's lr, so it is refused with an explicit `muon_lr` or with
+    (`hf_fasttrain.config.budget`). It is a ratio to Muon's lr, so it is refused with an explicit `muon_lr` or with
     ``adjust_lr_fn="original"`` (where Muon's lr is on another scale).
     """
     lr = 1e-3 if lr is None else lr

@@ -25,7 +25,7 @@ Layout: ``config`` (settings), ``ranking`` (pure functions), ``state`` (typed re
 ``orchestrator`` (the search behind the :class:`TrialRunner` Protocol) and ``report`` form the core, which
 imports nothing of the package but ``hf_fasttrain._files``. ``ray_backend`` runs each stage as a Ray task
 (``restart_backend="ray"``; Ray is imported there only, when asked for). The recipe adapter (trials as recipe runs,
-:func:`~hf_fasttrain.recipe_restarts.train_with_restarts`) is ``hf_fasttrain/recipe_restarts.py``, on the top floor.
+:func:`~hf_fasttrain.run.recipe_restarts.train_with_restarts`) is ``hf_fasttrain/run/recipe_restarts.py``, on the top floor.
 """
 
 from .config import ARG_FIELDS, RestartConfig, restart_config_from_args

@@ -1,5 +1,5 @@
 """Random restart for a recipe (the top floor): each trial is a normal recipe run, in this process through
-:func:`hf_fasttrain.run.train` or as a ``hf-fasttrain train`` subprocess; :func:`train_with_restarts` runs the
+:func:`hf_fasttrain.run.train.train` or as a ``hf-fasttrain train`` subprocess; :func:`train_with_restarts` runs the
 search described by a ``FastTrainingArguments``' ``restart_*`` fields."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
-from ._files import atomic_write_text, last_complete_checkpoint
-from .callbacks.stop_at_step import StageFenceCallback
-from .data.from_args import planned_optimizer_steps, resolve_max_steps
-from .recipes import resolved_config
-from ._validation import ConfigError
-from .restarts import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec, restart_config_from_args
-from .restarts.config import in_option_words
-from .callbacks.run_record import checkpoint_log_history
-from .run import checkpoint_extras, train
+from .._files import atomic_write_text, last_complete_checkpoint
+from ..callbacks.stop_at_step import StageFenceCallback
+from ..data.from_args import planned_optimizer_steps, resolve_max_steps
+from ..config.recipes import resolved_config
+from .._validation import ConfigError
+from ..restarts import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec, restart_config_from_args
+from ..restarts.config import in_option_words
+from ..callbacks.run_record import checkpoint_log_history
+from .train import checkpoint_extras, train
 
 __all__ = ["RecipeTrialRunner", "train_with_restarts"]
 
@@ -27,7 +27,7 @@ def _is_number(v) -> bool:
 
 
 class RecipeTrialRunner:
-    """Runs each trial as a normal recipe run: :func:`hf_fasttrain.run.train` in this process, or the recipe's
+    """Runs each trial as a normal recipe run: :func:`hf_fasttrain.run.train.train` in this process, or the recipe's
     command line in a subprocess (one per GPU under ``parallel="per_gpu"``, with ``CUDA_VISIBLE_DEVICES``).
 
     A trial's arguments are the recipe's with ``seed = model_seed``, ``data_seed = data_seed``, the trial's
@@ -120,7 +120,7 @@ class RecipeTrialRunner:
         cmd = (self.launcher or [sys.executable, "-m", "hf_fasttrain.cli", "train"]) + ["--config", path]
         env = dict(os.environ)
         # the trial imports the same hf_fasttrain as this process (a checkout may shadow an installed copy)
-        pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
         if trial.device is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(trial.device)
@@ -169,7 +169,7 @@ def train_with_restarts(model_args, data_args, training_args, callbacks: Optiona
     Example:
         ```python
         >>> from hf_fasttrain import train_with_restarts
-        >>> from hf_fasttrain.recipes import parse_config
+        >>> from hf_fasttrain.config.recipes import parse_config
         >>> model_args, data_args, training_args = parse_config(
         ...     ["--config", "gpt2_tiny", "--restart_num_seeds", "4", "--restart_explore_fraction", "0.1"])
         >>> # summary = train_with_restarts(model_args, data_args, training_args)
@@ -197,7 +197,7 @@ def train_with_restarts(model_args, data_args, training_args, callbacks: Optiona
                                    callbacks=callbacks)
     if config.backend == "local":
         return _orchestrator(config, runner, training_args.output_dir, total_steps).run()
-    from .restarts.ray_backend import RayTrialRunner
+    from ..restarts.ray_backend import RayTrialRunner
 
     runner = RayTrialRunner(runner, address=config.ray_address, resources=config.trial_resources)
     search = _orchestrator(config, runner, training_args.output_dir, total_steps)  # checks settings first

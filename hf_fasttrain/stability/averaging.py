@@ -41,7 +41,7 @@ from typing import Optional
 
 import torch
 
-from ._validation import ConfigError
+from .._validation import ConfigError
 
 __all__ = ["AVERAGING_MODES", "ARGS_FIELDS", "decay_from_half_life", "ema_decay_at", "ema_update_", "WeightAverage",
            "check_averaging_settings", "save_average_file", "load_average_file"]

@@ -38,7 +38,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ._validation import ConfigError
+from .._validation import ConfigError
 
 __all__ = [
     "PRECISIONS",
@@ -75,7 +75,7 @@ class DeviceInfo:
 
     Example:
         ```python
-        >>> from hf_fasttrain.precision import DeviceInfo, resolve_precision
+        >>> from hf_fasttrain.stability.precision import DeviceInfo, resolve_precision
         >>> v100 = DeviceInfo(kind="cuda", name="Tesla V100", compute_capability=(7, 0),
         ...                   bf16_supported=False, fp16_supported=True)
         >>> resolve_precision("auto", v100).precision
@@ -126,7 +126,7 @@ class PrecisionChoice:
 
     Example:
         ```python
-        >>> from hf_fasttrain.precision import DeviceInfo, resolve_precision, apply_precision
+        >>> from hf_fasttrain.stability.precision import DeviceInfo, resolve_precision, apply_precision
         >>> choice = resolve_precision("bf16", DeviceInfo())  # bf16 on a plain CPU
         >>> apply_precision({"output_dir": "out"}, choice)
         {'output_dir': 'out', 'bf16': True, 'fp16': False, 'use_cpu': True}

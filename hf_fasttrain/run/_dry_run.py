@@ -24,7 +24,7 @@ SOURCES = ("default", "recipe", "flag", "budget_aware", "derived")
 
 def _given_flags(argv: Sequence[str]) -> set[str]:
     """The options set by a flag (``--no_<field>`` counts for ``<field>``)."""
-    from ._options import _flag_names, load_schema, split_flags
+    from ..config._options import _flag_names, load_schema, split_flags
 
     schema = load_schema()
     if schema is None:  # no fast path: the flags as written
@@ -37,7 +37,7 @@ def _recipe_keys(source: Optional[str]) -> set[str]:
     """The options a recipe sets (its sections' keys included)."""
     if not source:
         return set()
-    from .recipes import load_recipe
+    from ..config.recipes import load_recipe
 
     keys: set[str] = set()
     for key, value in load_recipe(source).items():
@@ -52,7 +52,7 @@ def _non_embedding_parameters(model_args, data_args) -> int:
     """The non-embedding parameters of the run's model, as ``budget_aware`` counts them, built on the meta device."""
     import torch
 
-    from .budget import non_embedding_parameters
+    from ..config.budget import non_embedding_parameters
 
     with torch.device("meta"):  # shapes only: no memory for the weights, nothing initialised
         if model_args.model_name_or_path:
@@ -62,7 +62,7 @@ def _non_embedding_parameters(model_args, data_args) -> int:
                                                 trust_remote_code=model_args.trust_remote_code)
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_args.trust_remote_code)
         else:
-            from .modeling import build_model
+            from ..modeling import build_model
 
             model = build_model(model_args, _Vocabulary(data_args.vocab_size), data_args.block_size)
     return non_embedding_parameters(model)
@@ -85,7 +85,7 @@ class _Vocabulary:
 def apply_budget(model_args, data_args, training_args) -> list[str]:
     """Apply ``budget_aware``'s settings to ``training_args`` as a run does (the run's rows are the data's
     ``block_size``); returns the fields set."""
-    from .budget import apply_budget_settings, run_tokens
+    from ..config.budget import apply_budget_settings, run_tokens
 
     tokens = run_tokens(training_args, data_args.block_size)  # refuses (one line) before the model is built
     return list(apply_budget_settings(training_args, tokens, _non_embedding_parameters(model_args, data_args))
@@ -96,8 +96,8 @@ def _field_defaults() -> dict[str, Any]:
     """Option -> its dataclass default, as the saved config writes values."""
     import dataclasses
 
-    from .args import DataArguments, FastTrainingArguments, ModelArguments
-    from .runinfo import _plain
+    from ..config.args import DataArguments, FastTrainingArguments, ModelArguments
+    from ..runinfo import _plain
 
     out = {}
     for cls in (ModelArguments, DataArguments, FastTrainingArguments):
@@ -119,8 +119,8 @@ def option_sources(config: Mapping[str, Any], argv: Sequence[str], budget: Seque
 
     A budget_aware setting wins over the flag or recipe value it replaced (the run trains with the measured one).
     """
-    from ._model_data_args import SIZE_ALIASES
-    from ._options import config_source
+    from ..config._model_data_args import SIZE_ALIASES
+    from ..config._options import config_source
 
     flags, recipe = _given_flags(argv), _recipe_keys(config_source(argv))
     for short, long in SIZE_ALIASES.items():  # n_layer and num_hidden_layers are one option
@@ -167,7 +167,7 @@ def render(config: Mapping[str, Any], sources: Mapping[str, str]) -> str:
 def dry_run(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """Resolve and validate the options of ``argv`` (without ``--dry_run``) as a run would; returns the config a
     run saves (``config.yaml``) and each option's source. Writes nothing."""
-    from .recipes import parse_config, resolved_config
+    from ..config.recipes import parse_config, resolved_config
 
     model_args, data_args, training_args = parse_config(list(argv))
     budget = apply_budget(model_args, data_args, training_args) if training_args.budget_aware else []

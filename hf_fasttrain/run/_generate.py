@@ -20,7 +20,7 @@ import argparse
 import os
 from typing import Any, Optional, Sequence
 
-from ._validation import ConfigError, check
+from .._validation import ConfigError, check
 
 __all__ = ["generate", "load_run_model", "make_parser", "main"]
 
@@ -81,8 +81,8 @@ def load_run_model(path: str, weights: str = "average") -> tuple[Any, Any, str]:
     average = os.path.join(path, "weight_average.pt")
     if _is_checkpoint(path) and os.path.isfile(average):
         if weights == "average":
-            from .averaging import WeightAverage, load_average_file
-            from .trainables import trainable_parameters
+            from ..stability.averaging import WeightAverage, load_average_file
+            from ..stability.trainables import trainable_parameters
 
             state = load_average_file(average)
             avg = WeightAverage(trainable_parameters(model), mode=state["mode"])
@@ -152,7 +152,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _usage_error(message: str):
     """argparse's errors as one line: ``error: <field>: <what is wrong>; <what is allowed>``."""
-    from ._validation import argparse_error
+    from .._validation import argparse_error
 
     err = argparse_error(message, [f"--{a.dest}" for a in make_parser()._actions if a.dest != "help"])
     if err.field == "model" and not err.allowed:

@@ -41,9 +41,9 @@ import yaml
 
 from ._model_data_args import PEFT_FIELDS, SIZE_ALIASES, DataArguments, ModelArguments
 from ._options import check_duplicate_keys, find_recipes
-from ._validation import ConfigError, unknown_name, unknown_recipe_key
+from .._validation import ConfigError, unknown_name, unknown_recipe_key
 from .args import FastTrainingArguments
-from .hub import YAML_SUFFIXES, is_hub_uri, resolve_hub_recipe
+from ..hub import YAML_SUFFIXES, is_hub_uri, resolve_hub_recipe
 
 __all__ = [
     "SECTIONS",
@@ -70,7 +70,7 @@ SECTIONS: dict[Optional[str], type] = {
     "model": ModelArguments,
     "data": DataArguments,
 }
-BUNDLED_DIR = Path(__file__).resolve().parent.parent / "recipes" / "configs"  # a checkout / editable install
+BUNDLED_DIR = Path(__file__).resolve().parents[2] / "recipes" / "configs"  # a checkout / editable install
 # a wheel installs recipes/configs/*.yaml here (setup.cfg [options.data_files])
 INSTALLED_DIR = Path(sys.prefix) / "share" / "hf_fasttrain" / "recipes"
 
@@ -380,7 +380,7 @@ def validate_recipe(recipe: Mapping[str, Any]) -> dict[Optional[str], dict[str, 
 
 def _raise_usage_error(message: str):
     """argparse's error(), which prints the 170-line usage and exits, as a one-line ConfigError instead."""
-    from ._validation import argparse_error
+    from .._validation import argparse_error
 
     raise argparse_error(message)
 
@@ -484,7 +484,7 @@ def parse_config(
                 action.required = False
     outputs = parser.parse_args_into_dataclasses(args=argv)
     model_args, data_args, training_args = outputs[:3]
-    from .data.streaming import check_stream_args  # what a stream cannot do, refused before any data is read
+    from ..data.streaming import check_stream_args  # what a stream cannot do, refused before any data is read
 
     check_stream_args(data_args, training_args)
     return model_args, data_args, training_args
@@ -513,7 +513,7 @@ def resolved_config(
     model_args: ModelArguments, data_args: DataArguments, training_args: FastTrainingArguments
 ) -> dict[str, Any]:
     """A recipe mapping that reproduces these arguments (secrets dropped); saved with every run."""
-    from .runinfo import training_config
+    from ..runinfo import training_config
 
     model = dataclasses.asdict(model_args)
     peft = {k: model.pop(k) for k in PEFT_FIELDS}

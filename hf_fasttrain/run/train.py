@@ -16,20 +16,20 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from ._files import last_complete_checkpoint, read_json_dict as _read_json
-from ._validation import ConfigError
-from .args import DataArguments, FastTrainingArguments, ModelArguments, fast_option
-from .callbacks.averaging import AVERAGE_FILE
-from .callbacks.data_position import STREAM_POSITION_FILE
-from .callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
-from .data.front import prepare_data, run_data
-from .data.from_args import planned_optimizer_steps, planned_tokens, resolve_max_steps
-from .metrics import make_compute_metrics, preprocess_logits_for_metrics
-from .modeling import build_model
-from .recipes import resolved_config
-from ._resume_identity import ResumePlan, discard_previous_run, finished_step, plan_resume, read_recorded_options
-from .runinfo import run_facts
-from .trainer import FastTrainer
+from .._files import last_complete_checkpoint, read_json_dict as _read_json
+from .._validation import ConfigError
+from ..config.args import DataArguments, FastTrainingArguments, ModelArguments, fast_option
+from ..callbacks.averaging import AVERAGE_FILE
+from ..callbacks.data_position import STREAM_POSITION_FILE
+from ..callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
+from ..data.front import prepare_data, run_data
+from ..data.from_args import planned_optimizer_steps, planned_tokens, resolve_max_steps
+from ..metrics import make_compute_metrics, preprocess_logits_for_metrics
+from ..modeling import build_model
+from ..config.recipes import resolved_config
+from .._resume_identity import ResumePlan, discard_previous_run, finished_step, plan_resume, read_recorded_options
+from ..runinfo import run_facts
+from ..trainer import FastTrainer
 
 __all__ = ["setup_logging", "prepare_data", "train", "find_resume_checkpoint", "last_complete_checkpoint",
            "finished_checkpoint", "run_facts", "start_line", "end_summary"]
@@ -132,7 +132,7 @@ def _plan(training_args: FastTrainingArguments, options: dict, data) -> ResumePl
 def _final_outputs_present(output_dir: str) -> Optional[dict]:
     """metrics.json's final metrics when the run's final model and metrics are both in ``output_dir``."""
     metrics = _read_json(os.path.join(output_dir, "metrics.json"))
-    from .trainables import ADAPTER_WEIGHT_FILES
+    from ..stability.trainables import ADAPTER_WEIGHT_FILES
 
     has_model = any(os.path.exists(os.path.join(output_dir, f))
                     for f in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -374,7 +374,7 @@ def train(
             summary = recorder.save(out, final_metrics=metrics, title=title)
     merged = None
     if model_args.lora_r is not None and model_args.lora_merge and trainer.is_world_process_zero():
-        from .modeling import merge_lora
+        from ..modeling import merge_lora
 
         merged = os.path.join(out, "merged")
         merged_model = merge_lora(trainer.accelerator.unwrap_model(trainer.model))
@@ -408,6 +408,6 @@ def _lora_checks(model_args: ModelArguments, data_args: DataArguments) -> None:
                                   allowed="lora_load_in_4bit: false (LoRA on the full-precision base) on CPU")
     base = model_args.model_name_or_path
     if base and model_args.lora_r is not None and data_args.tokenizer and data_args.tokenizer != base:
-        from .modeling import check_tokenizer_fits
+        from ..modeling import check_tokenizer_fits
 
         check_tokenizer_fits(model_args, data_args.tokenizer, model_args.trust_remote_code)

@@ -2,7 +2,7 @@
 
 Importing torch and transformers takes seconds; a typo or a bad value should not wait for them. This
 module reads the option list (names, types, defaults, help, technique groups) from the *source* of
-``hf_fasttrain/args.py``, ``hf_fasttrain/_model_data_args.py`` and the installed
+``hf_fasttrain/config/args.py``, ``hf_fasttrain/config/_model_data_args.py`` and the installed
 ``transformers/training_args.py`` with :mod:`ast` (nothing is imported or executed), and with it:
 
 - renders the grouped ``--help`` (:func:`render_help`),
@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from ._recipe_files import _load_local_recipe, check_duplicate_keys, config_source, default_recipe_dirs, find_recipes
-from ._validation import TRAINING_RANGES, ConfigError, check_ranges, unknown_name, unknown_recipe_key
+from .._validation import TRAINING_RANGES, ConfigError, check_ranges, unknown_name, unknown_recipe_key
 
 __all__ = ["Option", "load_schema", "find_recipes", "default_recipe_dirs", "preflight", "render_help",
            "check_duplicate_keys", "split_flags", "choices", "allowed_values",
            "config_source"]
 
-_PKG = Path(__file__).resolve().parent
+_PKG = Path(__file__).resolve().parent.parent  # the package root
 MISSING = object()
 
 # The headline options, in the order a new user reaches for them: (group title, Trainer options shown with the
@@ -54,10 +54,10 @@ TRAINER_ESSENTIALS = ("output_dir", "max_steps", "eval_steps", "save_steps", "lo
 CHOICES = {
     "optimizer": ("optim/registry.py", "OPTIMIZERS"),
     "lr_decay": ("schedules.py", "DECAY_SHAPES"),
-    "clip_mode": ("clipping.py", "CLIP_MODES"),
-    "guard_rollback": ("guard.py", "ROLLBACK_MODES"),
-    "weight_averaging": ("averaging.py", "AVERAGING_MODES"),
-    "precision": ("precision.py", "PRECISIONS"),
+    "clip_mode": ("stability/clipping.py", "CLIP_MODES"),
+    "guard_rollback": ("stability/guard.py", "ROLLBACK_MODES"),
+    "weight_averaging": ("stability/averaging.py", "AVERAGING_MODES"),
+    "precision": ("stability/precision.py", "PRECISIONS"),
     "packing": ("data/from_args.py", "PACKING_MODES"),
     "curriculum_pacing": ("data/seqlen.py", "PACINGS"),
     "seq_len_warmup_pacing": ("data/seqlen.py", "PACINGS"),
@@ -65,7 +65,7 @@ CHOICES = {
     "restart_direction": ("restarts/config.py", "DIRECTIONS"),
     "restart_vary": ("restarts/config.py", "VARY"),
     "restart_backend": ("restarts/config.py", "BACKENDS"),
-    "data_format": ("_model_data_args.py", "DATA_FORMATS"),
+    "data_format": ("config/_model_data_args.py", "DATA_FORMATS"),
 }
 # choices checked in place (no constant to read)
 INLINE_CHOICES = {"schedule_unit": ("steps", "tokens"), "restart_parallel": ("no", "per_gpu")}
@@ -177,7 +177,7 @@ def _transformers_training_args() -> Optional[Path]:
 def load_schema() -> Optional[dict[str, Option]]:
     """Every command-line option by name (ours override the Trainer's), or None if a source is unreadable."""
     try:
-        ours = {name: (_PKG / name).read_text(encoding="utf-8") for name in ("_model_data_args.py", "args.py")}
+        ours = {name: (_PKG / name).read_text(encoding="utf-8") for name in ("config/_model_data_args.py", "config/args.py")}
         tpath = _transformers_training_args()
         if tpath is None:
             return None
@@ -188,9 +188,9 @@ def load_schema() -> Optional[dict[str, Option]]:
     schema: dict[str, Option] = {}
     for opt in _class_fields(their_tree, theirs, "TrainingArguments", None, trainer=True):
         schema[opt.name] = dataclasses.replace(opt, group="Trainer")
-    for cls, section, name in (("ModelArguments", "model", "_model_data_args.py"),
-                               ("DataArguments", "data", "_model_data_args.py"),
-                               ("FastTrainingArguments", None, "args.py")):
+    for cls, section, name in (("ModelArguments", "model", "config/_model_data_args.py"),
+                               ("DataArguments", "data", "config/_model_data_args.py"),
+                               ("FastTrainingArguments", None, "config/args.py")):
         for opt in _class_fields(our_trees[name], ours[name], cls, section, trainer=False):
             if section is not None:
                 opt = dataclasses.replace(opt, group=section)

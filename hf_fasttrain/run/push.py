@@ -20,8 +20,8 @@ from typing import Any, Mapping
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from ._version import __version__
-from .hub import (
+from .._version import __version__
+from ..hub import (
     DEFAULT_RECIPE_FILENAME,
     check_recipe_filename,
     check_repo_id,
@@ -29,7 +29,7 @@ from .hub import (
     format_hub_uri,
     hub_offline,
 )
-from .recipes import safe_load_yaml
+from ..config.recipes import safe_load_yaml
 
 __all__ = ["RUN_FILES", "PushPlan", "prepare_recipe_folder", "push_recipe", "read_run_results", "render_model_card"]
 

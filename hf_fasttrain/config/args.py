@@ -1,6 +1,6 @@
 """The configuration: ``FastTrainingArguments`` (the one object the Trainer sees), and
 :func:`fast_option`, the one way the package reads its options from any Trainer's arguments. The model and
-data sections of a recipe (``ModelArguments``, ``DataArguments``) live in :mod:`hf_fasttrain._model_data_args`
+data sections of a recipe (``ModelArguments``, ``DataArguments``) live in :mod:`hf_fasttrain.config._model_data_args`
 and are re-exported here.
 
 Every field carries its ``--help`` text in ``metadata={"help": ...}``; the YAML recipe keys are exactly
@@ -18,13 +18,13 @@ from typing import Optional
 
 from transformers import TrainingArguments
 
-from ._validation import ConfigError, check_ranges
-from ._validation import check as _check
-from .clipping import CLIP_MODES
-from .data.from_args import check_seqlen_args
-from .guard import GuardConfig, check_stability_sharding
+from .._validation import ConfigError, check_ranges
+from .._validation import check as _check
+from ..stability.clipping import CLIP_MODES
+from ..data.from_args import check_seqlen_args
+from ..stability.guard import GuardConfig, check_stability_sharding
 from ._model_data_args import DataArguments, ModelArguments
-from .restarts.config import restart_config_from_args
+from ..restarts.config import restart_config_from_args
 
 __all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigError", "fast_option", "FastOptions"]
 
@@ -134,7 +134,7 @@ class FastTrainingArguments(TrainingArguments):
                   "optimizer muon, its AdamW part's betas, NorMuon, cautious weight decay and the AdamW part's lr ratio "
                   "(optimizer_kwargs betas, normuon_beta2, cautious_wd, adamw_lr_ratio) and, with optimizer adamw or muon, "
                   "the embeddings' lr multiplier (optimizer_kwargs lr_multipliers) where a row measured it, from the settings "
-                  "measured best for this run's length in tokens per non-embedding parameter (the table in hf_fasttrain.budget, "
+                  "measured best for this run's length in tokens per non-embedding parameter (the table in hf_fasttrain.config.budget, "
                   "each row with the study and command it comes from); they replace the values given for those. The peak "
                   "learning_rate stays yours; where a row's settings were measured best at another peak lr, the log "
                   "says at what multiple."},
@@ -260,7 +260,7 @@ class FastTrainingArguments(TrainingArguments):
                   "given beside it must be that number. null: the run is max_steps optimizer steps."},
     )
 
-    # --- Weight averaging: hf_fasttrain.averaging + callbacks.averaging --------------------------
+    # --- Weight averaging: hf_fasttrain.stability.averaging + callbacks.averaging --------------------------
     weight_averaging: str = field(
         default="none",
         metadata={"help": "Evaluate and save an average of the weights instead of the last iterate: 'ema' "
@@ -441,15 +441,15 @@ class FastTrainingArguments(TrainingArguments):
         # stability: the names are the guard's; the numbers are in the range table
         _check(self.clip_mode in CLIP_MODES, "clip_mode", self.clip_mode, f"allowed: {', '.join(CLIP_MODES)}")
         GuardConfig.from_training_args(self)  # the guard's own checks (choices, relations), naming the guard_* field
-        # weight averaging: the names and ranges are the core's (hf_fasttrain.averaging)
-        from .averaging import ARGS_FIELDS, check_averaging_settings
+        # weight averaging: the names and ranges are the core's (hf_fasttrain.stability.averaging)
+        from ..stability.averaging import ARGS_FIELDS, check_averaging_settings
 
         check_averaging_settings(self.weight_averaging, self.ema_decay, self.ema_update_every,
                                  self.lawa_checkpoints, self.lawa_interval, names=ARGS_FIELDS)
         _check(isinstance(self.ema_warmup, bool), "ema_warmup", self.ema_warmup, "must be true or false")
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         check_seqlen_args(self)
-        from .optim.options import check_optimizer_args  # torch's optimizers load only when arguments are built
+        from ..optim.options import check_optimizer_args  # torch's optimizers load only when arguments are built
 
         check_optimizer_args(self)  # the optimizer's name and options
         check_stability_sharding(self)  # the guard and value/AGC clipping need whole gradients
@@ -459,7 +459,7 @@ class FastTrainingArguments(TrainingArguments):
     def _check_lr_schedule(self) -> None:
         from transformers.trainer_utils import SchedulerType
 
-        from .schedules import build_lr_lambdas, check_schedule_settings
+        from ..schedules import build_lr_lambdas, check_schedule_settings
 
         if isinstance(self.lr_decay, str) and self.lr_decay.lower() in ("none", "null", ""):
             self.lr_decay = None
@@ -494,9 +494,9 @@ class FastTrainingArguments(TrainingArguments):
                              decay_fraction=self.decay_fraction)
 
     def _resolve_precision(self):
-        """precision -> bf16 / fp16 / use_cpu / tf32 for this device (see hf_fasttrain.precision)."""
-        from .precision import detect_device, effective_request, resolve_precision
-        from .precision import logger as precision_logger
+        """precision -> bf16 / fp16 / use_cpu / tf32 for this device (see hf_fasttrain.stability.precision)."""
+        from ..stability.precision import detect_device, effective_request, resolve_precision
+        from ..stability.precision import logger as precision_logger
 
         request, source = effective_request(
             self.precision, bf16=bool(self.bf16), fp16=bool(self.fp16),

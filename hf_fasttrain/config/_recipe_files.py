@@ -1,7 +1,7 @@
 """Recipe files for the command line's fast path: where the bundled recipes are, which file a ``--config`` names,
 and a first read of it (a key written twice in one mapping is refused). No torch, no transformers: the fast path
-(:mod:`hf_fasttrain._options`) reads recipes before either is imported; the full path
-(:mod:`hf_fasttrain.recipes`) reads them again.
+(:mod:`hf_fasttrain.config._options`) reads recipes before either is imported; the full path
+(:mod:`hf_fasttrain.config.recipes`) reads them again.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from ._validation import ConfigError
+from .._validation import ConfigError
 
 __all__ = ["default_recipe_dirs", "find_recipes", "check_duplicate_keys", "config_source"]
 
-_PKG = Path(__file__).resolve().parent
+_PKG = Path(__file__).resolve().parent.parent  # the package root
 
 
 def default_recipe_dirs() -> tuple[Path, Path]:

@@ -1,7 +1,7 @@
 """The ``model:`` and ``data:`` sections of a recipe: ``ModelArguments`` (the decoder to train) and
 ``DataArguments`` (the text, the tokenizer, how it is cut).
 
-The training section is ``FastTrainingArguments`` (:mod:`hf_fasttrain.args`, which re-exports both classes).
+The training section is ``FastTrainingArguments`` (:mod:`hf_fasttrain.config.args`, which re-exports both classes).
 As there, every field carries its ``--help`` text in ``metadata={"help": ...}``, is a recipe key under its
 section and a ``--<field>`` flag, and a bad value raises a ``ConfigError`` naming the field when the object
 is built.
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ._validation import ConfigError
-from ._validation import check as _check
+from .._validation import ConfigError
+from .._validation import check as _check
 from .decoders import check_model_config, check_model_type
 
 __all__ = ["ModelArguments", "DataArguments", "SIZE_ALIASES", "SIZE_DEFAULTS", "DATA_FORMATS"]

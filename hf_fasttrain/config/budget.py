@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ._validation import ConfigError
+from .._validation import ConfigError
 
 __all__ = ["tokens_per_parameter", "non_embedding_parameters", "BudgetRegime", "REGIMES", "budget_settings",
            "merge_optimizer_kwargs", "LONGEST_MEASURED", "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check",
@@ -78,7 +78,7 @@ def _load_table() -> dict[str, Any]:
     """The measured tables (``data_files/budget_table.json``: each row with its provenance and what was measured)."""
     from importlib.resources import files
 
-    return json.loads(files(__package__).joinpath("data_files", TABLE_FILE).read_text(encoding="utf-8"))
+    return json.loads(files("hf_fasttrain").joinpath("data_files", TABLE_FILE).read_text(encoding="utf-8"))
 
 
 _TABLE = _load_table()
@@ -224,7 +224,7 @@ def apply_budget_settings(args, tokens: int, non_embedding_params: int) -> dict[
     (:func:`merge_optimizer_kwargs`), and only for an optimizer they were measured with
     (:data:`MEASURED_OPTIMIZERS`). Returns :func:`budget_settings`' dict with ``settings`` narrowed to what was
     set, ``tokens_per_param`` and ``not_applied`` (each option left out, with why)."""
-    from .optim import parse_optimizer_kwargs
+    from ..optim import parse_optimizer_kwargs
 
     optimizer = getattr(args, "optimizer", None)
     tpp = tokens_per_parameter(tokens, non_embedding_params)
