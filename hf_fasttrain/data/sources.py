@@ -382,6 +382,14 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
 
 
+def _split_of(loaded, dataset_split: str, dataset: str):
+    """Split `dataset_split` of a loaded dataset dict, or a DataError naming the splits it has."""
+    if dataset_split not in loaded:
+        raise DataError("dataset_split", dataset_split, problem=f"{dataset_split!r} is not a split of {dataset!r}",
+                        allowed=f"one of {sorted(loaded)}")
+    return loaded[dataset_split]
+
+
 def load_source(
     dataset: str,
     dataset_config: Optional[str] = None,
@@ -409,12 +417,8 @@ def load_source(
     try:
         if source.kind == "disk":
             loaded = datasets.load_from_disk(kwargs["dataset_path"])
-            if dataset_split is not None:
-                if isinstance(loaded, datasets.DatasetDict):
-                    if dataset_split not in loaded:
-                        raise DataError("dataset_split", dataset_split, problem=f"{dataset_split!r} is not a split of "
-                                        f"{dataset!r}", allowed=f"one of {sorted(loaded)}")
-                    loaded = loaded[dataset_split]
+            if dataset_split is not None and isinstance(loaded, datasets.DatasetDict):
+                loaded = _split_of(loaded, dataset_split, dataset)
             if streaming:
                 loaded = _to_iterable(loaded)
         else:
@@ -423,10 +427,7 @@ def load_source(
             with _quiet_datasets(source.kind == "files"):  # its error logs: the diagnosis below says it in one line
                 loaded = datasets.load_dataset(builder, **kwargs, streaming=streaming)
             if source.kind == "files" and dataset_split is not None:
-                if dataset_split not in loaded:
-                    raise DataError("dataset_split", dataset_split, problem=f"{dataset_split!r} is not a split of "
-                                    f"{dataset!r}", allowed=f"one of {sorted(loaded)}")
-                loaded = loaded[dataset_split]
+                loaded = _split_of(loaded, dataset_split, dataset)
     except DataError:
         raise
     except Exception as exc:
