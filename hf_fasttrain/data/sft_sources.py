@@ -97,11 +97,9 @@ def load_sft_datasets(data_args, seed: int = 0) -> DatasetDict:
         raise ConfigError("dataset", None, f"data_format={data_args.data_format!r} needs fine-tuning rows: "
                           f"'{EMBEDDED_FUNCTIONS}' (offline), local files (.jsonl, .parquet, ...), a save_to_disk folder or a "
                           "Hub dataset name")
-    from .sources import load_source, with_validation  # every format by path, save_to_disk, Hub names
+    from .sources import _source_options, load_source, with_validation  # every format by path, save_to_disk, Hub
 
-    dd = load_source(spec, data_args.dataset_config, dataset_split=getattr(data_args, "dataset_split", None),
-                     dataset_revision=getattr(data_args, "dataset_revision", None),
-                     data_files=getattr(data_args, "data_files", None), data_dir=getattr(data_args, "data_dir", None))
+    dd = load_source(spec, data_args.dataset_config, **_source_options(data_args))
     dd = with_validation(dd, data_args.validation_fraction, seed)
     return DatasetDict({"train": dd["train"], "validation": dd["validation"]})
 
