@@ -134,23 +134,25 @@ def _stdlib_files(validation_fraction: float, max_files: Optional[int], root: Op
     return root, list_stdlib_sources(root, max_files)
 
 
-def _cached_corpus(
-    name: str,
-    key: list,
-    validation_fraction: float,
-    documents: Callable[[], list[tuple[str, str]]],
-    empty_split: Callable[[int], Exception],
-) -> DatasetDict:
-    """A corpus of ``(path, text)`` documents split by the hash of each path (`is_validation_path`), saved under
-    the cache directory as ``<name>-py<X.Y>-<hash of key>`` (`key`: all that the corpus depends on) and loaded
-    from there; `documents` is called only when the cache lacks it. A split left empty raises
-    ``empty_split(number of documents)``."""
+def _cached_build(name: str, key: list, build: Callable[[], DatasetDict]) -> DatasetDict:
+    """``build()``, saved under the cache directory as ``<name>-py<X.Y>-<hash of key>`` (`key`: all that the data
+    depends on) and loaded from there, so ``datasets.map`` caches what is computed from it; `build` runs only when
+    the cache lacks it."""
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    ver = f"py{sys.version_info.major}.{sys.version_info.minor}"
-    target = cache_root() / "corpus" / f"{name}-{ver}-{digest}"
+    target = cache_root() / "corpus" / f"{name}-py{sys.version_info.major}.{sys.version_info.minor}-{digest}"
     if (target / "dataset_dict.json").exists():
         return datasets.load_from_disk(str(target))
-    docs = documents()
+    dd = build()
+    tmp = _atomic_dir(target)
+    dd.save_to_disk(str(tmp))
+    _publish_dir(tmp, target)
+    return datasets.load_from_disk(str(target))
+
+
+def _hash_split(docs: list[tuple[str, str]], validation_fraction: float,
+                empty_split: Callable[[int], Exception]) -> DatasetDict:
+    """``(path, text)`` documents as train and validation splits, by the hash of each path (`is_validation_path`);
+    a split left empty raises ``empty_split(number of documents)``."""
     splits: dict[str, dict[str, list[str]]] = {split: {"path": [], "text": []} for split in ("train", "validation")}
     for path, text in docs:
         split = "validation" if is_validation_path(path, validation_fraction) else "train"
@@ -158,11 +160,7 @@ def _cached_corpus(
         splits[split]["text"].append(text)
     if not splits["validation"]["path"] or not splits["train"]["path"]:
         raise empty_split(len(docs))
-    dd = DatasetDict({k: Dataset.from_dict(v) for k, v in splits.items()})
-    tmp = _atomic_dir(target)
-    dd.save_to_disk(str(tmp))
-    _publish_dir(tmp, target)
-    return datasets.load_from_disk(str(target))
+    return DatasetDict({k: Dataset.from_dict(v) for k, v in splits.items()})
 
 
 def build_stdlib_corpus(
@@ -178,12 +176,14 @@ def build_stdlib_corpus(
     root, rels = _stdlib_files(validation_fraction, max_files, root)
     if not rels:
         raise FileNotFoundError(f"no .py sources found under the stdlib root {root}")
-    return _cached_corpus(
-        "stdlib", [_CORPUS_FORMAT, sys.version, str(root), validation_fraction, rels], validation_fraction,
-        lambda: [(rel, (root / rel).read_text(encoding="utf-8", errors="replace")) for rel in rels],
-        lambda n: ValueError(f"validation_fraction={validation_fraction} with {n} files leaves a split empty; "
-                             "use more files or a fraction further from 0 and 1"),
-    )
+
+    def build() -> DatasetDict:
+        docs = [(rel, (root / rel).read_text(encoding="utf-8", errors="replace")) for rel in rels]
+        return _hash_split(docs, validation_fraction, lambda n: ValueError(
+            f"validation_fraction={validation_fraction} with {n} files leaves a split empty; "
+            "use more files or a fraction further from 0 and 1"))
+
+    return _cached_build("stdlib", [_CORPUS_FORMAT, sys.version, str(root), validation_fraction, rels], build)
 
 
 PROSE_CORPUS = "embedded:prose"  # DataArguments.dataset value of the English-prose corpus
@@ -233,20 +233,18 @@ def build_prose_corpus(
 
     root, rels = _stdlib_files(validation_fraction, max_files, root)
 
-    def documents() -> list[tuple[str, str]]:
+    def build() -> DatasetDict:
         docs = [(f"pydoc/{name}", _without_doctest(text)) for name, text in sorted(topics.items())]
         for rel in rels:
             text = module_prose((root / rel).read_text(encoding="utf-8", errors="replace"))
             if text:
                 docs.append((f"doc/{rel}", text))
-        return docs
+        return _hash_split(docs, validation_fraction, lambda n: ConfigError(
+            "validation_fraction", validation_fraction,
+            "choose a fraction (or more documents) that leaves each split one document",
+            problem=f"got {validation_fraction}, which leaves a split of the {n} documents empty"))
 
-    return _cached_corpus(
-        "prose", [_PROSE_FORMAT, sys.version, str(root), validation_fraction, rels], validation_fraction, documents,
-        lambda n: ConfigError("validation_fraction", validation_fraction,
-                              "choose a fraction (or more documents) that leaves each split one document",
-                              problem=f"got {validation_fraction}, which leaves a split of the {n} documents empty"),
-    )
+    return _cached_build("prose", [_PROSE_FORMAT, sys.version, str(root), validation_fraction, rels], build)
 
 
 def load_text_datasets(
