@@ -252,20 +252,35 @@ def finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _int_at_least(low: int) -> Callable[[Any], bool]:
-    return lambda v: is_int(v) and v >= low
+# A rule is (predicate, what is allowed): the text a refusal shows is written where the predicate is.
+Rule = tuple[Callable[[Any], bool], str]
 
 
-def _number_above(low: float) -> Callable[[Any], bool]:
-    return lambda v: finite(v) and v > low
+def _int_at_least(low: int) -> Rule:
+    return lambda v: is_int(v) and v >= low, f"must be an integer >= {low}"
 
 
-def _number_at_least(low: float) -> Callable[[Any], bool]:
-    return lambda v: finite(v) and v >= low
+def _number_above(low: float) -> Rule:
+    return lambda v: finite(v) and v > low, f"must be a finite number > {low}"
 
 
-def _optional(pred: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: v is None or pred(v)
+def _number_at_least(low: float) -> Rule:
+    return lambda v: finite(v) and v >= low, f"must be a finite number >= {low}"
+
+
+def _unit_interval(low: str, high: str) -> Rule:
+    """Between 0 and 1; `low` "[" or "(" and `high` "]" or ")" say whether that end is allowed."""
+    return (lambda v: finite(v) and (v >= 0 if low == "[" else v > 0) and (v <= 1 if high == "]" else v < 1),
+            f"must be in {low}0, 1{high}")
+
+
+def _optional(rule: Rule) -> Rule:
+    pred, allowed = rule
+    return lambda v: v is None or pred(v), f"{allowed} or null"
+
+
+def _noted(rule: Rule, note: str) -> Rule:
+    return rule[0], f"{rule[1]} {note}"
 
 
 def _steps_or_fraction(v: Any) -> bool:
@@ -273,54 +288,55 @@ def _steps_or_fraction(v: Any) -> bool:
     return (is_int(v) and v >= 1) or (finite(v) and 0 < v < 1) or (finite(v) and v >= 1 and float(v).is_integer())
 
 
+_INTERVAL: Rule = (_steps_or_fraction, "must be an integer >= 1 (or a fraction of the run in (0, 1))")
+
 # field -> (predicate, what is allowed). Fields missing from the values checked are skipped. Choices
 # (names such as optimizer or clip_mode) are checked by the part that owns the list of names.
-TRAINING_RANGES: dict[str, tuple[Callable[[Any], bool], str]] = {
+TRAINING_RANGES: dict[str, Rule] = {
     # run length and batch
     "max_steps": (lambda v: is_int(v) and (v >= 1 or v == -1),
                   "must be an integer >= 1 (or -1, the default, to train for num_train_epochs)"),
-    "num_train_epochs": (_number_above(0), "must be a finite number > 0"),
-    "per_device_train_batch_size": (_int_at_least(1), "must be an integer >= 1"),
-    "per_device_eval_batch_size": (_int_at_least(1), "must be an integer >= 1"),
-    "gradient_accumulation_steps": (_int_at_least(1), "must be an integer >= 1"),
+    "num_train_epochs": _number_above(0),
+    "per_device_train_batch_size": _int_at_least(1),
+    "per_device_eval_batch_size": _int_at_least(1),
+    "gradient_accumulation_steps": _int_at_least(1),
     # optimizer
-    "learning_rate": (_number_above(0), "must be a finite number > 0"),
-    "weight_decay": (_number_at_least(0), "must be a finite number >= 0"),
-    "adam_beta1": (lambda v: finite(v) and 0 <= v < 1, "must be in [0, 1)"),
-    "adam_beta2": (lambda v: finite(v) and 0 <= v < 1, "must be in [0, 1)"),
-    "adam_epsilon": (_number_above(0), "must be a finite number > 0"),
-    "max_grad_norm": (_number_at_least(0), "must be a finite number >= 0 (0 turns norm clipping off)"),
-    "warmup_steps": (_number_at_least(0), "must be a number >= 0 (steps, or a fraction < 1 of the run)"),
+    "learning_rate": _number_above(0),
+    "weight_decay": _number_at_least(0),
+    "adam_beta1": _unit_interval("[", ")"),
+    "adam_beta2": _unit_interval("[", ")"),
+    "adam_epsilon": _number_above(0),
+    "max_grad_norm": _noted(_number_at_least(0), "(0 turns norm clipping off)"),
+    "warmup_steps": (_number_at_least(0)[0], "must be a number >= 0 (steps, or a fraction < 1 of the run)"),
     # intervals
-    "save_steps": (_steps_or_fraction, "must be an integer >= 1 (or a fraction of the run in (0, 1))"),
-    "eval_steps": (_optional(_steps_or_fraction),
+    "save_steps": _INTERVAL,
+    "eval_steps": (lambda v: v is None or _steps_or_fraction(v),
                    "must be an integer >= 1, a fraction of the run in (0, 1), or null (= logging_steps)"),
-    "logging_steps": (_steps_or_fraction, "must be an integer >= 1 (or a fraction of the run in (0, 1))"),
-    "save_total_limit": (_optional(_int_at_least(1)), "must be an integer >= 1 or null (keep all)"),
+    "logging_steps": _INTERVAL,
+    "save_total_limit": _noted(_optional(_int_at_least(1)), "(keep all)"),
     # misc
-    "seed": (_int_at_least(0), "must be an integer >= 0"),
-    "data_seed": (_optional(_int_at_least(0)), "must be an integer >= 0 or null"),
-    "dataloader_num_workers": (_int_at_least(0), "must be an integer >= 0"),
+    "seed": _int_at_least(0),
+    "data_seed": _optional(_int_at_least(0)),
+    "dataloader_num_workers": _int_at_least(0),
     # hf_fasttrain's own numeric options
-    "mfu_peak_tflops": (_optional(_number_above(0)), "must be a finite number > 0 or null"),
-    "clip_value": (_number_above(0), "must be a finite number > 0"),
-    "agc_lambda": (_number_above(0), "must be a finite number > 0"),
-    "guard_spike_sigma": (_number_above(0), "must be a finite number > 0"),
-    "guard_snapshot_every": (_int_at_least(1), "must be an integer >= 1"),
-    "guard_spike_window": (_int_at_least(2), "must be an integer >= 2"),
-    "guard_max_rollbacks": (_int_at_least(0), "must be an integer >= 0"),
-    "guard_grad_norm_ceiling": (_optional(_number_above(0)), "must be a finite number > 0 or null"),
-    "restart_stop_at_step": (_optional(_int_at_least(1)), "must be an integer >= 1 or null"),
-    "restart_max_concurrent": (_optional(_int_at_least(1)), "must be an integer >= 1 or null"),
-    "warmup_start_factor": (lambda v: finite(v) and 0 <= v <= 1, "must be in [0, 1]"),
-    "min_lr": (_optional(_number_at_least(0)), "must be a finite number >= 0 or null"),
-    "min_lr_ratio": (_optional(lambda v: finite(v) and 0 <= v <= 1), "must be in [0, 1] or null"),
-    "decay_fraction": (_optional(lambda v: finite(v) and 0 < v <= 1), "must be in (0, 1] or null"),
+    "mfu_peak_tflops": _optional(_number_above(0)),
+    "clip_value": _number_above(0),
+    "agc_lambda": _number_above(0),
+    "guard_spike_sigma": _number_above(0),
+    "guard_snapshot_every": _int_at_least(1),
+    "guard_spike_window": _int_at_least(2),
+    "guard_max_rollbacks": _int_at_least(0),
+    "guard_grad_norm_ceiling": _optional(_number_above(0)),
+    "restart_stop_at_step": _optional(_int_at_least(1)),
+    "restart_max_concurrent": _optional(_int_at_least(1)),
+    "warmup_start_factor": _unit_interval("[", "]"),
+    "min_lr": _optional(_number_at_least(0)),
+    "min_lr_ratio": _optional(_unit_interval("[", "]")),
+    "decay_fraction": _optional(_unit_interval("(", "]")),
 }
 
 
-def check_ranges(values: Mapping[str, Any], table: Mapping[str, tuple[Callable[[Any], bool], str]] = TRAINING_RANGES
-                 ) -> None:
+def check_ranges(values: Mapping[str, Any], table: Mapping[str, Rule] = TRAINING_RANGES) -> None:
     """Check every field of ``values`` that ``table`` knows; the first bad one raises :class:`ConfigError`."""
     for name, (ok, allowed) in table.items():
         if name in values:

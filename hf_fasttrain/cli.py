@@ -16,7 +16,7 @@ import gc
 import os
 import sys
 import textwrap
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .config._options import config_source as _config_source
 from ._validation import check_output_dir
@@ -361,12 +361,21 @@ def _tokenize_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _tokenize(argv: Sequence[str]) -> int:
+def _parsed_command(make_parser: Callable[[], argparse.ArgumentParser],
+                    run: Callable[[argparse.Namespace, bool], int]) -> Callable[[Sequence[str]], int]:
+    """A command whose options `make_parser()` reads: ``--debug`` taken out, a mistake one line and exit 2,
+    then ``run(args, debug)``."""
+
+    def command(argv: Sequence[str]) -> int:
+        debug, argv = _debug(argv)
+        args = _parse(make_parser(), argv)
+        return 2 if args is None else run(args, debug)
+
+    return command
+
+
+def _tokenize(args: argparse.Namespace, debug: bool) -> int:
     """``hf-fasttrain tokenize``: refusals are one line and exit 2, as for ``train``."""
-    debug, argv = _debug(argv)
-    args = _parse(_tokenize_parser(), argv)
-    if args is None:
-        return 2
     try:
         from .config.args import DataArguments
         from .data.prepare import pretokenize
@@ -465,11 +474,7 @@ def _push_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _push_recipe(argv: Sequence[str]) -> int:
-    debug, argv = _debug(argv)
-    args = _parse(_push_parser(), argv)
-    if args is None:
-        return 2
+def _push_recipe(args: argparse.Namespace, debug: bool) -> int:
     from ._validation import check_ranges
     from .config.args import DataArguments, ModelArguments
     from .run.push import push_recipe
@@ -512,8 +517,9 @@ def _generate(argv: Sequence[str]) -> int:
     return generate_main(argv)
 
 
-COMMANDS = {"train": _train, "generate": _generate, "tokenize": _tokenize, "recipes": _recipes,
-            "push-recipe": _push_recipe, "restarts": _restarts, "version": _version}
+COMMANDS = {"train": _train, "generate": _generate, "tokenize": _parsed_command(_tokenize_parser, _tokenize),
+            "recipes": _recipes, "push-recipe": _parsed_command(_push_parser, _push_recipe), "restarts": _restarts,
+            "version": _version}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -562,22 +562,12 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = make_parser().parse_args(argv)
-    warmup = int(args.warmup_steps) if args.warmup_steps >= 1 else args.warmup_steps
-    decays = [d.strip() for d in args.decays.split(",") if d.strip()]
-    plot_schedules(
-        args.plot,
-        decays,
-        args.total_steps,
-        peak_lr=args.peak_lr,
-        warmup_steps=warmup,
-        warmup_start_factor=args.warmup_start_factor,
-        min_lr=args.min_lr,
-        min_lr_ratio=args.min_lr_ratio,
-        decay_fraction=args.decay_fraction,
-    )
-    print(f"wrote {args.plot}")
-
+    settings = vars(make_parser().parse_args(argv))  # the other options are `plot_schedules`' keywords, same names
+    path, decays, total_steps = settings.pop("plot"), settings.pop("decays"), settings.pop("total_steps")
+    if settings["warmup_steps"] >= 1:
+        settings["warmup_steps"] = int(settings["warmup_steps"])
+    plot_schedules(path, [d.strip() for d in decays.split(",") if d.strip()], total_steps, **settings)
+    print(f"wrote {path}")
 
 if __name__ == "__main__":
     main()

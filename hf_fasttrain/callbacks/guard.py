@@ -145,18 +145,22 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
         self._mode: str | None = None  # the effective rollback mode
         self._trainer_state = None  # the run's TrainerState: where the rollback participants register
         self._initial_snapshot_pending = False
+        self._step_skipped = False
+        self._last_checkpoint: str | None = None
+        self._clipped_warned = False
+        self._start_run()
+
+    def _start_run(self) -> None:
+        """The state one train() builds up, empty (at construction and at every train begin)."""
         self._pending_loss: torch.Tensor | None = None
         self._pending_grad_norm: torch.Tensor | None = None
         self._candidate: TrainingSnapshot | tuple[int, str] | None = None
         self._good: TrainingSnapshot | tuple[int, str] | None = None
         self._sched_restore: tuple[dict | None, list[float]] | None = None
-        self._step_skipped = False
         self._stop_reason: str | None = None
         self._save_on_stop = True
-        self._last_checkpoint: str | None = None
         self._saw_step_loss = False
         self._skipped_since_log = False
-        self._clipped_warned = False
 
     # ---- settings and memory read as attributes (guard.spike_window, guard.loss_history, ...) ----
     def __getattr__(self, name: str) -> Any:
@@ -216,13 +220,7 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
             mode = "memory" if 3 * (trainable_bytes(model) if model is not None else 0) <= self.config.max_snapshot_bytes \
                 else "checkpoint"
         self._mode = mode
-        self._pending_loss = self._pending_grad_norm = None
-        self._candidate = self._good = None
-        self._sched_restore = None
-        self._stop_reason = None
-        self._save_on_stop = True
-        self._saw_step_loss = False
-        self._skipped_since_log = False
+        self._start_run()
         self._trainer_state = state
         # the first good state is taken before the first step, once every callback's on_train_begin has run
         # (a weight average registers there and loads its resumed state)

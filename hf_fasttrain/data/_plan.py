@@ -114,22 +114,34 @@ def _halves(batch: list[int]) -> tuple[list[int], list[int]]:
 
 
 class _StepPlanBatchSampler(Sampler[list[int]]):
-    """Base: yields ``plan(epoch)[k][rank]`` for k = resume position .. end; state is (epoch, position)."""
+    """Base: yields ``plan(epoch)[k][rank]`` for k = resume position .. end; state is (epoch, position).
 
-    def __init__(self, *, seed: int, world_size: int, rank: int):
+    A subclass names its pure plan function in `_plan_steps` and passes that function's settings to
+    ``__init__`` by keyword; each setting becomes an attribute, and every plan is
+    ``_plan_steps(lengths, seed=..., epoch=..., world_size=..., **settings)``.
+    """
+
+    _plan_steps: Callable[..., Any]
+
+    def __init__(self, lengths: Sequence[int], *, seed: int, world_size: int, rank: int, **settings: Any):
         _check_int("seed", seed, 0)
         _check_world(world_size, rank)
+        self.lengths = _as_lengths(lengths)
         self.seed = int(seed)
         self.world_size = int(world_size)
         self.rank = int(rank)
+        self._settings = tuple(settings)
+        for name, value in settings.items():
+            setattr(self, name, value)
         self.epoch = 0
         self.position = 0  # batches of the current epoch yielded so far (or restored)
         self._resume_at = 0
         self._cached: tuple[int, list[Step]] | None = None
+        self.steps(0)  # validate now, not at the first batch
 
-    # subclasses implement the plan
-    def _plan(self, epoch: int) -> list[Step]:
-        raise NotImplementedError
+    def _plan(self, epoch: int) -> Any:
+        settings = {name: getattr(self, name) for name in self._settings}
+        return self._plan_steps(self.lengths, seed=self.seed, epoch=epoch, world_size=self.world_size, **settings)
 
     def steps(self, epoch: int | None = None) -> list[Step]:
         """The global plan of an epoch (default: the current one): ``steps[k][rank]``."""

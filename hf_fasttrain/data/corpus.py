@@ -33,7 +33,7 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import datasets
 from datasets import Dataset, DatasetDict
@@ -126,6 +126,43 @@ def _publish_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _stdlib_files(validation_fraction: float, max_files: Optional[int], root: Optional[Path]) -> tuple[Path, list[str]]:
+    """The checked `validation_fraction`, then the stdlib root and its source files (as `list_stdlib_sources`)."""
+    if not 0.0 < validation_fraction < 1.0:
+        raise ConfigError("validation_fraction", validation_fraction, "must be in (0, 1)")
+    root = Path(root) if root is not None else stdlib_root()
+    return root, list_stdlib_sources(root, max_files)
+
+
+def _cached_build(name: str, key: list, build: Callable[[], DatasetDict]) -> DatasetDict:
+    """``build()``, saved under the cache directory as ``<name>-py<X.Y>-<hash of key>`` (`key`: all that the data
+    depends on) and loaded from there, so ``datasets.map`` caches what is computed from it; `build` runs only when
+    the cache lacks it."""
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    target = cache_root() / "corpus" / f"{name}-py{sys.version_info.major}.{sys.version_info.minor}-{digest}"
+    if (target / "dataset_dict.json").exists():
+        return datasets.load_from_disk(str(target))
+    dd = build()
+    tmp = _atomic_dir(target)
+    dd.save_to_disk(str(tmp))
+    _publish_dir(tmp, target)
+    return datasets.load_from_disk(str(target))
+
+
+def _hash_split(docs: list[tuple[str, str]], validation_fraction: float,
+                empty_split: Callable[[int], Exception]) -> DatasetDict:
+    """``(path, text)`` documents as train and validation splits, by the hash of each path (`is_validation_path`);
+    a split left empty raises ``empty_split(number of documents)``."""
+    splits: dict[str, dict[str, list[str]]] = {split: {"path": [], "text": []} for split in ("train", "validation")}
+    for path, text in docs:
+        split = "validation" if is_validation_path(path, validation_fraction) else "train"
+        splits[split]["path"].append(path)
+        splits[split]["text"].append(text)
+    if not splits["validation"]["path"] or not splits["train"]["path"]:
+        raise empty_split(len(docs))
+    return DatasetDict({k: Dataset.from_dict(v) for k, v in splits.items()})
+
+
 def build_stdlib_corpus(
     validation_fraction: float = 0.05,
     max_files: Optional[int] = None,
@@ -136,40 +173,17 @@ def build_stdlib_corpus(
     The result is saved under the cache directory and reloaded from there, so ``datasets.map``
     caches the tokenization of later calls.
     """
-    if not 0.0 < validation_fraction < 1.0:
-        raise ConfigError("validation_fraction", validation_fraction, "must be in (0, 1)")
-    root = Path(root) if root is not None else stdlib_root()
-    rels = list_stdlib_sources(root, max_files)
+    root, rels = _stdlib_files(validation_fraction, max_files, root)
     if not rels:
         raise FileNotFoundError(f"no .py sources found under the stdlib root {root}")
-    key_src = json.dumps(
-        [_CORPUS_FORMAT, sys.version, str(root), validation_fraction, rels], sort_keys=True
-    ).encode()
-    key = hashlib.sha1(key_src).hexdigest()[:16]
-    ver = f"py{sys.version_info.major}.{sys.version_info.minor}"
-    target = cache_root() / "corpus" / f"stdlib-{ver}-{key}"
-    if (target / "dataset_dict.json").exists():
-        return datasets.load_from_disk(str(target))
 
-    splits: dict[str, dict[str, list[str]]] = {
-        "train": {"path": [], "text": []},
-        "validation": {"path": [], "text": []},
-    }
-    for rel in rels:
-        text = (root / rel).read_text(encoding="utf-8", errors="replace")
-        split = "validation" if is_validation_path(rel, validation_fraction) else "train"
-        splits[split]["path"].append(rel)
-        splits[split]["text"].append(text)
-    if not splits["validation"]["path"] or not splits["train"]["path"]:
-        raise ValueError(
-            f"validation_fraction={validation_fraction} with {len(rels)} files leaves a split empty; "
-            "use more files or a fraction further from 0 and 1"
-        )
-    dd = DatasetDict({k: Dataset.from_dict(v) for k, v in splits.items()})
-    tmp = _atomic_dir(target)
-    dd.save_to_disk(str(tmp))
-    _publish_dir(tmp, target)
-    return datasets.load_from_disk(str(target))
+    def build() -> DatasetDict:
+        docs = [(rel, (root / rel).read_text(encoding="utf-8", errors="replace")) for rel in rels]
+        return _hash_split(docs, validation_fraction, lambda n: ValueError(
+            f"validation_fraction={validation_fraction} with {n} files leaves a split empty; "
+            "use more files or a fraction further from 0 and 1"))
+
+    return _cached_build("stdlib", [_CORPUS_FORMAT, sys.version, str(root), validation_fraction, rels], build)
 
 
 PROSE_CORPUS = "embedded:prose"  # DataArguments.dataset value of the English-prose corpus
@@ -217,34 +231,20 @@ def build_prose_corpus(
     """
     from pydoc_data.topics import topics
 
-    if not 0.0 < validation_fraction < 1.0:
-        raise ConfigError("validation_fraction", validation_fraction, "must be in (0, 1)")
-    root = Path(root) if root is not None else stdlib_root()
-    rels = list_stdlib_sources(root, max_files)
-    key_src = json.dumps([_PROSE_FORMAT, sys.version, str(root), validation_fraction, rels], sort_keys=True).encode()
-    key = hashlib.sha1(key_src).hexdigest()[:16]
-    ver = f"py{sys.version_info.major}.{sys.version_info.minor}"
-    target = cache_root() / "corpus" / f"prose-{ver}-{key}"
-    if (target / "dataset_dict.json").exists():
-        return datasets.load_from_disk(str(target))
-    docs = [(f"pydoc/{name}", _without_doctest(text)) for name, text in sorted(topics.items())]
-    for rel in rels:
-        text = module_prose((root / rel).read_text(encoding="utf-8", errors="replace"))
-        if text:
-            docs.append((f"doc/{rel}", text))
-    splits: dict[str, dict[str, list[str]]] = {"train": {"path": [], "text": []}, "validation": {"path": [], "text": []}}
-    for name, text in docs:
-        split = "validation" if is_validation_path(name, validation_fraction) else "train"
-        splits[split]["path"].append(name)
-        splits[split]["text"].append(text)
-    if not splits["validation"]["path"] or not splits["train"]["path"]:
-        raise ConfigError("validation_fraction", validation_fraction, "choose a fraction (or more documents) that leaves each split one document",
-                          problem=f"got {validation_fraction}, which leaves a split of the {len(docs)} documents empty")
-    dd = DatasetDict({k: Dataset.from_dict(v) for k, v in splits.items()})
-    tmp = _atomic_dir(target)
-    dd.save_to_disk(str(tmp))
-    _publish_dir(tmp, target)
-    return datasets.load_from_disk(str(target))
+    root, rels = _stdlib_files(validation_fraction, max_files, root)
+
+    def build() -> DatasetDict:
+        docs = [(f"pydoc/{name}", _without_doctest(text)) for name, text in sorted(topics.items())]
+        for rel in rels:
+            text = module_prose((root / rel).read_text(encoding="utf-8", errors="replace"))
+            if text:
+                docs.append((f"doc/{rel}", text))
+        return _hash_split(docs, validation_fraction, lambda n: ConfigError(
+            "validation_fraction", validation_fraction,
+            "choose a fraction (or more documents) that leaves each split one document",
+            problem=f"got {validation_fraction}, which leaves a split of the {n} documents empty"))
+
+    return _cached_build("prose", [_PROSE_FORMAT, sys.version, str(root), validation_fraction, rels], build)
 
 
 def load_text_datasets(

@@ -135,6 +135,8 @@ class PackedBatchSampler(_StepPlanBatchSampler):
         ```
     """
 
+    _plan_steps = staticmethod(packed_steps)
+
     def __init__(
         self,
         lengths: Sequence[int],
@@ -146,23 +148,8 @@ class PackedBatchSampler(_StepPlanBatchSampler):
         rank: int = 0,
         grad_accum: int = 1,
     ):
-        super().__init__(seed=seed, world_size=world_size, rank=rank)
-        self.lengths = _as_lengths(lengths)
-        self.max_tokens = max_tokens
-        self.rows_per_batch = rows_per_batch
-        self.grad_accum = grad_accum
-        self.steps(0)
-
-    def _plan(self, epoch: int) -> list[Step]:
-        return packed_steps(
-            self.lengths,
-            self.max_tokens,
-            rows_per_batch=self.rows_per_batch,
-            seed=self.seed,
-            epoch=epoch,
-            world_size=self.world_size,
-            grad_accum=self.grad_accum,
-        )
+        super().__init__(lengths, seed=seed, world_size=world_size, rank=rank, max_tokens=max_tokens,
+                         rows_per_batch=rows_per_batch, grad_accum=grad_accum)
 
 
 class PackedRowsCollator:

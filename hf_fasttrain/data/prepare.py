@@ -18,7 +18,7 @@ from datasets import DatasetDict
 
 from .corpus import PROSE_CORPUS, get_tokenizer, load_text_datasets, load_tokenizer, tokenize_and_chunk
 from .pretokenized import TOKENIZER_DIR, check_manifest, check_out_folder, read_manifest, write_pretokenized
-from .sources import DataError, check_text_column, load_source, with_validation
+from .sources import DataError, _source_options, check_text_column, load_source, with_validation
 
 __all__ = ["PreparedData", "load_documents", "prepare_lm_data", "pretokenize", "drop_empty_documents"]
 
@@ -45,13 +45,6 @@ class PreparedData:
         return f"data {self.source}: {self.documents:,} documents ({self.empty_dropped:,} empty dropped) -> {rows}"
 
 
-def _source_kwargs(args, trust_remote_code: bool) -> dict:
-    return dict(dataset_split=getattr(args, "dataset_split", None),
-                dataset_revision=getattr(args, "dataset_revision", None),
-                data_files=getattr(args, "data_files", None), data_dir=getattr(args, "data_dir", None),
-                trust_remote_code=trust_remote_code)
-
-
 def drop_empty_documents(raw: DatasetDict, num_proc: Optional[int] = None) -> tuple[DatasetDict, int]:
     """``raw`` without the documents that are empty or only whitespace (or null), and how many went."""
     before = sum(len(d) for d in raw.values())
@@ -73,7 +66,7 @@ def load_documents(args, seed: int = 0, trust_remote_code: bool = False):
         # measured on them, do not move
         return load_text_datasets(dataset, validation_fraction=args.validation_fraction,
                                   max_files=args.max_corpus_files, seed=seed), "text", 0
-    dd = load_source(dataset, args.dataset_config, **_source_kwargs(args, trust_remote_code))
+    dd = load_source(dataset, args.dataset_config, **_source_options(args, trust_remote_code))
     kind = check_text_column(dd["train"].column_names, args.text_column, dataset)
     if kind == "input_ids":
         dd = DatasetDict({k: v.select_columns(["input_ids"]) for k, v in dd.items()})
@@ -136,8 +129,7 @@ def prepare_lm_data(args, trust_remote_code: bool = False, seed: int = 0) -> Pre
     name = args.dataset or "embedded stdlib corpus"
     manifest = read_manifest(args.dataset)
     if manifest is not None:
-        dd = load_source(args.dataset, **{k: v for k, v in _source_kwargs(args, trust_remote_code).items()
-                                          if k == "trust_remote_code"})
+        dd = load_source(args.dataset, trust_remote_code=trust_remote_code)
         tok_path = args.tokenizer or os.path.join(os.path.expanduser(args.dataset), TOKENIZER_DIR)
         tokenizer = load_tokenizer(tok_path, trust_remote_code=trust_remote_code)
         check_manifest(manifest, tokenizer, args.block_size, args.dataset)

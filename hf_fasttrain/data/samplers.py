@@ -276,6 +276,8 @@ class LengthGroupedBatchSampler(_StepPlanBatchSampler):
         ```
     """
 
+    _plan_steps = staticmethod(length_grouped_steps)
+
     def __init__(
         self,
         lengths: Sequence[int],
@@ -287,23 +289,8 @@ class LengthGroupedBatchSampler(_StepPlanBatchSampler):
         megabatch_mult: int | None = None,
         drop_last: bool = False,
     ):
-        super().__init__(seed=seed, world_size=world_size, rank=rank)
-        self.lengths = _as_lengths(lengths)
-        self.batch_size = batch_size
-        self.megabatch_mult = megabatch_mult
-        self.drop_last = drop_last
-        self.steps(0)  # validate now, not at the first batch
-
-    def _plan(self, epoch: int) -> list[Step]:
-        return length_grouped_steps(
-            self.lengths,
-            self.batch_size,
-            seed=self.seed,
-            epoch=epoch,
-            world_size=self.world_size,
-            megabatch_mult=self.megabatch_mult,
-            drop_last=self.drop_last,
-        )
+        super().__init__(lengths, seed=seed, world_size=world_size, rank=rank, batch_size=batch_size,
+                         megabatch_mult=megabatch_mult, drop_last=drop_last)
 
 
 class CurriculumBatchSampler(_StepPlanBatchSampler):
@@ -324,6 +311,8 @@ class CurriculumBatchSampler(_StepPlanBatchSampler):
         ```
     """
 
+    _plan_steps = staticmethod(curriculum_steps)
+
     def __init__(
         self,
         lengths: Sequence[int],
@@ -339,34 +328,14 @@ class CurriculumBatchSampler(_StepPlanBatchSampler):
         rank: int = 0,
         drop_last: bool = False,
     ):
-        super().__init__(seed=seed, world_size=world_size, rank=rank)
-        self.lengths = _as_lengths(lengths)
-        self.batch_size = batch_size
-        self.min_length = min_length
-        self.max_length = int(self.lengths.max()) if max_length is None else max_length
-        self.curriculum_batches = curriculum_batches
-        self.pacing = pacing
-        self.num_stages = num_stages
-        self.drop_last = drop_last
-        self._limits: tuple[int, list[int]] | None = None
-        self.steps(0)
+        super().__init__(lengths, seed=seed, world_size=world_size, rank=rank, batch_size=batch_size,
+                         min_length=min_length, curriculum_batches=curriculum_batches, max_length=max_length,
+                         pacing=pacing, num_stages=num_stages, drop_last=drop_last)
+        if self.max_length is None:
+            self.max_length = int(self.lengths.max())
 
     def _plan(self, epoch: int) -> list[Step]:
-        steps, limits = curriculum_steps(
-            self.lengths,
-            self.batch_size,
-            min_length=self.min_length,
-            curriculum_batches=self.curriculum_batches,
-            max_length=self.max_length,
-            pacing=self.pacing,
-            num_stages=self.num_stages,
-            seed=self.seed,
-            epoch=epoch,
-            world_size=self.world_size,
-            drop_last=self.drop_last,
-        )
-        self._limits = (epoch, limits)
-        return steps
+        return super()._plan(epoch)[0]  # (steps, limits): `length_limit` gives any position's limit
 
     def length_limit(self, position: int) -> int:
         """The limit at run position `position` (batches produced since the start of training)."""

@@ -13,18 +13,15 @@
 from __future__ import annotations
 
 import ast
-import hashlib
-import json
 import sys
 import textwrap
 from pathlib import Path
 from typing import Optional, Sequence
 
-import datasets
 from datasets import Dataset, DatasetDict
 
 from .._validation import ConfigError
-from .corpus import _atomic_dir, _publish_dir, cache_root, get_tokenizer, is_validation_path
+from .corpus import _cached_build, get_tokenizer, is_validation_path
 from .corpus import list_stdlib_sources, stdlib_root
 from .sft import CompletionCollator, tokenize_sft
 
@@ -70,22 +67,18 @@ def function_pairs(files: Sequence[str], root: Optional[Path] = None) -> list[di
 def build_function_corpus(validation_fraction: float = 0.05, max_files: Optional[int] = None) -> DatasetDict:
     """The ``embedded:functions`` set: DatasetDict(train, validation) of prompt/completion/module rows, cached."""
     rels = list_stdlib_sources(stdlib_root(), max_files)
-    key = hashlib.sha1(json.dumps([_FORMAT, sys.version, validation_fraction, rels]).encode()).hexdigest()[:16]
-    target = cache_root() / "corpus" / f"functions-py{sys.version_info.major}.{sys.version_info.minor}-{key}"
-    if (target / "dataset_dict.json").exists():
-        return datasets.load_from_disk(str(target))
-    val = [r for r in rels if is_validation_path(r, validation_fraction)]
-    train = [r for r in rels if not is_validation_path(r, validation_fraction)]
-    if not val or not train:
-        raise ConfigError("validation_fraction", validation_fraction,
-                          f"with {len(rels)} files one split of {EMBEDDED_FUNCTIONS} is empty; use more files "
-                          "(max_corpus_files) or a fraction further from 0 and 1")
-    dd = DatasetDict({"train": Dataset.from_list(function_pairs(train)),
-                      "validation": Dataset.from_list(function_pairs(val))})
-    tmp = _atomic_dir(target)
-    dd.save_to_disk(str(tmp))
-    _publish_dir(tmp, target)
-    return datasets.load_from_disk(str(target))
+
+    def build() -> DatasetDict:
+        val = [r for r in rels if is_validation_path(r, validation_fraction)]
+        train = [r for r in rels if not is_validation_path(r, validation_fraction)]
+        if not val or not train:
+            raise ConfigError("validation_fraction", validation_fraction,
+                              f"with {len(rels)} files one split of {EMBEDDED_FUNCTIONS} is empty; use more files "
+                              "(max_corpus_files) or a fraction further from 0 and 1")
+        return DatasetDict({"train": Dataset.from_list(function_pairs(train)),
+                            "validation": Dataset.from_list(function_pairs(val))})
+
+    return _cached_build("functions", [_FORMAT, sys.version, validation_fraction, rels], build)
 
 
 def load_sft_datasets(data_args, seed: int = 0) -> DatasetDict:
@@ -97,11 +90,9 @@ def load_sft_datasets(data_args, seed: int = 0) -> DatasetDict:
         raise ConfigError("dataset", None, f"data_format={data_args.data_format!r} needs fine-tuning rows: "
                           f"'{EMBEDDED_FUNCTIONS}' (offline), local files (.jsonl, .parquet, ...), a save_to_disk folder or a "
                           "Hub dataset name")
-    from .sources import load_source, with_validation  # every format by path, save_to_disk, Hub names
+    from .sources import _source_options, load_source, with_validation  # every format by path, save_to_disk, Hub
 
-    dd = load_source(spec, data_args.dataset_config, dataset_split=getattr(data_args, "dataset_split", None),
-                     dataset_revision=getattr(data_args, "dataset_revision", None),
-                     data_files=getattr(data_args, "data_files", None), data_dir=getattr(data_args, "data_dir", None))
+    dd = load_source(spec, data_args.dataset_config, **_source_options(data_args))
     dd = with_validation(dd, data_args.validation_fraction, seed)
     return DatasetDict({"train": dd["train"], "validation": dd["validation"]})
 

@@ -382,26 +382,41 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
 
 
+def _source_options(data_args: Any, trust_remote_code: bool = False) -> dict[str, Any]:
+    """`load_source`'s keyword arguments from a `DataArguments` (a field the object lacks is None)."""
+    return {**{name: getattr(data_args, name, None) for name in ("dataset_split", "dataset_revision", "data_files",
+                                                                  "data_dir")},
+            "trust_remote_code": trust_remote_code}
+
+
+def _split_of(loaded, dataset_split: str, dataset: str):
+    """Split `dataset_split` of a loaded dataset dict, or a DataError naming the splits it has."""
+    if dataset_split not in loaded:
+        raise DataError("dataset_split", dataset_split, problem=f"{dataset_split!r} is not a split of {dataset!r}",
+                        allowed=f"one of {sorted(loaded)}")
+    return loaded[dataset_split]
+
+
 def load_source(
     dataset: str,
     dataset_config: Optional[str] = None,
     dataset_split: Optional[str] = None,
-    dataset_revision: Optional[str] = None,
-    data_files: Union[str, Sequence[str], dict, None] = None,
-    data_dir: Optional[str] = None,
+    *,
     streaming: bool = False,
     trust_remote_code: bool = False,
+    **where: Any,
 ):
     """Load what :func:`resolve_source` resolves: a ``DatasetDict`` (an ``IterableDatasetDict`` with
     ``streaming=True``) holding the splits the source has; a source with one split only (``dataset_split``,
-    a ``Dataset`` saved to disk) comes back as ``{"train": ...}``.
+    a ``Dataset`` saved to disk) comes back as ``{"train": ...}``. ``where`` passes resolve_source's other
+    arguments (``dataset_revision``, ``data_files``, ``data_dir``).
 
     Errors with the user's data are :class:`DataError` (one line, the file named); a map-style source with
     no rows at all is one too.
     """
     import datasets
 
-    source = resolve_source(dataset, dataset_config, dataset_split, dataset_revision, data_files, data_dir)
+    source = resolve_source(dataset, dataset_config, dataset_split, **where)
     builder, kwargs = source
     kwargs = dict(kwargs)
     if source.kind == "files":
@@ -409,12 +424,8 @@ def load_source(
     try:
         if source.kind == "disk":
             loaded = datasets.load_from_disk(kwargs["dataset_path"])
-            if dataset_split is not None:
-                if isinstance(loaded, datasets.DatasetDict):
-                    if dataset_split not in loaded:
-                        raise DataError("dataset_split", dataset_split, problem=f"{dataset_split!r} is not a split of "
-                                        f"{dataset!r}", allowed=f"one of {sorted(loaded)}")
-                    loaded = loaded[dataset_split]
+            if dataset_split is not None and isinstance(loaded, datasets.DatasetDict):
+                loaded = _split_of(loaded, dataset_split, dataset)
             if streaming:
                 loaded = _to_iterable(loaded)
         else:
@@ -423,10 +434,7 @@ def load_source(
             with _quiet_datasets(source.kind == "files"):  # its error logs: the diagnosis below says it in one line
                 loaded = datasets.load_dataset(builder, **kwargs, streaming=streaming)
             if source.kind == "files" and dataset_split is not None:
-                if dataset_split not in loaded:
-                    raise DataError("dataset_split", dataset_split, problem=f"{dataset_split!r} is not a split of "
-                                    f"{dataset!r}", allowed=f"one of {sorted(loaded)}")
-                loaded = loaded[dataset_split]
+                loaded = _split_of(loaded, dataset_split, dataset)
     except DataError:
         raise
     except Exception as exc:

@@ -390,6 +390,7 @@ def stream_datasets(data_args, training_args, model_args=None):
     from datasets import Dataset
 
     from .corpus import PROSE_CORPUS, get_tokenizer
+    from .sources import _source_options
 
     check_stream_args(data_args, training_args)
     seed = training_args.data_seed if training_args.data_seed is not None else training_args.seed
@@ -398,9 +399,7 @@ def stream_datasets(data_args, training_args, model_args=None):
         source, validation = _embedded_stream(data_args, seed=0)
         column = "text"
     else:
-        options = dict(dataset_split=data_args.dataset_split, dataset_revision=data_args.dataset_revision,
-                       data_files=data_args.data_files, data_dir=data_args.data_dir,
-                       trust_remote_code=bool(model_args and model_args.trust_remote_code))
+        options = _source_options(data_args, trust_remote_code=bool(model_args and model_args.trust_remote_code))
         source = open_stream(data_args.dataset, data_args.dataset_config, **options)
         validation = open_stream(data_args.dataset, data_args.dataset_config, split="validation", **options)
     names = source.column_names

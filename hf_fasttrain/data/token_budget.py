@@ -189,6 +189,8 @@ class TokenBudgetBatchSampler(_StepPlanBatchSampler):
         ```
     """
 
+    _plan_steps = staticmethod(token_budget_steps)
+
     def __init__(
         self,
         lengths: Sequence[int],
@@ -201,25 +203,8 @@ class TokenBudgetBatchSampler(_StepPlanBatchSampler):
         max_batch_size: int | None = None,
         pad_to_multiple_of: int = 1,
     ):
-        super().__init__(seed=seed, world_size=world_size, rank=rank)
-        self.lengths = _as_lengths(lengths)
-        self.max_tokens = max_tokens
-        self.grad_accum = grad_accum
-        self.max_batch_size = max_batch_size
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.steps(0)
-
-    def _plan(self, epoch: int) -> list[Step]:
-        return token_budget_steps(
-            self.lengths,
-            self.max_tokens,
-            seed=self.seed,
-            epoch=epoch,
-            world_size=self.world_size,
-            grad_accum=self.grad_accum,
-            max_batch_size=self.max_batch_size,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-        )
+        super().__init__(lengths, seed=seed, world_size=world_size, rank=rank, max_tokens=max_tokens,
+                         grad_accum=grad_accum, max_batch_size=max_batch_size, pad_to_multiple_of=pad_to_multiple_of)
 
 
 class BatchWarmupBatchSampler(TokenBudgetBatchSampler):
@@ -240,6 +225,8 @@ class BatchWarmupBatchSampler(TokenBudgetBatchSampler):
         ```
     """
 
+    _plan_steps = staticmethod(batch_warmup_steps)
+
     def __init__(
         self,
         lengths: Sequence[int],
@@ -256,20 +243,10 @@ class BatchWarmupBatchSampler(TokenBudgetBatchSampler):
         max_batch_size: int | None = None,
         pad_to_multiple_of: int = 1,
     ):
-        self.min_tokens = min_tokens
-        self.warmup_steps = warmup_steps
-        self.pacing = pacing
-        self.num_stages = num_stages
-        super().__init__(lengths, max_tokens, seed=seed, world_size=world_size, rank=rank, grad_accum=grad_accum,
-                         max_batch_size=max_batch_size, pad_to_multiple_of=pad_to_multiple_of)
-
-    def _plan(self, epoch: int) -> list[Step]:
-        return batch_warmup_steps(
-            self.lengths, self.max_tokens, min_tokens=self.min_tokens, warmup_steps=self.warmup_steps,
-            pacing=self.pacing, num_stages=self.num_stages, seed=self.seed, epoch=epoch,
-            world_size=self.world_size, grad_accum=self.grad_accum, max_batch_size=self.max_batch_size,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-        )
+        _StepPlanBatchSampler.__init__(
+            self, lengths, seed=seed, world_size=world_size, rank=rank, max_tokens=max_tokens, min_tokens=min_tokens,
+            warmup_steps=warmup_steps, pacing=pacing, num_stages=num_stages, grad_accum=grad_accum,
+            max_batch_size=max_batch_size, pad_to_multiple_of=pad_to_multiple_of)
 
     def budget_at(self, step: int) -> int:
         """Tokens per micro-batch allowed at optimizer step `step`."""

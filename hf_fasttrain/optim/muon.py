@@ -234,14 +234,8 @@ class Muon(Optimizer):
         hyperball: bool = False,
         ns_dtype: str = "auto",
     ):
-        ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises on bad values
-        resolve_ns_dtype(ns_dtype)  # raises naming the field
-        _check_normuon_beta2(normuon_beta2)
-        check_bool("Muon", "cautious_wd", cautious_wd)
-        _check_hyperball(hyperball, normuon_beta2, cautious_wd)
-        if ns_sharding not in NS_SHARDING:
-            raise OptionError("Muon", "ns_sharding", ns_sharding, "allowed: " + ", ".join(NS_SHARDING))
-        check_bool("Muon", "ns_batched", ns_batched)
+        _check_matrix_settings(ns_coefficients, ns_steps, ns_dtype, normuon_beta2, cautious_wd, hyperball,
+                               ns_sharding, ns_batched)
         self._ns_sharding = ns_sharding
         self._ns_batched = ns_batched
         defaults = {
@@ -399,6 +393,19 @@ def _check_normuon_beta2(value: Any) -> None:
         raise OptionError("Muon", "normuon_beta2", value, "must be null (plain Muon) or a number in [0, 1)")
 
 
+def _check_matrix_settings(ns_coefficients: Any, ns_steps: int, ns_dtype: str, normuon_beta2: Optional[float],
+                           cautious_wd: bool, hyperball: bool, ns_sharding: str, ns_batched: bool) -> None:
+    """Refuse a bad setting of the Muon part (`Muon` and `MuonWithAdamW` alike), naming the field."""
+    ns_coefficient_schedule(ns_coefficients, ns_steps)
+    resolve_ns_dtype(ns_dtype)
+    _check_normuon_beta2(normuon_beta2)
+    check_bool("Muon", "cautious_wd", cautious_wd)
+    _check_hyperball(hyperball, normuon_beta2, cautious_wd)
+    if ns_sharding not in NS_SHARDING:
+        raise OptionError("Muon", "ns_sharding", ns_sharding, "allowed: " + ", ".join(NS_SHARDING))
+    check_bool("Muon", "ns_batched", ns_batched)
+
+
 class MuonWithAdamW(Optimizer):
     """Muon (as `torch.optim.Muon`) for groups with `use_muon=True`, AdamW for the others.
 
@@ -487,9 +494,8 @@ class MuonWithAdamW(Optimizer):
         if cautious and fused:
             raise OptionError("Muon", "fused", fused, "leave fused unset or false",
                               problem=f"got {fused!r} with cautious=True, which has no fused AdamW kernel")
-        ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises naming the field
-        if ns_sharding not in NS_SHARDING:
-            raise OptionError("Muon", "ns_sharding", ns_sharding, "allowed: " + ", ".join(NS_SHARDING))
+        _check_matrix_settings(ns_coefficients, ns_steps, ns_dtype, normuon_beta2, cautious_wd, hyperball,
+                               ns_sharding, ns_batched)
         self._muon_defaults = {
             "lr": lr,
             "weight_decay": weight_decay,
@@ -503,12 +509,7 @@ class MuonWithAdamW(Optimizer):
             "hyperball": hyperball,
             "ns_dtype": ns_dtype,
         }
-        resolve_ns_dtype(ns_dtype)  # raises naming the field
-        _check_normuon_beta2(normuon_beta2)
-        check_bool("Muon", "cautious_wd", cautious_wd)
-        _check_hyperball(hyperball, normuon_beta2, cautious_wd)
         self._cautious = cautious
-        check_bool("Muon", "ns_batched", ns_batched)
         self._ns_sharding = ns_sharding
         self._ns_batched = ns_batched
         self._adamw_defaults = {"lr": lr, "weight_decay": weight_decay, "betas": betas, "eps": eps}
