@@ -363,8 +363,10 @@ def test_recorder_added_on_resume_of_a_checkpoint_without_it(tiny_lm, tiny_token
 
 
 @pytest.mark.slow
-def test_recorder_reads_the_clock_of_an_older_checkpoint(tiny_lm, tiny_tokenizer, tmp_path, monkeypatch):
-    """Checkpoints written before the clock moved to run_record.json kept it in stateful_callbacks."""
+def test_recorder_restarts_the_clock_of_a_checkpoint_without_a_run_record(tiny_lm, tiny_tokenizer, tmp_path,
+                                                                          monkeypatch, caplog):
+    """A checkpoint without run_record.json (written by 0.1.0, which kept the clock in trainer_state.json, or
+    without the recorder): the clock restarts at 0 and the log says so; the old entry is not read."""
     _fake_clock(monkeypatch)
 
     def trainer(callbacks):
@@ -379,10 +381,11 @@ def test_recorder_reads_the_clock_of_an_older_checkpoint(tiny_lm, tiny_tokenizer
     state["stateful_callbacks"]["RunRecorderCallback"] = {"args": {}, "attributes": {"saved_seconds": 1000.0}}
     (ckpt / "trainer_state.json").write_text(json.dumps(state))
     recorder = RunRecorderCallback(write_files=False)
-    trainer([recorder]).train(resume_from_checkpoint=str(ckpt))
-    assert recorder.saved_seconds == 1000.0
-    assert 1000.0 < json.loads((tmp_path / "checkpoint-2" / RECORD_FILE).read_text())["train_seconds"]
-    assert "RunRecorderCallback" not in _state(tmp_path / "checkpoint-2")["stateful_callbacks"]
+    with caplog.at_level("WARNING", logger="hf_fasttrain.callbacks.run_record"):
+        trainer([recorder]).train(resume_from_checkpoint=str(ckpt))
+    assert recorder.saved_seconds == 0.0
+    assert 0 < json.loads((tmp_path / "checkpoint-2" / RECORD_FILE).read_text())["train_seconds"] < 1000.0
+    assert "the training clock restarts at 0" in caplog.text
 
 
 @pytest.mark.slow

@@ -173,10 +173,9 @@ class RunRecorderCallback(TrainerCallback):
             record = read_run_record(checkpoint)
             if record is not None:
                 return record
-        if _legacy_clock(self, state) is None:
-            logger.warning("resumed at step %d without %s in %s: the training clock restarts at 0 (a checkpoint "
-                           "outside output_dir: RunRecorderCallback(resume_dir=<checkpoint>))",
-                           state.global_step, RECORD_FILE, " or ".join(candidates))
+        logger.warning("resumed at step %d without %s in %s: the training clock restarts at 0 (a checkpoint "
+                       "outside output_dir: RunRecorderCallback(resume_dir=<checkpoint>))",
+                       state.global_step, RECORD_FILE, " or ".join(candidates))
         return None
 
     def _clock_at_resume(self, state, record: Optional[dict]) -> float:
@@ -185,15 +184,12 @@ class RunRecorderCallback(TrainerCallback):
         seconds = (record or {}).get("train_seconds")
         if isinstance(seconds, (int, float)):
             return float(seconds)
-        legacy = _legacy_clock(self, state)
-        return 0.0 if legacy is None else legacy
+        return 0.0  # a checkpoint without a run record: the clock restarts (the warning above says so)
 
     def on_train_begin(self, args, state, control, **kwargs):
         record = self._resume_record(args, state) if state.global_step else None
         self._offset = self._clock_at_resume(state, record)
         self.saved_seconds = self._offset if state.global_step else None
-        if state.stateful_callbacks is not None:  # a recorder entry read above: the clock lives in RECORD_FILE
-            state.stateful_callbacks.pop(type(self).__name__, None)
         self.wall_clock = [dict(c) for c in (record or {}).get("wall_clock", []) if isinstance(c, dict)]
         history = [e for e in state.log_history if _is_record(e, state.log_history)]
         self.records = with_wall_clock(history, self.wall_clock)
@@ -277,22 +273,6 @@ class RunRecorderCallback(TrainerCallback):
         atomic_write_text(out / "metrics.json", json.dumps(summary, indent=2, default=_json_default))
         plot_loss_curves(self.records, out / "loss_curve.png", title=title)
         return summary
-
-
-def _legacy_clock(recorder: RunRecorderCallback, state) -> Optional[float]:
-    """The clock of a checkpoint without a run record: the recorder's entry in ``trainer_state.json``'s
-    ``stateful_callbacks``, else the last ``train_seconds`` of ``log_history`` (a checkpoint written without
-    the recorder); None when neither holds one."""
-    saved = (state.stateful_callbacks or {}).get(type(recorder).__name__)
-    if isinstance(saved, list):  # several recorders: the Trainer keeps a list; they share one clock
-        saved = saved[0] if saved else None
-    seconds = saved.get("attributes", {}).get("saved_seconds") if isinstance(saved, dict) else None
-    if seconds is not None:
-        return float(seconds)
-    for entry in reversed(state.log_history):
-        if "train_seconds" in entry:
-            return float(entry["train_seconds"])
-    return None
 
 
 def _is_record(entry: dict[str, Any], others: list[dict[str, Any]]) -> bool:

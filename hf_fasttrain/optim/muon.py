@@ -12,8 +12,8 @@ computed with 5 Newton-Schulz iterations:
     `hf_fasttrain.optim.hyperball`)
 
 It is meant for the hidden weight matrices only; embeddings, the LM head, biases and norms are
-trained with AdamW. `torch.optim.Muon` (torch >= 2.9) does the Muon part here and
-`torch.optim.AdamW` the rest; `MuonWithAdamW` holds both behind one `torch.optim.Optimizer` whose
+trained with AdamW. The Muon part is computed here (any torch >= 2.4) and `torch.optim.AdamW` does the
+rest; `MuonWithAdamW` holds both behind one `torch.optim.Optimizer` whose
 `param_groups` are the union of theirs (so an LR scheduler scales every group) and whose state dict
 is one ordinary optimizer state dict.
 
@@ -479,8 +479,6 @@ class MuonWithAdamW(Optimizer):
         hyperball: bool = False,
         ns_dtype: str = "auto",
     ):
-        if not hasattr(torch.optim, "Muon"):
-            raise ImportError(f"MuonWithAdamW needs torch.optim.Muon (torch >= 2.9), found torch {torch.__version__}")
         check_nonnegative("Muon", "lr", lr)
         check_nonnegative("Muon", "weight_decay", weight_decay)
         check_unit_interval("Muon", "momentum", momentum)
