@@ -8,6 +8,10 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One torch thread (here and in the runs the tests start): the models are too small for a second thread to share
+# the work, and a waiting OpenMP thread spins, which costs CPU time for nothing.
+if not os.environ.get("OMP_NUM_THREADS"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 if "HF_FASTTRAIN_CACHE" not in os.environ:
     os.environ["HF_FASTTRAIN_CACHE"] = tempfile.mkdtemp(prefix="hf_fasttrain_test_cache_")
 if "HF_DATASETS_CACHE" not in os.environ:
@@ -15,6 +19,9 @@ if "HF_DATASETS_CACHE" not in os.environ:
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch was imported before this file
+
 
 @pytest.fixture(autouse=True)
 def _seeded():
