@@ -19,6 +19,7 @@ if "HF_DATASETS_CACHE" not in os.environ:
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # in case torch was imported before this file
 
@@ -105,3 +106,14 @@ def tiny_args(output_dir, **overrides):
     )
     kw.update(overrides)
     return FastTrainingArguments(**kw)
+
+
+class StopAt(TrainerCallback):
+    """Stops training right after checkpoint-``step`` is written: a kill at that point, for resume tests."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True

@@ -7,7 +7,7 @@ from datasets import Dataset
 from transformers import (DataCollatorForLanguageModeling, GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig,
                           LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments)
 
-from conftest import make_tiny_gpt2, tiny_args
+from conftest import StopAt, make_tiny_gpt2, tiny_args
 from hf_fasttrain import FastTrainer, FastTrainingArguments
 from hf_fasttrain._validation import ConfigError
 from hf_fasttrain.optim import create_optimizer, optimizer_cls_and_kwargs_for, parse_optimizer_kwargs
@@ -194,15 +194,6 @@ def _fast(tmp_path, tiny_lm, tiny_tokenizer, model_seed=0, **kw):
                        processing_class=tiny_tokenizer)
 
 
-class _StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
-
-
 def test_fast_trainer_resumed_with_group_lrs_equals_a_straight_run(tiny_lm, tiny_tokenizer, tmp_path):
     save = dict(save_strategy="steps", save_steps=3)
     straight = _fast(tmp_path / "a", tiny_lm, tiny_tokenizer, **save)
@@ -214,7 +205,7 @@ def test_fast_trainer_resumed_with_group_lrs_equals_a_straight_run(tiny_lm, tiny
         assert seen["norm"] / seen["matrix"] == pytest.approx(2.0)
 
     first = _fast(tmp_path / "b", tiny_lm, tiny_tokenizer, **save)
-    first.add_callback(_StopAt(3))
+    first.add_callback(StopAt(3))
     first.train()
     resumed = _fast(tmp_path / "b", tiny_lm, tiny_tokenizer, model_seed=123, **save)
     resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-3"))
