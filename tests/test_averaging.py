@@ -14,7 +14,7 @@ from hf_fasttrain.stability.averaging import (
 )
 from hf_fasttrain.callbacks import WeightAveragingCallback
 
-from conftest import make_tiny_gpt2, tiny_args
+from conftest import StopAt, make_tiny_gpt2, tiny_args
 
 
 # ---- the core ----------------------------------------------------------------------------------
@@ -155,15 +155,6 @@ def _fast(model, lm, tok, args, **kw):
                        data_collator=DataCollatorForLanguageModeling(tok, mlm=False), processing_class=tok, **kw)
 
 
-class _StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
-
-
 @pytest.mark.parametrize("mode", ["ema", "lawa"])
 @pytest.mark.slow
 def test_checkpoints_carry_the_average_and_resume_bit_exactly(tiny_lm, tiny_tokenizer, tmp_path, mode):
@@ -172,7 +163,7 @@ def test_checkpoints_carry_the_average_and_resume_bit_exactly(tiny_lm, tiny_toke
     vocab = len(tiny_tokenizer)
     straight = _fast(make_tiny_gpt2(vocab), tiny_lm, tiny_tokenizer, tiny_args(tmp_path / "a", **kw))
     straight.train()
-    first = _fast(make_tiny_gpt2(vocab), tiny_lm, tiny_tokenizer, tiny_args(tmp_path / "b", **kw), callbacks=[_StopAt(4)])
+    first = _fast(make_tiny_gpt2(vocab), tiny_lm, tiny_tokenizer, tiny_args(tmp_path / "b", **kw), callbacks=[StopAt(4)])
     first.train()
     resumed = _fast(make_tiny_gpt2(vocab, seed=123), tiny_lm, tiny_tokenizer, tiny_args(tmp_path / "b", **kw))
     resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-4"))

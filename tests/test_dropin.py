@@ -17,7 +17,7 @@ import pytest
 import torch
 from datasets import Dataset
 from torch import nn
-from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
+from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
 from hf_fasttrain import FastTrainer, FastTrainingArguments
 from hf_fasttrain.config.args import FastOptions, fast_option
@@ -25,7 +25,7 @@ from hf_fasttrain.callbacks import RunRecorderCallback
 from hf_fasttrain.callbacks.run_record import RECORD_FILE
 from hf_fasttrain.throughput import BatchCount, ThroughputMeter, count_batch, count_tokens
 
-from conftest import make_tiny_gpt2
+from conftest import StopAt, make_tiny_gpt2
 
 QUIET = dict(report_to="none", use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0)
 TRAINER_WALL_CLOCK = ("train_runtime", "train_samples_per_second", "train_steps_per_second",
@@ -270,17 +270,6 @@ def test_neutral_mode_is_the_trainer(args_cls, tiny_lm, tiny_tokenizer, tmp_path
                {k: v for k, v in b.items() if k != "best_model_checkpoint"}
 
 
-class _StopAfterSave(TrainerCallback):
-    """A kill right after checkpoint-`step` is written."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("run_record", [False, True])
 def test_resumed_logs_equal_straight_logs(run_record, tiny_lm, tiny_tokenizer, tmp_path):
@@ -289,7 +278,7 @@ def test_resumed_logs_equal_straight_logs(run_record, tiny_lm, tiny_tokenizer, t
 
     straight = _gpt2_trainer(FastTrainer, args(tmp_path / "a"), tiny_tokenizer, tiny_lm)
     straight.train()
-    first = _gpt2_trainer(FastTrainer, args(tmp_path / "b"), tiny_tokenizer, tiny_lm, callbacks=[_StopAfterSave(3)])
+    first = _gpt2_trainer(FastTrainer, args(tmp_path / "b"), tiny_tokenizer, tiny_lm, callbacks=[StopAt(3)])
     first.train()
     resumed = _gpt2_trainer(FastTrainer, args(tmp_path / "b"), tiny_tokenizer, tiny_lm)
     resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-3"))
@@ -330,7 +319,7 @@ def test_recorder_clock_continues_across_resume_in_a_plain_trainer(tiny_lm, tiny
                                  logging_steps=1, save_strategy="steps", save_steps=3, **QUIET)
         return _gpt2_trainer(Trainer, args, tiny_tokenizer, tiny_lm, callbacks=callbacks)
 
-    first = trainer([RunRecorderCallback(write_files=False), _StopAfterSave(3)])
+    first = trainer([RunRecorderCallback(write_files=False), StopAt(3)])
     first.train()
     saved = _state(tmp_path / "checkpoint-3")
     assert "RunRecorderCallback" not in saved["stateful_callbacks"]  # the TrainerState holds no wall clock
@@ -356,7 +345,7 @@ def test_recorder_added_on_resume_of_a_checkpoint_without_it(tiny_lm, tiny_token
                                  logging_steps=1, save_strategy="steps", save_steps=1, **QUIET)
         return _gpt2_trainer(Trainer, args, tiny_tokenizer, tiny_lm, callbacks=callbacks)
 
-    trainer([_StopAfterSave(1)]).train()
+    trainer([StopAt(1)]).train()
     assert "RunRecorderCallback" not in _state(tmp_path / "checkpoint-1")["stateful_callbacks"]
     trainer([RunRecorderCallback(write_files=False)]).train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
     assert json.loads((tmp_path / "checkpoint-2" / RECORD_FILE).read_text())["train_seconds"] > 0
@@ -374,7 +363,7 @@ def test_recorder_restarts_the_clock_of_a_checkpoint_without_a_run_record(tiny_l
                                  logging_steps=1, save_strategy="steps", save_steps=1, **QUIET)
         return _gpt2_trainer(Trainer, args, tiny_tokenizer, tiny_lm, callbacks=callbacks)
 
-    trainer([RunRecorderCallback(write_files=False), _StopAfterSave(1)]).train()
+    trainer([RunRecorderCallback(write_files=False), StopAt(1)]).train()
     ckpt = tmp_path / "checkpoint-1"
     (ckpt / RECORD_FILE).unlink()
     state = _state(ckpt)

@@ -127,11 +127,10 @@ def test_a_lora_run_writes_an_adapter_peft_loads_with_the_base_tokenizer_and_a_m
     assert evals[-1] < evals[0] and metrics["eval_loss"] == pytest.approx(evals[-1])
 
 
-def test_a_tokenizer_that_does_not_fit_the_base_is_refused(tmp_path, base_dir):
+def test_a_tokenizer_that_does_not_fit_the_base_is_refused(tmp_path, base_dir, tiny_raw):
     from hf_fasttrain.data import get_tokenizer
-    from hf_fasttrain.data.corpus import build_stdlib_corpus
 
-    big = get_tokenizer(vocab_size=600, corpus=build_stdlib_corpus(max_files=TINY_FILES))
+    big = get_tokenizer(vocab_size=600, corpus=tiny_raw)  # the corpus of max_corpus_files=TINY_FILES
     big.save_pretrained(tmp_path / "big")
     from hf_fasttrain.run.train import train
 

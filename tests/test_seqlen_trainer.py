@@ -6,12 +6,12 @@ import itertools
 import numpy as np
 import pytest
 from datasets import Dataset
-from transformers import DataCollatorForLanguageModeling, TrainerCallback
+from transformers import DataCollatorForLanguageModeling
 
 from hf_fasttrain import FastTrainer, FastTrainingArguments
 from hf_fasttrain.trainer import RESUME_HOOK
 
-from conftest import TINY_BLOCK, make_tiny_gpt2, tiny_args
+from conftest import TINY_BLOCK, StopAt, make_tiny_gpt2, tiny_args
 
 
 def _variable_length_ds(tokenizer, n=48, seed=0):
@@ -67,22 +67,13 @@ def test_fasttrainer_trains_on_the_samplers_batches(option, tiny_tokenizer, tmp_
         assert all(max(lengths[b]) <= sampler.length_limit(k) for k, b in enumerate(sampler.batches(0)[:6]))
 
 
-class _StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
-
-
 @pytest.mark.slow
 def test_curriculum_resumed_equals_straight(tiny_tokenizer, tmp_path):
     ds = _variable_length_ds(tiny_tokenizer)
     kw = dict(max_steps=6, per_device_train_batch_size=4, curriculum_min_length=10, curriculum_fraction=1.0,
               save_strategy="steps", save_steps=3, include_num_input_tokens_seen="non_padding")
     straight = _train_logs(_fast_trainer(tiny_tokenizer, ds, tiny_args(tmp_path / "a", **kw)))
-    _train_logs(_fast_trainer(tiny_tokenizer, ds, tiny_args(tmp_path / "b", **kw), callbacks=[_StopAt(3)]))
+    _train_logs(_fast_trainer(tiny_tokenizer, ds, tiny_args(tmp_path / "b", **kw), callbacks=[StopAt(3)]))
     trainer = _fast_trainer(tiny_tokenizer, ds, tiny_args(tmp_path / "b", **kw))
     hook, skips = trainer.get_resumed_dataloader, []
     trainer.get_resumed_dataloader = lambda loader, n: skips.append(n) or hook(loader, n)

@@ -17,7 +17,7 @@ from hf_fasttrain.data.from_args import planned_optimizer_steps
 from hf_fasttrain.data.streaming import STREAM_KEY, TokenStream, holdout_rows
 from hf_fasttrain.trainer import RESUME_HOOK
 
-from conftest import make_tiny_gpt2, tiny_args
+from conftest import StopAt, make_tiny_gpt2, tiny_args
 
 N_DOCS = 60
 FIRST_ID = 8  # token ids below are fillers and EOS; id FIRST_ID + k marks document k
@@ -125,15 +125,6 @@ def test_held_out_documents_are_never_trained_on():
     assert not held & set(trained) and len(trained) == N_DOCS - len(used)
 
 
-class _StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
-
-
 class _CountDocs:
     """A tokenizer wrapper counting the documents it tokenizes (what a resume had to read again)."""
 
@@ -173,7 +164,7 @@ def test_fasttrainer_stream_resumed_equals_straight_bit_exact(tiny_tokenizer, tm
     straight, _ = _stream_trainer(tiny_tokenizer, tmp_path / "straight")
     straight.train()
     first, _ = _stream_trainer(tiny_tokenizer, tmp_path / "resumed")
-    first.add_callback(_StopAt(3))
+    first.add_callback(StopAt(3))
     first.train()
     assert first.state.global_step == 3
     checkpoint = tmp_path / "resumed" / "checkpoint-3"
@@ -258,7 +249,7 @@ def test_resumed_epoch_continues_across_passes(hook, tiny_tokenizer, tmp_path, m
     straight, _ = _stream_trainer(tiny_tokenizer, tmp_path / "straight", save_steps=4)
     straight.train()
     first, _ = _stream_trainer(tiny_tokenizer, tmp_path / "resumed", save_steps=4)
-    first.add_callback(_StopAt(4))
+    first.add_callback(StopAt(4))
     first.train()
     resumed, _ = _stream_trainer(tiny_tokenizer, tmp_path / "resumed", save_steps=4)
     seen = _SkipSeen(resumed)
@@ -320,7 +311,7 @@ def test_map_style_resumed_equals_straight_bit_exact(tiny_lm, tiny_tokenizer, tm
     straight = trainer(tmp_path / "a")
     straight.train()
     first = trainer(tmp_path / "b")
-    first.add_callback(_StopAt(3))
+    first.add_callback(StopAt(3))
     first.train()
     resumed = trainer(tmp_path / "b")
     resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-3"))

@@ -3,13 +3,13 @@ import math
 import pytest
 import torch
 from datasets import Dataset
-from transformers import DataCollatorForLanguageModeling, TrainerCallback
+from transformers import DataCollatorForLanguageModeling
 
 from hf_fasttrain.callbacks.run_record import WALL_CLOCK_LOG_KEYS
 from hf_fasttrain import FastTrainer
 from hf_fasttrain.throughput import ThroughputMeter, count_tokens, flops_per_token, mfu, throughput_logs
 
-from conftest import make_tiny_gpt2, tiny_args
+from conftest import StopAt, make_tiny_gpt2, tiny_args
 
 
 def _trainer(model, lm, tok, args, **kw):
@@ -56,17 +56,6 @@ def test_mfu_is_logged_with_a_given_peak(tiny_lm, tiny_tokenizer, tmp_path):
         assert e["mfu"] == pytest.approx(e["tokens_per_second"] * fpt / 1e9, rel=1e-9)
 
 
-class _StopAt(TrainerCallback):
-    """Simulates a kill right after the checkpoint at `step` is written."""
-
-    def __init__(self, step):
-        self.step = step
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
-
-
 def _losses(trainer):
     return {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
 
@@ -77,7 +66,7 @@ def test_killed_and_resumed_run_logs_the_same_losses(tiny_lm, tiny_tokenizer, tm
     straight.train()
 
     first = _trainer(make_tiny_gpt2(len(tiny_tokenizer)), tiny_lm, tiny_tokenizer, tiny_args(tmp_path / "b", **kw),
-                     callbacks=[_StopAt(4)])
+                     callbacks=[StopAt(4)])
     first.train()
     assert max(_losses(first)) == 4
     resumed = _trainer(make_tiny_gpt2(len(tiny_tokenizer), seed=123), tiny_lm, tiny_tokenizer, tiny_args(tmp_path / "b", **kw))
