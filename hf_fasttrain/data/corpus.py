@@ -101,11 +101,10 @@ def list_stdlib_sources(root: Optional[Path] = None, max_files: Optional[int] = 
     """
     root = Path(root) if root is not None else stdlib_root()
     rels = []
-    for p in root.rglob("*.py"):
-        rel = p.relative_to(root)
-        if _EXCLUDED_DIRS.intersection(rel.parts[:-1]):
-            continue
-        rels.append(rel.as_posix())
+    for folder, dirs, files in os.walk(root, followlinks=True):  # excluded folders pruned, not walked
+        dirs[:] = [d for d in dirs if d not in _EXCLUDED_DIRS]
+        base = Path(folder).relative_to(root)
+        rels.extend((base / f).as_posix() for f in files if f.endswith(".py"))
     if max_files is not None:
         if max_files < 1:
             raise ConfigError("max_files", max_files, "must be an integer >= 1 or None")
