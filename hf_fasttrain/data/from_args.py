@@ -1,4 +1,5 @@
-"""The sequence-length options of FastTrainingArguments: which are on, and their validation.
+"""The sequence-length options of FastTrainingArguments: which are on, their validation, and what they and the
+data arguments say of a run's length (:class:`DataPlan`, worked out once).
 
 Pure: no Trainer here. `hf_fasttrain.wiring.SeqLenWiring` builds the parts from these options for
 FastTrainer (see hf_fasttrain.callbacks.seqlen for the plain-Trainer one-liners). The functions take
@@ -8,15 +9,15 @@ defaults (`hf_fasttrain.config.args.fast_option`).
 
 from __future__ import annotations
 
-from typing import Any
-
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 from .._validation import ConfigError
 from .seqlen import PACINGS, SEQ_LEN_MODES, SeqLenWarmup
 
 __all__ = ["PACKING_MODES", "check_seqlen_args", "seqlen_enabled", "batching_options", "seq_len_warmup_from_args",
-           "planned_optimizer_steps", "planned_tokens", "schedule_length", "budget_row_tokens", "resolve_max_steps"]
+           "planned_optimizer_steps", "planned_tokens", "schedule_length", "budget_row_tokens", "resolve_max_steps",
+           "DataPlan"]
 
 PACKING_MODES = ("none", "flatten", "rows")
 
@@ -82,16 +83,28 @@ def schedule_length(args, row_length: Optional[int]) -> Optional[int]:
     return max(1, round(row_tokens / (args.gradient_accumulation_steps * row_length)))
 
 
-def seq_len_warmup_from_args(args, row_length: int) -> SeqLenWarmup:
+def seq_len_warmup_from_args(args, row_length: int, length: Optional[int] = None) -> SeqLenWarmup:
     """The `SeqLenWarmup` that ``seq_len_warmup_*`` describe for rows of ``row_length`` tokens (per rank): the
-    length grows over ``seq_len_warmup_fraction`` of the run's :func:`schedule_length`."""
+    length grows over ``seq_len_warmup_fraction`` of the run's :func:`schedule_length` (``length``, when the caller
+    has it already). A shortest length above the rows' is refused, naming ``seq_len_warmup_min``."""
+    if args.seq_len_warmup_min > row_length:
+        _fail("seq_len_warmup_min", args.seq_len_warmup_min,
+              f"is above the training length {row_length} (the length of the training rows)")
+    length = schedule_length(args, row_length) if length is None else length
     return SeqLenWarmup(
         min_seq_len=args.seq_len_warmup_min, max_seq_len=row_length,
-        warmup_batches=round(args.seq_len_warmup_fraction * schedule_length(args, row_length)
-                             * args.gradient_accumulation_steps),
+        warmup_batches=round(args.seq_len_warmup_fraction * length * args.gradient_accumulation_steps),
         multiple=args.seq_len_warmup_multiple, pacing=args.seq_len_warmup_pacing,
         num_stages=args.seq_len_warmup_stages, mode=args.seq_len_warmup_mode,
     )
+
+
+def _warmup(args, row_length: Optional[int], length: Optional[int]) -> Optional[SeqLenWarmup]:
+    """The run's sequence-length warmup over a schedule of ``length`` full-length steps; None when it is off or
+    the run's length is not known before it starts."""
+    if args.seq_len_warmup_min is None or row_length is None or length is None:
+        return None
+    return seq_len_warmup_from_args(args, row_length, length)
 
 
 def counts_warmup_tokens(args) -> bool:
@@ -122,28 +135,40 @@ def planned_optimizer_steps(args, row_length: Optional[int]) -> Optional[int]:
         7
     """
     row_tokens = budget_row_tokens(args)
+    needs_warmup = row_tokens is not None and row_length is not None  # a budget's steps depend on the short rows
+    return _optimizer_steps(args, row_length, _warmup(args, row_length, schedule_length(args, row_length))
+                            if needs_warmup else None)
+
+
+def _optimizer_steps(args, row_length: Optional[int], warmup: Optional[SeqLenWarmup]) -> Optional[int]:
+    """:func:`planned_optimizer_steps` with the run's warmup built (None when it is off)."""
+    row_tokens = budget_row_tokens(args)
     if row_tokens is None:
         return args.max_steps if args.max_steps is not None and args.max_steps > 0 else None
     if row_length is None:
         return None
     ga = args.gradient_accumulation_steps
-    if args.seq_len_warmup_min is None:
+    if warmup is None:
         return -(-row_tokens // (ga * row_length))
-    warmup = seq_len_warmup_from_args(args, row_length)
     return -(-warmup.batches_for_tokens(row_tokens, 1) // ga)
 
 
 def planned_tokens(args, row_length: Optional[int]) -> Optional[int]:
     """Tokens (all processes) the run's :func:`planned_optimizer_steps` hold with rows of ``row_length`` tokens
     (a sequence-length warmup's short rows counted as cut); None when either is unknown."""
-    steps = planned_optimizer_steps(args, row_length)
+    warmup = _warmup(args, row_length, schedule_length(args, row_length))
+    return _tokens(args, row_length, _optimizer_steps(args, row_length, warmup), warmup)
+
+
+def _tokens(args, row_length: Optional[int], steps: Optional[int], warmup: Optional[SeqLenWarmup]) -> Optional[int]:
+    """:func:`planned_tokens` of ``steps`` optimizer steps with the run's warmup built (None when it is off)."""
     if steps is None or row_length is None:
         return None
     rows = args.per_device_train_batch_size * _world(args)
     batches = steps * args.gradient_accumulation_steps
-    if args.seq_len_warmup_min is None:
+    if warmup is None:
         return rows * batches * row_length
-    return seq_len_warmup_from_args(args, row_length).cumulative_tokens(batches, rows)
+    return warmup.cumulative_tokens(batches, rows)
 
 
 def resolve_max_steps(args, row_length: Optional[int]) -> None:
@@ -152,15 +177,75 @@ def resolve_max_steps(args, row_length: Optional[int]) -> None:
     in one line. Nothing to do without ``max_tokens``."""
     if getattr(args, "max_tokens", None) is None or row_length is None:
         return
-    steps = planned_optimizer_steps(args, row_length)
+    _settle_max_steps(args, planned_optimizer_steps(args, row_length), schedule_length(args, row_length))
+
+
+def _settle_max_steps(args, steps: int, length: int) -> None:
+    """:func:`resolve_max_steps` with the budget's optimizer ``steps`` and full-length steps (``length``) worked
+    out."""
     if args.max_steps is not None and args.max_steps > 0 and args.max_steps != steps:
         raise ConfigError("max_steps", args.max_steps, problem=(
             f"{args.max_steps} disagrees with max_tokens {args.max_tokens:,}, which takes {steps:,} optimizer steps "
-            f"here ({schedule_length(args, row_length):,} full-length steps' tokens"
+            f"here ({length:,} full-length steps' tokens"
             + (", shorter rows first)" if args.seq_len_warmup_min is not None else ")")),
             allowed="give one of them: max_steps counts optimizer steps, max_tokens tokens (max_tokens null to train "
                     "max_steps steps)")
     args.max_steps = steps
+
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """A run's rows and length, read once from its data and training arguments before any data is read, and
+    handed down whole (resume checks, run facts, start line) instead of being worked out again from the arguments.
+
+    Made by :meth:`from_args`. Each field is what the pure function of this module named beside it gives for the
+    arguments: the values agree with them by construction, and the sequence-length warmup is built once.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> data = SimpleNamespace(block_size=32, streaming=False)
+        >>> training = SimpleNamespace(max_steps=-1, max_tokens=6 * 32, gradient_accumulation_steps=1,
+        ...     per_device_train_batch_size=1, seq_len_warmup_min=16, seq_len_warmup_fraction=0.3,
+        ...     seq_len_warmup_multiple=8, seq_len_warmup_pacing="linear", seq_len_warmup_stages=4,
+        ...     seq_len_warmup_mode="truncate")
+        >>> plan = DataPlan.from_args(data, training)
+        >>> plan.optimizer_steps, plan.schedule_steps, plan.tokens, training.max_steps
+        (7, 6, 200, 7)
+    """
+
+    row_length: Optional[int]
+    """Tokens per training row (``block_size``)."""
+    streaming: bool = False
+    """Rows come from a stream (its position is part of every checkpoint)."""
+    max_tokens: Optional[int] = None
+    """The run's token budget, all processes (``max_tokens``); None when it is counted in steps."""
+    optimizer_steps: Optional[int] = None
+    """:func:`planned_optimizer_steps`: the optimizer steps the run takes; None for an epoch-based run."""
+    schedule_steps: Optional[int] = None
+    """:func:`schedule_length`: the full-length steps the run's schedules span."""
+    tokens: Optional[int] = None
+    """:func:`planned_tokens`: the tokens (all processes) its optimizer steps hold."""
+    seq_len_warmup: Optional[SeqLenWarmup] = field(default=None, compare=False)
+    """:func:`seq_len_warmup_from_args` for these rows; None when the warmup is off (two plans compare by their
+    numbers: a warmup object compares by identity)."""
+
+    @classmethod
+    def from_args(cls, data_args, training_args) -> "DataPlan":
+        """The plan of a run with these arguments (any objects with the fields of ``DataArguments`` and
+        ``FastTrainingArguments``). With a token budget it also sets ``training_args.max_steps`` to the optimizer
+        steps that hold it, refusing another given beside it (:func:`resolve_max_steps`)."""
+        args = training_args
+        row = data_args.block_size
+        length = schedule_length(args, row)
+        warmup = _warmup(args, row, length)
+        steps = _optimizer_steps(args, row, warmup)
+        budget = getattr(args, "max_tokens", None)
+        if budget is not None and row is not None:
+            _settle_max_steps(args, steps, length)
+        tokens = _tokens(args, row, steps, warmup)
+        return cls(row_length=row, streaming=bool(getattr(data_args, "streaming", False)), max_tokens=budget,
+                   optimizer_steps=steps, schedule_steps=length, tokens=tokens, seq_len_warmup=warmup)
 
 
 def check_seqlen_args(args) -> None:

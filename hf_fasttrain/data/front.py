@@ -3,9 +3,10 @@
 :func:`run_data` takes the run's data, model and training arguments and returns a :class:`RunData`. It works in
 two steps so that a run refuses what it cannot do, and a finished run stops, before any data is read:
 
-1. ``run_data(...)``: a pretrained base's own tokenizer is named when none is, and what a stream cannot do is
-   refused (:func:`~hf_fasttrain.data.streaming.check_stream_args`); nothing is read. The resume checks of
-   :func:`hf_fasttrain.run.train.train` use this much: the data arguments and the run's planned optimizer steps.
+1. ``run_data(...)``: a pretrained base's own tokenizer is named when none is, what a stream cannot do is
+   refused (:func:`~hf_fasttrain.data.streaming.check_stream_args`), and the run's
+   :class:`~hf_fasttrain.data.from_args.DataPlan` (rows, steps, tokens) is worked out; nothing is read. The
+   resume checks, run facts and start line of :func:`hf_fasttrain.run.train.train` use this much.
 2. ``RunData.load()``: the tokenizer, the train set (or stream), the eval set, the collator and the one-line
    summary of what was loaded, the main process first (the others then find its caches).
 
@@ -20,7 +21,7 @@ from typing import Any, Optional
 
 from transformers import DataCollatorForLanguageModeling
 
-from .from_args import planned_optimizer_steps
+from .from_args import DataPlan
 from .prepare import prepare_lm_data
 from .sft_sources import prepare_sft_data, sft_collator
 from .streaming import check_stream_args, stream_datasets
@@ -32,9 +33,10 @@ __all__ = ["RunData", "run_data", "prepare_data"]
 class RunData:
     """What a training run takes from its data. Made by :func:`run_data`; :meth:`load` reads the data.
 
-    ``args``, set by :func:`run_data` (nothing read yet), are the data arguments as the run uses them (a
-    pretrained base's own tokenizer when none is named); they identify the run and are recorded in its
-    ``config.yaml``. :meth:`planned_steps` is what they and the training arguments say of the run's length.
+    ``args`` and ``plan``, set by :func:`run_data` (nothing read yet): the data arguments as the run uses them (a
+    pretrained base's own tokenizer when none is named), which identify the run and are recorded in its
+    ``config.yaml``; and the :class:`~hf_fasttrain.data.from_args.DataPlan` that they and the training arguments
+    make (row length, optimizer steps, tokens).
 
     Fields set by :meth:`load`: ``tokenizer``; ``train_set`` (a ``datasets.Dataset`` of rows or examples, or a
     :class:`~hf_fasttrain.data.streaming.TokenStream`); ``eval_set``; ``collator``; ``summary``, the line the
@@ -42,6 +44,7 @@ class RunData:
     """
 
     args: Any
+    plan: DataPlan
     tokenizer: Any = None
     train_set: Any = None
     eval_set: Any = None
@@ -52,12 +55,9 @@ class RunData:
     _training_args: Any = field(default=None, repr=False)
 
     def planned_steps(self) -> Optional[int]:
-        """The optimizer steps the run takes, known before it starts; None when it is not
-        (:func:`~hf_fasttrain.data.from_args.planned_optimizer_steps` over rows of ``block_size`` tokens).
-
-        Asked when needed, not computed up front: a sequence-length warmup that does not fit the rows is
-        refused where the run builds its warmup, with the field's name."""
-        return planned_optimizer_steps(self._training_args, self.args.block_size)
+        """The optimizer steps the run takes, known before it starts; None when it is not (the plan's
+        ``optimizer_steps``)."""
+        return self.plan.optimizer_steps
 
     def load(self) -> "RunData":
         """Read the data (the main process first) and fill in the tokenizer, the sets, the collator and the summary."""
@@ -81,7 +81,8 @@ class RunData:
 
 
 def run_data(data_args, model_args, training_args) -> RunData:
-    """The :class:`RunData` of a run with these arguments: refusals made, nothing read yet (see :meth:`RunData.load`).
+    """The :class:`RunData` of a run with these arguments: refusals made, the plan worked out (with a token budget,
+    ``training_args.max_steps`` set to its optimizer steps), nothing read yet (see :meth:`RunData.load`).
 
     ``data_args`` is any object with the fields of ``DataArguments`` (a dataclass, as the base's tokenizer is
     filled in with ``dataclasses.replace``); ``model_args`` and ``training_args`` those of ``ModelArguments`` and
@@ -92,7 +93,8 @@ def run_data(data_args, model_args, training_args) -> RunData:
         # the base's embeddings
         data_args = dataclasses.replace(data_args, tokenizer=model_args.model_name_or_path)
     check_stream_args(data_args, training_args)
-    return RunData(args=data_args, _model_args=model_args, _training_args=training_args)
+    return RunData(args=data_args, plan=DataPlan.from_args(data_args, training_args), _model_args=model_args,
+                   _training_args=training_args)
 
 
 def prepare_data(data_args, model_args=None, seed: int = 0):

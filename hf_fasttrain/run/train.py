@@ -23,7 +23,7 @@ from ..callbacks.averaging import AVERAGE_FILE
 from ..callbacks.data_position import STREAM_POSITION_FILE
 from ..callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
 from ..data.front import prepare_data, run_data
-from ..data.from_args import planned_optimizer_steps, planned_tokens, resolve_max_steps
+from ..data.from_args import planned_optimizer_steps
 from ..metrics import make_compute_metrics, preprocess_logits_for_metrics
 from ..modeling import build_model
 from ..config.recipes import resolved_config
@@ -77,11 +77,12 @@ def find_resume_checkpoint(training_args: FastTrainingArguments, data_args: Opti
     return None
 
 
-def checkpoint_extras(training_args, data_args: Optional[DataArguments] = None) -> tuple[str, ...]:
+def checkpoint_extras(training_args, data: Optional[Any] = None) -> tuple[str, ...]:
     """Files this run's callbacks add to every checkpoint after the Trainer's (a checkpoint lacks them when
-    a kill came in between): the weight average, a stream's position."""
+    a kill came in between): the weight average, a stream's position (``data``: the run's ``DataArguments``
+    or its :class:`~hf_fasttrain.data.from_args.DataPlan`)."""
     extras = (AVERAGE_FILE,) if fast_option(training_args, "weight_averaging") != "none" else ()
-    if data_args is not None and data_args.streaming:
+    if data is not None and data.streaming:
         extras += (STREAM_POSITION_FILE.format(rank=training_args.process_index),)
     return extras
 
@@ -125,7 +126,7 @@ def _plan(training_args: FastTrainingArguments, options: dict, data) -> ResumePl
     if not training_args.auto_resume:
         return ResumePlan()
     return plan_resume(out, options, max_steps=training_args.max_steps, planned_steps=data.planned_steps,
-                       required=checkpoint_extras(training_args, data.args),
+                       required=checkpoint_extras(training_args, data.plan),
                        stop_at_step=training_args.restart_stop_at_step)
 
 
@@ -303,8 +304,9 @@ def train(
     out = training_args.output_dir
     name = os.path.basename(os.path.normpath(out)) or out
     is_main = training_args.process_index == 0
-    data = run_data(data_args, model_args, training_args)  # what the data cannot do is refused here; nothing read yet
-    resolve_max_steps(training_args, data.args.block_size)  # max_tokens: the optimizer steps that hold them
+    # what the data cannot do is refused here, and the run's plan made (max_tokens: the optimizer steps that hold
+    # them set as max_steps); nothing read yet
+    data = run_data(data_args, model_args, training_args)
     options = resolved_config(model_args, data.args, training_args)
     # resume, finished or from scratch; a checkpoint trained with other options is refused here, before any work
     plan = _plan(training_args, options, data)
@@ -320,7 +322,7 @@ def train(
             return final
     data.load()  # tokenizer, train set or stream, eval set, collator, summary
     set_seed(training_args.seed)  # the model's initialisation depends on the seed alone
-    model = build_model(model_args, data.tokenizer, data.args.block_size)
+    model = build_model(model_args, data.tokenizer, data.plan.row_length)
     _quiet_known_warnings(model)
     trainer = trainer_cls(
         model=model,
@@ -342,9 +344,8 @@ def train(
         hf_logging.disable_progress_bar()
     if trainer.pop_callback(PrinterCallback) is not None:  # disable_tqdm: the same lines, no bar
         trainer.add_callback(ReadablePrinterCallback())
-    facts = run_facts(model, training_args, data.args.block_size)
-    facts["tokens"] = planned_tokens(training_args, data.args.block_size)
-    facts["max_tokens"] = training_args.max_tokens
+    facts = run_facts(model, training_args, data.plan.row_length)
+    facts["tokens"], facts["max_tokens"] = data.plan.tokens, data.plan.max_tokens
     if is_main:
         logger.info(start_line(name, facts, out, data=data.summary))
     if done_at is not None:  # complete, but killed before its final save: finish from the checkpoint
