@@ -10,7 +10,7 @@ defaults (`hf_fasttrain.config.args.fast_option`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from .._validation import ConfigError
 from .seqlen import PACINGS, SEQ_LEN_MODES, SeqLenWarmup
@@ -77,7 +77,7 @@ def schedule_length(args, row_length: Optional[int]) -> Optional[int]:
     """
     row_tokens = budget_row_tokens(args)
     if row_tokens is None:
-        return args.max_steps if args.max_steps and args.max_steps > 0 else None
+        return _fixed_steps(args)
     if row_length is None:
         return None
     return max(1, round(row_tokens / (args.gradient_accumulation_steps * row_length)))
@@ -134,41 +134,49 @@ def planned_optimizer_steps(args, row_length: Optional[int]) -> Optional[int]:
         >>> planned_optimizer_steps(a, 32)   # 2 short steps (16 and 24 tokens a row) make up one more
         7
     """
-    row_tokens = budget_row_tokens(args)
-    needs_warmup = row_tokens is not None and row_length is not None  # a budget's steps depend on the short rows
-    return _optimizer_steps(args, row_length, _warmup(args, row_length, schedule_length(args, row_length))
-                            if needs_warmup else None)
+    if budget_row_tokens(args) is None:  # max_steps is the number: no warmup to build
+        return _fixed_steps(args)
+    return _run_length(args, row_length).optimizer_steps
 
 
-def _optimizer_steps(args, row_length: Optional[int], warmup: Optional[SeqLenWarmup]) -> Optional[int]:
-    """:func:`planned_optimizer_steps` with the run's warmup built (None when it is off)."""
-    row_tokens = budget_row_tokens(args)
-    if row_tokens is None:
-        return args.max_steps if args.max_steps is not None and args.max_steps > 0 else None
-    if row_length is None:
-        return None
-    ga = args.gradient_accumulation_steps
-    if warmup is None:
-        return -(-row_tokens // (ga * row_length))
-    return -(-warmup.batches_for_tokens(row_tokens, 1) // ga)
+def _fixed_steps(args) -> Optional[int]:
+    """``max_steps`` when it is set (> 0); None for an epoch-based run."""
+    return args.max_steps if args.max_steps is not None and args.max_steps > 0 else None
 
 
 def planned_tokens(args, row_length: Optional[int]) -> Optional[int]:
     """Tokens (all processes) the run's :func:`planned_optimizer_steps` hold with rows of ``row_length`` tokens
     (a sequence-length warmup's short rows counted as cut); None when either is unknown."""
-    warmup = _warmup(args, row_length, schedule_length(args, row_length))
-    return _tokens(args, row_length, _optimizer_steps(args, row_length, warmup), warmup)
+    return _run_length(args, row_length).tokens
 
 
-def _tokens(args, row_length: Optional[int], steps: Optional[int], warmup: Optional[SeqLenWarmup]) -> Optional[int]:
-    """:func:`planned_tokens` of ``steps`` optimizer steps with the run's warmup built (None when it is off)."""
+class _RunLength(NamedTuple):  # the fields of DataPlan that the run's length decides
+    schedule_steps: Optional[int]
+    seq_len_warmup: Optional[SeqLenWarmup]
+    optimizer_steps: Optional[int]
+    tokens: Optional[int]
+
+
+def _run_length(args, row_length: Optional[int]) -> _RunLength:
+    """:func:`schedule_length`, the sequence-length warmup (None when it is off), :func:`planned_optimizer_steps`
+    and :func:`planned_tokens`: the one computation behind them and :class:`DataPlan`, the warmup built once."""
+    length = schedule_length(args, row_length)
+    warmup = _warmup(args, row_length, length)
+    row_tokens = budget_row_tokens(args)
+    ga = args.gradient_accumulation_steps
+    if row_tokens is None:
+        steps = _fixed_steps(args)
+    elif row_length is None:
+        steps = None
+    elif warmup is None:
+        steps = -(-row_tokens // (ga * row_length))
+    else:  # short early rows hold fewer tokens: more steps than full-length ones would take
+        steps = -(-warmup.batches_for_tokens(row_tokens, 1) // ga)
     if steps is None or row_length is None:
-        return None
-    rows = args.per_device_train_batch_size * _world(args)
-    batches = steps * args.gradient_accumulation_steps
-    if warmup is None:
-        return rows * batches * row_length
-    return warmup.cumulative_tokens(batches, rows)
+        return _RunLength(length, warmup, steps, None)
+    rows, batches = args.per_device_train_batch_size * _world(args), steps * ga
+    tokens = rows * batches * row_length if warmup is None else warmup.cumulative_tokens(batches, rows)
+    return _RunLength(length, warmup, steps, tokens)
 
 
 def resolve_max_steps(args, row_length: Optional[int]) -> None:
@@ -235,17 +243,13 @@ class DataPlan:
         """The plan of a run with these arguments (any objects with the fields of ``DataArguments`` and
         ``FastTrainingArguments``). With a token budget it also sets ``training_args.max_steps`` to the optimizer
         steps that hold it, refusing another given beside it (:func:`resolve_max_steps`)."""
-        args = training_args
         row = data_args.block_size
-        length = schedule_length(args, row)
-        warmup = _warmup(args, row, length)
-        steps = _optimizer_steps(args, row, warmup)
-        budget = getattr(args, "max_tokens", None)
+        counts = _run_length(training_args, row)
+        budget = getattr(training_args, "max_tokens", None)
         if budget is not None and row is not None:
-            _settle_max_steps(args, steps, length)
-        tokens = _tokens(args, row, steps, warmup)
+            _settle_max_steps(training_args, counts.optimizer_steps, counts.schedule_steps)
         return cls(row_length=row, streaming=bool(getattr(data_args, "streaming", False)), max_tokens=budget,
-                   optimizer_steps=steps, schedule_steps=length, tokens=tokens, seq_len_warmup=warmup)
+                   **counts._asdict())
 
 
 def check_seqlen_args(args) -> None:
