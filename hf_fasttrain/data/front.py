@@ -3,7 +3,8 @@
 :func:`run_data` takes the run's data, model and training arguments and returns a :class:`RunData`. It works in
 two steps so that a run refuses what it cannot do, and a finished run stops, before any data is read:
 
-1. ``run_data(...)``: a pretrained base's own tokenizer is named when none is, what a stream cannot do is
+1. ``run_data(...)``: a pretrained base's own tokenizer is named when none is (one named beside a LoRA base
+   must fit its vocabulary: :func:`~hf_fasttrain.data.tokenizer.check_tokenizer_fits`), what a stream cannot do is
    refused (:func:`~hf_fasttrain.data.streaming.check_stream_args`), and the run's
    :class:`~hf_fasttrain.data.from_args.DataPlan` (rows, steps, tokens) is worked out; nothing is read. The
    resume checks, run facts and start line of :func:`hf_fasttrain.run.train.train` use this much.
@@ -25,6 +26,7 @@ from .from_args import DataPlan
 from .prepare import prepare_lm_data
 from .sft_sources import prepare_sft_data, sft_collator
 from .streaming import check_stream_args, stream_datasets
+from .tokenizer import check_tokenizer_fits
 
 __all__ = ["RunData", "run_data", "prepare_data"]
 
@@ -88,10 +90,13 @@ def run_data(data_args, model_args, training_args) -> RunData:
     filled in with ``dataclasses.replace``); ``model_args`` and ``training_args`` those of ``ModelArguments`` and
     ``FastTrainingArguments``.
     """
-    if model_args.model_name_or_path and not data_args.tokenizer:
+    base = model_args.model_name_or_path
+    if base and not data_args.tokenizer:
         # the base's own tokenizer, as transformers' run_clm.py does: a new one would resize, and so retrain,
         # the base's embeddings
-        data_args = dataclasses.replace(data_args, tokenizer=model_args.model_name_or_path)
+        data_args = dataclasses.replace(data_args, tokenizer=base)
+    elif base and model_args.lora_r is not None and data_args.tokenizer != base:  # a frozen base: it must fit
+        check_tokenizer_fits(model_args, data_args.tokenizer, model_args.trust_remote_code)
     check_stream_args(data_args, training_args)
     return RunData(args=data_args, plan=DataPlan.from_args(data_args, training_args), _model_args=model_args,
                    _training_args=training_args)

@@ -24,8 +24,9 @@ import datasets
 from datasets import Dataset, DatasetDict
 
 from .._validation import ConfigError
-from .corpus import _atomic_dir, _publish_dir, cache_root, get_tokenizer, is_validation_path
+from .corpus import _atomic_dir, _publish_dir, cache_root, is_validation_path
 from .corpus import list_stdlib_sources, stdlib_root
+from .tokenizer import get_tokenizer
 from .sft import CompletionCollator, tokenize_sft
 
 __all__ = ["EMBEDDED_FUNCTIONS", "function_pairs", "build_function_corpus", "load_sft_datasets", "prepare_sft_data",

@@ -300,7 +300,7 @@ def train(
     gets its final save and evaluation from that checkpoint).
     """
     setup_logging(training_args)
-    _lora_checks(model_args, data_args)
+    _lora_checks(model_args)
     out = training_args.output_dir
     name = os.path.basename(os.path.normpath(out)) or out
     is_main = training_args.process_index == 0
@@ -391,10 +391,9 @@ def train(
     return metrics
 
 
-def _lora_checks(model_args: ModelArguments, data_args: DataArguments) -> None:
-    """What LoRA needs, checked before any data work: peft, a CUDA GPU for a 4-bit base, and a tokenizer named
-    beside a pretrained base that fits its vocabulary (with none named, :func:`~hf_fasttrain.data.front.run_data`
-    gives the run the base's own)."""
+def _lora_checks(model_args: ModelArguments) -> None:
+    """What LoRA needs, checked before any data work: peft and a CUDA GPU for a 4-bit base (the tokenizer is the
+    data's front door's to check: :func:`~hf_fasttrain.data.front.run_data`)."""
     if model_args.lora_r is not None:
         try:
             import peft  # noqa: F401
@@ -407,8 +406,3 @@ def _lora_checks(model_args: ModelArguments, data_args: DataArguments) -> None:
                 raise ConfigError("lora_load_in_4bit", True, problem="QLoRA (a 4-bit base through bitsandbytes) needs "
                                   "a CUDA GPU and this machine has none",
                                   allowed="lora_load_in_4bit: false (LoRA on the full-precision base) on CPU")
-    base = model_args.model_name_or_path
-    if base and model_args.lora_r is not None and data_args.tokenizer and data_args.tokenizer != base:
-        from ..modeling import check_tokenizer_fits
-
-        check_tokenizer_fits(model_args, data_args.tokenizer, model_args.trust_remote_code)
