@@ -87,7 +87,7 @@ def test_run_data_hands_down_one_plan(tmp_path):
     model_args, data_args, training_args = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path)])
     data = run_data(data_args, model_args, training_args)
     assert data.plan == DataPlan.from_args(data.args, training_args)  # the same plan, made once per run_data
-    assert data.planned_steps() == data.plan.optimizer_steps == 343
+    assert data.plan.optimizer_steps == training_args.max_steps == 343
     assert data.tokenizer is None and data.train_set is None  # nothing read yet
     assert checkpoint_extras(training_args, data.plan) == checkpoint_extras(training_args, data.args)
     streamed = DataPlan.from_args(SimpleNamespace(block_size=128, streaming=True), _args())

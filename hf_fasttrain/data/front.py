@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from transformers import DataCollatorForLanguageModeling
 
@@ -55,11 +55,6 @@ class RunData:
     # what load() reads with: trust_remote_code (model), seeds, rank and world size, main_process_first (training)
     _model_args: Any = field(default=None, repr=False)
     _training_args: Any = field(default=None, repr=False)
-
-    def planned_steps(self) -> Optional[int]:
-        """The optimizer steps the run takes, known before it starts; None when it is not (the plan's
-        ``optimizer_steps``)."""
-        return self.plan.optimizer_steps
 
     def load(self) -> "RunData":
         """Read the data (the main process first) and fill in the tokenizer, the sets, the collator and the summary."""

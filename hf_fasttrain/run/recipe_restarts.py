@@ -17,7 +17,8 @@ from .._validation import ConfigError
 from ..restarts import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec, restart_config_from_args
 from ..restarts.config import in_option_words
 from ..callbacks.run_record import checkpoint_log_history
-from .train import checkpoint_extras, train
+from ._resume import checkpoint_extras
+from .train import train
 
 __all__ = ["RecipeTrialRunner", "train_with_restarts"]
 
