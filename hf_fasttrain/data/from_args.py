@@ -201,7 +201,6 @@ def _settle_max_steps(args, steps: int, length: int) -> None:
     args.max_steps = steps
 
 
-
 @dataclass(frozen=True)
 class DataPlan:
     """A run's rows and length, read once from its data and training arguments before any data is read, and
