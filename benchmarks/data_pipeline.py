@@ -111,7 +111,7 @@ def time_loader(dataset, collator, batch_size: int, max_batches: int) -> dict:
 
 def _worker_stream(args) -> None:
     """A fresh process that streams ``args.files`` to the end; prints its peak RSS and tokens."""
-    from hf_fasttrain.data.corpus import load_tokenizer
+    from hf_fasttrain.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(args.tokenizer_dir)
     rows = stream_rows(args.files.split(","), tokenizer, args.block_size)
@@ -141,7 +141,8 @@ def main(args) -> dict:
     from transformers import DataCollatorForLanguageModeling
 
     from hf_fasttrain.config.args import DataArguments
-    from hf_fasttrain.data.corpus import build_stdlib_corpus, get_tokenizer, tokenize_and_chunk
+    from hf_fasttrain.data.corpus import build_stdlib_corpus, tokenize_and_chunk
+    from hf_fasttrain.data.tokenizer import get_tokenizer
     from hf_fasttrain.data.prepare import prepare_lm_data, pretokenize
 
     if args.tiny:

@@ -68,7 +68,7 @@ def write_corpus(folder: Path, rows_needed: int, seed: int = 0) -> int:
 
 
 def _tokenizer(corpus: Path):
-    from hf_fasttrain.data.corpus import get_tokenizer
+    from hf_fasttrain.data.tokenizer import get_tokenizer
     from hf_fasttrain.data.streaming import _tokenizer_sample, open_stream
 
     return get_tokenizer(None, 300, corpus=_tokenizer_sample(open_stream(str(corpus)), "text", n=500))

@@ -53,7 +53,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import DataCollatorWithFlattening, GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
-from hf_fasttrain.data.corpus import build_stdlib_corpus, get_tokenizer, list_stdlib_sources, stdlib_root  # noqa: E402
+from hf_fasttrain.data.corpus import build_stdlib_corpus, list_stdlib_sources, stdlib_root  # noqa: E402
+from hf_fasttrain.data.tokenizer import get_tokenizer  # noqa: E402
 from hf_fasttrain.data.packing import PackedBatchSampler, PackedRowsCollator  # noqa: E402
 from hf_fasttrain.data.samplers import LengthGroupedBatchSampler, TokenBudgetBatchSampler, get_lengths  # noqa: E402
 

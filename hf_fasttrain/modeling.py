@@ -22,7 +22,7 @@ from .config.decoders import (  # noqa: F401  (re-exported: the model-building n
 if TYPE_CHECKING:
     from .config._model_data_args import ModelArguments
 
-__all__ = ["build_model", "apply_lora", "check_tokenizer_fits", "merge_lora", "decoder_config", "default_intermediate_size", "check_model_type", "check_model_config",
+__all__ = ["build_model", "apply_lora", "merge_lora", "decoder_config", "default_intermediate_size", "check_model_type", "check_model_config",
            "GATED_MLP_FAMILIES", "is_causal_lm"]
 
 
@@ -93,23 +93,6 @@ def build_model(model_args: "ModelArguments", tokenizer, block_size: int):
         pad_token_id=tokenizer.pad_token_id,
     )
     return AutoModelForCausalLM.from_config(config, attn_implementation=model_args.attn_implementation)
-
-
-def check_tokenizer_fits(model_args: "ModelArguments", tokenizer_source: str, trust_remote_code: bool = False) -> None:
-    """A tokenizer named beside a pretrained base must fit the base's vocabulary (a LoRA base cannot learn
-    new embedding rows): checked from the base's config before any data is read."""
-    from transformers import AutoConfig
-
-    from .data.corpus import get_tokenizer
-
-    config = AutoConfig.from_pretrained(model_args.model_name_or_path, trust_remote_code=trust_remote_code)
-    vocab = getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size", None)
-    tokenizer = get_tokenizer(tokenizer_source, trust_remote_code=trust_remote_code)
-    if isinstance(vocab, int) and len(tokenizer) > vocab and model_args.lora_r is not None:
-        raise ConfigError("tokenizer", tokenizer_source,
-                          problem=f"tokenizer {tokenizer_source!r} has {len(tokenizer)} tokens, the base "
-                          f"{model_args.model_name_or_path!r} {vocab}",
-                          allowed="the base's own tokenizer (leave data.tokenizer unset) or one that fits its vocabulary")
 
 
 def apply_lora(model, model_args: "ModelArguments"):

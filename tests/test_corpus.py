@@ -2,15 +2,9 @@ import hashlib
 
 import pytest
 
-from hf_fasttrain.data import corpus
-from hf_fasttrain.data.corpus import (
-    EOS_TOKEN,
-    build_stdlib_corpus,
-    get_tokenizer,
-    is_validation_path,
-    list_stdlib_sources,
-    tokenize_and_chunk,
-)
+from hf_fasttrain.data import tokenizer as tokenizers_module
+from hf_fasttrain.data.corpus import build_stdlib_corpus, is_validation_path, list_stdlib_sources, tokenize_and_chunk
+from hf_fasttrain.data.tokenizer import EOS_TOKEN, get_tokenizer
 
 
 def test_sources_exclude_tests_and_site_packages():
@@ -50,13 +44,13 @@ def test_documents_are_whole_files(tiny_raw):
 def test_tokenizer_cached_and_rebuilt_on_vocab_change(tiny_raw, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_FASTTRAIN_CACHE", str(tmp_path))
     calls = []
-    real = corpus._train_bpe
+    real = tokenizers_module._train_bpe
 
     def counting(texts, vocab_size):
         calls.append(vocab_size)
         return real(texts, vocab_size)
 
-    monkeypatch.setattr(corpus, "_train_bpe", counting)
+    monkeypatch.setattr(tokenizers_module, "_train_bpe", counting)
     t1 = get_tokenizer(vocab_size=300, corpus=tiny_raw)
     t2 = get_tokenizer(vocab_size=300, corpus=tiny_raw)
     assert calls == [300]  # second call read the cache

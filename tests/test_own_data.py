@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_fasttrain.data.corpus import EOS_TOKEN, PAD_TOKEN, _train_bpe, load_tokenizer, tokenizer_fingerprint
+from hf_fasttrain.data.tokenizer import EOS_TOKEN, PAD_TOKEN, _train_bpe, load_tokenizer, tokenizer_fingerprint
 from hf_fasttrain.data.sources import DataError
 
 from test_sources import make_docs

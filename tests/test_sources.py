@@ -61,7 +61,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
     """A byte-level BPE trained on the corpus, saved with save_pretrained (eos and pad set)."""
-    from hf_fasttrain.data.corpus import _train_bpe
+    from hf_fasttrain.data.tokenizer import _train_bpe
     from transformers import PreTrainedTokenizerFast
 
     raw = _train_bpe(make_docs(), 300)
@@ -73,7 +73,7 @@ def tok_dir(tmp_path_factory):
 
 def other_tokenizer(folder):
     """A second BPE (another vocabulary) as a bare `tokenizers` tokenizer.json: no eos, no pad."""
-    from hf_fasttrain.data.corpus import _train_bpe
+    from hf_fasttrain.data.tokenizer import _train_bpe
 
     path = folder / "other.json"
     raw = _train_bpe(make_docs(60, seed=1), 280)

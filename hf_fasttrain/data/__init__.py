@@ -1,15 +1,8 @@
 """Data: sources (every format by path, pre-tokenized folders), the embedded corpus and tokenizer, samplers,
 sequence-length scheduling, packing."""
 
-from .corpus import (
-    build_prose_corpus,
-    build_stdlib_corpus,
-    get_tokenizer,
-    load_text_datasets,
-    load_tokenizer,
-    tokenize_and_chunk,
-    tokenize_documents,
-)
+from .corpus import build_prose_corpus, build_stdlib_corpus, load_text_datasets, tokenize_and_chunk, tokenize_documents
+from .tokenizer import get_tokenizer, load_tokenizer
 from .prepare import prepare_lm_data, pretokenize
 from .sources import DataError, load_source, resolve_source
 from .packing import PackedBatchSampler, PackedRowsCollator, pack_bins

@@ -1,4 +1,5 @@
-"""The sequence-length options of FastTrainingArguments: which are on, and their validation.
+"""The sequence-length options of FastTrainingArguments: which are on, their validation, and what they and the
+data arguments say of a run's length (:class:`DataPlan`, worked out once).
 
 Pure: no Trainer here. `hf_fasttrain.wiring.SeqLenWiring` builds the parts from these options for
 FastTrainer (see hf_fasttrain.callbacks.seqlen for the plain-Trainer one-liners). The functions take
@@ -8,15 +9,15 @@ defaults (`hf_fasttrain.config.args.fast_option`).
 
 from __future__ import annotations
 
-from typing import Any
-
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Optional
 
 from .._validation import ConfigError
 from .seqlen import PACINGS, SEQ_LEN_MODES, SeqLenWarmup
 
 __all__ = ["PACKING_MODES", "check_seqlen_args", "seqlen_enabled", "batching_options", "seq_len_warmup_from_args",
-           "planned_optimizer_steps", "planned_tokens", "schedule_length", "budget_row_tokens", "resolve_max_steps"]
+           "planned_optimizer_steps", "planned_tokens", "schedule_length", "budget_row_tokens", "resolve_max_steps",
+           "DataPlan"]
 
 PACKING_MODES = ("none", "flatten", "rows")
 
@@ -76,22 +77,34 @@ def schedule_length(args, row_length: Optional[int]) -> Optional[int]:
     """
     row_tokens = budget_row_tokens(args)
     if row_tokens is None:
-        return args.max_steps if args.max_steps and args.max_steps > 0 else None
+        return _fixed_steps(args)
     if row_length is None:
         return None
     return max(1, round(row_tokens / (args.gradient_accumulation_steps * row_length)))
 
 
-def seq_len_warmup_from_args(args, row_length: int) -> SeqLenWarmup:
+def seq_len_warmup_from_args(args, row_length: int, length: Optional[int] = None) -> SeqLenWarmup:
     """The `SeqLenWarmup` that ``seq_len_warmup_*`` describe for rows of ``row_length`` tokens (per rank): the
-    length grows over ``seq_len_warmup_fraction`` of the run's :func:`schedule_length`."""
+    length grows over ``seq_len_warmup_fraction`` of the run's :func:`schedule_length` (``length``, when the caller
+    has it already). A shortest length above the rows' is refused, naming ``seq_len_warmup_min``."""
+    if args.seq_len_warmup_min > row_length:
+        _fail("seq_len_warmup_min", args.seq_len_warmup_min,
+              f"is above the training length {row_length} (the length of the training rows)")
+    length = schedule_length(args, row_length) if length is None else length
     return SeqLenWarmup(
         min_seq_len=args.seq_len_warmup_min, max_seq_len=row_length,
-        warmup_batches=round(args.seq_len_warmup_fraction * schedule_length(args, row_length)
-                             * args.gradient_accumulation_steps),
+        warmup_batches=round(args.seq_len_warmup_fraction * length * args.gradient_accumulation_steps),
         multiple=args.seq_len_warmup_multiple, pacing=args.seq_len_warmup_pacing,
         num_stages=args.seq_len_warmup_stages, mode=args.seq_len_warmup_mode,
     )
+
+
+def _warmup(args, row_length: Optional[int], length: Optional[int]) -> Optional[SeqLenWarmup]:
+    """The run's sequence-length warmup over a schedule of ``length`` full-length steps; None when it is off or
+    the run's length is not known before it starts."""
+    if args.seq_len_warmup_min is None or row_length is None or length is None:
+        return None
+    return seq_len_warmup_from_args(args, row_length, length)
 
 
 def counts_warmup_tokens(args) -> bool:
@@ -121,29 +134,49 @@ def planned_optimizer_steps(args, row_length: Optional[int]) -> Optional[int]:
         >>> planned_optimizer_steps(a, 32)   # 2 short steps (16 and 24 tokens a row) make up one more
         7
     """
-    row_tokens = budget_row_tokens(args)
-    if row_tokens is None:
-        return args.max_steps if args.max_steps is not None and args.max_steps > 0 else None
-    if row_length is None:
-        return None
-    ga = args.gradient_accumulation_steps
-    if args.seq_len_warmup_min is None:
-        return -(-row_tokens // (ga * row_length))
-    warmup = seq_len_warmup_from_args(args, row_length)
-    return -(-warmup.batches_for_tokens(row_tokens, 1) // ga)
+    if budget_row_tokens(args) is None:  # max_steps is the number: no warmup to build
+        return _fixed_steps(args)
+    return _run_length(args, row_length).optimizer_steps
+
+
+def _fixed_steps(args) -> Optional[int]:
+    """``max_steps`` when it is set (> 0); None for an epoch-based run."""
+    return args.max_steps if args.max_steps is not None and args.max_steps > 0 else None
 
 
 def planned_tokens(args, row_length: Optional[int]) -> Optional[int]:
     """Tokens (all processes) the run's :func:`planned_optimizer_steps` hold with rows of ``row_length`` tokens
     (a sequence-length warmup's short rows counted as cut); None when either is unknown."""
-    steps = planned_optimizer_steps(args, row_length)
+    return _run_length(args, row_length).tokens
+
+
+class _RunLength(NamedTuple):  # the fields of DataPlan that the run's length decides
+    schedule_steps: Optional[int]
+    seq_len_warmup: Optional[SeqLenWarmup]
+    optimizer_steps: Optional[int]
+    tokens: Optional[int]
+
+
+def _run_length(args, row_length: Optional[int]) -> _RunLength:
+    """:func:`schedule_length`, the sequence-length warmup (None when it is off), :func:`planned_optimizer_steps`
+    and :func:`planned_tokens`: the one computation behind them and :class:`DataPlan`, the warmup built once."""
+    length = schedule_length(args, row_length)
+    warmup = _warmup(args, row_length, length)
+    row_tokens = budget_row_tokens(args)
+    ga = args.gradient_accumulation_steps
+    if row_tokens is None:
+        steps = _fixed_steps(args)
+    elif row_length is None:
+        steps = None
+    elif warmup is None:
+        steps = -(-row_tokens // (ga * row_length))
+    else:  # short early rows hold fewer tokens: more steps than full-length ones would take
+        steps = -(-warmup.batches_for_tokens(row_tokens, 1) // ga)
     if steps is None or row_length is None:
-        return None
-    rows = args.per_device_train_batch_size * _world(args)
-    batches = steps * args.gradient_accumulation_steps
-    if args.seq_len_warmup_min is None:
-        return rows * batches * row_length
-    return seq_len_warmup_from_args(args, row_length).cumulative_tokens(batches, rows)
+        return _RunLength(length, warmup, steps, None)
+    rows, batches = args.per_device_train_batch_size * _world(args), steps * ga
+    tokens = rows * batches * row_length if warmup is None else warmup.cumulative_tokens(batches, rows)
+    return _RunLength(length, warmup, steps, tokens)
 
 
 def resolve_max_steps(args, row_length: Optional[int]) -> None:
@@ -152,15 +185,70 @@ def resolve_max_steps(args, row_length: Optional[int]) -> None:
     in one line. Nothing to do without ``max_tokens``."""
     if getattr(args, "max_tokens", None) is None or row_length is None:
         return
-    steps = planned_optimizer_steps(args, row_length)
+    _settle_max_steps(args, planned_optimizer_steps(args, row_length), schedule_length(args, row_length))
+
+
+def _settle_max_steps(args, steps: int, length: int) -> None:
+    """:func:`resolve_max_steps` with the budget's optimizer ``steps`` and full-length steps (``length``) worked
+    out."""
     if args.max_steps is not None and args.max_steps > 0 and args.max_steps != steps:
         raise ConfigError("max_steps", args.max_steps, problem=(
             f"{args.max_steps} disagrees with max_tokens {args.max_tokens:,}, which takes {steps:,} optimizer steps "
-            f"here ({schedule_length(args, row_length):,} full-length steps' tokens"
+            f"here ({length:,} full-length steps' tokens"
             + (", shorter rows first)" if args.seq_len_warmup_min is not None else ")")),
             allowed="give one of them: max_steps counts optimizer steps, max_tokens tokens (max_tokens null to train "
                     "max_steps steps)")
     args.max_steps = steps
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """A run's rows and length, read once from its data and training arguments before any data is read, and
+    handed down whole (resume checks, run facts, start line) instead of being worked out again from the arguments.
+
+    Made by :meth:`from_args`. Each field is what the pure function of this module named beside it gives for the
+    arguments: the values agree with them by construction, and the sequence-length warmup is built once.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> data = SimpleNamespace(block_size=32, streaming=False)
+        >>> training = SimpleNamespace(max_steps=-1, max_tokens=6 * 32, gradient_accumulation_steps=1,
+        ...     per_device_train_batch_size=1, seq_len_warmup_min=16, seq_len_warmup_fraction=0.3,
+        ...     seq_len_warmup_multiple=8, seq_len_warmup_pacing="linear", seq_len_warmup_stages=4,
+        ...     seq_len_warmup_mode="truncate")
+        >>> plan = DataPlan.from_args(data, training)
+        >>> plan.optimizer_steps, plan.schedule_steps, plan.tokens, training.max_steps
+        (7, 6, 200, 7)
+    """
+
+    row_length: Optional[int]
+    """Tokens per training row (``block_size``)."""
+    streaming: bool = False
+    """Rows come from a stream (its position is part of every checkpoint)."""
+    max_tokens: Optional[int] = None
+    """The run's token budget, all processes (``max_tokens``); None when it is counted in steps."""
+    optimizer_steps: Optional[int] = None
+    """:func:`planned_optimizer_steps`: the optimizer steps the run takes; None for an epoch-based run."""
+    schedule_steps: Optional[int] = None
+    """:func:`schedule_length`: the full-length steps the run's schedules span."""
+    tokens: Optional[int] = None
+    """:func:`planned_tokens`: the tokens (all processes) its optimizer steps hold."""
+    seq_len_warmup: Optional[SeqLenWarmup] = field(default=None, compare=False)
+    """:func:`seq_len_warmup_from_args` for these rows; None when the warmup is off (two plans compare by their
+    numbers: a warmup object compares by identity)."""
+
+    @classmethod
+    def from_args(cls, data_args, training_args) -> "DataPlan":
+        """The plan of a run with these arguments (any objects with the fields of ``DataArguments`` and
+        ``FastTrainingArguments``). With a token budget it also sets ``training_args.max_steps`` to the optimizer
+        steps that hold it, refusing another given beside it (:func:`resolve_max_steps`)."""
+        row = data_args.block_size
+        counts = _run_length(training_args, row)
+        budget = getattr(training_args, "max_tokens", None)
+        if budget is not None and row is not None:
+            _settle_max_steps(training_args, counts.optimizer_steps, counts.schedule_steps)
+        return cls(row_length=row, streaming=bool(getattr(data_args, "streaming", False)), max_tokens=budget,
+                   **counts._asdict())
 
 
 def check_seqlen_args(args) -> None:

@@ -3,9 +3,11 @@
 :func:`run_data` takes the run's data, model and training arguments and returns a :class:`RunData`. It works in
 two steps so that a run refuses what it cannot do, and a finished run stops, before any data is read:
 
-1. ``run_data(...)``: a pretrained base's own tokenizer is named when none is, and what a stream cannot do is
-   refused (:func:`~hf_fasttrain.data.streaming.check_stream_args`); nothing is read. The resume checks of
-   :func:`hf_fasttrain.run.train.train` use this much: the data arguments and the run's planned optimizer steps.
+1. ``run_data(...)``: a pretrained base's own tokenizer is named when none is (one named beside a LoRA base
+   must fit its vocabulary: :func:`~hf_fasttrain.data.tokenizer.check_tokenizer_fits`), what a stream cannot do is
+   refused (:func:`~hf_fasttrain.data.streaming.check_stream_args`), and the run's
+   :class:`~hf_fasttrain.data.from_args.DataPlan` (rows, steps, tokens) is worked out; nothing is read. The
+   resume checks, run facts and start line of :func:`hf_fasttrain.run.train.train` use this much.
 2. ``RunData.load()``: the tokenizer, the train set (or stream), the eval set, the collator and the one-line
    summary of what was loaded, the main process first (the others then find its caches).
 
@@ -16,14 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from transformers import DataCollatorForLanguageModeling
 
-from .from_args import planned_optimizer_steps
+from .from_args import DataPlan
 from .prepare import prepare_lm_data
 from .sft_sources import prepare_sft_data, sft_collator
 from .streaming import check_stream_args, stream_datasets
+from .tokenizer import check_tokenizer_fits
 
 __all__ = ["RunData", "run_data", "prepare_data"]
 
@@ -32,9 +35,10 @@ __all__ = ["RunData", "run_data", "prepare_data"]
 class RunData:
     """What a training run takes from its data. Made by :func:`run_data`; :meth:`load` reads the data.
 
-    ``args``, set by :func:`run_data` (nothing read yet), are the data arguments as the run uses them (a
-    pretrained base's own tokenizer when none is named); they identify the run and are recorded in its
-    ``config.yaml``. :meth:`planned_steps` is what they and the training arguments say of the run's length.
+    ``args`` and ``plan``, set by :func:`run_data` (nothing read yet): the data arguments as the run uses them (a
+    pretrained base's own tokenizer when none is named), which identify the run and are recorded in its
+    ``config.yaml``; and the :class:`~hf_fasttrain.data.from_args.DataPlan` that they and the training arguments
+    make (row length, optimizer steps, tokens).
 
     Fields set by :meth:`load`: ``tokenizer``; ``train_set`` (a ``datasets.Dataset`` of rows or examples, or a
     :class:`~hf_fasttrain.data.streaming.TokenStream`); ``eval_set``; ``collator``; ``summary``, the line the
@@ -42,6 +46,7 @@ class RunData:
     """
 
     args: Any
+    plan: DataPlan
     tokenizer: Any = None
     train_set: Any = None
     eval_set: Any = None
@@ -50,14 +55,6 @@ class RunData:
     # what load() reads with: trust_remote_code (model), seeds, rank and world size, main_process_first (training)
     _model_args: Any = field(default=None, repr=False)
     _training_args: Any = field(default=None, repr=False)
-
-    def planned_steps(self) -> Optional[int]:
-        """The optimizer steps the run takes, known before it starts; None when it is not
-        (:func:`~hf_fasttrain.data.from_args.planned_optimizer_steps` over rows of ``block_size`` tokens).
-
-        Asked when needed, not computed up front: a sequence-length warmup that does not fit the rows is
-        refused where the run builds its warmup, with the field's name."""
-        return planned_optimizer_steps(self._training_args, self.args.block_size)
 
     def load(self) -> "RunData":
         """Read the data (the main process first) and fill in the tokenizer, the sets, the collator and the summary."""
@@ -81,18 +78,23 @@ class RunData:
 
 
 def run_data(data_args, model_args, training_args) -> RunData:
-    """The :class:`RunData` of a run with these arguments: refusals made, nothing read yet (see :meth:`RunData.load`).
+    """The :class:`RunData` of a run with these arguments: refusals made, the plan worked out (with a token budget,
+    ``training_args.max_steps`` set to its optimizer steps), nothing read yet (see :meth:`RunData.load`).
 
     ``data_args`` is any object with the fields of ``DataArguments`` (a dataclass, as the base's tokenizer is
     filled in with ``dataclasses.replace``); ``model_args`` and ``training_args`` those of ``ModelArguments`` and
     ``FastTrainingArguments``.
     """
-    if model_args.model_name_or_path and not data_args.tokenizer:
+    base = model_args.model_name_or_path
+    if base and not data_args.tokenizer:
         # the base's own tokenizer, as transformers' run_clm.py does: a new one would resize, and so retrain,
         # the base's embeddings
-        data_args = dataclasses.replace(data_args, tokenizer=model_args.model_name_or_path)
+        data_args = dataclasses.replace(data_args, tokenizer=base)
+    elif base and model_args.lora_r is not None and data_args.tokenizer != base:  # a frozen base: it must fit
+        check_tokenizer_fits(model_args, data_args.tokenizer, model_args.trust_remote_code)
     check_stream_args(data_args, training_args)
-    return RunData(args=data_args, _model_args=model_args, _training_args=training_args)
+    return RunData(args=data_args, plan=DataPlan.from_args(data_args, training_args), _model_args=model_args,
+                   _training_args=training_args)
 
 
 def prepare_data(data_args, model_args=None, seed: int = 0):

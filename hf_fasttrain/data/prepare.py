@@ -16,9 +16,14 @@ from typing import Any, Optional
 
 from datasets import DatasetDict
 
-from .corpus import PROSE_CORPUS, get_tokenizer, load_text_datasets, load_tokenizer, tokenize_and_chunk
+from .corpus import PROSE_CORPUS, load_text_datasets, tokenize_and_chunk
 from .pretokenized import TOKENIZER_DIR, check_manifest, check_out_folder, read_manifest, write_pretokenized
+<<<<<<< HEAD
 from .sources import DataError, _source_options, check_text_column, load_source, with_validation
+=======
+from .sources import DataError, check_text_column, load_source, with_validation
+from .tokenizer import get_tokenizer, load_tokenizer
+>>>>>>> dataflow
 
 __all__ = ["PreparedData", "load_documents", "prepare_lm_data", "pretokenize", "drop_empty_documents"]
 

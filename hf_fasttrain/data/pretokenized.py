@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from .corpus import tokenizer_fingerprint
+from .tokenizer import tokenizer_fingerprint
 from .sources import MANIFEST, PRETOKENIZED_FORMAT, DataError, _pretokenized_manifest
 
 __all__ = ["MANIFEST", "TOKENIZER_DIR", "read_manifest", "check_manifest", "check_out_folder", "write_pretokenized", "shard_plan"]

@@ -389,8 +389,9 @@ def stream_datasets(data_args, training_args, model_args=None):
     """(tokenizer, train `TokenStream`, eval `datasets.Dataset` of rows) for ``streaming: true``."""
     from datasets import Dataset
 
-    from .corpus import PROSE_CORPUS, get_tokenizer
+    from .corpus import PROSE_CORPUS
     from .sources import _source_options
+    from .tokenizer import get_tokenizer
 
     check_stream_args(data_args, training_args)
     seed = training_args.data_seed if training_args.data_seed is not None else training_args.seed

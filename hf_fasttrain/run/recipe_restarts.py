@@ -11,13 +11,14 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .._files import atomic_write_text, last_complete_checkpoint
 from ..callbacks.stop_at_step import StageFenceCallback
-from ..data.from_args import planned_optimizer_steps, resolve_max_steps
+from ..data.from_args import DataPlan
 from ..config.recipes import resolved_config
 from .._validation import ConfigError
 from ..restarts import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec, restart_config_from_args
 from ..restarts.config import in_option_words
 from ..callbacks.run_record import checkpoint_log_history
-from .train import checkpoint_extras, train
+from ._resume import checkpoint_extras
+from .train import train
 
 __all__ = ["RecipeTrialRunner", "train_with_restarts"]
 
@@ -176,8 +177,9 @@ def train_with_restarts(model_args, data_args, training_args, callbacks: Optiona
         ```
     """
     config = restart_config_from_args(training_args, **config_overrides)
-    # a run given in tokens (max_tokens): the search splits the optimizer steps that hold them
-    resolve_max_steps(training_args, data_args.block_size)
+    # the run's length, read once (a run given in tokens, max_tokens: the search splits the optimizer steps that
+    # hold them, set as max_steps)
+    plan = DataPlan.from_args(data_args, training_args)
     if training_args.max_steps is None or training_args.max_steps <= 0:
         raise ValueError(
             f"max_steps: got {training_args.max_steps!r}, which random restart cannot split; set max_steps > 0 (the "
@@ -189,9 +191,9 @@ def train_with_restarts(model_args, data_args, training_args, callbacks: Optiona
             "search needs the run's step count up front (a batch-size warmup ends by its token budget); set it "
             "to null or restart_num_seeds to 1"
         )
-    # a token-counted sequence-length warmup takes more (shorter) optimizer steps than max_steps: rungs and
-    # the winner's continuation are counted in the steps the run really takes
-    total_steps = planned_optimizer_steps(training_args, data_args.block_size)
+    # rungs and the winner's continuation are counted in the optimizer steps the run really takes (a token budget
+    # with a sequence-length warmup: more, shorter ones than full-length rows would need)
+    total_steps = plan.optimizer_steps
     if runner is None:
         runner = RecipeTrialRunner(model_args, data_args, training_args, subprocess=config.parallel == "per_gpu",
                                    callbacks=callbacks)

@@ -7,32 +7,30 @@ arm that uses FastTrainer; the recipe script only parses arguments and calls :fu
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
-from functools import partial
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from .._files import last_complete_checkpoint, read_json_dict as _read_json
+from .._files import last_complete_checkpoint
 from .._validation import ConfigError
-from ..config.args import DataArguments, FastTrainingArguments, ModelArguments, fast_option
-from ..callbacks.averaging import AVERAGE_FILE
-from ..callbacks.data_position import STREAM_POSITION_FILE
+from ..config.args import DataArguments, FastTrainingArguments, ModelArguments
 from ..callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
 from ..data.front import prepare_data, run_data
-from ..data.from_args import planned_optimizer_steps, planned_tokens, resolve_max_steps
 from ..metrics import make_compute_metrics, preprocess_logits_for_metrics
 from ..modeling import build_model
 from ..config.recipes import resolved_config
-from .._resume_identity import ResumePlan, discard_previous_run, finished_step, plan_resume, read_recorded_options
 from ..runinfo import run_facts
 from ..trainer import FastTrainer
+from ._console import end_summary, start_line
+from ._resume import checkpoint_extras, final_outputs_present, find_resume_checkpoint, finished_checkpoint, resume_plan
 
+# the resume decisions (run/_resume.py) and the console lines (run/_console.py) are re-exported: the recipe's run
+# in one import
 __all__ = ["setup_logging", "prepare_data", "train", "find_resume_checkpoint", "last_complete_checkpoint",
-           "finished_checkpoint", "run_facts", "start_line", "end_summary"]
+           "finished_checkpoint", "checkpoint_extras", "run_facts", "start_line", "end_summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,142 +64,6 @@ def setup_logging(training_args: FastTrainingArguments) -> None:
         handler.setFormatter(logging.Formatter("[hf_fasttrain] %(message)s"))
         pkg.addHandler(handler)
         pkg.propagate = False
-
-
-def find_resume_checkpoint(training_args: FastTrainingArguments, data_args: Optional[DataArguments] = None) -> Optional[str]:
-    """The checkpoint to resume from: the one asked for, else (auto_resume) the last complete one."""
-    if training_args.resume_from_checkpoint:
-        return training_args.resume_from_checkpoint
-    if training_args.auto_resume:
-        return last_complete_checkpoint(training_args.output_dir, required=checkpoint_extras(training_args, data_args))
-    return None
-
-
-def checkpoint_extras(training_args, data_args: Optional[DataArguments] = None) -> tuple[str, ...]:
-    """Files this run's callbacks add to every checkpoint after the Trainer's (a checkpoint lacks them when
-    a kill came in between): the weight average, a stream's position."""
-    extras = (AVERAGE_FILE,) if fast_option(training_args, "weight_averaging") != "none" else ()
-    if data_args is not None and data_args.streaming:
-        extras += (STREAM_POSITION_FILE.format(rank=training_args.process_index),)
-    return extras
-
-
-def finished_checkpoint(training_args: FastTrainingArguments, checkpoint: Optional[str],
-                        row_length: Optional[int] = None) -> Optional[int]:
-    """The step at which this run already ended, or None when there is training left to do.
-
-    The run is over when ``checkpoint`` (the one it would resume from) is at the run's optimizer steps
-    (:func:`~hf_fasttrain.data.from_args.planned_optimizer_steps` over rows of ``row_length`` tokens; the Trainer's
-    own total for an epoch-based run), or when the run ended earlier by its own rule (a token budget) and wrote its
-    final ``metrics.json`` after that checkpoint, with the same ``max_steps``. Resuming such a checkpoint would make
-    the Trainer take one more step.
-    """
-    return _finished_step(training_args, checkpoint, partial(planned_optimizer_steps, training_args, row_length))
-
-
-def _finished_step(training_args: FastTrainingArguments, checkpoint: Optional[str],
-                   planned_steps: Callable[[], Optional[int]]) -> Optional[int]:
-    if getattr(training_args, "restart_stop_at_step", None):  # a random-restart trial: the search decides
-        return None
-    recorded = read_recorded_options(None, training_args.output_dir) or {}
-    return finished_step(checkpoint, training_args.output_dir, training_args.max_steps, planned_steps,
-                         recorded.get("max_steps"))
-
-
-def _plan(training_args: FastTrainingArguments, options: dict, data) -> ResumePlan:
-    """The run's resume plan, decided before any data work: the checkpoint asked for (``resume_from_checkpoint``),
-    else the one ``auto_resume`` finds, its options compared with this run's (the same decision
-    ``FastTrainer.train()`` takes on its own: :func:`hf_fasttrain._resume_identity.plan_resume`)."""
-    out = training_args.output_dir
-    if training_args.resume_from_checkpoint:
-        checkpoint = training_args.resume_from_checkpoint
-        return ResumePlan(checkpoint=checkpoint, finished_at=_finished_step(training_args, checkpoint, data.planned_steps))
-    if training_args.overwrite_output_dir:
-        if training_args.process_index == 0:
-            gone = discard_previous_run(out)
-            if gone:
-                logger.info("overwrite_output_dir: deleted %s from %s", ", ".join(gone), out)
-        return ResumePlan()
-    if not training_args.auto_resume:
-        return ResumePlan()
-    return plan_resume(out, options, max_steps=training_args.max_steps, planned_steps=data.planned_steps,
-                       required=checkpoint_extras(training_args, data.args),
-                       stop_at_step=training_args.restart_stop_at_step)
-
-
-def _final_outputs_present(output_dir: str) -> Optional[dict]:
-    """metrics.json's final metrics when the run's final model and metrics are both in ``output_dir``."""
-    metrics = _read_json(os.path.join(output_dir, "metrics.json"))
-    from ..stability.trainables import ADAPTER_WEIGHT_FILES
-
-    has_model = any(os.path.exists(os.path.join(output_dir, f))
-                    for f in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                              *ADAPTER_WEIGHT_FILES))
-    if metrics and metrics.get("final_metrics") and has_model:
-        return dict(metrics["final_metrics"])
-    return None
-
-
-def _fmt_count(n: float) -> str:
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g}{unit}"
-    return f"{n:.0f}"
-
-
-def start_line(name: str, facts: Mapping[str, Any], output_dir: str, data: Optional[str] = None) -> str:
-    """``gpt2_tiny: 0.82M parameters; 2,048 tokens/step (16 rows x 128 tokens); 300 steps (614k tokens); ...``
-
-    ``data`` (what was loaded, e.g. ``data c.parquet: 1,998 documents (2 empty dropped) -> ...``) goes before
-    the output folder."""
-    tps, steps = facts["tokens_per_step"] or 0, facts["max_steps"]
-    rows = facts["global_batch"]
-    per_row = tps // rows if rows else 0
-    procs = f" over {facts['world_size']} processes" if facts["world_size"] > 1 else ""
-    tokens = facts.get("tokens") or (steps * tps if steps and steps > 0 else None)
-    shorter = ", shorter rows first" if tokens and steps and tokens < steps * tps else ""  # sequence-length warmup
-    length = (f"{steps:,} steps ({_fmt_count(tokens)} tokens{shorter})" if steps and steps > 0
-              else "by epochs (max_steps not set)")
-    if facts.get("max_tokens"):  # the run's length was given in tokens: these are the steps that hold them
-        length = f"max_tokens {facts['max_tokens']:,} in {length}"
-    trainable = facts.get("trainable_parameters")
-    params = _fmt_count(facts["parameters"]) + " parameters"
-    if isinstance(trainable, int) and trainable < facts["parameters"]:
-        params += f" ({_fmt_count(trainable)} trainable)"
-    return (f"{name}: {params}; {tps:,} tokens/step ({rows} rows x "
-            f"{per_row} tokens{procs}); {length}; {facts['device']}, {facts['precision']}; "
-            + (f"{data}; " if data else "") + f"output {output_dir}")
-
-
-def end_summary(summary: Mapping[str, Any], output_dir: str, facts: Optional[Mapping[str, Any]] = None,
-                steps: Optional[int] = None, adapter: bool = False, merged: Optional[str] = None,
-                tokens: Optional[int] = None) -> str:
-    """The lines printed when a run ends: eval loss from -> to, perplexity, steps (and the tokens they held, when
-    known), time, tokens/s, and the paths."""
-    first, last = summary.get("initial_eval_loss"), summary.get("final_eval_loss")
-    lines = []
-    head = "done"
-    if isinstance(last, (int, float)):
-        loss = f"eval loss {first:.4g} -> {last:.4g}" if isinstance(first, (int, float)) and summary.get(
-            "history") and len([h for h in summary["history"] if "eval_loss" in h]) > 1 else f"eval loss {last:.4g}"
-        head += f": {loss} (perplexity {math.exp(min(last, 50.0)):.4g})"
-    secs = summary.get("train_seconds")
-    if isinstance(secs, (int, float)) and secs > 0:
-        held = f" ({_fmt_count(tokens)} tokens)" if steps and tokens else ""
-        head += f"; {steps:,} steps{held} in {secs:.1f} s of training" if steps else f"; {secs:.1f} s of training"
-        rates = [h["tokens_per_second"] for h in summary.get("history", []) if "tokens_per_second" in h]
-        if rates:
-            head += f", {sum(rates) / len(rates):,.0f} tokens/s"
-    lines.append(head)
-    for label, f in (("metrics", "metrics.json"), ("loss curve", "loss_curve.png")):
-        lines.append(f"  {label:<11}{os.path.join(output_dir, f)}")
-    if adapter:
-        lines.append(f"  {'adapter':<11}{output_dir}  (PeftModel.from_pretrained(base, it); tokenizer beside it)")
-    else:
-        lines.append(f"  {'model':<11}{output_dir}  (from_pretrained-ready: model, config, tokenizer)")
-    if merged:
-        lines.append(f"  {'merged':<11}{merged}  (the base with the adapter merged in: from_pretrained-ready)")
-    return "\n".join(lines)
 
 
 class _TiedKeysFilter(logging.Filter):
@@ -299,18 +161,19 @@ def train(
     gets its final save and evaluation from that checkpoint).
     """
     setup_logging(training_args)
-    _lora_checks(model_args, data_args)
+    _lora_checks(model_args)
     out = training_args.output_dir
     name = os.path.basename(os.path.normpath(out)) or out
     is_main = training_args.process_index == 0
-    data = run_data(data_args, model_args, training_args)  # what the data cannot do is refused here; nothing read yet
-    resolve_max_steps(training_args, data.args.block_size)  # max_tokens: the optimizer steps that hold them
+    # what the data cannot do is refused here, and the run's plan made (max_tokens: the optimizer steps that hold
+    # them set as max_steps); nothing read yet
+    data = run_data(data_args, model_args, training_args)
     options = resolved_config(model_args, data.args, training_args)
     # resume, finished or from scratch; a checkpoint trained with other options is refused here, before any work
-    plan = _plan(training_args, options, data)
+    plan = resume_plan(training_args, options, data.plan)
     checkpoint, done_at = plan.checkpoint, plan.finished_at
     if done_at is not None:
-        final = _final_outputs_present(out)
+        final = final_outputs_present(out)
         if final is not None:
             if is_main:
                 logger.info("%s (max_steps %d%s; outputs left as they are). To train longer, raise --max_steps (a "
@@ -320,7 +183,7 @@ def train(
             return final
     data.load()  # tokenizer, train set or stream, eval set, collator, summary
     set_seed(training_args.seed)  # the model's initialisation depends on the seed alone
-    model = build_model(model_args, data.tokenizer, data.args.block_size)
+    model = build_model(model_args, data.tokenizer, data.plan.row_length)
     _quiet_known_warnings(model)
     trainer = trainer_cls(
         model=model,
@@ -342,9 +205,8 @@ def train(
         hf_logging.disable_progress_bar()
     if trainer.pop_callback(PrinterCallback) is not None:  # disable_tqdm: the same lines, no bar
         trainer.add_callback(ReadablePrinterCallback())
-    facts = run_facts(model, training_args, data.args.block_size)
-    facts["tokens"] = planned_tokens(training_args, data.args.block_size)
-    facts["max_tokens"] = training_args.max_tokens
+    facts = run_facts(model, training_args, data.plan.row_length)
+    facts["tokens"], facts["max_tokens"] = data.plan.tokens, data.plan.max_tokens
     if is_main:
         logger.info(start_line(name, facts, out, data=data.summary))
     if done_at is not None:  # complete, but killed before its final save: finish from the checkpoint
@@ -390,10 +252,9 @@ def train(
     return metrics
 
 
-def _lora_checks(model_args: ModelArguments, data_args: DataArguments) -> None:
-    """What LoRA needs, checked before any data work: peft, a CUDA GPU for a 4-bit base, and a tokenizer named
-    beside a pretrained base that fits its vocabulary (with none named, :func:`~hf_fasttrain.data.front.run_data`
-    gives the run the base's own)."""
+def _lora_checks(model_args: ModelArguments) -> None:
+    """What LoRA needs, checked before any data work: peft and a CUDA GPU for a 4-bit base (the tokenizer is the
+    data's front door's to check: :func:`~hf_fasttrain.data.front.run_data`)."""
     if model_args.lora_r is not None:
         try:
             import peft  # noqa: F401
@@ -406,8 +267,3 @@ def _lora_checks(model_args: ModelArguments, data_args: DataArguments) -> None:
                 raise ConfigError("lora_load_in_4bit", True, problem="QLoRA (a 4-bit base through bitsandbytes) needs "
                                   "a CUDA GPU and this machine has none",
                                   allowed="lora_load_in_4bit: false (LoRA on the full-precision base) on CPU")
-    base = model_args.model_name_or_path
-    if base and model_args.lora_r is not None and data_args.tokenizer and data_args.tokenizer != base:
-        from ..modeling import check_tokenizer_fits
-
-        check_tokenizer_fits(model_args, data_args.tokenizer, model_args.trust_remote_code)
