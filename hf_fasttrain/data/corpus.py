@@ -33,11 +33,7 @@ import sys
 import sysconfig
 import tempfile
 from pathlib import Path
-<<<<<<< HEAD
-from typing import Callable, Iterable, Optional
-=======
-from typing import Optional
->>>>>>> dataflow
+from typing import Callable, Optional
 
 import datasets
 from datasets import Dataset, DatasetDict

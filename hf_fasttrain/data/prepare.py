@@ -18,12 +18,8 @@ from datasets import DatasetDict
 
 from .corpus import PROSE_CORPUS, load_text_datasets, tokenize_and_chunk
 from .pretokenized import TOKENIZER_DIR, check_manifest, check_out_folder, read_manifest, write_pretokenized
-<<<<<<< HEAD
 from .sources import DataError, _source_options, check_text_column, load_source, with_validation
-=======
-from .sources import DataError, check_text_column, load_source, with_validation
 from .tokenizer import get_tokenizer, load_tokenizer
->>>>>>> dataflow
 
 __all__ = ["PreparedData", "load_documents", "prepare_lm_data", "pretokenize", "drop_empty_documents"]
 

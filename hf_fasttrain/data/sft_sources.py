@@ -21,14 +21,9 @@ from typing import Optional, Sequence
 from datasets import Dataset, DatasetDict
 
 from .._validation import ConfigError
-<<<<<<< HEAD
-from .corpus import _cached_build, get_tokenizer, is_validation_path
-=======
-from .corpus import _atomic_dir, _publish_dir, cache_root, is_validation_path
->>>>>>> dataflow
-from .corpus import list_stdlib_sources, stdlib_root
-from .tokenizer import get_tokenizer
+from .corpus import _cached_build, is_validation_path, list_stdlib_sources, stdlib_root
 from .sft import CompletionCollator, tokenize_sft
+from .tokenizer import get_tokenizer
 
 __all__ = ["EMBEDDED_FUNCTIONS", "function_pairs", "build_function_corpus", "load_sft_datasets", "prepare_sft_data",
            "sft_collator"]
