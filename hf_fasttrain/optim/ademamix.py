@@ -46,7 +46,25 @@ from ._common import (
     zero_state,
 )
 
-__all__ = ["AdEMAMix", "ademamix_alpha", "ademamix_beta3", "slow_momentum_half_life"]
+__all__ = ["AdEMAMix", "ademamix_alpha", "ademamix_beta3", "check_ademamix_options", "slow_momentum_half_life"]
+
+
+def check_ademamix_options(lr, betas, alpha, T_alpha_beta3, eps, weight_decay, cautious) -> tuple[float, ...]:
+    """`AdEMAMix`'s argument checks on values alone (no parameters needed); returns the betas as floats."""
+    check_nonnegative("AdEMAMix", "lr", lr)
+    check_bool("AdEMAMix", "cautious", cautious)
+    betas = check_betas("AdEMAMix", betas, 3)
+    check_nonnegative("AdEMAMix", "alpha", alpha)
+    if T_alpha_beta3 is not None:
+        check_positive_int("AdEMAMix", "T_alpha_beta3", T_alpha_beta3)
+        if betas[0] <= 0.0 or betas[2] <= 0.0:
+            raise OptionError(
+                "AdEMAMix", "betas", list(betas), "betas[0] and betas[2] must be > 0 when T_alpha_beta3 is set "
+                "(the beta3 warmup interpolates their logarithms)",
+            )
+    check_nonnegative("AdEMAMix", "eps", eps)
+    check_nonnegative("AdEMAMix", "weight_decay", weight_decay)
+    return betas
 
 
 def slow_momentum_half_life(beta3: float) -> float:
@@ -124,19 +142,7 @@ class AdEMAMix(FP32StateOptimizer):
         weight_decay: float = 0.1,
         cautious: bool = False,
     ):
-        check_nonnegative("AdEMAMix", "lr", lr)
-        check_bool("AdEMAMix", "cautious", cautious)
-        betas = check_betas("AdEMAMix", betas, 3)
-        check_nonnegative("AdEMAMix", "alpha", alpha)
-        if T_alpha_beta3 is not None:
-            check_positive_int("AdEMAMix", "T_alpha_beta3", T_alpha_beta3)
-            if betas[0] <= 0.0 or betas[2] <= 0.0:
-                raise OptionError(
-                    "AdEMAMix", "betas", list(betas), "betas[0] and betas[2] must be > 0 when T_alpha_beta3 is set "
-                    "(the beta3 warmup interpolates their logarithms)",
-                )
-        check_nonnegative("AdEMAMix", "eps", eps)
-        check_nonnegative("AdEMAMix", "weight_decay", weight_decay)
+        betas = check_ademamix_options(lr, betas, alpha, T_alpha_beta3, eps, weight_decay, cautious)
         defaults = {
             "lr": lr,
             "betas": betas,

@@ -70,6 +70,7 @@ from .routing import (_HYPERBALL_EXPERTS, ROUTING_RULES, conv1d_lr_multiplier, e
 from .orthogonalize import (
     _NS_EPS,
     NS_COEFFICIENTS,
+    check_ns_dtype,
     newton_schulz,
     newton_schulz_batched,
     ns_coefficient_schedule,
@@ -81,6 +82,7 @@ __all__ = [
     "NS_COEFFICIENTS",
     "NS_SHARDING",
     "MuonWithAdamW",
+    "check_muon_options",
     "conv1d_lr_multiplier",
     "expert_param_groups",
     "ROUTING_RULES",
@@ -399,6 +401,37 @@ def _check_normuon_beta2(value: Any) -> None:
         raise OptionError("Muon", "normuon_beta2", value, "must be null (plain Muon) or a number in [0, 1)")
 
 
+def check_muon_options(*, lr, weight_decay, momentum, nesterov, ns_steps, adjust_lr_fn, betas, eps, fused,
+                       ns_coefficients, cautious, ns_sharding, ns_batched, normuon_beta2, cautious_wd, hyperball,
+                       ns_dtype) -> tuple[float, float]:
+    """`MuonWithAdamW`'s argument checks, in its order, on values alone (no parameters, no device asked);
+    returns the AdamW part's betas as floats."""
+    if not hasattr(torch.optim, "Muon"):
+        raise ImportError(f"MuonWithAdamW needs torch.optim.Muon (torch >= 2.9), found torch {torch.__version__}")
+    check_nonnegative("Muon", "lr", lr)
+    check_nonnegative("Muon", "weight_decay", weight_decay)
+    check_unit_interval("Muon", "momentum", momentum)
+    check_positive_int("Muon", "ns_steps", ns_steps, maximum=99)
+    if adjust_lr_fn not in ADJUST_LR_FNS:
+        raise OptionError("Muon", "adjust_lr_fn", adjust_lr_fn, "allowed: " + ", ".join(ADJUST_LR_FNS))
+    betas = check_betas("Muon", betas, 2)
+    check_nonnegative("Muon", "eps", eps)
+    check_bool("Muon", "nesterov", nesterov)
+    check_bool("Muon", "cautious", cautious)
+    if cautious and fused:
+        raise OptionError("Muon", "fused", fused, "leave fused unset or false",
+                          problem=f"got {fused!r} with cautious=True, which has no fused AdamW kernel")
+    ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises naming the field
+    if ns_sharding not in NS_SHARDING:
+        raise OptionError("Muon", "ns_sharding", ns_sharding, "allowed: " + ", ".join(NS_SHARDING))
+    check_ns_dtype(ns_dtype)
+    _check_normuon_beta2(normuon_beta2)
+    check_bool("Muon", "cautious_wd", cautious_wd)
+    _check_hyperball(hyperball, normuon_beta2, cautious_wd)
+    check_bool("Muon", "ns_batched", ns_batched)
+    return betas
+
+
 class MuonWithAdamW(Optimizer):
     """Muon (as `torch.optim.Muon`) for groups with `use_muon=True`, AdamW for the others.
 
@@ -472,24 +505,11 @@ class MuonWithAdamW(Optimizer):
         hyperball: bool = False,
         ns_dtype: str = "auto",
     ):
-        if not hasattr(torch.optim, "Muon"):
-            raise ImportError(f"MuonWithAdamW needs torch.optim.Muon (torch >= 2.9), found torch {torch.__version__}")
-        check_nonnegative("Muon", "lr", lr)
-        check_nonnegative("Muon", "weight_decay", weight_decay)
-        check_unit_interval("Muon", "momentum", momentum)
-        check_positive_int("Muon", "ns_steps", ns_steps, maximum=99)
-        if adjust_lr_fn not in ADJUST_LR_FNS:
-            raise OptionError("Muon", "adjust_lr_fn", adjust_lr_fn, "allowed: " + ", ".join(ADJUST_LR_FNS))
-        betas = check_betas("Muon", betas, 2)
-        check_nonnegative("Muon", "eps", eps)
-        check_bool("Muon", "nesterov", nesterov)
-        check_bool("Muon", "cautious", cautious)
-        if cautious and fused:
-            raise OptionError("Muon", "fused", fused, "leave fused unset or false",
-                              problem=f"got {fused!r} with cautious=True, which has no fused AdamW kernel")
-        ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises naming the field
-        if ns_sharding not in NS_SHARDING:
-            raise OptionError("Muon", "ns_sharding", ns_sharding, "allowed: " + ", ".join(NS_SHARDING))
+        betas = check_muon_options(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                                   ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, betas=betas, eps=eps, fused=fused,
+                                   ns_coefficients=ns_coefficients, cautious=cautious, ns_sharding=ns_sharding,
+                                   ns_batched=ns_batched, normuon_beta2=normuon_beta2, cautious_wd=cautious_wd,
+                                   hyperball=hyperball, ns_dtype=ns_dtype)
         self._muon_defaults = {
             "lr": lr,
             "weight_decay": weight_decay,
@@ -503,12 +523,7 @@ class MuonWithAdamW(Optimizer):
             "hyperball": hyperball,
             "ns_dtype": ns_dtype,
         }
-        resolve_ns_dtype(ns_dtype)  # raises naming the field
-        _check_normuon_beta2(normuon_beta2)
-        check_bool("Muon", "cautious_wd", cautious_wd)
-        _check_hyperball(hyperball, normuon_beta2, cautious_wd)
         self._cautious = cautious
-        check_bool("Muon", "ns_batched", ns_batched)
         self._ns_sharding = ns_sharding
         self._ns_batched = ns_batched
         self._adamw_defaults = {"lr": lr, "weight_decay": weight_decay, "betas": betas, "eps": eps}

@@ -33,8 +33,8 @@ import torch
 
 from ._common import OptionError, check_positive_int
 
-__all__ = ["NS_COEFFICIENTS", "NS_DTYPES", "native_bf16_matmul", "newton_schulz", "newton_schulz_batched",
-           "ns_coefficient_schedule", "resolve_ns_dtype"]
+__all__ = ["NS_COEFFICIENTS", "NS_DTYPES", "check_ns_dtype", "native_bf16_matmul", "newton_schulz",
+           "newton_schulz_batched", "ns_coefficient_schedule", "resolve_ns_dtype"]
 
 # Per-iteration (a, b, c) of X -> a X + b (X X^T) X + c (X X^T)^2 X, by name.
 NS_COEFFICIENTS: dict[str, tuple[tuple[float, float, float], ...]] = {
@@ -79,10 +79,15 @@ def native_bf16_matmul(device: Any = "cpu") -> bool:
     return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def resolve_ns_dtype(ns_dtype: str, device: Any = "cpu") -> torch.dtype:
-    """The dtype Newton-Schulz runs in for ``ns_dtype`` on ``device`` ("auto": bf16 where it is native)."""
+def check_ns_dtype(ns_dtype: Any) -> None:
+    """A one-line error unless ``ns_dtype`` is one of `NS_DTYPES` (the value alone; no device is asked)."""
     if ns_dtype not in NS_DTYPES:
         raise OptionError("Muon", "ns_dtype", ns_dtype, "allowed: " + ", ".join(NS_DTYPES))
+
+
+def resolve_ns_dtype(ns_dtype: str, device: Any = "cpu") -> torch.dtype:
+    """The dtype Newton-Schulz runs in for ``ns_dtype`` on ``device`` ("auto": bf16 where it is native)."""
+    check_ns_dtype(ns_dtype)
     if ns_dtype == "auto":
         return torch.bfloat16 if native_bf16_matmul(device) else torch.float32
     return torch.bfloat16 if ns_dtype == "bfloat16" else torch.float32
