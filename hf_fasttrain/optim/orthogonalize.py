@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 from ._common import OptionError, check_positive_int
 
 __all__ = ["NS_COEFFICIENTS", "NS_DTYPES", "check_ns_dtype", "native_bf16_matmul", "newton_schulz",
-           "newton_schulz_batched", "ns_coefficient_schedule", "resolve_ns_dtype"]
+           "newton_schulz_batched", "ns_coefficient_schedule", "ns_dtype_note", "resolve_ns_dtype"]
 
 # Per-iteration (a, b, c) of X -> a X + b (X X^T) X + c (X X^T)^2 X, by name.
 NS_COEFFICIENTS: dict[str, tuple[tuple[float, float, float], ...]] = {
@@ -83,6 +83,15 @@ def check_ns_dtype(ns_dtype: Any) -> None:
     """A one-line error unless ``ns_dtype`` is one of `NS_DTYPES` (the value alone; no device is asked)."""
     if ns_dtype not in NS_DTYPES:
         raise OptionError("Muon", "ns_dtype", ns_dtype, "allowed: " + ", ".join(NS_DTYPES))
+
+
+def ns_dtype_note(ns_dtype: Any, device: Any) -> Optional[str]:
+    """What to tell a user who asks for Newton-Schulz in bf16 on a CPU that would emulate it (slow), or None."""
+    if ns_dtype != "bfloat16" or torch.device(device).type != "cpu" or native_bf16_matmul("cpu"):
+        return None
+    return ("muon: this CPU multiplies bf16 matrices without hardware support, so Newton-Schulz in bf16 "
+            "(optimizer_kwargs ns_dtype: bfloat16) is emulated and slow; ns_dtype auto (the default) runs it in fp32 "
+            "here (docs: techniques/optimizers)")
 
 
 def resolve_ns_dtype(ns_dtype: str, device: Any = "cpu") -> torch.dtype:
