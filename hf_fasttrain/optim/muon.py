@@ -216,25 +216,28 @@ class Muon(Optimizer):
     `ns_batched` (default True): matrices of one shape are orthogonalised together
     (:func:`newton_schulz_batched`, a few batched matmuls instead of many small ones); False runs
     :func:`newton_schulz` matrix by matrix. The results are the same (bit-identical on CPU).
+
+    Every option is given by `MuonWithAdamW`, whose signature holds Muon's defaults.
     """
 
     def __init__(
         self,
         params: Iterable,
-        lr: float = 1e-3,
-        weight_decay: float = 0.1,
-        momentum: float = 0.95,
-        nesterov: bool = True,
-        ns_coefficients: Any = "jordan",
+        *,
+        lr: float,
+        weight_decay: float,
+        momentum: float,
+        nesterov: bool,
+        ns_coefficients: Any,
+        ns_steps: int,
+        adjust_lr_fn: Optional[str],
+        ns_sharding: str,
+        ns_batched: bool,
+        normuon_beta2: Optional[float],
+        cautious_wd: bool,
+        hyperball: bool,
+        ns_dtype: str,
         eps: float = _NS_EPS,
-        ns_steps: int = 5,
-        adjust_lr_fn: Optional[str] = None,
-        ns_sharding: str = "all_gather",
-        ns_batched: bool = True,
-        normuon_beta2: Optional[float] = None,
-        cautious_wd: bool = False,
-        hyperball: bool = False,
-        ns_dtype: str = "auto",
     ):
         ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises on bad values
         resolve_ns_dtype(ns_dtype)  # raises naming the field

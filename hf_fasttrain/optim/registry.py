@@ -179,10 +179,14 @@ def create_soap(
     return _build("SOAP", SOAP, model, lr, weight_decay, kwargs, lr_multipliers, weight_decay_on)
 
 
+# Muon's defaults, written once: `MuonWithAdamW`'s signature (the optimizer; `create_muon`'s signature shows them)
+_MUON = _defaults(MuonWithAdamW)
+
+
 def _muon_lrs(lr, weight_decay, muon_lr, adjust_lr_fn, adamw_lr_ratio) -> tuple[Any, Any, Any, Any]:
     """`create_muon`'s lr, weight decay, Muon's lr and the AdamW part's lr, checked (values alone)."""
-    lr = 1e-3 if lr is None else lr
-    weight_decay = 0.1 if weight_decay is None else weight_decay
+    lr = _MUON["lr"] if lr is None else lr
+    weight_decay = _MUON["weight_decay"] if weight_decay is None else weight_decay
     check_nonnegative("Muon", "lr", lr)
     check_nonnegative("Muon", "weight_decay", weight_decay)
     explicit_muon_lr = muon_lr is not None
@@ -206,22 +210,22 @@ def create_muon(
     lr: Optional[float] = None,
     weight_decay: Optional[float] = None,
     muon_lr: Optional[float] = None,
-    momentum: float = 0.95,
-    nesterov: bool = True,
-    ns_steps: int = 5,
-    adjust_lr_fn: str = "match_rms_adamw",
-    betas: tuple[float, float] = (0.9, 0.95),
-    eps: float = 1e-8,
+    momentum: float = _MUON["momentum"],
+    nesterov: bool = _MUON["nesterov"],
+    ns_steps: int = _MUON["ns_steps"],
+    adjust_lr_fn: str = _MUON["adjust_lr_fn"],
+    betas: tuple[float, float] = _MUON["betas"],
+    eps: float = _MUON["eps"],
     adamw_patterns: tuple[str, ...] = (),
-    fused: Optional[bool] = None,
-    ns_coefficients: Any = "jordan",
-    cautious: bool = False,
-    ns_sharding: str = "all_gather",
-    ns_batched: bool = True,
-    normuon_beta2: Optional[float] = None,
-    cautious_wd: bool = False,
-    hyperball: bool = False,
-    ns_dtype: str = "auto",
+    fused: Optional[bool] = _MUON["fused"],
+    ns_coefficients: Any = _MUON["ns_coefficients"],
+    cautious: bool = _MUON["cautious"],
+    ns_sharding: str = _MUON["ns_sharding"],
+    ns_batched: bool = _MUON["ns_batched"],
+    normuon_beta2: Optional[float] = _MUON["normuon_beta2"],
+    cautious_wd: bool = _MUON["cautious_wd"],
+    hyperball: bool = _MUON["hyperball"],
+    ns_dtype: str = _MUON["ns_dtype"],
     adamw_lr_ratio: float = 1.0,
     lr_multipliers: Optional[Mapping[str, float]] = None,
     weight_decay_on: str = "default",
