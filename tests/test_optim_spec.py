@@ -234,3 +234,32 @@ def test_notes(spec, native, device, max_steps, starts, monkeypatch):
     assert len(notes) == len(starts)
     for note, start in zip(notes, starts):
         assert note.startswith(start)
+
+
+def test_optimizer_cls_and_kwargs_for_checks_values_before_the_trainer_exists(nothing_is_built):
+    from hf_fasttrain.optim import optimizer_cls_and_kwargs_for
+
+    with pytest.raises(ValueError) as err:
+        optimizer_cls_and_kwargs_for("lion", lr=1e-4, weight_decay=1.0, betas=[0.9, 2])
+    assert str(err.value) == "betas: got [0.9, 2] for Lion; must be a list of 2 numbers in [0, 1)"
+    args = SimpleNamespace(learning_rate=1e-3, weight_decay=0.1, max_steps=100)
+    with pytest.raises(ValueError) as err:
+        optimizer_cls_and_kwargs_for("ademamix", args, alpha=-1.0)
+    assert str(err.value) == "alpha: got -1.0 for AdEMAMix; must be a finite number >= 0"
+    factory, kwargs = optimizer_cls_and_kwargs_for("ademamix", args, alpha=8.0)
+    assert kwargs == {"lr": 1e-3, "weight_decay": 0.1, "T_alpha_beta3": 100, "alpha": 8.0}
+
+
+def test_the_spec_modules_examples_run():
+    import doctest
+    import re
+
+    import hf_fasttrain.optim.spec as module
+
+    for obj in (module.OptimizerSpec, module.parse_optimizer_kwargs):
+        doc = re.sub(r"^\s*```\w*\s*$", "", obj.__doc__, flags=re.M)
+        test = doctest.DocTestParser().get_doctest(doc, dict(vars(module)), obj.__name__, None, 0)
+        assert test.examples
+        runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+        runner.run(test, out=lambda s: None)
+        assert runner.summarize(verbose=False).failed == 0, obj.__name__

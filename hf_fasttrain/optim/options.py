@@ -15,25 +15,18 @@ from typing import Any, Optional
 
 from .registry import OptimizerFactory, get_optimizer_factory
 from .sharding import detect_sharding
-from .spec import OptimizerSpec, _adam_kwargs, parse_optimizer_kwargs
+from .spec import OptimizerSpec, parse_optimizer_kwargs, run_kwargs
 
 __all__ = ["check_optimizer_args", "optimizer_cls_and_kwargs_for", "parse_optimizer_kwargs", "trainer_optimizer_kwargs"]
 
 
 def _kwargs_from_training_args(name: str, args: Any) -> dict[str, Any]:
     """lr, weight decay (and betas/eps, AdEMAMix's warmup length) from a TrainingArguments."""
-    kwargs: dict[str, Any] = {}
-    for field, key in (("learning_rate", "lr"), ("weight_decay", "weight_decay")):
+    for field in ("learning_rate", "weight_decay"):
         if not hasattr(args, field):
             raise ValueError(f"optimizer_cls_and_kwargs_for({name!r}): args has no {field!r}; pass the Trainer's "
                              f"TrainingArguments (or lr= and weight_decay= explicitly)")
-        kwargs[key] = getattr(args, field)
-    kwargs.update(_adam_kwargs(name, args))
-    if name == "ademamix":
-        max_steps = getattr(args, "max_steps", -1)
-        if isinstance(max_steps, int) and max_steps > 0:
-            kwargs["T_alpha_beta3"] = max_steps
-    return kwargs
+    return run_kwargs(name, args, getattr(args, "max_steps", -1))
 
 
 def optimizer_cls_and_kwargs_for(name: str, args: Any = None, **kwargs) -> tuple[OptimizerFactory, dict[str, Any]]:

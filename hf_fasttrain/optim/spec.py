@@ -28,7 +28,8 @@ from .registry import (OPTIMIZERS, _defaults, _options_with_defaults, check_opti
                        create_optimizer, get_optimizer_factory)
 from .sharding import check_sharding_support, detect_sharding
 
-__all__ = ["OPTIMIZER_NAMES", "OptimizerName", "OptimizerSpec", "check_optimizer_options", "parse_optimizer_kwargs"]
+__all__ = ["OPTIMIZER_NAMES", "OptimizerName", "OptimizerSpec", "check_optimizer_options", "parse_optimizer_kwargs",
+           "run_kwargs"]
 
 #: The optimizers by name (the keys of `hf_fasttrain.optim.OPTIMIZERS`).
 OptimizerName = Literal["adamw", "lion", "ademamix", "soap", "muon"]
@@ -120,6 +121,18 @@ def parse_optimizer_kwargs(name: str, kwargs: Union[None, str, Mapping[str, Any]
 
 
 
+def run_kwargs(name: str, args: Any, num_training_steps: Optional[int] = None) -> dict[str, Any]:
+    """What a Trainer run gives optimizer `name`: `lr` (`args.learning_rate`), `weight_decay`, the Adam betas and
+    eps (`_adam_kwargs`) and, for "ademamix", the alpha/beta3 warmup over the run's `num_training_steps` when
+    that is known (> 0)."""
+    kwargs: dict[str, Any] = {"lr": args.learning_rate, "weight_decay": args.weight_decay}
+    kwargs.update(_adam_kwargs(name, args))
+    if (name == "ademamix" and isinstance(num_training_steps, (int, float)) and not isinstance(num_training_steps, bool)
+            and num_training_steps > 0):
+        kwargs["T_alpha_beta3"] = int(num_training_steps)
+    return kwargs
+
+
 # name -> what a run with that optimizer is told, from its resolved options, the device and the run's length
 _NOTES = {
     "muon": lambda options, device, steps: ns_dtype_note(options["ns_dtype"], device),
@@ -187,10 +200,7 @@ class OptimizerSpec:
         any of these.
         """
         name = args.optimizer
-        kwargs: dict[str, Any] = {"lr": args.learning_rate, "weight_decay": args.weight_decay}
-        kwargs.update(_adam_kwargs(name, args))
-        if name == "ademamix" and num_training_steps is not None and num_training_steps > 0:
-            kwargs["T_alpha_beta3"] = int(num_training_steps)
+        kwargs = run_kwargs(name, args, num_training_steps)
         kwargs.update(parse_optimizer_kwargs(name, args.optimizer_kwargs))
         return cls.of(name, **kwargs)
 
