@@ -4,9 +4,10 @@ The spec is made once, from the flat options (`OptimizerSpec.from_args` reads wh
 learning rate, weight decay, Adam betas, the run length and `optimizer_kwargs`, as budget_aware left them;
 `OptimizerSpec.of` takes keyword options), then checked and built in one place each:
 
-- `spec.validate(sharding)`: the name, the option names (against the factory's signature), the sharding mode
-  and every value, on the values alone. No model, no probe module, no optimizer is made; the messages are the
-  optimizer's own (each optimizer's `__init__` calls the same pure check).
+- making it checks the name and the option names (against the factory's signature);
+- `spec.validate(sharding)`: the sharding mode and every value, on the values alone. No model, no probe module,
+  no optimizer is made; the messages are the optimizer's own (each optimizer's `__init__` calls the same pure
+  check).
 - `spec.build(model, sharding=...)`: the optimizer, with its param groups made from the model.
 - `spec.notes(device, max_steps)`: what a run with this optimizer should be told (a slow bf16 Newton-Schulz on
   a CPU, an AdEMAMix slow momentum that outlasts the run).
