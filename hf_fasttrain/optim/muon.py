@@ -217,7 +217,7 @@ class Muon(Optimizer):
     (:func:`newton_schulz_batched`, a few batched matmuls instead of many small ones); False runs
     :func:`newton_schulz` matrix by matrix. The results are the same (bit-identical on CPU).
 
-    Every option is given by `MuonWithAdamW`, whose signature holds Muon's defaults.
+    Every option is given, and checked, by `MuonWithAdamW`, whose signature holds Muon's defaults.
     """
 
     def __init__(
@@ -239,14 +239,7 @@ class Muon(Optimizer):
         ns_dtype: str,
         eps: float = _NS_EPS,
     ):
-        ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises on bad values
-        resolve_ns_dtype(ns_dtype)  # raises naming the field
-        _check_normuon_beta2(normuon_beta2)
-        check_bool("Muon", "cautious_wd", cautious_wd)
-        _check_hyperball(hyperball, normuon_beta2, cautious_wd)
-        if ns_sharding not in NS_SHARDING:
-            raise OptionError("Muon", "ns_sharding", ns_sharding, "allowed: " + ", ".join(NS_SHARDING))
-        check_bool("Muon", "ns_batched", ns_batched)
+        # the values are checked by MuonWithAdamW (check_muon_options), which makes this optimizer
         self._ns_sharding = ns_sharding
         self._ns_batched = ns_batched
         defaults = {
