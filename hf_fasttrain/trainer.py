@@ -36,9 +36,7 @@ from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .stability.clipping import norm_clip_stats
 from .data.streaming import StreamPosition, TokenStream
 from .modeling import is_causal_lm
-from .optim import create_optimizer, detect_sharding, trainer_optimizer_kwargs
-from .optim.orthogonalize import native_bf16_matmul
-from .optim.ademamix import slow_momentum_half_life
+from .optim import OptimizerSpec, detect_sharding
 from .stability.precision import logger as precision_logger
 from ._resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
@@ -379,34 +377,18 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         super().log(logs, start_time)
 
     def create_optimizer(self, model=None):
-        """``args.optimizer`` set: build it by name from hf_fasttrain.optim; else the Trainer's ``optim``."""
-        name = self._option("optimizer")
-        if name is None or self.optimizer is not None:
+        """``args.optimizer`` set: its spec, built from the args once (hf_fasttrain.optim.spec); else the Trainer's
+        ``optim``. Refuses (one line, before training) an optimizer that would not give its update under this run's
+        sharding (e.g. Muon under DeepSpeed ZeRO); under FSDP2 the model is not sharded yet here."""
+        if self._option("optimizer") is None or self.optimizer is not None:
             return super().create_optimizer(model)
-        kwargs = trainer_optimizer_kwargs(self.args, num_training_steps=self.state.max_steps)
+        spec = OptimizerSpec.from_args(self.args, num_training_steps=self.state.max_steps)
         opt_model = self.model if model is None else model
-        # Refuses (one line, before training) an optimizer that would not give its update under this
-        # run's sharding (e.g. Muon under DeepSpeed ZeRO); under FSDP2 the model is not sharded yet here.
         sharding = detect_sharding(args=self.args, accelerator=self.accelerator, model=opt_model)
-        self.optimizer = create_optimizer(name, opt_model, sharding=sharding, **kwargs)
-        if name == "muon" and kwargs.get("ns_dtype") == "bfloat16" and self.args.device.type == "cpu" \
-                and not native_bf16_matmul("cpu"):
-            logger.warning("muon: this CPU multiplies bf16 matrices without hardware support, so Newton-Schulz in "
-                           "bf16 (optimizer_kwargs ns_dtype: bfloat16) is emulated and slow; ns_dtype auto (the "
-                           "default) runs it in fp32 here (docs: techniques/optimizers)")
-        if name == "ademamix":
-            self._note_ademamix_half_life(kwargs.get("T_alpha_beta3") or self.args.max_steps)
+        self.optimizer = spec.build(opt_model, sharding=sharding)
+        for note in spec.notes(device=self.args.device, max_steps=self.args.max_steps):
+            logger.warning(note)
         return self.optimizer
-
-    def _note_ademamix_half_life(self, steps: int) -> None:
-        """A run shorter than AdEMAMix's slow momentum's half-life: say so once (measured to stall)."""
-        beta3 = self.optimizer.defaults["betas"][2]
-        half_life = slow_momentum_half_life(beta3)
-        if steps and steps > 0 and half_life > steps:
-            logger.warning("ademamix: beta3 %s gives the slow momentum a half-life of %s steps, longer than this "
-                           "run (%s steps); on a 1,200-step run beta3 0.9999 stalled 0.6 above 0.999's final loss: "
-                           "set optimizer_kwargs betas [0.9, 0.999, <beta3>] with a half-life inside the run "
-                           "(docs: techniques/optimizers)", beta3, f"{half_life:,.0f}", f"{steps:,}")
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         if self.weight_averaging is not None:  # also for a user's call mid-training; on_evaluate swaps back

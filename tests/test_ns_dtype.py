@@ -103,10 +103,10 @@ def test_default_is_auto_torchs_bf16_where_native_and_a_bad_value_is_one_line(na
 
 @pytest.mark.parametrize("native", [False, True])
 def test_fasttrainer_says_when_muons_bf16_is_emulated(native, monkeypatch, caplog, tmp_path):
-    import hf_fasttrain.trainer as trainer_module
+    import hf_fasttrain.optim.orthogonalize as orth
     from hf_fasttrain import FastTrainer, FastTrainingArguments
 
-    monkeypatch.setattr(trainer_module, "native_bf16_matmul", lambda device="cpu": native)
+    monkeypatch.setattr(orth, "native_bf16_matmul", lambda device="cpu": native)
     data = [{"input_ids": torch.arange(16) % 64, "labels": torch.arange(16) % 64}] * 4
     said = {}
     for kwargs in (None, {"ns_dtype": "bfloat16"}):

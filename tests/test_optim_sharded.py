@@ -108,7 +108,7 @@ def test_refused_at_creation_from_args_and_launcher_environment(monkeypatch):
     with pytest.raises(ValueError, match="optimizer_kwargs: cautious=True with 'lion' does not work under DeepSpeed"):
         create_optimizer("lion", model, sharding="deepspeed", cautious=True)
     # `accelerate launch --config_file recipes/accelerate/deepspeed_zero2.yaml` sets this variable: the
-    # config check that FastTrainingArguments runs up front (on a probe module) already refuses.
+    # config check that FastTrainingArguments runs up front (nothing built) already refuses.
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     with pytest.raises(ValueError, match="'soap' does not work under DeepSpeed ZeRO"):
         check_optimizer_options("soap", lr=1e-3)

@@ -25,12 +25,12 @@ from .orthogonalize import NS_COEFFICIENTS, newton_schulz, newton_schulz_batched
 from .registry import (
     OPTIMIZERS,
     OptimizerFactory,
-    check_optimizer_options,
     create_optimizer,
     decay_param_groups,
     get_optimizer_factory,
     optimizer_option_names,
 )
+from .spec import OPTIMIZER_NAMES, OptimizerSpec, check_optimizer_options
 from .options import optimizer_cls_and_kwargs_for, parse_optimizer_kwargs, trainer_optimizer_kwargs
 from .sharding import (
     SHARDING_MODES,

@@ -24,7 +24,7 @@ from torch.optim import Optimizer
 from ._common import (OptionError, cautious_, check_betas, check_bool, check_nonnegative, evaluate_closure,
                       params_with_grad, zero_state)
 
-__all__ = ["AdamW", "build_adamw"]
+__all__ = ["AdamW", "build_adamw", "check_adamw_options"]
 
 
 def _check_settings(lr, betas, eps, weight_decay, cautious) -> tuple[float, float]:
@@ -34,6 +34,15 @@ def _check_settings(lr, betas, eps, weight_decay, cautious) -> tuple[float, floa
     check_nonnegative("AdamW", "eps", eps)
     check_nonnegative("AdamW", "weight_decay", weight_decay)
     check_bool("AdamW", "cautious", cautious)
+    return betas
+
+
+def check_adamw_options(lr, betas, eps, weight_decay, fused, cautious) -> tuple[float, float]:
+    """`build_adamw`'s checks, in its order, on values alone (no parameters needed); returns the betas as floats."""
+    betas = _check_settings(lr, betas, eps, weight_decay, cautious)
+    if cautious and fused:
+        raise OptionError("AdamW", "fused", fused, "leave fused unset or false",
+                          problem=f"got {fused!r} with cautious=True, which has no fused kernel")
     return betas
 
 
@@ -123,12 +132,9 @@ def build_adamw(
         >>> opt.defaults["foreach"], opt.defaults["fused"]
         (True, None)
     """
-    betas = _check_settings(lr, betas, eps, weight_decay, cautious)
+    betas = check_adamw_options(lr, betas, eps, weight_decay, fused, cautious)
     groups = list(params)
     if cautious:
-        if fused:
-            raise OptionError("AdamW", "fused", fused, "leave fused unset or false",
-                              problem=f"got {fused!r} with cautious=True, which has no fused kernel")
         return AdamW(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, cautious=True)
     if fused is None:
         tensors = [

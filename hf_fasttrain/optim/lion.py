@@ -25,7 +25,16 @@ import torch
 from ._common import (FP32StateOptimizer, bucket, cautious_, check_betas, check_bool, check_nonnegative,
                       evaluate_closure, params_with_grad, state_dtype, zero_state)
 
-__all__ = ["Lion"]
+__all__ = ["Lion", "check_lion_options"]
+
+
+def check_lion_options(lr, betas, weight_decay, cautious) -> tuple[float, float]:
+    """`Lion`'s argument checks on values alone (no parameters needed); returns the betas as floats."""
+    check_nonnegative("Lion", "lr", lr)
+    betas = check_betas("Lion", betas, 2)
+    check_nonnegative("Lion", "weight_decay", weight_decay)
+    check_bool("Lion", "cautious", cautious)
+    return betas
 
 
 class Lion(FP32StateOptimizer):
@@ -59,10 +68,7 @@ class Lion(FP32StateOptimizer):
         weight_decay: float = 1.0,
         cautious: bool = False,
     ):
-        check_nonnegative("Lion", "lr", lr)
-        betas = check_betas("Lion", betas, 2)
-        check_nonnegative("Lion", "weight_decay", weight_decay)
-        check_bool("Lion", "cautious", cautious)
+        betas = check_lion_options(lr, betas, weight_decay, cautious)
         super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay, "cautious": cautious})
 
     @torch.no_grad()

@@ -70,6 +70,7 @@ from .routing import (_HYPERBALL_EXPERTS, ROUTING_RULES, conv1d_lr_multiplier, e
 from .orthogonalize import (
     _NS_EPS,
     NS_COEFFICIENTS,
+    check_ns_dtype,
     newton_schulz,
     newton_schulz_batched,
     ns_coefficient_schedule,
@@ -81,6 +82,7 @@ __all__ = [
     "NS_COEFFICIENTS",
     "NS_SHARDING",
     "MuonWithAdamW",
+    "check_muon_options",
     "conv1d_lr_multiplier",
     "expert_param_groups",
     "ROUTING_RULES",
@@ -214,28 +216,30 @@ class Muon(Optimizer):
     `ns_batched` (default True): matrices of one shape are orthogonalised together
     (:func:`newton_schulz_batched`, a few batched matmuls instead of many small ones); False runs
     :func:`newton_schulz` matrix by matrix. The results are the same (bit-identical on CPU).
+
+    Every option is given, and checked, by `MuonWithAdamW`, whose signature holds Muon's defaults.
     """
 
     def __init__(
         self,
         params: Iterable,
-        lr: float = 1e-3,
-        weight_decay: float = 0.1,
-        momentum: float = 0.95,
-        nesterov: bool = True,
-        ns_coefficients: Any = "jordan",
+        *,
+        lr: float,
+        weight_decay: float,
+        momentum: float,
+        nesterov: bool,
+        ns_coefficients: Any,
+        ns_steps: int,
+        adjust_lr_fn: Optional[str],
+        ns_sharding: str,
+        ns_batched: bool,
+        normuon_beta2: Optional[float],
+        cautious_wd: bool,
+        hyperball: bool,
+        ns_dtype: str,
         eps: float = _NS_EPS,
-        ns_steps: int = 5,
-        adjust_lr_fn: Optional[str] = None,
-        ns_sharding: str = "all_gather",
-        ns_batched: bool = True,
-        normuon_beta2: Optional[float] = None,
-        cautious_wd: bool = False,
-        hyperball: bool = False,
-        ns_dtype: str = "auto",
     ):
-        _check_matrix_settings(ns_coefficients, ns_steps, ns_dtype, normuon_beta2, cautious_wd, hyperball,
-                               ns_sharding, ns_batched)
+        # the values are checked by MuonWithAdamW (check_muon_options), which makes this optimizer
         self._ns_sharding = ns_sharding
         self._ns_batched = ns_batched
         defaults = {
@@ -393,17 +397,33 @@ def _check_normuon_beta2(value: Any) -> None:
         raise OptionError("Muon", "normuon_beta2", value, "must be null (plain Muon) or a number in [0, 1)")
 
 
-def _check_matrix_settings(ns_coefficients: Any, ns_steps: int, ns_dtype: str, normuon_beta2: Optional[float],
-                           cautious_wd: bool, hyperball: bool, ns_sharding: str, ns_batched: bool) -> None:
-    """Refuse a bad setting of the Muon part (`Muon` and `MuonWithAdamW` alike), naming the field."""
-    ns_coefficient_schedule(ns_coefficients, ns_steps)
-    resolve_ns_dtype(ns_dtype)
+def check_muon_options(*, lr, weight_decay, momentum, nesterov, ns_steps, adjust_lr_fn, betas, eps, fused,
+                       ns_coefficients, cautious, ns_sharding, ns_batched, normuon_beta2, cautious_wd, hyperball,
+                       ns_dtype) -> tuple[float, float]:
+    """`MuonWithAdamW`'s argument checks, in its order, on values alone (no parameters, no device asked);
+    returns the AdamW part's betas as floats."""
+    check_nonnegative("Muon", "lr", lr)
+    check_nonnegative("Muon", "weight_decay", weight_decay)
+    check_unit_interval("Muon", "momentum", momentum)
+    check_positive_int("Muon", "ns_steps", ns_steps, maximum=99)
+    if adjust_lr_fn not in ADJUST_LR_FNS:
+        raise OptionError("Muon", "adjust_lr_fn", adjust_lr_fn, "allowed: " + ", ".join(ADJUST_LR_FNS))
+    betas = check_betas("Muon", betas, 2)
+    check_nonnegative("Muon", "eps", eps)
+    check_bool("Muon", "nesterov", nesterov)
+    check_bool("Muon", "cautious", cautious)
+    if cautious and fused:
+        raise OptionError("Muon", "fused", fused, "leave fused unset or false",
+                          problem=f"got {fused!r} with cautious=True, which has no fused AdamW kernel")
+    ns_coefficient_schedule(ns_coefficients, ns_steps)  # raises naming the field
+    if ns_sharding not in NS_SHARDING:
+        raise OptionError("Muon", "ns_sharding", ns_sharding, "allowed: " + ", ".join(NS_SHARDING))
+    check_ns_dtype(ns_dtype)
     _check_normuon_beta2(normuon_beta2)
     check_bool("Muon", "cautious_wd", cautious_wd)
     _check_hyperball(hyperball, normuon_beta2, cautious_wd)
-    if ns_sharding not in NS_SHARDING:
-        raise OptionError("Muon", "ns_sharding", ns_sharding, "allowed: " + ", ".join(NS_SHARDING))
     check_bool("Muon", "ns_batched", ns_batched)
+    return betas
 
 
 class MuonWithAdamW(Optimizer):
@@ -479,21 +499,11 @@ class MuonWithAdamW(Optimizer):
         hyperball: bool = False,
         ns_dtype: str = "auto",
     ):
-        check_nonnegative("Muon", "lr", lr)
-        check_nonnegative("Muon", "weight_decay", weight_decay)
-        check_unit_interval("Muon", "momentum", momentum)
-        check_positive_int("Muon", "ns_steps", ns_steps, maximum=99)
-        if adjust_lr_fn not in ADJUST_LR_FNS:
-            raise OptionError("Muon", "adjust_lr_fn", adjust_lr_fn, "allowed: " + ", ".join(ADJUST_LR_FNS))
-        betas = check_betas("Muon", betas, 2)
-        check_nonnegative("Muon", "eps", eps)
-        check_bool("Muon", "nesterov", nesterov)
-        check_bool("Muon", "cautious", cautious)
-        if cautious and fused:
-            raise OptionError("Muon", "fused", fused, "leave fused unset or false",
-                              problem=f"got {fused!r} with cautious=True, which has no fused AdamW kernel")
-        _check_matrix_settings(ns_coefficients, ns_steps, ns_dtype, normuon_beta2, cautious_wd, hyperball,
-                               ns_sharding, ns_batched)
+        betas = check_muon_options(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                                   ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, betas=betas, eps=eps, fused=fused,
+                                   ns_coefficients=ns_coefficients, cautious=cautious, ns_sharding=ns_sharding,
+                                   ns_batched=ns_batched, normuon_beta2=normuon_beta2, cautious_wd=cautious_wd,
+                                   hyperball=hyperball, ns_dtype=ns_dtype)
         self._muon_defaults = {
             "lr": lr,
             "weight_decay": weight_decay,

@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 from ._common import OptionError, check_positive_int
 
-__all__ = ["NS_COEFFICIENTS", "NS_DTYPES", "native_bf16_matmul", "newton_schulz", "newton_schulz_batched",
-           "ns_coefficient_schedule", "resolve_ns_dtype"]
+__all__ = ["NS_COEFFICIENTS", "NS_DTYPES", "check_ns_dtype", "native_bf16_matmul", "newton_schulz",
+           "newton_schulz_batched", "ns_coefficient_schedule", "ns_dtype_note", "resolve_ns_dtype"]
 
 # Per-iteration (a, b, c) of X -> a X + b (X X^T) X + c (X X^T)^2 X, by name.
 NS_COEFFICIENTS: dict[str, tuple[tuple[float, float, float], ...]] = {
@@ -79,10 +79,24 @@ def native_bf16_matmul(device: Any = "cpu") -> bool:
     return bool(_cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def resolve_ns_dtype(ns_dtype: str, device: Any = "cpu") -> torch.dtype:
-    """The dtype Newton-Schulz runs in for ``ns_dtype`` on ``device`` ("auto": bf16 where it is native)."""
+def check_ns_dtype(ns_dtype: Any) -> None:
+    """A one-line error unless ``ns_dtype`` is one of `NS_DTYPES` (the value alone; no device is asked)."""
     if ns_dtype not in NS_DTYPES:
         raise OptionError("Muon", "ns_dtype", ns_dtype, "allowed: " + ", ".join(NS_DTYPES))
+
+
+def ns_dtype_note(ns_dtype: Any, device: Any) -> Optional[str]:
+    """What to tell a user who asks for Newton-Schulz in bf16 on a CPU that would emulate it (slow), or None."""
+    if ns_dtype != "bfloat16" or torch.device(device).type != "cpu" or native_bf16_matmul("cpu"):
+        return None
+    return ("muon: this CPU multiplies bf16 matrices without hardware support, so Newton-Schulz in bf16 "
+            "(optimizer_kwargs ns_dtype: bfloat16) is emulated and slow; ns_dtype auto (the default) runs it in fp32 "
+            "here (docs: techniques/optimizers)")
+
+
+def resolve_ns_dtype(ns_dtype: str, device: Any = "cpu") -> torch.dtype:
+    """The dtype Newton-Schulz runs in for ``ns_dtype`` on ``device`` ("auto": bf16 where it is native)."""
+    check_ns_dtype(ns_dtype)
     if ns_dtype == "auto":
         return torch.bfloat16 if native_bf16_matmul(device) else torch.float32
     return torch.bfloat16 if ns_dtype == "bfloat16" else torch.float32

@@ -24,27 +24,29 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import re
 from typing import Any, Callable, Mapping, Optional
 
 import torch
 from torch import nn
 
 from ._common import check_nonnegative
-from .adamw import build_adamw
-from .groups import regroup
-from .ademamix import AdEMAMix
-from .lion import Lion
+from .adamw import build_adamw, check_adamw_options
+from .groups import check_group_options, regroup
+from .ademamix import AdEMAMix, check_ademamix_options
+from .lion import Lion, check_lion_options
 from .hyperball import initial_radius
-from .muon import MuonWithAdamW, conv1d_lr_multiplier, expert_param_groups
+from .muon import MuonWithAdamW, check_muon_options, conv1d_lr_multiplier, expert_param_groups
 from .routing import _conv1d_type, muon_routing
 from .orthogonalize import _NS_EPS
 from .sharding import check_sharding_support, detect_sharding
-from .soap import DEFAULT_SKINNY_RATIO, SOAP
+from .soap import DEFAULT_SKINNY_RATIO, SOAP, check_soap_options
 
 __all__ = [
     "OPTIMIZERS",
     "OptimizerFactory",
-    "check_optimizer_options",
+    "check_option_names",
+    "check_option_values",
     "create_optimizer",
     "decay_param_groups",
     "get_optimizer_factory",
@@ -78,12 +80,18 @@ def _defaults(fn: Callable) -> dict[str, Any]:
     }
 
 
-def _build(owner: str, builder: Callable, model: nn.Module, lr, weight_decay, kwargs,
-           lr_multipliers=None, weight_decay_on: str = "default") -> torch.optim.Optimizer:
+def _lr_and_decay(owner: str, builder: Callable, lr, weight_decay) -> tuple[Any, Any]:
+    """`lr` and `weight_decay`, None taking the builder's default (the optimizer's own, from its signature)."""
     defaults = _defaults(builder)
     lr = defaults["lr"] if lr is None else lr
     weight_decay = defaults["weight_decay"] if weight_decay is None else weight_decay
-    check_nonnegative(owner, "weight_decay", weight_decay)  # also set per group below
+    check_nonnegative(owner, "weight_decay", weight_decay)  # also set per group by the factory
+    return lr, weight_decay
+
+
+def _build(owner: str, builder: Callable, model: nn.Module, lr, weight_decay, kwargs,
+           lr_multipliers=None, weight_decay_on: str = "default") -> torch.optim.Optimizer:
+    lr, weight_decay = _lr_and_decay(owner, builder, lr, weight_decay)
     groups = regroup(decay_param_groups(model, weight_decay), model, lr, lr_multipliers, weight_decay_on)
     return builder(groups, lr=lr, weight_decay=weight_decay, **kwargs)
 
@@ -171,27 +179,53 @@ def create_soap(
     return _build("SOAP", SOAP, model, lr, weight_decay, kwargs, lr_multipliers, weight_decay_on)
 
 
+# Muon's defaults, written once: `MuonWithAdamW`'s signature (the optimizer; `create_muon`'s signature shows them)
+_MUON = _defaults(MuonWithAdamW)
+
+
+def _muon_lrs(lr, weight_decay, muon_lr, adjust_lr_fn, adamw_lr_ratio) -> tuple[Any, Any, Any, Any]:
+    """`create_muon`'s lr, weight decay, Muon's lr and the AdamW part's lr, checked (values alone)."""
+    lr = _MUON["lr"] if lr is None else lr
+    weight_decay = _MUON["weight_decay"] if weight_decay is None else weight_decay
+    check_nonnegative("Muon", "lr", lr)
+    check_nonnegative("Muon", "weight_decay", weight_decay)
+    explicit_muon_lr = muon_lr is not None
+    if muon_lr is None:
+        muon_lr = 0.02 if adjust_lr_fn == "original" else lr
+    check_nonnegative("Muon", "muon_lr", muon_lr)
+    if isinstance(adamw_lr_ratio, bool) or check_nonnegative("Muon", "adamw_lr_ratio", adamw_lr_ratio) == 0:
+        raise ValueError(f"Muon: adamw_lr_ratio must be a finite number > 0, got {adamw_lr_ratio!r}")
+    if adamw_lr_ratio != 1.0:
+        if explicit_muon_lr:
+            raise ValueError(f"Muon: adamw_lr_ratio={adamw_lr_ratio!r} sets the AdamW part's lr from Muon's, so it "
+                             f"cannot be given with muon_lr={muon_lr!r}: give one of them")
+        if adjust_lr_fn == "original":
+            raise ValueError(f"Muon: adamw_lr_ratio={adamw_lr_ratio!r} needs adjust_lr_fn='match_rms_adamw' (Muon's "
+                             "lr on AdamW's scale), got 'original'")
+    return lr, weight_decay, muon_lr, lr * adamw_lr_ratio
+
+
 def create_muon(
     model: nn.Module,
     lr: Optional[float] = None,
     weight_decay: Optional[float] = None,
     muon_lr: Optional[float] = None,
-    momentum: float = 0.95,
-    nesterov: bool = True,
-    ns_steps: int = 5,
-    adjust_lr_fn: str = "match_rms_adamw",
-    betas: tuple[float, float] = (0.9, 0.95),
-    eps: float = 1e-8,
+    momentum: float = _MUON["momentum"],
+    nesterov: bool = _MUON["nesterov"],
+    ns_steps: int = _MUON["ns_steps"],
+    adjust_lr_fn: str = _MUON["adjust_lr_fn"],
+    betas: tuple[float, float] = _MUON["betas"],
+    eps: float = _MUON["eps"],
     adamw_patterns: tuple[str, ...] = (),
-    fused: Optional[bool] = None,
-    ns_coefficients: Any = "jordan",
-    cautious: bool = False,
-    ns_sharding: str = "all_gather",
-    ns_batched: bool = True,
-    normuon_beta2: Optional[float] = None,
-    cautious_wd: bool = False,
-    hyperball: bool = False,
-    ns_dtype: str = "auto",
+    fused: Optional[bool] = _MUON["fused"],
+    ns_coefficients: Any = _MUON["ns_coefficients"],
+    cautious: bool = _MUON["cautious"],
+    ns_sharding: str = _MUON["ns_sharding"],
+    ns_batched: bool = _MUON["ns_batched"],
+    normuon_beta2: Optional[float] = _MUON["normuon_beta2"],
+    cautious_wd: bool = _MUON["cautious_wd"],
+    hyperball: bool = _MUON["hyperball"],
+    ns_dtype: str = _MUON["ns_dtype"],
     adamw_lr_ratio: float = 1.0,
     lr_multipliers: Optional[Mapping[str, float]] = None,
     weight_decay_on: str = "default",
@@ -221,24 +255,7 @@ def create_muon(
     (`hf_fasttrain.config.budget`). It is a ratio to Muon's lr, so it is refused with an explicit `muon_lr` or with
     ``adjust_lr_fn="original"`` (where Muon's lr is on another scale).
     """
-    lr = 1e-3 if lr is None else lr
-    weight_decay = 0.1 if weight_decay is None else weight_decay
-    check_nonnegative("Muon", "lr", lr)
-    check_nonnegative("Muon", "weight_decay", weight_decay)
-    explicit_muon_lr = muon_lr is not None
-    if muon_lr is None:
-        muon_lr = 0.02 if adjust_lr_fn == "original" else lr
-    check_nonnegative("Muon", "muon_lr", muon_lr)
-    if isinstance(adamw_lr_ratio, bool) or check_nonnegative("Muon", "adamw_lr_ratio", adamw_lr_ratio) == 0:
-        raise ValueError(f"Muon: adamw_lr_ratio must be a finite number > 0, got {adamw_lr_ratio!r}")
-    if adamw_lr_ratio != 1.0:
-        if explicit_muon_lr:
-            raise ValueError(f"Muon: adamw_lr_ratio={adamw_lr_ratio!r} sets the AdamW part's lr from Muon's, so it "
-                             f"cannot be given with muon_lr={muon_lr!r}: give one of them")
-        if adjust_lr_fn == "original":
-            raise ValueError(f"Muon: adamw_lr_ratio={adamw_lr_ratio!r} needs adjust_lr_fn='match_rms_adamw' (Muon's "
-                             "lr on AdamW's scale), got 'original'")
-    adamw_lr = lr * adamw_lr_ratio
+    lr, weight_decay, muon_lr, adamw_lr = _muon_lrs(lr, weight_decay, muon_lr, adjust_lr_fn, adamw_lr_ratio)
     if isinstance(adamw_patterns, str):
         adamw_patterns = (adamw_patterns,)
 
@@ -315,13 +332,57 @@ def optimizer_option_names(name: str) -> list[str]:
     return [k for k in params if k != "model"]
 
 
-def _check_options(name: str, kwargs: Mapping[str, Any]) -> None:
+def check_option_names(name: str, kwargs: Mapping[str, Any]) -> None:
+    """A ValueError naming the first key of `kwargs` that optimizer `name`'s factory does not take."""
     allowed = optimizer_option_names(name)
     for key in kwargs:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"optimizer_kwargs: {name} has no option {key!r}; allowed: {allowed}.{hint}")
+
+
+def _options_with_defaults(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option of optimizer `name`'s factory: `kwargs`, and the signature's default for the rest."""
+    bound = inspect.signature(OPTIMIZERS[name]).bind_partial(**kwargs)
+    bound.apply_defaults()
+    return {k: v for k, v in bound.arguments.items() if k != "model"}
+
+
+def _call_check(check: Callable, options: Mapping[str, Any], **resolved) -> Any:
+    """`check` called with the options its signature names (`resolved` replacing some)."""
+    values = {**options, **resolved}
+    return check(**{k: values[k] for k in inspect.signature(check).parameters})
+
+
+# name -> (owner in messages, the optimizer its factory builds, that optimizer's check of its arguments)
+_BUILT_BY = {
+    "adamw": ("AdamW", build_adamw, check_adamw_options),
+    "lion": ("Lion", Lion, check_lion_options),
+    "ademamix": ("AdEMAMix", AdEMAMix, check_ademamix_options),
+    "soap": ("SOAP", SOAP, check_soap_options),
+}
+
+
+def check_option_values(name: str, kwargs: Mapping[str, Any]) -> None:
+    """The value checks that building optimizer `name` with `kwargs` would make, in the same order and with the
+    same messages, on the values alone: no model, no parameter, no optimizer is made. What depends on a model
+    (which matrices Muon takes, a zero-norm matrix under Hyperball) is checked when the optimizer is built.
+    The names must already be checked (`get_optimizer_factory`, `check_option_names`)."""
+    options = _options_with_defaults(name, kwargs)
+    if name == "muon":
+        lr, weight_decay, _, _ = _muon_lrs(options["lr"], options["weight_decay"], options["muon_lr"],
+                                           options["adjust_lr_fn"], options["adamw_lr_ratio"])
+        patterns = options["adamw_patterns"]
+        for pattern in (patterns,) if isinstance(patterns, str) else patterns:
+            re.compile(pattern)  # as muon_routing does
+        check_group_options(options["lr_multipliers"], options["weight_decay_on"])
+        _call_check(check_muon_options, options, lr=lr, weight_decay=weight_decay)
+        return
+    owner, builder, check = _BUILT_BY[name]
+    lr, weight_decay = _lr_and_decay(owner, builder, options["lr"], options["weight_decay"])
+    check_group_options(options["lr_multipliers"], options["weight_decay_on"])
+    _call_check(check, options, lr=lr, weight_decay=weight_decay)
 
 
 def create_optimizer(
@@ -373,7 +434,7 @@ def create_optimizer(
         ```
     """
     factory = get_optimizer_factory(name)
-    _check_options(name, kwargs)
+    check_option_names(name, kwargs)
     mode = detect_sharding(model=model) if sharding is None else sharding
     check_sharding_support(name, mode, cautious=bool(kwargs.get("cautious", False)),
                            normuon=kwargs.get("normuon_beta2") is not None, hyperball=kwargs.get("hyperball") is True)
@@ -404,9 +465,3 @@ class OptimizerFactory:
     def __repr__(self) -> str:
         return f"OptimizerFactory({self.name!r})"
 
-
-def check_optimizer_options(name: str, **kwargs) -> None:
-    """Build optimizer `name` with `kwargs` on a 3-parameter probe module, so bad names and values
-    raise their ValueError now (e.g. in a config's `__post_init__`) rather than when training starts."""
-    probe = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
-    create_optimizer(name, probe, **kwargs)

@@ -55,10 +55,30 @@ _SHARDED = (
     "ademamix or muon"
 )
 
-__all__ = ["DEFAULT_SKINNY_RATIO", "SOAP", "soap_preconditioned_dims"]
+__all__ = ["DEFAULT_SKINNY_RATIO", "SOAP", "check_soap_options", "soap_preconditioned_dims"]
 
 # A side longer than this times the rest of the tensor gets no factor (see the module docstring).
 DEFAULT_SKINNY_RATIO = 16.0
+
+
+def check_soap_options(lr, betas, shampoo_beta, eps, weight_decay, precondition_frequency, max_precond_dim,
+                       precondition_1d, skinny_ratio) -> tuple[float, float]:
+    """`SOAP`'s argument checks on values alone (no parameters needed); returns the betas as floats."""
+    check_nonnegative("SOAP", "lr", lr)
+    betas = check_betas("SOAP", betas, 2)
+    if shampoo_beta is not None:
+        check_unit_interval("SOAP", "shampoo_beta", shampoo_beta)
+    check_nonnegative("SOAP", "eps", eps)
+    check_nonnegative("SOAP", "weight_decay", weight_decay)
+    check_positive_int("SOAP", "precondition_frequency", precondition_frequency)
+    check_positive_int("SOAP", "max_precond_dim", max_precond_dim)
+    check_bool("SOAP", "precondition_1d", precondition_1d)
+    if skinny_ratio is not None and (
+        not isinstance(skinny_ratio, (int, float)) or isinstance(skinny_ratio, bool)
+        or not math.isfinite(skinny_ratio) or skinny_ratio < 1
+    ):
+        raise OptionError("SOAP", "skinny_ratio", skinny_ratio, "must be a finite number >= 1 or null (off)")
+    return betas
 
 
 def soap_preconditioned_dims(
@@ -168,20 +188,8 @@ class SOAP(FP32StateOptimizer):
         precondition_1d: bool = False,
         skinny_ratio: Optional[float] = DEFAULT_SKINNY_RATIO,
     ):
-        check_nonnegative("SOAP", "lr", lr)
-        betas = check_betas("SOAP", betas, 2)
-        if shampoo_beta is not None:
-            check_unit_interval("SOAP", "shampoo_beta", shampoo_beta)
-        check_nonnegative("SOAP", "eps", eps)
-        check_nonnegative("SOAP", "weight_decay", weight_decay)
-        check_positive_int("SOAP", "precondition_frequency", precondition_frequency)
-        check_positive_int("SOAP", "max_precond_dim", max_precond_dim)
-        check_bool("SOAP", "precondition_1d", precondition_1d)
-        if skinny_ratio is not None and (
-            not isinstance(skinny_ratio, (int, float)) or isinstance(skinny_ratio, bool)
-            or not math.isfinite(skinny_ratio) or skinny_ratio < 1
-        ):
-            raise OptionError("SOAP", "skinny_ratio", skinny_ratio, "must be a finite number >= 1 or null (off)")
+        betas = check_soap_options(lr, betas, shampoo_beta, eps, weight_decay, precondition_frequency,
+                                   max_precond_dim, precondition_1d, skinny_ratio)
         defaults = {
             "lr": lr,
             "betas": betas,
