@@ -85,15 +85,15 @@ def slow_momentum_half_life(beta3: float) -> float:
 
 
 def half_life_note(betas: Any, steps: Optional[int]) -> Optional[str]:
-    """What to tell a user whose run (`steps` long) is shorter than the slow momentum's half-life (measured to
-    stall), or None; `betas` as given to `AdEMAMix` (beta3 last)."""
+    """What to tell a user whose run (`steps` long) is shorter than the slow momentum's half-life (such a run
+    stalls), or None; `betas` as given to `AdEMAMix` (beta3 last)."""
     beta3 = check_betas("AdEMAMix", betas, 3)[2]
     half_life = slow_momentum_half_life(beta3)
     if not steps or steps <= 0 or half_life <= steps:
         return None
     return (f"ademamix: beta3 {beta3} gives the slow momentum a half-life of {half_life:,.0f} steps, longer than "
-            f"this run ({steps:,} steps); on a 1,200-step run beta3 0.9999 stalled 0.6 above 0.999's final loss: "
-            "set optimizer_kwargs betas [0.9, 0.999, <beta3>] with a half-life inside the run "
+            f"this run ({steps:,} steps), so it barely moves in this run (the optimizers page shows a run where "
+            "it stalled): set optimizer_kwargs betas [0.9, 0.999, <beta3>] with a half-life inside the run "
             "(docs: techniques/optimizers)")
 
 
