@@ -28,7 +28,8 @@ at once. A second seed then runs at the winner. The search is a generator that i
 rerun replays its decisions from the JSON and runs only what is missing; the families share the ``--jobs``
 workers.
 
-``--transfer-from`` starts each family at a searched budget's winner and walks only the peak lr, one run at a
+``--transfer-from`` starts each family at a searched budget's winner (a per-group family: its base family's
+winner at the new budget with the searched group knobs) and walks only the peak lr, one run at a
 time (x0.5 first, on down while the loss falls, else x2 and up; at most ``TRANSFER_STEPS`` steps one way).
 ``--model 3x192`` (rung ``<budget>x-3x192``) starts each family at the measured lr law's lr; ``--corpus unique``
 (rung ``<budget>x-unique``) trains on the ladder's corpus that does not repeat. From budget 32 on
@@ -375,6 +376,10 @@ def main(argv=None) -> dict[str, Any]:
             starts = {}
         elif transfer:
             starts = transfer_starts(ledger, transfer, rung, families)
+            if any(BASE_OF[f] != f for f in families):  # per-group families: only their group knobs carry over
+                base_path = Path(ns.base) if ns.base else RESULTS / "hf_best.json"
+                base = json.loads(base_path.read_text()) if base_path.exists() and not ns.quick else {}
+                starts = {f: carried_groups(c, base, rung, f) if BASE_OF[f] != f else c for f, c in starts.items()}
             if ns.model != LADDER_MODEL:
                 starts = {f: at_law_lr(c, f, setup) for f, c in starts.items()}
         else:
@@ -464,6 +469,17 @@ def group_start(ledger: Ledger, base: dict[str, Any], rung: str, family: str, lr
             if key not in ledger.data["runs"]:
                 ledger.data["runs"][key] = {**r, "family": family, "imported_from": f"{source}'s winner in hf_best.json"}
     return start
+
+
+def carried_groups(won: dict[str, Any], base: dict[str, Any], rung: str, family: str) -> dict[str, Any]:
+    """A per-group family's start at a budget too long to search: its base family's winner at ``rung`` in
+    ``base`` (an hf_best ledger) with the group knobs (the multipliers, weight decay on matrices) of ``won``, the
+    winner at a shorter budget; without a finished base search at ``rung``, ``won`` as it is."""
+    source = ((base.get("searches") or {}).get(rung) or {}).get(BASE_OF[family])
+    if source is None:
+        return won
+    groups = {k: won[k] for k in (*GROUP_KNOBS, "wd_on") if k in won}
+    return {**source["best"], **groups}
 
 
 def parse_config(text: str, families: list[str]) -> dict[str, Any]:

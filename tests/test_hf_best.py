@@ -372,6 +372,17 @@ def test_the_train_rows_loss_shows_a_run_that_memorised_repeated_data(tmp_path):
     assert r["final_train_loss"] < r["final_eval_loss"] - 1.0, r  # 24 passes over 8 rows: memorised
 
 
+def test_a_per_group_family_carries_only_its_group_knobs_to_a_longer_budget():
+    mod = hb()
+    won = {**mod.start_config("hf-best", 2e-3, 1200), "emb_lr": 8.0, "norm_lr": 4.0, "wd_on": "matrices"}
+    base_best = {**mod.start_config("hf-best", 4e-3, 4800), "schedule": "wsd-1-sqrt", "beta2": 0.99}
+    base = {"searches": {"16x": {"hf-best": {"best": base_best, "loss": 2.9, "decisions": []}}}}
+    start = mod.carried_groups(won, base, "16x", "hf-best+")
+    assert start == {**base_best, "emb_lr": 8.0, "norm_lr": 4.0, "wd_on": "matrices"}  # hf-best's 16x winner + groups
+    assert start["lr"] == 4e-3 and start["schedule"] == "wsd-1-sqrt"
+    assert mod.carried_groups(won, base, "64x", "hf-best+") == won  # no base search there: the winner as it is
+
+
 def test_a_budget_too_long_to_search_sweeps_only_the_peak_lr_from_the_shorter_budgets_winner(tmp_path, monkeypatch):
     mod = hb()
     ledger = mod.Ledger(tmp_path / "hf_best.json")
