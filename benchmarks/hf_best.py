@@ -73,7 +73,7 @@ from benchmarks._harness.lm import ARMS, QUICK, Arm, non_embedding_params, run_a
 from benchmarks._harness.long_run_tables import (group_plot, group_ratio_table, group_ratios, ladder_ledger,
                                                 memorisation, one_run_table, precision_table)
 from benchmarks._harness.long_runs import (BASE_OF, CHECKPOINT_FROM_BUDGET, CORPORA, FAMILIES, GROUP_KNOBS, KNOBS,
-                                          KNOB_DEFAULTS, LADDER_MODEL, MODELS, NOISE, OPTIMIZER_OF,
+                                          KNOB_DEFAULTS, carried_groups, LADDER_MODEL, MODELS, NOISE, OPTIMIZER_OF,
                                           SEARCHED_BY_DEFAULT, TRANSFER_STEPS, WARMUP, config_key, knob_value,
                                           ladder_best_lr, rung_multiple, rung_name, run_key, run_search,
                                           searched_rungs, start_config, summarise)
@@ -469,17 +469,6 @@ def group_start(ledger: Ledger, base: dict[str, Any], rung: str, family: str, lr
             if key not in ledger.data["runs"]:
                 ledger.data["runs"][key] = {**r, "family": family, "imported_from": f"{source}'s winner in hf_best.json"}
     return start
-
-
-def carried_groups(won: dict[str, Any], base: dict[str, Any], rung: str, family: str) -> dict[str, Any]:
-    """A per-group family's start at a budget too long to search: its base family's winner at ``rung`` in
-    ``base`` (an hf_best ledger) with the group knobs (the multipliers, weight decay on matrices) of ``won``, the
-    winner at a shorter budget; without a finished base search at ``rung``, ``won`` as it is."""
-    source = ((base.get("searches") or {}).get(rung) or {}).get(BASE_OF[family])
-    if source is None:
-        return won
-    groups = {k: won[k] for k in (*GROUP_KNOBS, "wd_on") if k in won}
-    return {**source["best"], **groups}
 
 
 def parse_config(text: str, families: list[str]) -> dict[str, Any]:

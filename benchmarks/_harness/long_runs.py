@@ -420,3 +420,14 @@ def search_ledger(path: Path) -> Optional[dict[str, Any]]:
     view = type("View", (), {"data": data})()
     data["summary"] = {r: summarise(view, r) for r in {run["rung"] for run in data.get("runs", {}).values()}}
     return data
+
+
+def carried_groups(won: dict[str, Any], base: dict[str, Any], rung: str, family: str) -> dict[str, Any]:
+    """A per-group family's start at a budget too long to search: its base family's winner at ``rung`` in
+    ``base`` (an hf_best ledger) with the group knobs (the multipliers, weight decay on matrices) of ``won``, the
+    winner at a shorter budget; without a finished base search at ``rung``, ``won`` as it is."""
+    source = ((base.get("searches") or {}).get(rung) or {}).get(BASE_OF[family])
+    if source is None:
+        return won
+    groups = {k: won[k] for k in (*GROUP_KNOBS, "wd_on") if k in won}
+    return {**source["best"], **groups}
