@@ -2,6 +2,7 @@
 
     python -m benchmarks.lm_head_loss_memory                 # GPT-2 head: d 768, vocab 50,257, 2 x 1024 tokens
     python -m benchmarks.lm_head_loss_memory --tokens 512    # quicker
+    python -m benchmarks.lm_head_loss_memory --quick --out /tmp/x   # a smoke run: a tiny head, one repeat (seconds)
 
 Only the head and the loss are run (hidden states in, loss out, backward to hidden states and
 weight), the part whose memory grows with tokens x vocabulary. Each variant runs in its own
@@ -29,11 +30,13 @@ import subprocess
 import sys
 import time
 
-from benchmarks._harness import RESULTS, module_command, subprocess_env
+from benchmarks._harness import RESULTS, display_command, module_command, subprocess_env
 
 __all__ = ["VARIANTS", "main"]
 
 VARIANTS = ["standard-fp32", "chunked-fp32", "standard-bf16", "chunked-bf16"]
+# the smoke run: the same variants and measurements on a head small enough to take seconds
+QUICK = {"tokens": 256, "d_model": 64, "vocab": 4096, "chunk_size": 64, "repeats": 1}
 
 
 def _peak_rss_bytes() -> int:
@@ -103,13 +106,15 @@ def run_variant(name: str, opts) -> dict:
 
 def make_parser():
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: " + ", ".join(f"{k} {v}" for k, v in QUICK.items()) + "; writes <name>_quick.*")
     p.add_argument("--tokens", type=int, default=2048, help="tokens in the batch (default 2 x 1024)")
     p.add_argument("--d-model", type=int, default=768)
     p.add_argument("--vocab", type=int, default=50257)
     p.add_argument("--chunk-size", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out-dir", default=str(RESULTS))
+    p.add_argument("--out", "--out-dir", dest="out_dir", default=str(RESULTS), help="folder for <name>.{json,md,png}")
     p.add_argument("--name", default="lm_head_loss_memory_cpu")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return p
@@ -117,6 +122,9 @@ def make_parser():
 
 def main(argv=None):
     opts = make_parser().parse_args(argv)
+    if opts.quick:
+        vars(opts).update(QUICK)
+        opts.name += "_quick"
     if opts.worker:
         print(json.dumps(run_variant(opts.worker, opts)))
         return None
@@ -133,7 +141,7 @@ def main(argv=None):
     results = {
         "benchmark": "lm_head_loss_memory",
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m benchmarks.lm_head_loss_memory " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": display_command("python -m benchmarks.lm_head_loss_memory", argv if argv is not None else sys.argv[1:]),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "processor": platform.processor(),
                     "torch": torch.__version__, "threads": opts.threads},
         "config": {"tokens": opts.tokens, "d_model": opts.d_model, "vocab": opts.vocab, "chunk_size": opts.chunk_size,

@@ -1,13 +1,14 @@
 """Per-step cost of the stability callbacks, side by side in one run.
 
     python -m benchmarks.stability_overhead --steps 60 --repeats 3
+    python -m benchmarks.stability_overhead --quick --out /tmp/x   # a smoke run: 12 steps, one repeat (seconds)
 
 Trains the same tiny GPT-2 (2 layers, 128 wide, vocab 1000, seq 128, batch 8) on random tokens with
 the plain Trainer and with each callback, arms interleaved within each repeat, and reports the median
 CPU milliseconds per optimizer step (process CPU time with one torch thread: on a machine shared with
 other jobs, wall time mostly measures the other jobs) over the steps after the first 10 (the snapshot of the guard at step
 50 is inside the measured range, so its cost is included amortized over ``snapshot_every=50``).
-Writes benchmarks/results/stability_overhead.{json,png}.
+Writes benchmarks/results/stability_overhead.{json,png} (``--quick``: stability_overhead_quick.* in ``--out``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -32,11 +35,14 @@ from transformers.utils import logging as hf_logging
 
 from hf_fasttrain.callbacks.stability import DivergenceGuardCallback, GradientClippingCallback, StabilityTrainerMixin
 
-from benchmarks._harness import RESULTS  # noqa: E402
+from benchmarks._harness import RESULTS, UsageError, run_cli  # noqa: E402
 
 
 class GuardedTrainer(StabilityTrainerMixin, Trainer):
     pass
+
+
+SKIP = 10  # the first steps (warm-up of kernels and allocator) are not measured
 
 
 class StepTimer(TrainerCallback):
@@ -73,20 +79,28 @@ def run_arm(arm: dict, steps: int, out: str) -> float:
         output_dir=out, max_steps=steps, per_device_train_batch_size=8, learning_rate=1e-3, logging_steps=10,
         max_grad_norm=arm["max_grad_norm"], save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True,
     )
-    timer = StepTimer(skip=10)
+    timer = StepTimer(skip=SKIP)
     cls = GuardedTrainer if arm.get("mixin") else Trainer
     trainer = cls(model=model, args=args, train_dataset=data, callbacks=arm["callbacks"]() + [timer])
     trainer.train()
     return 1000.0 * (timer.t1 - timer.t0) / timer.n
 
 
-def main(args: argparse.Namespace) -> dict:
+def main(argv=None) -> dict:
+    args = make_parser().parse_args(argv)
+    if args.quick:
+        args.steps, args.repeats = 12, 1
+    if args.steps <= SKIP:
+        raise UsageError(f"--steps: {args.steps} leaves no step to measure; more than {SKIP} "
+                         f"(the first {SKIP} are warm-up)")
+    stem = Path(args.out) / ("stability_overhead_quick" if args.quick else "stability_overhead")
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
     times: dict[str, list[float]] = {name: [] for name in ARMS}
-    for _ in range(args.repeats):
-        for name, arm in ARMS.items():  # interleaved: drifts in machine load hit every arm alike
-            times[name].append(run_arm(arm, args.steps, "/tmp/stability_overhead"))
+    with tempfile.TemporaryDirectory(prefix="stability_overhead_") as work:
+        for _ in range(args.repeats):
+            for name, arm in ARMS.items():  # interleaved: drifts in machine load hit every arm alike
+                times[name].append(run_arm(arm, args.steps, work))
     base = statistics.median(times[next(iter(ARMS))])
     rows = [
         {"arm": name, "ms_per_step_median": statistics.median(t), "ms_per_step_all": t, "relative": statistics.median(t) / base}
@@ -105,8 +119,8 @@ def main(args: argparse.Namespace) -> dict:
         "model": "GPT-2 2 layers, n_embd 128, vocab 1000, seq 128, batch 8, random tokens",
         "rows": rows,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "stability_overhead.json").write_text(json.dumps(result, indent=2))
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2))
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,7 +131,8 @@ def main(args: argparse.Namespace) -> dict:
     ax.set_xlabel("CPU ms per optimizer step (median)")
     ax.set_title(f"Stability callbacks, tiny GPT-2, CPU ({args.repeats} repeats)")
     fig.tight_layout()
-    fig.savefig(RESULTS / "stability_overhead.png", dpi=120)
+    fig.savefig(stem.with_suffix(".png"), dpi=120)
+    plt.close(fig)
     return result
 
 
@@ -126,8 +141,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="a smoke run: 12 steps, one repeat")
+    p.add_argument("--out", default=str(RESULTS), help="folder for stability_overhead.{json,png}")
     return p
 
 
 if __name__ == "__main__":
-    main(make_parser().parse_args())
+    run_cli(main)

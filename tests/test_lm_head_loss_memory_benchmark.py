@@ -26,7 +26,7 @@ def test_quick_run_writes_the_committed_variants_and_the_chunked_loss_equals_the
     q = lhm.QUICK
     assert saved["config"] == {**q, "fp32_logits_bytes": q["tokens"] * q["vocab"] * 4}
     v = saved["variants"]
-    # random logits: the loss is about ln(vocab) (here d 64 x weight std 0.02 keeps them near 0)
+    # random logits near 0 (d 64, weight std 0.02): the loss is about ln(vocab)
     assert v["standard-fp32"]["loss"] == pytest.approx(math.log(q["vocab"]), abs=0.1)
     for dtype, tol in (("fp32", 1e-5), ("bf16", 1e-2)):
         std, chunked = v[f"standard-{dtype}"], v[f"chunked-{dtype}"]
@@ -36,7 +36,7 @@ def test_quick_run_writes_the_committed_variants_and_the_chunked_loss_equals_the
         assert chunked["saved_for_backward_bytes"] == (q["tokens"] + q["vocab"]) * q["d_model"] * 4 + 8
     # standard keeps at least the fp32 logits and their log-softmax
     assert v["standard-fp32"]["saved_for_backward_bytes"] >= 2 * saved["config"]["fp32_logits_bytes"]
-    assert saved["command"] == "python -m benchmarks.lm_head_loss_memory --quick --out <" + tmp_path.name + ">"
+    assert saved["command"] == f"python -m benchmarks.lm_head_loss_memory --quick --out <{tmp_path.name}>"
     table = (tmp_path / "lm_head_loss_memory_cpu_quick.md").read_text()
     assert all(f"| {name} | " in table for name in lhm.VARIANTS)
     assert (tmp_path / "lm_head_loss_memory_cpu_quick.png").stat().st_size > 0
