@@ -181,3 +181,24 @@ def test_checkpoints_carry_the_average_and_resume_bit_exactly(tiny_lm, tiny_toke
     # negative control: the average moved between the two checkpoints
     a4 = flat(load_average_file(str(tmp_path / "a" / "checkpoint-4" / "weight_average.pt")))
     assert any(not torch.equal(a4[k], fa[k]) for k in a4 if k in fa)
+
+
+def test_averaging_spec_is_read_once_from_the_arguments_and_checked_naming_their_fields(tmp_path):
+    import typing
+
+    from hf_fasttrain import FastTrainingArguments
+    from hf_fasttrain.stability.averaging import AVERAGING_MODES, AveragingSpec
+
+    assert typing.get_args(typing.get_type_hints(AveragingSpec)["mode"]) == AVERAGING_MODES == ("none", "ema", "lawa")
+    args = FastTrainingArguments(output_dir=str(tmp_path), weight_averaging="lawa", lawa_checkpoints=3,
+                                 lawa_interval=7, ema_decay=0.9, report_to=[])
+    assert AveragingSpec.from_args(args) == AveragingSpec("lawa", 0.9, True, 1, 3, 7)
+    assert AveragingSpec.from_args(TrainingArguments(output_dir=str(tmp_path), report_to=[])) == AveragingSpec()
+    with pytest.raises(ValueError, match=r"^lawa_checkpoints: got 0; must be an integer >= 1$"):
+        FastTrainingArguments(output_dir=str(tmp_path), weight_averaging="lawa", lawa_checkpoints=0, report_to=[])
+    with pytest.raises(ValueError, match=r"^lawa_k: got 0; must be an integer >= 1$"):  # the callback's own names
+        WeightAveragingCallback(mode="lawa", lawa_k=0)
+    callback = WeightAveragingCallback.from_args(args)
+    assert callback.settings == {"mode": "lawa", "decay": 0.9, "warmup": True, "update_every": 1, "lawa_k": 3,
+                                 "lawa_interval": 7}
+    assert WeightAveragingCallback.from_args(TrainingArguments(output_dir=str(tmp_path), report_to=[])) is None

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Optional
@@ -30,7 +31,7 @@ from transformers import TrainerCallback
 
 from .._validation import ConfigError
 
-from ..stability.averaging import WeightAverage, check_averaging_settings, load_average_file, save_average_file
+from ..stability.averaging import AveragingSpec, WeightAverage, load_average_file, save_average_file
 from ..stability.trainables import trainable_parameters
 from ._rollback import register_participant
 
@@ -64,11 +65,11 @@ class WeightAveragingCallback(TrainerCallback):
 
     def __init__(self, mode: str = "ema", decay: float = 0.99, warmup: bool = True, update_every: int = 1,
                  lawa_k: int = 5, lawa_interval: int = 10, swap_for_eval: bool = True):
-        check_averaging_settings(mode, decay, update_every, lawa_k, lawa_interval)
+        spec = AveragingSpec(mode, decay, warmup, update_every, lawa_k, lawa_interval)
+        spec.validate()
         if mode == "none":
             raise ConfigError("mode", "none", "allowed: ema, lawa", problem="got 'none', which has no average to keep")
-        self.settings = dict(mode=mode, decay=decay, warmup=warmup, update_every=update_every, lawa_k=lawa_k,
-                             lawa_interval=lawa_interval)
+        self.settings = dataclasses.asdict(spec)
         self.swap_for_eval = swap_for_eval
         self.resume_dir: Optional[str] = None
         self.average: Optional[WeightAverage] = None
@@ -79,12 +80,8 @@ class WeightAveragingCallback(TrainerCallback):
     @classmethod
     def from_args(cls, args, **kwargs) -> Optional["WeightAveragingCallback"]:
         """The callback FastTrainingArguments ask for (None when ``weight_averaging='none'``)."""
-        mode = getattr(args, "weight_averaging", "none")
-        if mode == "none":
-            return None
-        return cls(mode=mode, decay=getattr(args, "ema_decay", 0.99), warmup=getattr(args, "ema_warmup", True),
-                   update_every=getattr(args, "ema_update_every", 1), lawa_k=getattr(args, "lawa_checkpoints", 5),
-                   lawa_interval=getattr(args, "lawa_interval", 10), **kwargs)
+        spec = AveragingSpec.from_args(args)
+        return None if spec.mode == "none" else cls(**dataclasses.asdict(spec), **kwargs)
 
     # -- events --------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, model=None, **kwargs):

@@ -442,10 +442,9 @@ class FastTrainingArguments(TrainingArguments):
         _check(self.clip_mode in CLIP_MODES, "clip_mode", self.clip_mode, f"allowed: {', '.join(CLIP_MODES)}")
         GuardConfig.from_training_args(self)  # the guard's own checks (choices, relations), naming the guard_* field
         # weight averaging: the names and ranges are the core's (hf_fasttrain.stability.averaging)
-        from ..stability.averaging import ARGS_FIELDS, check_averaging_settings
+        from ..stability.averaging import AveragingSpec
 
-        check_averaging_settings(self.weight_averaging, self.ema_decay, self.ema_update_every,
-                                 self.lawa_checkpoints, self.lawa_interval, names=ARGS_FIELDS)
+        AveragingSpec.from_args(self)
         _check(isinstance(self.ema_warmup, bool), "ema_warmup", self.ema_warmup, "must be true or false")
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         check_seqlen_args(self)

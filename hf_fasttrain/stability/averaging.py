@@ -34,19 +34,21 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import Optional
+from typing import Literal, Optional, get_args
 
 import torch
 
 from .._validation import ConfigError
 
-__all__ = ["AVERAGING_MODES", "ARGS_FIELDS", "decay_from_half_life", "ema_decay_at", "ema_update_", "WeightAverage",
+__all__ = ["AVERAGING_MODES", "AveragingSpec", "ARGS_FIELDS", "decay_from_half_life", "ema_decay_at", "ema_update_", "WeightAverage",
            "check_averaging_settings", "save_average_file", "load_average_file"]
 
-AVERAGING_MODES = ("none", "ema", "lawa")
+AveragingMode = Literal["none", "ema", "lawa"]
+AVERAGING_MODES: tuple[str, ...] = get_args(AveragingMode)
 
 
 def decay_from_half_life(half_life_steps: float) -> float:
@@ -85,6 +87,35 @@ def check_averaging_settings(mode: str, decay: float, update_every: int, lawa_k:
     for key, value in (("update_every", update_every), ("lawa_k", lawa_k), ("lawa_interval", lawa_interval)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{names[key]}: got {value!r}; must be an integer >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class AveragingSpec:
+    """Weight averaging's settings in one object: read once from the arguments (:meth:`from_args`), checked in
+    one place (:meth:`validate`) and handed whole to the callback."""
+
+    mode: AveragingMode = "none"
+    decay: float = 0.99
+    warmup: bool = True
+    update_every: int = 1
+    lawa_k: int = 5
+    lawa_interval: int = 10
+
+    @classmethod
+    def from_args(cls, args) -> "AveragingSpec":
+        """From FastTrainingArguments' fields (``weight_averaging``, ``ema_decay``, ``ema_warmup``,
+        ``ema_update_every``, ``lawa_checkpoints``, ``lawa_interval``; their defaults on other arguments),
+        checked; a refusal names the arguments' field."""
+        spec = cls(mode=getattr(args, "weight_averaging", "none"), decay=getattr(args, "ema_decay", 0.99),
+                   warmup=getattr(args, "ema_warmup", True), update_every=getattr(args, "ema_update_every", 1),
+                   lawa_k=getattr(args, "lawa_checkpoints", 5), lawa_interval=getattr(args, "lawa_interval", 10))
+        spec.validate(names=ARGS_FIELDS)
+        return spec
+
+    def validate(self, names: Optional[Mapping[str, str]] = None) -> None:
+        """Raise ValueError naming the field (as ``names`` spells it), the value and what is allowed."""
+        check_averaging_settings(self.mode, self.decay, self.update_every, self.lawa_k, self.lawa_interval,
+                                 names=names)
 
 
 class WeightAverage:
