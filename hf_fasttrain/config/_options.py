@@ -56,7 +56,7 @@ CHOICES = {
     "lr_decay": ("schedules.py", "DECAY_SHAPES"),
     "clip_mode": ("stability/clipping.py", "CLIP_MODES"),
     "guard_rollback": ("stability/guard.py", "ROLLBACK_MODES"),
-    "weight_averaging": ("stability/averaging.py", "AVERAGING_MODES"),
+    "weight_averaging": ("stability/averaging.py", "AveragingMode"),
     "precision": ("stability/precision.py", "PRECISIONS"),
     "packing": ("data/from_args.py", "PACKING_MODES"),
     "curriculum_pacing": ("data/seqlen.py", "PACINGS"),
@@ -373,8 +373,8 @@ def _first_sentence(text: str, width: int) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _read_names(module: str, constant: str) -> Optional[tuple[str, ...]]:
-    """The string keys of a dict, or the strings of a tuple, assigned to ``constant`` in a package module's source
-    (read with :mod:`ast`; nothing is imported); None when the module or the constant cannot be read."""
+    """The string keys of a dict, or the strings of a tuple or a ``Literal[...]``, assigned to ``constant`` in a
+    package module's source (read with :mod:`ast`; nothing is imported); None when it cannot be read."""
     try:
         tree = ast.parse((_PKG / module).read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
@@ -392,6 +392,8 @@ def _read_names(module: str, constant: str) -> Optional[tuple[str, ...]]:
             items = value.keys
         elif isinstance(value, (ast.Tuple, ast.List)):
             items = value.elts
+        elif isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name) and value.value.id == "Literal":
+            items = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]  # Literal["a", "b"]
         else:
             return None
         names = tuple(v for v in (_literal(k) for k in items) if isinstance(v, str))
