@@ -524,3 +524,12 @@ def test_two_process_curriculum_same_limit_disjoint_examples(tmp_path):
         assert len(b0) == len(b1) == 2 and not set(b0) & set(b1)  # disjoint examples at every step
         limit = 8 + 24 * step // 6
         assert max(lengths[i] for i in b0 + b1) <= limit
+
+
+def test_typed_choices_are_the_checked_names():
+    """The Literal types of the pacing and the sequence-length mode name what the runtime checks allow."""
+    import typing
+
+    from hf_fasttrain.data.seqlen import PACINGS, SEQ_LEN_MODES, Mode, Pacing
+
+    assert typing.get_args(Pacing) == PACINGS and typing.get_args(Mode) == SEQ_LEN_MODES

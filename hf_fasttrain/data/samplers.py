@@ -25,7 +25,8 @@ not from this position.
 
 Layout: this module holds the lengths, length grouping and the curriculum; `token_budget` the
 token-budget batching and the batch-size warmup (its names are importable from here too); `_plan` the
-machinery they and `packing` share (checks, seeded permutations, the base sampler).
+machinery they and `packing` share (checks, seeded permutations, the base sampler, and `StepPlanSettings`:
+the seed, ranks, gradient accumulation and drop_last every plan takes whole).
 
 References:
 - Megabatch length grouping: `transformers.trainer_pt_utils.get_length_grouped_indices`.
