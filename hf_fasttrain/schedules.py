@@ -1,7 +1,8 @@
 """Learning-rate schedules: linear warmup, then a decay shape down to a floor.
 
 Every schedule here is a pure function giving the multiplier of a param group's peak lr at a point of
-training. `functools.partial` binds the settings; `torch.optim.lr_scheduler.LambdaLR` wraps it only at
+training. `functools.partial` binds the settings, which travel whole as one `ScheduleSpec` (a frozen
+dataclass that checks itself); `torch.optim.lr_scheduler.LambdaLR` wraps the function only at
 the edge (`ScheduleSpec.build`, `make_scheduler`), with one lambda per param group, so a hybrid optimizer
 with several groups keeps their lr ratios, and an absolute floor (`min_lr`) lands at the same lr in every
 group.
@@ -28,9 +29,6 @@ Beyond the end (x > N) the multiplier stays at the floor. The warmup matches `to
 LinearLR` (factor `s` at step 0, 1 at step W), so warmup + cosine equals torch's
 `SequentialLR(LinearLR, CosineAnnealingLR)` step by step (tests/test_schedules.py checks it).
 
-The settings travel together as a `ScheduleSpec` (a frozen dataclass that checks itself): built once from
-the flat options or from `make_scheduler`'s keywords, then passed whole.
-
 Progress in tokens: give `progress=TokenProgress(total_tokens)` and feed it the tokens actually trained
 on (`progress.add(n)` before each `scheduler.step()`); the schedule then follows tokens_seen /
 total_tokens instead of step / num_training_steps, which matters when the tokens per step change during
@@ -55,25 +53,9 @@ from torch.optim.lr_scheduler import LambdaLR
 from ._validation import ConfigError
 
 __all__ = [
-    "DECAY_SHAPES",
-    "DEFAULT_DECAY_FRACTION",
-    "DecayName",
-    "SCHEDULE_UNITS",
-    "ScheduleLR",
-    "ScheduleSpec",
-    "ScheduleUnit",
-    "TokenProgress",
-    "constant_shape",
-    "cosine_shape",
-    "get_decay_shape",
-    "linear_shape",
-    "lr_factor",
-    "make_scheduler",
-    "one_minus_sqrt_shape",
-    "plot_schedules",
-    "resolve_warmup_steps",
-    "schedule_curve",
-    "sqrt_shape",
+    "ScheduleSpec", "make_scheduler", "ScheduleLR", "TokenProgress", "lr_factor", "resolve_warmup_steps",
+    "DECAY_SHAPES", "DEFAULT_DECAY_FRACTION", "DecayName", "get_decay_shape", "SCHEDULE_UNITS", "ScheduleUnit",
+    "cosine_shape", "sqrt_shape", "linear_shape", "one_minus_sqrt_shape", "constant_shape", "plot_schedules",
 ]
 
 #: The names of `DECAY_SHAPES`, for type checkers (a test keeps the two the same).
@@ -324,26 +306,18 @@ class ScheduleSpec:
     one multiplier. Refusals name the option as users write it (`lr_decay`, `schedule_unit`, ...).
 
     Args:
-        decay (`str`, *optional*, defaults to `"cosine"`):
-            A name in `DECAY_SHAPES`: `"cosine"`, `"sqrt"`, `"linear"`, `"1-sqrt"` or `"constant"`.
-        warmup_steps (`float`, *optional*, defaults to `0`):
-            Linear warmup length: an integer number of steps, or a fraction `0 < x < 1` of training (checked
-            against the run's length when one is built).
-        warmup_start_factor (`float`, *optional*, defaults to `0.0`):
-            Multiplier at step 0, rising linearly to 1 at the end of the warmup.
-        min_lr (`float` or `Sequence[float]`, *optional*, defaults to `None`):
-            Absolute floor lr (one for all groups, or one per group); must be <= each group's peak.
-        min_lr_ratio (`float`, *optional*, defaults to `None`):
-            Floor as a fraction of each group's peak lr. At most one of `min_lr` / `min_lr_ratio`.
-        decay_fraction (`float`, *optional*, defaults to `None`):
-            Decay only over the last `decay_fraction` of training, at the peak before (WSD). `None`: 0.2 for
-            `"1-sqrt"`, the whole post-warmup span for the other shapes.
-        unit (`str`, *optional*, defaults to `"steps"`):
-            Progress counted in optimizer `"steps"`, or in `"tokens"` trained on (the caller feeds a
-            `TokenProgress` to `build`).
-        total_tokens (`int`, *optional*, defaults to `None`):
-            With `unit="tokens"`: tokens at which the schedule reaches its floor; `None` leaves the total to
-            the caller (FastTrainer: steps x global batch x row length).
+        decay: a name in `DECAY_SHAPES`: `"cosine"`, `"sqrt"`, `"linear"`, `"1-sqrt"` or `"constant"`.
+        warmup_steps: linear warmup length: an integer number of steps, or a fraction `0 < x < 1` of training
+            (checked against the run's length when a schedule is built).
+        warmup_start_factor: multiplier at step 0, rising linearly to 1 at the end of the warmup.
+        min_lr: absolute floor lr (one for all groups, or one per group); must be <= each group's peak.
+        min_lr_ratio: floor as a fraction of each group's peak lr. At most one of `min_lr` / `min_lr_ratio`;
+            neither means a floor of 0.
+        decay_fraction: decay only over the last `decay_fraction` of training, at the peak before (WSD).
+            `None`: 0.2 for `"1-sqrt"`, the whole post-warmup span for the other shapes.
+        unit: progress counted in optimizer `"steps"`, or in `"tokens"` trained on (pass a `TokenProgress`).
+        total_tokens: with `unit="tokens"`, the tokens at which the schedule reaches its floor; `None` leaves
+            the total to the caller (FastTrainer: steps x global batch x row length).
 
     Example:
         ```python
@@ -410,19 +384,15 @@ class ScheduleSpec:
                    args.decay_fraction, args.schedule_unit, args.schedule_total_tokens)
 
     def phases(self, num_training_steps: int, progress: TokenProgress | None = None) -> tuple[float, float, float]:
-        """`(total, warmup, decay_start)` of a run of `num_training_steps`, in steps (or tokens, with `progress`):
-        N, W and D of the module's formula. Raises ValueError where the warmup or the decay does not fit the run.
-
-        Tokens: an integer warmup keeps its share of the steps; a fractional one is taken of the tokens directly.
-        """
+        """N, W and D of the module's formula for a run of `num_training_steps`, in steps (or tokens, with `progress`:
+        an integer warmup keeps its share of the steps, a fraction is taken of the tokens). Raises ValueError where
+        the warmup or the decay does not fit the run."""
         if isinstance(num_training_steps, bool) or not isinstance(num_training_steps, numbers.Integral) or num_training_steps <= 0:
             raise ConfigError("num_training_steps", num_training_steps, "must be an integer >= 1")
         if progress is not None and not isinstance(progress, TokenProgress):
             raise ConfigError("progress", progress, "pass a TokenProgress or None (count steps)")
         warmup = resolve_warmup_steps(self.warmup_steps, num_training_steps)
-        decay_fraction = self.decay_fraction
-        if decay_fraction is None:
-            decay_fraction = DEFAULT_DECAY_FRACTION.get(self.decay)
+        decay_fraction = self.decay_fraction if self.decay_fraction is not None else DEFAULT_DECAY_FRACTION.get(self.decay)
         total = float(num_training_steps) if progress is None else float(progress.total_tokens)
         if progress is None:
             warmup_x = float(warmup)
@@ -481,8 +451,8 @@ class ScheduleSpec:
 class ScheduleLR(LambdaLR):
     """`LambdaLR` whose `state_dict` also carries the `TokenProgress` of a token-based schedule.
 
-    Built by `make_scheduler` (or `ScheduleSpec.build`). A step-based schedule needs no more state than LambdaLR's `last_epoch`
-    (the multiplier is a pure function of it); a token-based one adds the token count.
+    Built by `ScheduleSpec.build` (and `make_scheduler`). A step-based schedule needs no more state than
+    LambdaLR's `last_epoch` (the multiplier is a pure function of it); a token-based one adds the token count.
 
     Example:
         ```python
@@ -535,20 +505,12 @@ def make_scheduler(
             Its param groups' current `lr` (or `initial_lr`) are the peak lrs.
         num_training_steps (`int`):
             Optimizer steps in the run.
-        lr_decay (`str`, *optional*, defaults to `"cosine"`):
-            A name in `DECAY_SHAPES`: `"cosine"`, `"sqrt"`, `"linear"`, `"1-sqrt"` or `"constant"`.
-        warmup_steps (`float`, *optional*, defaults to `0`):
-            Linear warmup length: an integer number of steps, or a fraction `0 < x < 1` of training.
-        warmup_start_factor (`float`, *optional*, defaults to `0.0`):
-            Multiplier at step 0, rising linearly to 1 at the end of the warmup.
-        min_lr (`float` or `Sequence[float]`, *optional*, defaults to `None`):
-            Absolute floor lr (one for all groups, or one per group); must be <= each group's peak.
-        min_lr_ratio (`float`, *optional*, defaults to `None`):
-            Floor as a fraction of each group's peak lr. At most one of `min_lr` / `min_lr_ratio`; neither
-            means a floor of 0.
-        decay_fraction (`float`, *optional*, defaults to `None`):
-            Decay only over the last `decay_fraction` of training, at the peak before (WSD). `None`: 0.2 for
-            `"1-sqrt"`, the whole post-warmup span for the other shapes.
+        lr_decay: the decay shape: `"cosine"`, `"sqrt"`, `"linear"`, `"1-sqrt"` or `"constant"` (`ScheduleSpec.decay`).
+        warmup_steps: steps, or a fraction `0 < x < 1` of training (`ScheduleSpec.warmup_steps`).
+        warmup_start_factor: multiplier at step 0 (`ScheduleSpec.warmup_start_factor`).
+        min_lr: absolute floor lr, one or one per param group (`ScheduleSpec.min_lr`).
+        min_lr_ratio: floor as a fraction of each group's peak lr (`ScheduleSpec.min_lr_ratio`).
+        decay_fraction: decay over only this last fraction of training (WSD) (`ScheduleSpec.decay_fraction`).
         progress (`TokenProgress`, *optional*, defaults to `None`):
             Follow tokens instead of steps; `None` counts optimizer steps.
 
@@ -577,12 +539,6 @@ def make_scheduler(
 # ---------------------------------------------------------------------------------------------------------
 
 
-def schedule_curve(num_training_steps: int, peak_lr: float = 1.0, lr_decay: str = "cosine", **settings) -> list[float]:
-    """The lr at steps 0..num_training_steps of one param group with peak `peak_lr`; `settings` are
-    `ScheduleSpec`'s fields (`lr_decay` is its `decay`)."""
-    return ScheduleSpec(lr_decay, **settings).curve(num_training_steps, peak_lr)
-
-
 def plot_schedules(path: str, decays: Sequence[str], num_training_steps: int, peak_lr: float = 1.0, **settings) -> None:
     """Draw the lr of each decay shape in its own panel, two to a row, the other shapes faint for comparison."""
     import matplotlib
@@ -590,7 +546,7 @@ def plot_schedules(path: str, decays: Sequence[str], num_training_steps: int, pe
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = {name: schedule_curve(num_training_steps, peak_lr, lr_decay=name, **settings) for name in decays}
+    curves = {name: ScheduleSpec(name, **settings).curve(num_training_steps, peak_lr) for name in decays}
     steps = list(range(num_training_steps + 1))
     # two panels to a row: the figure stays legible at a documentation page's width
     cols = min(2, len(decays))

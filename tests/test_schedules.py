@@ -21,7 +21,6 @@ from hf_fasttrain.schedules import (
     make_scheduler,
     main,
     resolve_warmup_steps,
-    schedule_curve,
 )
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -490,7 +489,7 @@ def test_plot_cli_writes_png(tmp_path):
     out = tmp_path / "s.png"
     main(["--plot", str(out), "--total-steps", "50", "--warmup-steps", "5", "--min-lr-ratio", "0.1", "--decays", "cosine,sqrt"])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    curve = schedule_curve(50, peak_lr=2.0, lr_decay="linear", warmup_steps=5, min_lr_ratio=0.1)
+    curve = ScheduleSpec("linear", warmup_steps=5, min_lr_ratio=0.1).curve(50, peak_lr=2.0)
     assert len(curve) == 51 and curve[5] == 2.0 and curve[50] == pytest.approx(0.2)
 
 
