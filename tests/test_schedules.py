@@ -461,6 +461,8 @@ def test_schedule_spec_factor_build_and_curve_agree():
 
 
 def test_schedule_spec_from_args(tmp_path):
+    import dataclasses
+
     from transformers import TrainingArguments
 
     from hf_fasttrain import FastTrainingArguments
@@ -469,8 +471,25 @@ def test_schedule_spec_from_args(tmp_path):
     args = FastTrainingArguments(output_dir=str(tmp_path), lr_decay="1-sqrt", warmup_steps=3, warmup_start_factor=0.1,
                                  min_lr_ratio=0.05, schedule_unit="tokens", schedule_total_tokens=4096, max_steps=50,
                                  use_cpu=True, report_to="none")
-    assert ScheduleSpec.from_args(args) == ScheduleSpec("1-sqrt", 3, 0.1, None, 0.05, None, "tokens", 4096)
+    spec = ScheduleSpec.from_args(args)  # each field by name: a field order that drifts from the options fails here
+    assert dataclasses.asdict(spec) == dict(decay="1-sqrt", warmup_steps=3, warmup_start_factor=0.1, min_lr=None,
+                                            min_lr_ratio=0.05, decay_fraction=None, unit="tokens", total_tokens=4096)
     assert ScheduleSpec.from_args(FastOptions(TrainingArguments(str(tmp_path), report_to="none"))) is None
+
+
+def test_public_entry_points_build_the_spec_field_by_field():
+    import dataclasses
+
+    from hf_fasttrain import LRScheduleCallback
+
+    given = dict(warmup_steps=2, warmup_start_factor=0.1, min_lr=0.01, decay_fraction=0.3)
+    cb = LRScheduleCallback("1-sqrt", total_tokens=1000, **given)
+    assert dataclasses.asdict(cb.spec) == dict(decay="1-sqrt", min_lr_ratio=None, unit="tokens", total_tokens=None,
+                                               **given)
+    sched = make_scheduler(sgd(1.0), 10, lr_decay="1-sqrt", **given)  # N=10, W=2, decay over the last 3 steps
+    expected = ScheduleSpec("1-sqrt", **given)
+    assert [fn(s) for fn in sched.lr_lambdas for s in (0, 5, 10)] == [expected.factor(s, 10) for s in (0, 5, 10)]
+    assert [expected.factor(s, 10) for s in (0, 1, 5, 10)] == pytest.approx([0.1, 0.55, 1.0, 0.01])
 
 
 def test_invalid_num_training_steps():
