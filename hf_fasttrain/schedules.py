@@ -1,9 +1,11 @@
 """Learning-rate schedules: linear warmup, then a decay shape down to a floor.
 
 Every schedule here is a pure function giving the multiplier of a param group's peak lr at a point of
-training. `functools.partial` binds the settings; `torch.optim.lr_scheduler.LambdaLR` wraps it only at
-the edge (`make_scheduler`), with one lambda per param group, so a hybrid optimizer with several groups
-keeps their lr ratios, and an absolute floor (`min_lr`) lands at the same lr in every group.
+training. `functools.partial` binds the settings, which travel whole as one `ScheduleSpec` (a frozen
+dataclass that checks itself); `torch.optim.lr_scheduler.LambdaLR` wraps the function only at
+the edge (`ScheduleSpec.build`, `make_scheduler`), with one lambda per param group, so a hybrid optimizer
+with several groups keeps their lr ratios, and an absolute floor (`min_lr`) lands at the same lr in every
+group.
 
 The shape of the multiplier `f(x)` over training progress `x` (optimizer steps, or tokens):
 
@@ -42,6 +44,7 @@ import argparse
 import functools
 import math
 import numbers
+from dataclasses import dataclass
 from typing import Callable, Literal, Mapping, Sequence
 
 import torch
@@ -50,27 +53,16 @@ from torch.optim.lr_scheduler import LambdaLR
 from ._validation import ConfigError
 
 __all__ = [
-    "DECAY_SHAPES",
-    "DEFAULT_DECAY_FRACTION",
-    "DecayName",
-    "ScheduleLR",
-    "TokenProgress",
-    "build_lr_lambdas",
-    "check_schedule_settings",
-    "constant_shape",
-    "cosine_shape",
-    "get_decay_shape",
-    "linear_shape",
-    "lr_factor",
-    "make_scheduler",
-    "one_minus_sqrt_shape",
-    "plot_schedules",
-    "resolve_warmup_steps",
-    "schedule_curve",
-    "sqrt_shape",
+    "ScheduleSpec", "make_scheduler", "ScheduleLR", "TokenProgress", "lr_factor", "resolve_warmup_steps",
+    "DECAY_SHAPES", "DEFAULT_DECAY_FRACTION", "DecayName", "get_decay_shape", "SCHEDULE_UNITS", "ScheduleUnit",
+    "cosine_shape", "sqrt_shape", "linear_shape", "one_minus_sqrt_shape", "constant_shape", "plot_schedules",
 ]
 
+#: The names of `DECAY_SHAPES`, for type checkers (a test keeps the two the same).
 DecayName = Literal["cosine", "sqrt", "linear", "1-sqrt", "constant"]
+#: What a schedule's progress counts: optimizer steps, or tokens trained on (see `TokenProgress`).
+ScheduleUnit = Literal["steps", "tokens"]
+SCHEDULE_UNITS: tuple[str, ...] = ("steps", "tokens")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -252,7 +244,7 @@ class TokenProgress:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Validation and binding
+# The spec: the schedule's settings, checked in one place, passed whole
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -285,38 +277,6 @@ def resolve_warmup_steps(warmup_steps: float, num_training_steps: int) -> int:
     return steps
 
 
-def check_schedule_settings(
-    lr_decay: str = "cosine",
-    warmup_start_factor: float = 0.0,
-    min_lr: float | Sequence[float] | None = None,
-    min_lr_ratio: float | None = None,
-    decay_fraction: float | None = None,
-) -> None:
-    """Validate the settings that do not depend on the run length or the optimizer. Raises ValueError."""
-    get_decay_shape(lr_decay)
-    if not _is_number(warmup_start_factor) or not 0.0 <= warmup_start_factor <= 1.0:
-        raise ValueError(f"warmup_start_factor: got {warmup_start_factor!r}; must be in [0, 1]")
-    if min_lr is not None and min_lr_ratio is not None:
-        raise ValueError(
-            f"min_lr: got {min_lr!r} with min_lr_ratio={min_lr_ratio!r}; set at most one "
-            f"(min_lr is an absolute floor, min_lr_ratio a fraction of each param group's peak lr)"
-        )
-    if min_lr_ratio is not None and (not _is_number(min_lr_ratio) or not 0.0 <= min_lr_ratio <= 1.0):
-        raise ValueError(f"min_lr_ratio: got {min_lr_ratio!r}; must be in [0, 1] (a floor above the peak is not)")
-    if min_lr is not None:
-        values = list(min_lr) if isinstance(min_lr, (list, tuple)) else [min_lr]
-        if not values or not all(_is_number(v) and v >= 0 for v in values):
-            raise ValueError(f"min_lr: got {min_lr!r}; must be a number >= 0 or one per param group")
-    if decay_fraction is not None:
-        if not _is_number(decay_fraction) or not 0.0 < decay_fraction <= 1.0:
-            raise ValueError(f"decay_fraction: got {decay_fraction!r}; must be in (0, 1]")
-        if lr_decay == "constant":
-            raise ValueError(
-                f"decay_fraction: got {decay_fraction!r} with lr_decay='constant', which never decays; "
-                f"choose a decaying shape ({', '.join(n for n in DECAY_SHAPES if n != 'constant')}) or drop decay_fraction"
-            )
-
-
 def _floor_ratios(base_lrs: Sequence[float], min_lr, min_lr_ratio) -> list[float]:
     """Per-group floor as a fraction of that group's peak lr."""
     if min_lr is None:
@@ -336,62 +296,151 @@ def _floor_ratios(base_lrs: Sequence[float], min_lr, min_lr_ratio) -> list[float
     return ratios
 
 
-def build_lr_lambdas(
-    base_lrs: Sequence[float],
-    num_training_steps: int,
-    *,
-    lr_decay: str = "cosine",
-    warmup_steps: float = 0,
-    warmup_start_factor: float = 0.0,
-    min_lr: float | Sequence[float] | None = None,
-    min_lr_ratio: float | None = None,
-    decay_fraction: float | None = None,
-    progress: TokenProgress | None = None,
-) -> list[functools.partial]:
-    """One validated multiplier function `step -> factor` per param group (peak lrs `base_lrs`), for LambdaLR.
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """The settings of one lr schedule: linear warmup, then a decay shape down to a floor. Checks itself on creation.
 
-    Raises ValueError naming the field and value for any setting that is not allowed.
+    Built once, from the flat options (`from_args`) or from the keywords of `make_scheduler` and
+    `LRScheduleCallback` (the same names, `lr_decay` being `decay`), then passed whole:
+    `spec.build(optimizer, num_training_steps)` is the `LambdaLR`, `spec.factor(step, num_training_steps)`
+    one multiplier. Refusals name the option as users write it (`lr_decay`, `schedule_unit`, ...).
+
+    Args:
+        decay: a name in `DECAY_SHAPES`: `"cosine"`, `"sqrt"`, `"linear"`, `"1-sqrt"` or `"constant"`.
+        warmup_steps: linear warmup length: an integer number of steps, or a fraction `0 < x < 1` of training
+            (checked against the run's length when a schedule is built).
+        warmup_start_factor: multiplier at step 0, rising linearly to 1 at the end of the warmup.
+        min_lr: absolute floor lr (one for all groups, or one per group); must be <= each group's peak.
+        min_lr_ratio: floor as a fraction of each group's peak lr. At most one of `min_lr` / `min_lr_ratio`;
+            neither means a floor of 0.
+        decay_fraction: decay only over the last `decay_fraction` of training, at the peak before (WSD).
+            `None`: 0.2 for `"1-sqrt"`, the whole post-warmup span for the other shapes.
+        unit: progress counted in optimizer `"steps"`, or in `"tokens"` trained on (pass a `TokenProgress`).
+        total_tokens: with `unit="tokens"`, the tokens at which the schedule reaches its floor; `None` leaves
+            the total to the caller (FastTrainer: steps x global batch x row length).
+
+    Example:
+        ```python
+        >>> from hf_fasttrain.schedules import ScheduleSpec
+        >>> spec = ScheduleSpec("linear", warmup_steps=2, min_lr_ratio=0.1)
+        >>> [round(spec.factor(step, 12), 3) for step in (0, 1, 2, 7, 12)]
+        [0.0, 0.5, 1.0, 0.55, 0.1]
+        ```
     """
-    check_schedule_settings(lr_decay, warmup_start_factor, min_lr, min_lr_ratio, decay_fraction)
-    if isinstance(num_training_steps, bool) or not isinstance(num_training_steps, numbers.Integral) or num_training_steps <= 0:
-        raise ConfigError("num_training_steps", num_training_steps, "must be an integer >= 1")
-    if progress is not None and not isinstance(progress, TokenProgress):
-        raise ConfigError("progress", progress, "pass a TokenProgress or None (count steps)")
-    warmup = resolve_warmup_steps(warmup_steps, num_training_steps)
-    if decay_fraction is None:
-        decay_fraction = DEFAULT_DECAY_FRACTION.get(lr_decay)
 
-    # Units: steps, or tokens (warmup and decay start keep their fraction of training).
-    # Tokens: an integer warmup keeps its share of the steps; a fractional one is taken of the tokens directly.
-    total = float(num_training_steps) if progress is None else float(progress.total_tokens)
-    if progress is None:
-        warmup_x = float(warmup)
-    elif 0 < warmup_steps < 1:
-        warmup_x = warmup_steps * total
-    else:
-        warmup_x = warmup * total / num_training_steps
-    decay_start = warmup_x if decay_fraction is None else total * (1.0 - decay_fraction)
-    if decay_start < warmup_x - 1e-9 * total:
-        raise ValueError(
-            f"decay_fraction: got {decay_fraction!r}, which starts the decay inside the warmup (warmup_steps="
-            f"{warmup_steps!r} of {num_training_steps} steps); must be <= {1.0 - warmup_x / total:g}"
-        )
-    decay_start = max(decay_start, warmup_x)
+    decay: DecayName = "cosine"
+    warmup_steps: float = 0
+    warmup_start_factor: float = 0.0
+    min_lr: float | Sequence[float] | None = None
+    min_lr_ratio: float | None = None
+    decay_fraction: float | None = None
+    unit: ScheduleUnit = "steps"
+    total_tokens: int | None = None
 
-    fn = _factor_at_step if progress is None else functools.partial(_factor_at_tokens, progress=progress)
-    shape = get_decay_shape(lr_decay)
-    return [
-        functools.partial(
-            fn,
-            shape=shape,
-            total=total,
-            warmup=warmup_x,
-            decay_start=decay_start,
-            warmup_start_factor=float(warmup_start_factor),
-            floor=floor,
-        )
-        for floor in _floor_ratios(list(base_lrs), min_lr, min_lr_ratio)
-    ]
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check the settings that do not depend on the run length or the optimizer. Raises ValueError."""
+        get_decay_shape(self.decay)
+        if not _is_number(self.warmup_start_factor) or not 0.0 <= self.warmup_start_factor <= 1.0:
+            raise ValueError(f"warmup_start_factor: got {self.warmup_start_factor!r}; must be in [0, 1]")
+        min_lr, min_lr_ratio, decay_fraction = self.min_lr, self.min_lr_ratio, self.decay_fraction
+        if min_lr is not None and min_lr_ratio is not None:
+            raise ValueError(
+                f"min_lr: got {min_lr!r} with min_lr_ratio={min_lr_ratio!r}; set at most one "
+                f"(min_lr is an absolute floor, min_lr_ratio a fraction of each param group's peak lr)"
+            )
+        if min_lr_ratio is not None and (not _is_number(min_lr_ratio) or not 0.0 <= min_lr_ratio <= 1.0):
+            raise ValueError(f"min_lr_ratio: got {min_lr_ratio!r}; must be in [0, 1] (a floor above the peak is not)")
+        if min_lr is not None:
+            values = list(min_lr) if isinstance(min_lr, (list, tuple)) else [min_lr]
+            if not values or not all(_is_number(v) and v >= 0 for v in values):
+                raise ValueError(f"min_lr: got {min_lr!r}; must be a number >= 0 or one per param group")
+        if decay_fraction is not None:
+            if not _is_number(decay_fraction) or not 0.0 < decay_fraction <= 1.0:
+                raise ValueError(f"decay_fraction: got {decay_fraction!r}; must be in (0, 1]")
+            if self.decay == "constant":
+                raise ValueError(
+                    f"decay_fraction: got {decay_fraction!r} with lr_decay='constant', which never decays; "
+                    f"choose a decaying shape ({', '.join(n for n in DECAY_SHAPES if n != 'constant')}) or drop decay_fraction"
+                )
+        if self.unit not in SCHEDULE_UNITS:
+            raise ConfigError("schedule_unit", self.unit, "allowed: " + ", ".join(map(repr, SCHEDULE_UNITS)))
+        if self.total_tokens is not None:
+            if self.unit != "tokens":
+                raise ConfigError("schedule_total_tokens", self.total_tokens, "only used with schedule_unit='tokens'")
+            if isinstance(self.total_tokens, bool) or not isinstance(self.total_tokens, int) or self.total_tokens <= 0:
+                raise ConfigError("schedule_total_tokens", self.total_tokens, "must be a positive integer or null")
+
+    @classmethod
+    def from_args(cls, args) -> "ScheduleSpec | None":
+        """The spec of `FastTrainingArguments` (or any object with those attributes, e.g. `FastOptions(args)`);
+        None when `args.lr_decay` is None (the Trainer's `lr_scheduler_type` is in charge). The warmup is the
+        Trainer's own `warmup_steps`."""
+        if args.lr_decay is None:
+            return None
+        return cls(args.lr_decay, args.warmup_steps, args.warmup_start_factor, args.min_lr, args.min_lr_ratio,
+                   args.decay_fraction, args.schedule_unit, args.schedule_total_tokens)
+
+    def phases(self, num_training_steps: int, progress: TokenProgress | None = None) -> tuple[float, float, float]:
+        """N, W and D of the module's formula for a run of `num_training_steps`, in steps (or tokens, with `progress`:
+        an integer warmup keeps its share of the steps, a fraction is taken of the tokens). Raises ValueError where
+        the warmup or the decay does not fit the run."""
+        if isinstance(num_training_steps, bool) or not isinstance(num_training_steps, numbers.Integral) or num_training_steps <= 0:
+            raise ConfigError("num_training_steps", num_training_steps, "must be an integer >= 1")
+        if progress is not None and not isinstance(progress, TokenProgress):
+            raise ConfigError("progress", progress, "pass a TokenProgress or None (count steps)")
+        warmup = resolve_warmup_steps(self.warmup_steps, num_training_steps)
+        decay_fraction = self.decay_fraction if self.decay_fraction is not None else DEFAULT_DECAY_FRACTION.get(self.decay)
+        total = float(num_training_steps) if progress is None else float(progress.total_tokens)
+        if progress is None:
+            warmup_x = float(warmup)
+        elif 0 < self.warmup_steps < 1:
+            warmup_x = self.warmup_steps * total
+        else:
+            warmup_x = warmup * total / num_training_steps
+        decay_start = warmup_x if decay_fraction is None else total * (1.0 - decay_fraction)
+        if decay_start < warmup_x - 1e-9 * total:
+            raise ValueError(
+                f"decay_fraction: got {decay_fraction!r}, which starts the decay inside the warmup (warmup_steps="
+                f"{self.warmup_steps!r} of {num_training_steps} steps); must be <= {1.0 - warmup_x / total:g}"
+            )
+        return total, warmup_x, max(decay_start, warmup_x)
+
+    def lr_lambdas(
+        self, base_lrs: Sequence[float], num_training_steps: int, progress: TokenProgress | None = None
+    ) -> list[functools.partial]:
+        """One multiplier function `step -> factor` per param group (peak lrs `base_lrs`), for `LambdaLR`.
+
+        With `progress` the functions follow `progress.tokens_seen` and ignore the step LambdaLR passes.
+        """
+        total, warmup, decay_start = self.phases(num_training_steps, progress)
+        fn = _factor_at_step if progress is None else functools.partial(_factor_at_tokens, progress=progress)
+        shape = get_decay_shape(self.decay)
+        return [
+            functools.partial(fn, shape=shape, total=total, warmup=warmup, decay_start=decay_start,
+                              warmup_start_factor=float(self.warmup_start_factor), floor=floor)
+            for floor in _floor_ratios(list(base_lrs), self.min_lr, self.min_lr_ratio)
+        ]
+
+    def factor(self, step: int, num_training_steps: int, peak_lr: float = 1.0) -> float:
+        """Multiplier of a param group with peak `peak_lr` at optimizer step `step` of `num_training_steps`."""
+        (fn,) = self.lr_lambdas([peak_lr], num_training_steps)
+        return fn(step)
+
+    def curve(self, num_training_steps: int, peak_lr: float = 1.0) -> list[float]:
+        """The lr at steps 0..num_training_steps of one param group with peak `peak_lr`."""
+        (fn,) = self.lr_lambdas([peak_lr], num_training_steps)
+        return [peak_lr * fn(step) for step in range(num_training_steps + 1)]
+
+    def build(
+        self, optimizer: torch.optim.Optimizer, num_training_steps: int, progress: TokenProgress | None = None
+    ) -> "ScheduleLR":
+        """The schedule as a `ScheduleLR` (a `LambdaLR`) over `optimizer`, whose param groups' current `lr` (or
+        `initial_lr`) are the peak lrs; `progress` follows tokens instead of steps."""
+        base_lrs = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
+        return ScheduleLR(optimizer, self.lr_lambdas(base_lrs, num_training_steps, progress), progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -402,8 +451,8 @@ def build_lr_lambdas(
 class ScheduleLR(LambdaLR):
     """`LambdaLR` whose `state_dict` also carries the `TokenProgress` of a token-based schedule.
 
-    Built by `make_scheduler`. A step-based schedule needs no more state than LambdaLR's `last_epoch`
-    (the multiplier is a pure function of it); a token-based one adds the token count.
+    Built by `ScheduleSpec.build` (and `make_scheduler`). A step-based schedule needs no more state than
+    LambdaLR's `last_epoch` (the multiplier is a pure function of it); a token-based one adds the token count.
 
     Example:
         ```python
@@ -441,7 +490,7 @@ class ScheduleLR(LambdaLR):
 def make_scheduler(
     optimizer: torch.optim.Optimizer,
     num_training_steps: int,
-    lr_decay: str = "cosine",
+    lr_decay: DecayName = "cosine",
     warmup_steps: float = 0,
     warmup_start_factor: float = 0.0,
     min_lr: float | Sequence[float] | None = None,
@@ -456,20 +505,12 @@ def make_scheduler(
             Its param groups' current `lr` (or `initial_lr`) are the peak lrs.
         num_training_steps (`int`):
             Optimizer steps in the run.
-        lr_decay (`str`, *optional*, defaults to `"cosine"`):
-            A name in `DECAY_SHAPES`: `"cosine"`, `"sqrt"`, `"linear"`, `"1-sqrt"` or `"constant"`.
-        warmup_steps (`float`, *optional*, defaults to `0`):
-            Linear warmup length: an integer number of steps, or a fraction `0 < x < 1` of training.
-        warmup_start_factor (`float`, *optional*, defaults to `0.0`):
-            Multiplier at step 0, rising linearly to 1 at the end of the warmup.
-        min_lr (`float` or `Sequence[float]`, *optional*, defaults to `None`):
-            Absolute floor lr (one for all groups, or one per group); must be <= each group's peak.
-        min_lr_ratio (`float`, *optional*, defaults to `None`):
-            Floor as a fraction of each group's peak lr. At most one of `min_lr` / `min_lr_ratio`; neither
-            means a floor of 0.
-        decay_fraction (`float`, *optional*, defaults to `None`):
-            Decay only over the last `decay_fraction` of training, at the peak before (WSD). `None`: 0.2 for
-            `"1-sqrt"`, the whole post-warmup span for the other shapes.
+        lr_decay: the decay shape: `"cosine"`, `"sqrt"`, `"linear"`, `"1-sqrt"` or `"constant"` (`ScheduleSpec.decay`).
+        warmup_steps: steps, or a fraction `0 < x < 1` of training (`ScheduleSpec.warmup_steps`).
+        warmup_start_factor: multiplier at step 0 (`ScheduleSpec.warmup_start_factor`).
+        min_lr: absolute floor lr, one or one per param group (`ScheduleSpec.min_lr`).
+        min_lr_ratio: floor as a fraction of each group's peak lr (`ScheduleSpec.min_lr_ratio`).
+        decay_fraction: decay over only this last fraction of training (WSD) (`ScheduleSpec.decay_fraction`).
         progress (`TokenProgress`, *optional*, defaults to `None`):
             Follow tokens instead of steps; `None` counts optimizer steps.
 
@@ -488,30 +529,14 @@ def make_scheduler(
         [1.0]
         ```
     """
-    base_lrs = [group.get("initial_lr", group["lr"]) for group in optimizer.param_groups]
-    lambdas = build_lr_lambdas(
-        base_lrs,
-        num_training_steps,
-        lr_decay=lr_decay,
-        warmup_steps=warmup_steps,
-        warmup_start_factor=warmup_start_factor,
-        min_lr=min_lr,
-        min_lr_ratio=min_lr_ratio,
-        decay_fraction=decay_fraction,
-        progress=progress,
-    )
-    return ScheduleLR(optimizer, lambdas, progress=progress)
+    spec = ScheduleSpec(lr_decay, warmup_steps, warmup_start_factor, min_lr, min_lr_ratio, decay_fraction,
+                        unit="steps" if progress is None else "tokens")
+    return spec.build(optimizer, num_training_steps, progress)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Plot: python -m hf_fasttrain.schedules --plot out.png
 # ---------------------------------------------------------------------------------------------------------
-
-
-def schedule_curve(num_training_steps: int, peak_lr: float = 1.0, **settings) -> list[float]:
-    """The lr at steps 0..num_training_steps of one param group with peak `peak_lr`."""
-    (fn,) = build_lr_lambdas([peak_lr], num_training_steps, **settings)
-    return [peak_lr * fn(step) for step in range(num_training_steps + 1)]
 
 
 def plot_schedules(path: str, decays: Sequence[str], num_training_steps: int, peak_lr: float = 1.0, **settings) -> None:
@@ -521,7 +546,7 @@ def plot_schedules(path: str, decays: Sequence[str], num_training_steps: int, pe
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = {name: schedule_curve(num_training_steps, peak_lr, lr_decay=name, **settings) for name in decays}
+    curves = {name: ScheduleSpec(name, **settings).curve(num_training_steps, peak_lr) for name in decays}
     steps = list(range(num_training_steps + 1))
     # two panels to a row: the figure stays legible at a documentation page's width
     cols = min(2, len(decays))

@@ -22,7 +22,7 @@ from typing import Any, Optional
 import torch
 from transformers import Trainer
 
-from .config.args import fast_option
+from .config.args import FastOptions, fast_option
 from .config.budget import apply_budget_settings, describe_budget, non_embedding_parameters, run_tokens
 from .callbacks.averaging import AVERAGE_FILE, WeightAveragingCallback
 from .callbacks.run_record import WALL_CLOCK_LOG_KEYS, RunRecorderCallback
@@ -40,7 +40,7 @@ from .optim import OptimizerSpec, detect_sharding
 from .stability.precision import logger as precision_logger
 from ._resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
-from .schedules import TokenProgress, make_scheduler
+from .schedules import ScheduleSpec, TokenProgress
 from .throughput import (HOST_BATCH_KEY, CompileCounter, HostBatchCollator, HostCopy, ThroughputMeter, count_batch,
                          device_peak_flops, model_dims, throughput_logs)
 from .data.from_args import resolve_max_steps
@@ -319,34 +319,25 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         advances with the tokens trained on, reaching its end at the run's last step."""
         if self.seqlen is not None:
             num_training_steps = self.seqlen.schedule_steps(num_training_steps)
-        opt = self._option
-        if opt("lr_decay") is None:
+        spec = ScheduleSpec.from_args(FastOptions(self.args))
+        if spec is None:
             scheduler = super().create_scheduler(num_training_steps, optimizer)
             if self.seqlen is not None:
                 self.seqlen.count_schedule_in_tokens(scheduler)
             return scheduler
         if self.lr_scheduler is not None:  # Trainer resets the one it made, so this one came from optimizers=
             raise ValueError(
-                f"lr_decay={opt('lr_decay')!r} but a scheduler ({type(self.lr_scheduler).__name__}) was passed "
+                f"lr_decay={spec.decay!r} but a scheduler ({type(self.lr_scheduler).__name__}) was passed "
                 f"through FastTrainer(optimizers=...); use one or the other"
             )
         self.token_progress = None
-        if opt("schedule_unit") == "tokens":
-            total = opt("schedule_total_tokens")
+        if spec.unit == "tokens":
+            total = spec.total_tokens
             if not total and self.seqlen is not None and self.seqlen.count_tokens:  # the run's tokens, short rows too
                 total = self.seqlen.schedule_tokens()
             self.token_progress = TokenProgress(total or self._default_total_tokens(num_training_steps))
-        self.lr_scheduler = make_scheduler(
-            optimizer if optimizer is not None else self.optimizer,
-            num_training_steps,
-            lr_decay=opt("lr_decay"),
-            warmup_steps=self.args.warmup_steps,
-            warmup_start_factor=opt("warmup_start_factor"),
-            min_lr=opt("min_lr"),
-            min_lr_ratio=opt("min_lr_ratio"),
-            decay_fraction=opt("decay_fraction"),
-            progress=self.token_progress,
-        )
+        self.lr_scheduler = spec.build(optimizer if optimizer is not None else self.optimizer, num_training_steps,
+                                       self.token_progress)
         self._created_lr_scheduler = True  # as Trainer.create_scheduler: rebuilt on the next train()
         if self.seqlen is not None and self.token_progress is None:  # schedule_unit='tokens' counts already
             self.seqlen.count_schedule_in_tokens(self.lr_scheduler)

@@ -5,6 +5,7 @@ import pytest
 from transformers import DataCollatorForLanguageModeling
 
 from hf_fasttrain import FastTrainer
+from hf_fasttrain.data.samplers import StepPlanSettings
 from hf_fasttrain.data.token_budget import (
     BatchWarmupBatchSampler,
     batch_warmup_budget,
@@ -35,7 +36,7 @@ def test_fixed_rows_ramp_exactly():
 
 
 def test_every_example_once_on_the_harness_shape():
-    steps = batch_warmup_steps([128] * 2000, 2048, min_tokens=512, warmup_steps=30, seed=3)
+    steps = batch_warmup_steps([128] * 2000, 2048, StepPlanSettings(seed=3), min_tokens=512, warmup_steps=30)
     sizes = [len(s[0]) for s in steps]
     assert sizes[:8] == [4, 4, 4, 5, 5, 6, 6, 6]  # floor(512 + 1536 * t / 30) // 128 rows
     assert sorted(i for s in steps for i in s[0]) == list(range(2000))
@@ -46,7 +47,7 @@ def test_every_example_once_on_the_harness_shape():
 def test_variable_lengths_fit_the_budget_of_their_step():
     rng = np.random.default_rng(0)
     lengths = rng.integers(1, 17, size=300).tolist()
-    steps = batch_warmup_steps(lengths, 64, min_tokens=16, warmup_steps=20, seed=1, pad_to_multiple_of=4)
+    steps = batch_warmup_steps(lengths, 64, StepPlanSettings(seed=1), min_tokens=16, warmup_steps=20, pad_to_multiple_of=4)
     padded = -(-np.asarray(lengths) // 4) * 4
     for t, s in enumerate(steps):
         b = s[0]
@@ -56,10 +57,10 @@ def test_variable_lengths_fit_the_budget_of_their_step():
 
 
 def test_ranks_and_gradient_accumulation():
-    steps = batch_warmup_steps([4] * 40, 16, min_tokens=4, warmup_steps=3, world_size=2)
+    steps = batch_warmup_steps([4] * 40, 16, StepPlanSettings(world_size=2), min_tokens=4, warmup_steps=3)
     assert [[len(b) for b in s] for s in steps][:4] == [[1, 1], [2, 2], [3, 3], [2, 2]]
     assert sorted(i for s in steps for b in s for i in b) == list(range(40))
-    ga = batch_warmup_steps([4] * 40, 16, min_tokens=4, warmup_steps=3, grad_accum=2)
+    ga = batch_warmup_steps([4] * 40, 16, StepPlanSettings(grad_accum=2), min_tokens=4, warmup_steps=3)
     assert len(ga) % 2 == 0
     # optimizer step t = micro-batch // 2: budgets 4, 8, 12 hold for two micro-batches each
     assert [len(s[0]) for s in ga][:6] == [1, 1, 2, 2, 3, 3]

@@ -11,6 +11,7 @@ import pytest
 from hf_fasttrain.data.samplers import (
     CurriculumBatchSampler,
     LengthGroupedBatchSampler,
+    StepPlanSettings,
     TokenBudgetBatchSampler,
     add_length_column,
     curriculum_steps,
@@ -71,14 +72,14 @@ def test_add_length_column_computes_once_and_get_lengths_reads_it():
 
 def test_length_grouped_exact_batches_one_megabatch():
     # one megabatch covering the epoch: batches are consecutive in length order, steps shuffled
-    steps = length_grouped_steps(LENGTHS_8, batch_size=2, megabatch_mult=4, seed=0)
+    steps = length_grouped_steps(LENGTHS_8, batch_size=2, megabatch_mult=4, settings=StepPlanSettings(seed=0))
     assert steps == [[[5, 0]], [[3, 1]], [[2, 4]], [[6, 7]]]
     assert [[LENGTHS_8[i] for i in s[0]] for s in steps] == [[6, 5], [2, 1], [4, 3], [8, 7]]
 
 
 def test_length_grouped_megabatches_sort_within_each():
     lengths = [5, 1, 4, 2, 3, 6, 8, 7, 9, 1, 2, 3]
-    steps = length_grouped_steps(lengths, batch_size=2, megabatch_mult=2, seed=0)
+    steps = length_grouped_steps(lengths, batch_size=2, megabatch_mult=2, settings=StepPlanSettings(seed=0))
     # permutation (seed 0) = [8 0 5 9 | 7 4 2 10 | 3 1 11 6]; each megabatch of 4 sorted, cut in 2
     assert sorted(s[0] for s in steps) == sorted([[8, 5], [0, 9], [7, 2], [4, 10], [6, 11], [3, 1]])
     assert steps == [[[0, 9]], [[3, 1]], [[7, 2]], [[8, 5]], [[4, 10]], [[6, 11]]]
@@ -156,6 +157,29 @@ def test_length_grouped_invalid_settings():
         LengthGroupedBatchSampler([1, -2], batch_size=1)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(seed=-1), "seed: got -1; must be an integer >= 0"),
+    (dict(world_size=0), "world_size: got 0; must be an integer >= 1"),
+    (dict(world_size=2, rank=2), "rank: got 2; must be an integer in [0, world_size=2)"),
+    (dict(grad_accum=0), "grad_accum: got 0; must be an integer >= 1"),
+    (dict(drop_last="yes"), "drop_last: got 'yes'; must be true or false"),
+])
+def test_step_plan_settings_check_themselves(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        StepPlanSettings(**kwargs)
+    assert str(err.value) == message
+
+
+def test_samplers_hold_the_shared_settings_whole():
+    settings = StepPlanSettings(seed=np.int64(3), world_size=2, rank=1, grad_accum=2)
+    assert (settings.seed, type(settings.seed)) == (3, int)  # numpy integers come in, plain ints are kept
+    s = TokenBudgetBatchSampler(LENGTHS_10, 16, seed=3, world_size=2, rank=1, grad_accum=2)
+    assert s.settings == settings and (s.seed, s.world_size, s.rank) == (3, 2, 1)
+    assert s.batches() == [step[1] for step in token_budget_steps(LENGTHS_10, 16, settings)]
+    grouped = LengthGroupedBatchSampler(LENGTHS_10, 2, world_size=2, rank=1, drop_last=True)
+    assert grouped.settings == StepPlanSettings(world_size=2, rank=1, drop_last=True)
+
+
 # ---- token budget -------------------------------------------------------------------------------
 
 
@@ -169,13 +193,13 @@ def test_token_budget_exact_batches():
 
 def test_token_budget_two_ranks_split_to_equal_counts():
     # 5 batches for 2 ranks: the largest batch is halved so both ranks get 3
-    assert token_budget_steps(LENGTHS_10, 16, world_size=2) == [[[9, 2], [8, 7]], [[4, 1], [6, 3]], [[0], [5]]]
+    assert token_budget_steps(LENGTHS_10, 16, StepPlanSettings(world_size=2)) == [[[9, 2], [8, 7]], [[4, 1], [6, 3]], [[0], [5]]]
     per_rank = rank_batches(TokenBudgetBatchSampler, LENGTHS_10, 2, 16)
     assert per_rank == {0: [[9, 2], [4, 1], [0]], 1: [[8, 7], [6, 3], [5]]}
 
 
 def test_token_budget_gradient_accumulation_full_optimizer_steps():
-    steps = token_budget_steps(LENGTHS_10, 16, world_size=2, grad_accum=2)
+    steps = token_budget_steps(LENGTHS_10, 16, StepPlanSettings(world_size=2, grad_accum=2))
     assert steps == [[[9, 2], [8, 7]], [[6], [3]], [[4], [1]], [[0], [5]]]
     per_rank = rank_batches(TokenBudgetBatchSampler, LENGTHS_10, 2, 16, grad_accum=2)
     assert len(per_rank[0]) == len(per_rank[1]) == 4  # 2 full optimizer steps per rank
@@ -293,7 +317,7 @@ def test_curriculum_after_warmup_full_coverage_across_ranks():
 
 
 def test_curriculum_top_up_has_no_duplicates_within_a_step():
-    steps, _ = curriculum_steps(list(range(1, 8)), 2, min_length=4, curriculum_batches=2, world_size=2)
+    steps, _ = curriculum_steps(list(range(1, 8)), 2, StepPlanSettings(world_size=2), min_length=4, curriculum_batches=2)
     for step in steps:
         flat = [i for b in step for i in b]
         assert len(flat) == 4 and len(set(flat)) == 4
@@ -500,3 +524,12 @@ def test_two_process_curriculum_same_limit_disjoint_examples(tmp_path):
         assert len(b0) == len(b1) == 2 and not set(b0) & set(b1)  # disjoint examples at every step
         limit = 8 + 24 * step // 6
         assert max(lengths[i] for i in b0 + b1) <= limit
+
+
+def test_typed_choices_are_the_checked_names():
+    """The Literal types of the pacing and the sequence-length mode name what the runtime checks allow."""
+    import typing
+
+    from hf_fasttrain.data.seqlen import PACINGS, SEQ_LEN_MODES, Mode, Pacing
+
+    assert typing.get_args(Pacing) == PACINGS and typing.get_args(Mode) == SEQ_LEN_MODES

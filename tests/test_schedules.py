@@ -14,14 +14,13 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 
 from hf_fasttrain.schedules import (
     DECAY_SHAPES,
+    ScheduleSpec,
     TokenProgress,
-    build_lr_lambdas,
     get_decay_shape,
     lr_factor,
     make_scheduler,
     main,
     resolve_warmup_steps,
-    schedule_curve,
 )
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -290,7 +289,7 @@ def test_token_progress_follows_tokens_not_steps():
 )
 def test_token_progress_warmup(warmup, table):
     progress = TokenProgress(1000)
-    (fn,) = build_lr_lambdas([1.0], 10, lr_decay="linear", warmup_steps=warmup, progress=progress)
+    (fn,) = ScheduleSpec("linear", warmup_steps=warmup, unit="tokens").lr_lambdas([1.0], 10, progress)
     for tokens, expected in table:
         progress.tokens_seen = tokens
         assert fn(0) == pytest.approx(expected, abs=1e-12), tokens
@@ -422,6 +421,77 @@ def test_invalid_settings_raise_naming_field_and_value(kwargs, group_lrs, match)
         make_scheduler(sgd(*group_lrs), 100, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(decay="exp"), r"^lr_decay: got 'exp'; allowed: cosine, sqrt, linear, 1-sqrt, constant$"),
+        (dict(min_lr=0.1, min_lr_ratio=0.1), r"^min_lr: got 0\.1 with min_lr_ratio=0\.1; set at most one"),
+        (dict(decay="constant", decay_fraction=0.2), r"^decay_fraction: got 0\.2 with lr_decay='constant'"),
+        (dict(unit="epochs"), r"^schedule_unit: got 'epochs'; allowed: 'steps', 'tokens'$"),
+        (dict(total_tokens=100), r"^schedule_total_tokens: got 100; only used with schedule_unit='tokens'$"),
+        (dict(unit="tokens", total_tokens=0), r"^schedule_total_tokens: got 0; must be a positive integer or null$"),
+    ],
+)
+def test_schedule_spec_checks_itself_on_creation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ScheduleSpec(**kwargs)
+
+
+def test_schedule_spec_decay_names_are_the_registry():
+    import typing
+
+    from hf_fasttrain.schedules import SCHEDULE_UNITS, DecayName, ScheduleUnit
+
+    assert typing.get_args(DecayName) == tuple(DECAY_SHAPES)
+    assert typing.get_args(ScheduleUnit) == SCHEDULE_UNITS
+
+
+def test_schedule_spec_factor_build_and_curve_agree():
+    # N=12, W=2, linear to 10% over steps 2..12: p = (step - 2) / 10
+    spec = ScheduleSpec("linear", warmup_steps=2, min_lr_ratio=0.1)
+    table = [(0, 0.0), (1, 0.5), (2, 1.0), (7, 0.55), (12, 0.1), (20, 0.1)]
+    assert [spec.factor(step, 12) for step, _ in table] == pytest.approx([f for _, f in table], abs=1e-12)
+    lrs = lrs_at([step for step, _ in table], 12, group_lrs=(2.0,), lr_decay="linear", warmup_steps=2, min_lr_ratio=0.1)
+    assert [lrs[step][0] for step, _ in table] == pytest.approx([2.0 * f for _, f in table], abs=1e-12)
+    sched = spec.build(sgd(2.0), 12)
+    assert type(sched).__name__ == "ScheduleLR" and sched.get_last_lr() == [0.0]
+    assert spec.curve(12, peak_lr=2.0)[7] == pytest.approx(1.1)
+    with pytest.raises(Exception):  # frozen: a spec is passed whole, never edited on the way
+        spec.decay = "cosine"
+
+
+def test_schedule_spec_from_args(tmp_path):
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    from hf_fasttrain import FastTrainingArguments
+    from hf_fasttrain.config.args import FastOptions
+
+    args = FastTrainingArguments(output_dir=str(tmp_path), lr_decay="1-sqrt", warmup_steps=3, warmup_start_factor=0.1,
+                                 min_lr_ratio=0.05, schedule_unit="tokens", schedule_total_tokens=4096, max_steps=50,
+                                 use_cpu=True, report_to="none")
+    spec = ScheduleSpec.from_args(args)  # each field by name: a field order that drifts from the options fails here
+    assert dataclasses.asdict(spec) == dict(decay="1-sqrt", warmup_steps=3, warmup_start_factor=0.1, min_lr=None,
+                                            min_lr_ratio=0.05, decay_fraction=None, unit="tokens", total_tokens=4096)
+    assert ScheduleSpec.from_args(FastOptions(TrainingArguments(str(tmp_path), report_to="none"))) is None
+
+
+def test_public_entry_points_build_the_spec_field_by_field():
+    import dataclasses
+
+    from hf_fasttrain import LRScheduleCallback
+
+    given = dict(warmup_steps=2, warmup_start_factor=0.1, min_lr=0.01, decay_fraction=0.3)
+    cb = LRScheduleCallback("1-sqrt", total_tokens=1000, **given)
+    assert dataclasses.asdict(cb.spec) == dict(decay="1-sqrt", min_lr_ratio=None, unit="tokens", total_tokens=None,
+                                               **given)
+    sched = make_scheduler(sgd(1.0), 10, lr_decay="1-sqrt", **given)  # N=10, W=2, decay over the last 3 steps
+    expected = ScheduleSpec("1-sqrt", **given)
+    assert [fn(s) for fn in sched.lr_lambdas for s in (0, 5, 10)] == [expected.factor(s, 10) for s in (0, 5, 10)]
+    assert [expected.factor(s, 10) for s in (0, 1, 5, 10)] == pytest.approx([0.1, 0.55, 1.0, 0.01])
+
+
 def test_invalid_num_training_steps():
     with pytest.raises(ValueError, match=r"^num_training_steps: got 0; must be an integer >= 1$"):
         make_scheduler(sgd(1.0), 0)
@@ -438,7 +508,7 @@ def test_plot_cli_writes_png(tmp_path):
     out = tmp_path / "s.png"
     main(["--plot", str(out), "--total-steps", "50", "--warmup-steps", "5", "--min-lr-ratio", "0.1", "--decays", "cosine,sqrt"])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    curve = schedule_curve(50, peak_lr=2.0, lr_decay="linear", warmup_steps=5, min_lr_ratio=0.1)
+    curve = ScheduleSpec("linear", warmup_steps=5, min_lr_ratio=0.1).curve(50, peak_lr=2.0)
     assert len(curve) == 51 and curve[5] == 2.0 and curve[50] == pytest.approx(0.2)
 
 

@@ -20,12 +20,13 @@ on resume from trainer_state.json.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import torch
 from transformers import TrainerCallback
 
-from ..schedules import TokenProgress, build_lr_lambdas, check_schedule_settings
+from ..schedules import DecayName, ScheduleSpec, TokenProgress
 
 __all__ = ["LRScheduleCallback"]
 
@@ -67,7 +68,7 @@ class LRScheduleCallback(TrainerCallback):
 
     def __init__(
         self,
-        lr_decay: str = "cosine",
+        lr_decay: DecayName = "cosine",
         warmup_steps: float | None = None,
         warmup_start_factor: float = 0.0,
         min_lr: float | Sequence[float] | None = None,
@@ -75,16 +76,11 @@ class LRScheduleCallback(TrainerCallback):
         decay_fraction: float | None = None,
         total_tokens: int | None = None,
     ):
-        check_schedule_settings(lr_decay, warmup_start_factor, min_lr, min_lr_ratio, decay_fraction)
+        # the warmup is the Trainer's (set at on_train_begin) unless given here; the token total is the progress's
+        self.spec = ScheduleSpec(lr_decay, warmup_steps or 0, warmup_start_factor, min_lr, min_lr_ratio, decay_fraction,
+                                 unit="steps" if total_tokens is None else "tokens")
         if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, (int, float)) or warmup_steps < 0):
             raise ValueError(f"warmup_steps: got {warmup_steps!r}; must be an integer >= 0 or a fraction in (0, 1)")
-        self.settings = dict(
-            lr_decay=lr_decay,
-            warmup_start_factor=warmup_start_factor,
-            min_lr=min_lr,
-            min_lr_ratio=min_lr_ratio,
-            decay_fraction=decay_fraction,
-        )
         self.warmup_steps = warmup_steps
         self.progress = None if total_tokens is None else TokenProgress(total_tokens)
 
@@ -118,10 +114,8 @@ class LRScheduleCallback(TrainerCallback):
             )
         if self.progress is not None:
             self.progress.tokens_seen = int(state.num_input_tokens_seen)
-        warmup = args.warmup_steps if self.warmup_steps is None else self.warmup_steps
-        lr_scheduler.lr_lambdas = build_lr_lambdas(
-            lr_scheduler.base_lrs, state.max_steps, warmup_steps=warmup, progress=self.progress, **self.settings
-        )
+        spec = self.spec if self.warmup_steps is not None else dataclasses.replace(self.spec, warmup_steps=args.warmup_steps)
+        lr_scheduler.lr_lambdas = spec.lr_lambdas(lr_scheduler.base_lrs, state.max_steps, self.progress)
         # The constant scheduler already set every group to its peak lr; set the lr for the current step
         # (0, or the step resumed from) as LambdaLR would have.
         step = lr_scheduler.last_epoch

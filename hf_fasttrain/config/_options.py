@@ -54,6 +54,7 @@ TRAINER_ESSENTIALS = ("output_dir", "max_steps", "eval_steps", "save_steps", "lo
 CHOICES = {
     "optimizer": ("optim/registry.py", "OPTIMIZERS"),
     "lr_decay": ("schedules.py", "DECAY_SHAPES"),
+    "schedule_unit": ("schedules.py", "SCHEDULE_UNITS"),
     "clip_mode": ("stability/clipping.py", "CLIP_MODES"),
     "guard_rollback": ("stability/guard.py", "ROLLBACK_MODES"),
     "weight_averaging": ("stability/averaging.py", "AveragingMode"),
@@ -68,7 +69,7 @@ CHOICES = {
     "data_format": ("config/_model_data_args.py", "DATA_FORMATS"),
 }
 # choices checked in place (no constant to read)
-INLINE_CHOICES = {"schedule_unit": ("steps", "tokens"), "restart_parallel": ("no", "per_gpu")}
+INLINE_CHOICES = {"restart_parallel": ("no", "per_gpu")}
 
 
 def _in_section(opt: "Option", key: str) -> bool:

@@ -458,7 +458,7 @@ class FastTrainingArguments(TrainingArguments):
     def _check_lr_schedule(self) -> None:
         from transformers.trainer_utils import SchedulerType
 
-        from ..schedules import build_lr_lambdas, check_schedule_settings
+        from ..schedules import ScheduleSpec
 
         if isinstance(self.lr_decay, str) and self.lr_decay.lower() in ("none", "null", ""):
             self.lr_decay = None
@@ -475,22 +475,12 @@ class FastTrainingArguments(TrainingArguments):
                f"default 'linear' (then unused), or set lr_decay=None to use the Trainer's schedule")
         _check(not self.lr_scheduler_kwargs, "lr_scheduler_kwargs", self.lr_scheduler_kwargs,
                f"not used with lr_decay={self.lr_decay!r}; use min_lr / min_lr_ratio / decay_fraction")
-        check_schedule_settings(self.lr_decay, self.warmup_start_factor, self.min_lr, self.min_lr_ratio,
-                                self.decay_fraction)
-        _check(self.schedule_unit in ("steps", "tokens"), "schedule_unit", self.schedule_unit,
-               "allowed: 'steps', 'tokens'")
-        if self.schedule_total_tokens is not None:
-            _check(self.schedule_unit == "tokens", "schedule_total_tokens", self.schedule_total_tokens,
-                   "only used with schedule_unit='tokens'")
-            _check(isinstance(self.schedule_total_tokens, int) and self.schedule_total_tokens > 0,
-                   "schedule_total_tokens", self.schedule_total_tokens, "must be a positive integer or null")
+        spec = ScheduleSpec.from_args(self)  # the schedule's own checks, naming the option
         if self.min_lr is not None:
             _check(self.min_lr <= self.learning_rate, "min_lr", self.min_lr,
                    f"must be <= learning_rate={self.learning_rate} (the peak); or use min_lr_ratio")
         if self.max_steps > 0:  # the run length is known: check warmup and cooldown against it now
-            build_lr_lambdas([1.0], self.max_steps, lr_decay=self.lr_decay, warmup_steps=self.warmup_steps,
-                             warmup_start_factor=self.warmup_start_factor, min_lr_ratio=self.min_lr_ratio,
-                             decay_fraction=self.decay_fraction)
+            spec.phases(self.max_steps)
 
     def _resolve_precision(self):
         """precision -> bf16 / fp16 / use_cpu / tf32 for this device (see hf_fasttrain.stability.precision)."""

@@ -2,14 +2,16 @@
 
 A *plan* is one epoch as a list of steps, a step one batch per rank (``plan[step][rank]``). This module
 holds the checks, the seeded randomness (its own `torch.Generator` per (seed, epoch, stream), never the
-global RNG), the helpers that deal and split batches, and `_StepPlanBatchSampler`, the base class that
-yields a rank's batches of a plan and saves (epoch, position) for a resume. The plans themselves live in
+global RNG), the helpers that deal and split batches, `StepPlanSettings` (what every plan shares: seed, ranks,
+gradient accumulation, drop_last), and `_StepPlanBatchSampler`, the base class that yields a rank's batches
+of a plan and saves (epoch, position) for a resume. The plans themselves live in
 `samplers` (length grouping, curriculum), `token_budget` (token budgets, batch-size warmup) and `packing`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,8 @@ import torch
 from torch.utils.data import Sampler
 
 from .._validation import ConfigError
+
+__all__ = ["Step", "StepPlanSettings"]
 
 Step = list[list[int]]  # one batch (list of dataset indices) per rank
 
@@ -44,6 +48,46 @@ def _check_world(world_size: int, rank: int | None = None) -> None:
     _check_int("world_size", world_size, 1)
     if rank is not None and (not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size):
         raise ConfigError("rank", rank, f"must be an integer in [0, world_size={world_size})")
+
+
+@dataclass(frozen=True)
+class StepPlanSettings:
+    """What every step plan shares: the order's seed, the ranks that share each step, and how batches make up
+    an optimizer step. Checks itself on creation; passed whole to the plan functions and the samplers, whose
+    own arguments (batch size, token budget, curriculum, ...) come beside it.
+
+    Args:
+        seed: the order is a function of (seed, epoch) only.
+        world_size: the number of ranks that share each step.
+        rank: this process's rank; a sampler yields its slice of each step (a plan holds every rank's).
+        grad_accum: micro-batches per optimizer step; the plans whose batch count varies (token budgets,
+            packing) make it a multiple of ``world_size * grad_accum``, so every optimizer step is full.
+        drop_last: the plans of fixed-size batches (length grouping, curriculum) drop the last, short step.
+
+    Example:
+        ```python
+        >>> from hf_fasttrain.data.samplers import StepPlanSettings, length_grouped_steps
+        >>> settings = StepPlanSettings(world_size=2, drop_last=True)
+        >>> length_grouped_steps([5, 1, 4, 2, 3, 6, 7], 1, settings)  # 3 steps of one example per rank; 1 left out
+        [[[5], [3]], [[6], [2]], [[0], [4]]]
+        ```
+    """
+
+    seed: int = 0
+    world_size: int = 1
+    rank: int = 0
+    grad_accum: int = 1
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        _check_int("seed", self.seed, 0)
+        _check_world(self.world_size, self.rank)
+        _check_int("grad_accum", self.grad_accum, 1)
+        if not isinstance(self.drop_last, (bool, np.bool_)):
+            raise ConfigError("drop_last", self.drop_last, "must be true or false")
+        for name in ("seed", "world_size", "rank", "grad_accum"):  # numpy integers in, plain ints kept
+            object.__setattr__(self, name, int(getattr(self, name)))
+        object.__setattr__(self, "drop_last", bool(self.drop_last))
 
 
 # ---- randomness ---------------------------------------------------------------------------------
@@ -116,22 +160,18 @@ def _halves(batch: list[int]) -> tuple[list[int], list[int]]:
 class _StepPlanBatchSampler(Sampler[list[int]]):
     """Base: yields ``plan(epoch)[k][rank]`` for k = resume position .. end; state is (epoch, position).
 
-    A subclass names its pure plan function in `_plan_steps` and passes that function's settings to
-    ``__init__`` by keyword; each setting becomes an attribute, and every plan is
-    ``_plan_steps(lengths, seed=..., epoch=..., world_size=..., **settings)``.
+    A subclass names its pure plan function in `_plan_steps` and passes the shared `StepPlanSettings` whole and
+    that function's own settings by keyword; each own setting becomes an attribute, and every plan is
+    ``_plan_steps(lengths, settings=settings, epoch=..., **own)``.
     """
 
     _plan_steps: Callable[..., Any]
 
-    def __init__(self, lengths: Sequence[int], *, seed: int, world_size: int, rank: int, **settings: Any):
-        _check_int("seed", seed, 0)
-        _check_world(world_size, rank)
+    def __init__(self, lengths: Sequence[int], settings: StepPlanSettings, **own: Any):
+        self.settings = settings
         self.lengths = _as_lengths(lengths)
-        self.seed = int(seed)
-        self.world_size = int(world_size)
-        self.rank = int(rank)
-        self._settings = tuple(settings)
-        for name, value in settings.items():
+        self._own = tuple(own)
+        for name, value in own.items():
             setattr(self, name, value)
         self.epoch = 0
         self.position = 0  # batches of the current epoch yielded so far (or restored)
@@ -139,9 +179,14 @@ class _StepPlanBatchSampler(Sampler[list[int]]):
         self._cached: tuple[int, list[Step]] | None = None
         self.steps(0)  # validate now, not at the first batch
 
+    # Passthroughs: the shared settings read as the sampler's own attributes
+    seed = property(lambda self: self.settings.seed, doc="The seed of the order.")
+    world_size = property(lambda self: self.settings.world_size, doc="The ranks that share each step.")
+    rank = property(lambda self: self.settings.rank, doc="This process's rank.")
+
     def _plan(self, epoch: int) -> Any:
-        settings = {name: getattr(self, name) for name in self._settings}
-        return self._plan_steps(self.lengths, seed=self.seed, epoch=epoch, world_size=self.world_size, **settings)
+        own = {name: getattr(self, name) for name in self._own}
+        return self._plan_steps(self.lengths, settings=self.settings, epoch=epoch, **own)
 
     def steps(self, epoch: int | None = None) -> list[Step]:
         """The global plan of an epoch (default: the current one): ``steps[k][rank]``."""

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .._validation import ConfigError
-from ._plan import Step, _as_lengths, _check_int, _check_world, _permutation, _shuffle_steps, _split_to_multiple
+from ._plan import Step, StepPlanSettings, _as_lengths, _check_int, _permutation, _shuffle_steps, _split_to_multiple
 from ._plan import _StepPlanBatchSampler
 
 __all__ = ["pack_bins", "packed_steps", "PackedBatchSampler", "PackedRowsCollator"]
@@ -88,12 +88,10 @@ def _split_packed(batch: list[list[int]]) -> tuple[list[list[int]], list[list[in
 def packed_steps(
     lengths: Sequence[int],
     max_tokens: int,
+    settings: StepPlanSettings = StepPlanSettings(),
     *,
-    rows_per_batch: int = 1,
-    seed: int = 0,
     epoch: int = 0,
-    world_size: int = 1,
-    grad_accum: int = 1,
+    rows_per_batch: int = 1,
 ) -> list[Step]:
     """Plan one epoch of packed batches: ``steps[k][rank]`` lists the examples of rank's k-th batch.
 
@@ -107,14 +105,13 @@ def packed_steps(
     """
     arr = _as_lengths(lengths)
     _check_int("rows_per_batch", rows_per_batch, 1)
-    _check_world(world_size)
-    _check_int("grad_accum", grad_accum, 1)
+    seed, world_size = settings.seed, settings.world_size
     perm = _permutation(len(arr), seed, epoch)
     order = perm[np.argsort(-arr[perm], kind="stable")]
     bins = pack_bins(arr, max_tokens, order=order)
     batches = [bins[k : k + rows_per_batch] for k in range(0, len(bins), rows_per_batch)]
     batches = _split_to_multiple(
-        batches, world_size * grad_accum, weight=lambda b: max(len(b), len(b[0])), split=_split_packed
+        batches, world_size * settings.grad_accum, weight=lambda b: max(len(b), len(b[0])), split=_split_packed
     )
     flat = [[i for b in batch for i in b] for batch in batches]
     steps = [flat[k : k + world_size] for k in range(0, len(flat), world_size)]
@@ -148,8 +145,8 @@ class PackedBatchSampler(_StepPlanBatchSampler):
         rank: int = 0,
         grad_accum: int = 1,
     ):
-        super().__init__(lengths, seed=seed, world_size=world_size, rank=rank, max_tokens=max_tokens,
-                         rows_per_batch=rows_per_batch, grad_accum=grad_accum)
+        settings = StepPlanSettings(seed=seed, world_size=world_size, rank=rank, grad_accum=grad_accum)
+        super().__init__(lengths, settings, max_tokens=max_tokens, rows_per_batch=rows_per_batch)
 
 
 class PackedRowsCollator:

@@ -25,7 +25,8 @@ not from this position.
 
 Layout: this module holds the lengths, length grouping and the curriculum; `token_budget` the
 token-budget batching and the batch-size warmup (its names are importable from here too); `_plan` the
-machinery they and `packing` share (checks, seeded permutations, the base sampler).
+machinery they and `packing` share (checks, seeded permutations, the base sampler, and `StepPlanSettings`:
+the seed, ranks, gradient accumulation and drop_last every plan takes whole).
 
 References:
 - Megabatch length grouping: `transformers.trainer_pt_utils.get_length_grouped_indices`.
@@ -42,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .._validation import ConfigError
-from ._plan import Step, _as_lengths, _check_int, _check_world, _deal, _permutation, _shuffle_steps
+from ._plan import Step, StepPlanSettings, _as_lengths, _check_int, _deal, _permutation, _shuffle_steps
 from ._plan import _StepPlanBatchSampler
 from .seqlen import Pacing, check_pacing, length_limit_at
 
@@ -56,6 +57,7 @@ from .token_budget import (
 )
 
 __all__ = [
+    "StepPlanSettings",
     "add_length_column",
     "get_lengths",
     "length_grouped_steps",
@@ -128,12 +130,10 @@ def get_lengths(dataset, column: str = "input_ids", length_column: str = "length
 def length_grouped_steps(
     lengths: Sequence[int],
     batch_size: int,
+    settings: StepPlanSettings = StepPlanSettings(),
     *,
-    seed: int = 0,
     epoch: int = 0,
-    world_size: int = 1,
     megabatch_mult: int | None = None,
-    drop_last: bool = False,
 ) -> list[Step]:
     """Plan one epoch of length-grouped batches: ``steps[k][rank]`` is rank's k-th batch.
 
@@ -149,7 +149,7 @@ def length_grouped_steps(
     """
     arr = _as_lengths(lengths)
     _check_int("batch_size", batch_size, 1)
-    _check_world(world_size)
+    seed, world_size = settings.seed, settings.world_size
     n, group = len(arr), batch_size * world_size
     if megabatch_mult is None:
         megabatch_mult = max(1, min(50, n // (4 * group)))
@@ -162,7 +162,7 @@ def length_grouped_steps(
         chunk = chunk[np.argsort(-arr[chunk], kind="stable")]
         for g in range(0, len(chunk), group):
             members = chunk[g : g + group]
-            if len(members) < group and drop_last:
+            if len(members) < group and settings.drop_last:
                 continue
             steps.append(_deal(members, world_size, perm))
     return _shuffle_steps(steps, seed, epoch)
@@ -171,20 +171,18 @@ def length_grouped_steps(
 def curriculum_steps(
     lengths: Sequence[int],
     batch_size: int,
+    settings: StepPlanSettings = StepPlanSettings(),
     *,
+    epoch: int = 0,
     min_length: int,
     curriculum_batches: int,
     max_length: int | None = None,
     pacing: Pacing = "linear",
     num_stages: int = 4,
-    seed: int = 0,
-    epoch: int = 0,
-    world_size: int = 1,
-    drop_last: bool = False,
 ) -> tuple[list[Step], list[int]]:
     """Plan one epoch of a short-to-long curriculum; returns ``(steps, limits)``.
 
-    An epoch has ``S = ceil(N / (batch_size * world_size))`` steps (floor with `drop_last`). Step k of
+    An epoch has ``S = ceil(N / (batch_size * world_size))`` steps (floor with `settings.drop_last`). Step k of
     epoch e is position ``t = e * S + k`` of the run; it only draws examples with
     ``length <= limits[k] = length_limit_at(t / curriculum_batches, min_length, max_length, pacing)``.
     Within an epoch, admitted examples are drawn without replacement in a random order (seed, epoch);
@@ -197,7 +195,7 @@ def curriculum_steps(
     """
     arr = _as_lengths(lengths)
     _check_int("batch_size", batch_size, 1)
-    _check_world(world_size)
+    seed, world_size = settings.seed, settings.world_size
     _check_int("curriculum_batches", curriculum_batches, 0)
     _check_int("epoch", epoch, 0)
     check_pacing(pacing, num_stages, field="pacing", stages_field="num_stages")
@@ -216,7 +214,7 @@ def curriculum_steps(
             problem=f"got {min_length}, which admits {admitted_at_start} examples, fewer than one step needs "
             f"(batch_size * world_size = {group})",
         )
-    steps_per_epoch = n // group if drop_last else -(-n // group)
+    steps_per_epoch = n // group if settings.drop_last else -(-n // group)
 
     def limit(t: int) -> int:
         progress = 1.0 if curriculum_batches == 0 else t / curriculum_batches
@@ -289,8 +287,8 @@ class LengthGroupedBatchSampler(_StepPlanBatchSampler):
         megabatch_mult: int | None = None,
         drop_last: bool = False,
     ):
-        super().__init__(lengths, seed=seed, world_size=world_size, rank=rank, batch_size=batch_size,
-                         megabatch_mult=megabatch_mult, drop_last=drop_last)
+        settings = StepPlanSettings(seed=seed, world_size=world_size, rank=rank, drop_last=drop_last)
+        super().__init__(lengths, settings, batch_size=batch_size, megabatch_mult=megabatch_mult)
 
 
 class CurriculumBatchSampler(_StepPlanBatchSampler):
@@ -328,9 +326,10 @@ class CurriculumBatchSampler(_StepPlanBatchSampler):
         rank: int = 0,
         drop_last: bool = False,
     ):
-        super().__init__(lengths, seed=seed, world_size=world_size, rank=rank, batch_size=batch_size,
-                         min_length=min_length, curriculum_batches=curriculum_batches, max_length=max_length,
-                         pacing=pacing, num_stages=num_stages, drop_last=drop_last)
+        settings = StepPlanSettings(seed=seed, world_size=world_size, rank=rank, drop_last=drop_last)
+        super().__init__(lengths, settings, batch_size=batch_size, min_length=min_length,
+                         curriculum_batches=curriculum_batches, max_length=max_length, pacing=pacing,
+                         num_stages=num_stages)
         if self.max_length is None:
             self.max_length = int(self.lengths.max())
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .._validation import ConfigError
-from ._plan import Step, _as_lengths, _check_int, _check_world, _halves, _permutation, _shuffle_steps
+from ._plan import Step, StepPlanSettings, _as_lengths, _check_int, _halves, _permutation, _shuffle_steps
 from ._plan import _split_to_multiple, _StepPlanBatchSampler
 from .seqlen import Pacing, check_pacing, length_limit_at
 
@@ -35,11 +35,9 @@ __all__ = [
 def token_budget_steps(
     lengths: Sequence[int],
     max_tokens: int,
+    settings: StepPlanSettings = StepPlanSettings(),
     *,
-    seed: int = 0,
     epoch: int = 0,
-    world_size: int = 1,
-    grad_accum: int = 1,
     max_batch_size: int | None = None,
     pad_to_multiple_of: int = 1,
 ) -> list[Step]:
@@ -57,8 +55,6 @@ def token_budget_steps(
     """
     arr = _as_lengths(lengths)
     _check_int("max_tokens", max_tokens, 1)
-    _check_world(world_size)
-    _check_int("grad_accum", grad_accum, 1)
     _check_int("pad_to_multiple_of", pad_to_multiple_of, 1)
     if max_batch_size is not None:
         _check_int("max_batch_size", max_batch_size, 1)
@@ -70,6 +66,7 @@ def token_budget_steps(
             problem=f"got {max_tokens}, below the longest example (index {i}, length {int(arr[i])}"
             f"{f', padded to {int(padded[i])}' if padded[i] != arr[i] else ''})",
         )
+    seed, world_size = settings.seed, settings.world_size
     perm = _permutation(len(arr), seed, epoch)
     order = perm[np.argsort(-padded[perm], kind="stable")]
     batches: list[list[int]] = []
@@ -80,7 +77,7 @@ def token_budget_steps(
             take = min(take, max_batch_size)
         batches.append(order[i : i + take].tolist())
         i += take
-    batches = _split_to_multiple(batches, world_size * grad_accum, len, _halves)
+    batches = _split_to_multiple(batches, world_size * settings.grad_accum, len, _halves)
     steps = [batches[k : k + world_size] for k in range(0, len(batches), world_size)]
     return _shuffle_steps(steps, seed, epoch)
 
@@ -105,15 +102,13 @@ def batch_warmup_budget(step: int, min_tokens: int, max_tokens: int, warmup_step
 def batch_warmup_steps(
     lengths: Sequence[int],
     max_tokens: int,
+    settings: StepPlanSettings = StepPlanSettings(),
     *,
+    epoch: int = 0,
     min_tokens: int,
     warmup_steps: int,
     pacing: Pacing = "linear",
     num_stages: int = 4,
-    seed: int = 0,
-    epoch: int = 0,
-    world_size: int = 1,
-    grad_accum: int = 1,
     max_batch_size: int | None = None,
     pad_to_multiple_of: int = 1,
 ) -> list[Step]:
@@ -134,8 +129,7 @@ def batch_warmup_steps(
         >>> [len(s[0]) for s in batch_warmup_steps([4] * 12, 16, min_tokens=4, warmup_steps=3)]
         [1, 2, 3, 2, 4]
     """
-    full = token_budget_steps(lengths, max_tokens, seed=seed, epoch=epoch, world_size=world_size,
-                              grad_accum=grad_accum, max_batch_size=max_batch_size,
+    full = token_budget_steps(lengths, max_tokens, settings, epoch=epoch, max_batch_size=max_batch_size,
                               pad_to_multiple_of=pad_to_multiple_of)
     _check_int("min_tokens", min_tokens, 1)
     if min_tokens > max_tokens:
@@ -144,6 +138,7 @@ def batch_warmup_steps(
     _check_int("warmup_steps", warmup_steps, 0)
     if epoch > 0 or warmup_steps == 0:
         return full
+    world_size, grad_accum = settings.world_size, settings.grad_accum
     arr = _as_lengths(lengths)
     padded = np.maximum(-(-arr // pad_to_multiple_of) * pad_to_multiple_of, 1)
     out: list[Step] = []
@@ -203,8 +198,9 @@ class TokenBudgetBatchSampler(_StepPlanBatchSampler):
         max_batch_size: int | None = None,
         pad_to_multiple_of: int = 1,
     ):
-        super().__init__(lengths, seed=seed, world_size=world_size, rank=rank, max_tokens=max_tokens,
-                         grad_accum=grad_accum, max_batch_size=max_batch_size, pad_to_multiple_of=pad_to_multiple_of)
+        settings = StepPlanSettings(seed=seed, world_size=world_size, rank=rank, grad_accum=grad_accum)
+        super().__init__(lengths, settings, max_tokens=max_tokens, max_batch_size=max_batch_size,
+                         pad_to_multiple_of=pad_to_multiple_of)
 
 
 class BatchWarmupBatchSampler(TokenBudgetBatchSampler):
@@ -243,10 +239,10 @@ class BatchWarmupBatchSampler(TokenBudgetBatchSampler):
         max_batch_size: int | None = None,
         pad_to_multiple_of: int = 1,
     ):
+        settings = StepPlanSettings(seed=seed, world_size=world_size, rank=rank, grad_accum=grad_accum)
         _StepPlanBatchSampler.__init__(
-            self, lengths, seed=seed, world_size=world_size, rank=rank, max_tokens=max_tokens, min_tokens=min_tokens,
-            warmup_steps=warmup_steps, pacing=pacing, num_stages=num_stages, grad_accum=grad_accum,
-            max_batch_size=max_batch_size, pad_to_multiple_of=pad_to_multiple_of)
+            self, lengths, settings, max_tokens=max_tokens, min_tokens=min_tokens, warmup_steps=warmup_steps,
+            pacing=pacing, num_stages=num_stages, max_batch_size=max_batch_size, pad_to_multiple_of=pad_to_multiple_of)
 
     def budget_at(self, step: int) -> int:
         """Tokens per micro-batch allowed at optimizer step `step`."""
