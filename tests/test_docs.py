@@ -1281,7 +1281,7 @@ def _groups_ratio(row_label: str) -> float:
     """The recipe's median tokens to hf-best+'s 1x loss (over the budget), read off hf_best_groups.md's 1x table."""
     text = (ROOT / "benchmarks/results/hf_best_groups.md").read_text(encoding="utf-8")
     section = text.split("## Budget 1x", 1)[1].split("## Budget", 1)[0]
-    table = section.split("| recipe | final eval loss |", 1)[1]  # the table of the recipe's tokens to each baseline
+    table = section.split("| arm | final eval loss |", 1)[1]  # the table of each arm's tokens to each baseline
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells and cells[0] == row_label:

@@ -881,8 +881,13 @@ def test_the_recipes_tokens_to_each_baselines_loss(tmp_path):
     # 100 x 3.4/3.6 (between 8 and 4.4) and 4.2 at 200 + 100 x 0.1/0.3 (between 4.3 and 4.0)
     assert row["to"]["hf-best"]["per_seed"] == pytest.approx([0.25, 100 * 3.4 / 3.6 / 400])
     assert row["to"]["hf-best+"]["per_seed"] == pytest.approx([0.5, (200 + 100 / 3) / 400])
+    plus_row = got["rows"]["hf-best+ (AdamW with per-group lrs)"]  # an AdamW user's own gain
+    # seed 0 reaches 4.6 between 5 (100 tokens) and 4.5 (200): at 180 of 400
+    assert plus_row["seeds"] == [0] and plus_row["to"] == {"hf-best": {"per_seed": [pytest.approx(0.45)],
+                                                                        "median": pytest.approx(0.45)}}
     table = mod.group_ratio_table(got)
     assert "| hf-best+ | 4.200 |" in table and "| recipe (its searched winner) | 3.900 | 2 |" in table
+    assert "| hf-best+ (AdamW with per-group lrs) | 4.200 | 1 | 0.450 (0.450) | - |" in table
     # the budget ladder's recipe at its best lr (the headline's) too
     lad_run = {**ledger.data["runs"][mod.run_key("1x", "recipe+groups", recipe, 0)], "optimizer": "recipe", "lr": 1.6e-2}
     ladder = {"runs": {"a": lad_run, "b": {**lad_run, "lr": 8e-3, "final_eval_loss": 9.0}},

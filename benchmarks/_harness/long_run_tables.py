@@ -43,6 +43,10 @@ def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any],
     if not baselines:
         return {}
     arms = {}
+    if "hf-best+" in summary:  # an AdamW user's own gain: hf-best+'s tokens to hf-best's loss
+        plus = summary["hf-best+"]["best"]
+        arms[PLUS_ARM] = [r for r in ledger.data["runs"].values() if r["rung"] == rung and r["family"] == "hf-best+"
+                          and config_key(r["config"]) == config_key(plus)]
     best_lr = ladder_best_lr(ladder or {}, rung, "recipe")
     headline = [r for r in (ladder or {}).get("runs", {}).values()
                 if r["rung"] == rung and r["optimizer"] == "recipe" and r["lr"] == best_lr]
@@ -61,6 +65,8 @@ def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any],
         runs = sorted(runs, key=lambda r: r["seed"])
         per = {}
         for base, target in baselines.items():
+            if arm == PLUS_ARM and base == "hf-best+":  # its own loss: 1 by definition
+                continue
             ratios = [crossing(r["curve"], target, "tokens") / (r["max_steps"] * r["tokens_per_step"]) for r in runs]
             per[base] = {"per_seed": ratios, "median": statistics.median(ratios)}
         rows[arm] = {"seeds": [r["seed"] for r in runs], "config": runs[0].get("config", {"lr": runs[0].get("lr")}),
@@ -68,22 +74,28 @@ def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any],
     return {"baselines": baselines, "rows": rows}
 
 
+PLUS_ARM = "hf-best+ (AdamW with per-group lrs)"
+
+
 def group_ratio_table(ratios: dict[str, Any]) -> str:
     """The markdown of :func:`group_ratios`."""
     if not ratios:
         return ""
     bases = ratios["baselines"]
-    out = ["", "Against both baselines: each one's final eval loss (median of its seeds) and the recipe's tokens to it "
+    out = ["", "Against both baselines: each one's final eval loss (median of its seeds) and each arm's tokens to it "
            "over the budget (median of the seeds; each seed in brackets):", "",
            "| baseline | final eval loss |", "|---|---|"]
     out += [f"| {b} | {loss:.3f} |" for b, loss in bases.items()]
     if ratios["rows"]:
-        out += ["", "| recipe | final eval loss | seeds | " + " | ".join(f"tokens to {b}'s loss / budget" for b in bases)
+        out += ["", "| arm | final eval loss | seeds | " + " | ".join(f"tokens to {b}'s loss / budget" for b in bases)
                 + " |", "|---|---|---|" + "---|" * len(bases)]
         for arm, row in ratios["rows"].items():
             cells = []
             for b in bases:
-                to = row["to"][b]
+                to = row["to"].get(b)
+                if to is None:
+                    cells.append("-")
+                    continue
                 each = ", ".join("never" if math.isinf(x) else f"{x:.3f}" for x in to["per_seed"])
                 cells.append(("never" if math.isinf(to["median"]) else f"{to['median']:.3f}") + f" ({each})")
             out.append(f"| {arm} | {row['final_eval_loss']:.3f} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
