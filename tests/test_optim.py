@@ -769,10 +769,12 @@ def test_unknown_optimizer_name_lists_known_ones():
         ("muon", {"adjust_lr_fn": "rms"}, exact("adjust_lr_fn: got 'rms' for Muon; allowed: match_rms_adamw, original")),
         ("muon", {"ns_steps": 0}, exact('ns_steps: got 0 for Muon; must be an integer in [1, 99]')),
         ("muon", {"muon_lr": -1.0}, exact('muon_lr: got -1.0 for Muon; must be a finite number >= 0')),
-        ("muon", {"adamw_lr_ratio": 0.0}, r"Muon: adamw_lr_ratio must be a finite number > 0, got 0.0"),
-        ("muon", {"adamw_lr_ratio": True}, r"Muon: adamw_lr_ratio must be a finite number > 0, got True"),
-        ("muon", {"adamw_lr_ratio": 0.25, "muon_lr": 2e-2}, r"adamw_lr_ratio=0.25 .* cannot be given with muon_lr"),
-        ("muon", {"adamw_lr_ratio": 0.25, "adjust_lr_fn": "original"}, r"adamw_lr_ratio=0.25 needs adjust_lr_fn"),
+        ("muon", {"adamw_lr_ratio": 0.0}, exact("adamw_lr_ratio: got 0.0 for Muon; must be a finite number > 0")),
+        ("muon", {"adamw_lr_ratio": True}, exact("adamw_lr_ratio: got True for Muon; must be a finite number > 0")),
+        ("muon", {"adamw_lr_ratio": 0.25, "muon_lr": 2e-2}, r"^adamw_lr_ratio: got 0.25 with muon_lr 0.02; .*not both$"),
+        ("muon", {"adamw_lr_ratio": 0.25, "adjust_lr_fn": "original"},
+         exact("adamw_lr_ratio: got 0.25 with adjust_lr_fn 'original', where Muon's lr is not on AdamW's scale; use it "
+               "with adjust_lr_fn 'match_rms_adamw'")),
         ("soap", {"precondition_freq": 10}, r"soap has no option 'precondition_freq'.*Did you mean 'precondition_frequency'"),
     ],
 )

@@ -95,10 +95,10 @@ REFUSED = [
     ("soap", {"precondition_frequency": 0}, "precondition_frequency: got 0 for SOAP; must be an integer >= 1"),
     ("muon", {"ns_dtype": "fp16"}, "ns_dtype: got 'fp16' for Muon; allowed: bfloat16, float32, auto"),
     ("muon", {"momentum": 1.0}, "momentum: got 1.0 for Muon; must be a number in [0, 1)"),
-    ("muon", {"adamw_lr_ratio": 0}, "Muon: adamw_lr_ratio must be a finite number > 0, got 0"),
+    ("muon", {"adamw_lr_ratio": 0}, "adamw_lr_ratio: got 0 for Muon; must be a finite number > 0"),
     ("muon", {"adamw_lr_ratio": 0.25, "muon_lr": 0.02},
-     "Muon: adamw_lr_ratio=0.25 sets the AdamW part's lr from Muon's, so it cannot be given with muon_lr=0.02: "
-     "give one of them"),
+     "adamw_lr_ratio: got 0.25 with muon_lr 0.02; it sets the AdamW part's lr from Muon's; give adamw_lr_ratio or "
+     "muon_lr, not both"),
     ("muon", {"hyperball": True, "cautious_wd": True},
      "hyperball: got True with cautious_wd=True, which would do nothing (hyperball replaces weight decay on the Muon "
      "matrices); use one of them"),

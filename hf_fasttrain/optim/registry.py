@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 from torch import nn
 
-from ._common import check_nonnegative
+from ._common import OptionError, _is_real_number, check_nonnegative
 from .adamw import build_adamw, check_adamw_options
 from .groups import check_group_options, regroup
 from .ademamix import AdEMAMix, check_ademamix_options
@@ -193,15 +193,17 @@ def _muon_lrs(lr, weight_decay, muon_lr, adjust_lr_fn, adamw_lr_ratio) -> tuple[
     if muon_lr is None:
         muon_lr = 0.02 if adjust_lr_fn == "original" else lr
     check_nonnegative("Muon", "muon_lr", muon_lr)
-    if isinstance(adamw_lr_ratio, bool) or check_nonnegative("Muon", "adamw_lr_ratio", adamw_lr_ratio) == 0:
-        raise ValueError(f"Muon: adamw_lr_ratio must be a finite number > 0, got {adamw_lr_ratio!r}")
+    if not _is_real_number(adamw_lr_ratio) or adamw_lr_ratio <= 0:
+        raise OptionError("Muon", "adamw_lr_ratio", adamw_lr_ratio, "must be a finite number > 0")
     if adamw_lr_ratio != 1.0:
         if explicit_muon_lr:
-            raise ValueError(f"Muon: adamw_lr_ratio={adamw_lr_ratio!r} sets the AdamW part's lr from Muon's, so it "
-                             f"cannot be given with muon_lr={muon_lr!r}: give one of them")
+            raise OptionError("Muon", "adamw_lr_ratio", adamw_lr_ratio, "give adamw_lr_ratio or muon_lr, not both",
+                              problem=f"got {adamw_lr_ratio!r} with muon_lr {muon_lr!r}; it sets the AdamW part's lr "
+                                      "from Muon's")
         if adjust_lr_fn == "original":
-            raise ValueError(f"Muon: adamw_lr_ratio={adamw_lr_ratio!r} needs adjust_lr_fn='match_rms_adamw' (Muon's "
-                             "lr on AdamW's scale), got 'original'")
+            raise OptionError("Muon", "adamw_lr_ratio", adamw_lr_ratio, "use it with adjust_lr_fn 'match_rms_adamw'",
+                              problem=f"got {adamw_lr_ratio!r} with adjust_lr_fn 'original', where Muon's lr is not "
+                                      "on AdamW's scale")
     return lr, weight_decay, muon_lr, lr * adamw_lr_ratio
 
 
