@@ -27,8 +27,9 @@ def test_short_help_starts_with_the_headline_options_and_shows_every_value():
     assert lines[3] == "Pretrain a causal language model."
     assert any(line.lstrip().startswith("--config RECIPE") for line in lines[:8])
     heads = [line for line in lines if line and not line.startswith(" ") and line.endswith(":")]
-    assert heads[:5] == ["optimizer:", "lr schedule:", "batching and sequence length:",
-                         "stability: clipping and the guard:", "weight averaging:"]
+    assert heads[:6] == ["run length (optimizer steps or tokens):", "optimizer:", "lr schedule:",
+                         "batching and sequence length:", "stability: clipping and the guard:", "weight averaging:"]
+    assert [line.split()[0] for line in lines if line.startswith("  --max_")][:2] == ["--max_steps", "--max_tokens"]
     assert "--adam_beta1" not in text and "--ddp_backend" not in text  # Trainer options beyond the essentials
     # every option of the package has its own row, each followed by its allowed values in full
     schema = load_schema()

@@ -37,6 +37,7 @@ MISSING = object()
 # The headline options, in the order a new user reaches for them: (group title, Trainer options shown with the
 # group). Every other group follows in the order of args.py, then the run's Trainer options, model, peft, data.
 HEADLINE = (
+    ("Run length", ("max_steps",)),
     ("Optimizer by name", ("learning_rate", "weight_decay")),
     ("LR schedule", ("warmup_steps",)),
     ("Sequence length", ("per_device_train_batch_size", "gradient_accumulation_steps")),
@@ -44,11 +45,14 @@ HEADLINE = (
     ("Weight averaging", ()),
 )
 # group -> heading shown (the source's comment titles are the modules' names)
-GROUP_TITLES = {"Optimizer by name": "optimizer", "LR schedule": "lr schedule",
+GROUP_TITLES = {"Run length": "run length (optimizer steps or tokens)", "Optimizer by name": "optimizer", "LR schedule": "lr schedule",
                 "Sequence length": "batching and sequence length", "Stability": "stability: clipping and the guard",
                 "Weight averaging": "weight averaging"}
+# a Trainer option's help where the package gives it a sharper meaning
+TRAINER_HELP = {"max_steps": "The run's length in optimizer steps (every technique counts these); overrides "
+                             "num_train_epochs; max_tokens gives the length in tokens instead"}
 # the run's Trainer options shown in the short help (all of them: --help-all)
-TRAINER_ESSENTIALS = ("output_dir", "max_steps", "eval_steps", "save_steps", "logging_steps", "seed")
+TRAINER_ESSENTIALS = ("output_dir", "eval_steps", "save_steps", "logging_steps", "seed")
 # options whose allowed names live in a module of the package: field -> (module file, constant); the names are
 # read from there (a registry's keys, a tuple of modes), so a new optimizer or schedule shows up by itself
 CHOICES = {
@@ -188,7 +192,7 @@ def load_schema() -> Optional[dict[str, Option]]:
         return None
     schema: dict[str, Option] = {}
     for opt in _class_fields(their_tree, theirs, "TrainingArguments", None, trainer=True):
-        schema[opt.name] = dataclasses.replace(opt, group="Trainer")
+        schema[opt.name] = dataclasses.replace(opt, group="Trainer", help=TRAINER_HELP.get(opt.name, opt.help))
     for cls, section, name in (("ModelArguments", "model", "config/_model_data_args.py"),
                                ("DataArguments", "data", "config/_model_data_args.py"),
                                ("FastTrainingArguments", None, "config/args.py")):
@@ -515,8 +519,8 @@ def render_help(description: str, recipe: Optional[Mapping[str, Any]] = None, re
                                       f"takes its recipe's (see --help --config gpt2_tiny). {off}", width)
     groups: dict[str, list[Option]] = {}
     for o in schema.values():
-        if o.section is None and not o.trainer:
-            groups.setdefault(o.group or "Other", []).append(o)
+        if o.section is None and not o.trainer:  # a run's length in tokens beside its length in steps
+            groups.setdefault("Run length" if o.name == "max_tokens" else (o.group or "Other"), []).append(o)
     pulled = {name for _, names in HEADLINE for name in names}
     for title, trainer_names in HEADLINE:
         opts = [schema[n] for n in trainer_names if n in schema] + groups.get(title, [])
