@@ -49,8 +49,9 @@ def test_short_help_starts_with_the_headline_options_and_shows_every_value():
     assert values["--ema_decay"] == "a number in (0, 1)"
     assert values["--weight_averaging"] == "none | ema | lawa"
     # the headline options come before the run's and the model's
-    assert rows["--optimizer"] < rows["--lr_decay"] < rows["--max_tokens_per_batch"] < rows["--divergence_guard"] \
-        < rows["--ema_decay"] < rows["--max_steps"] < rows["--n_layer"]
+    assert rows["--max_steps"] < rows["--max_tokens"] < rows["--optimizer"] < rows["--lr_decay"] \
+        < rows["--max_tokens_per_batch"] < rows["--divergence_guard"] < rows["--ema_decay"] < rows["--output_dir"] \
+        < rows["--n_layer"]
     assert max(len(line) for line in lines) <= 100
 
     # with a recipe, its values are the defaults shown
