@@ -53,9 +53,9 @@ def test_the_middle_regime_is_the_gpu_recipes_settings():
         "lr_decay": "cosine", "min_lr_ratio": 0.1, "weight_decay": 0.1, "adam_beta2": 0.99}
     assert settings["decay_fraction"] is None and settings["optimizer_kwargs"] == {
         "betas": [0.9, 0.99], "normuon_beta2": None, "cautious_wd": False, "adamw_lr_ratio": 1.0}
-    assert budget_settings(8.7, "adamw")["settings"] == {"lr_decay": "linear", "min_lr_ratio": 0.0,
-                                                         "decay_fraction": 0.2, "weight_decay": 0.1,
-                                                         "adam_beta2": 0.999}
+    assert budget_settings(8.7, "adamw")["settings"] == {  # with hf-best+'s per-group lrs at 4x
+        "lr_decay": "linear", "min_lr_ratio": 0.0, "decay_fraction": 0.2, "weight_decay": 0.1, "adam_beta2": 0.999,
+        "optimizer_kwargs": {"lr_multipliers": {"embedding": 8.0, "norm": 4.0}, "weight_decay_on": "matrices"}}
     for name in ("gpt2_small", "llama_small"):
         recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / f"recipes/configs/{name}.yaml").read_text())
         assert recipe["budget_aware"] is True and "optimizer_kwargs" not in recipe, name

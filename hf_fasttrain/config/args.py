@@ -133,7 +133,7 @@ class FastTrainingArguments(TrainingArguments):
         metadata={"help": "Take lr_decay, min_lr_ratio, decay_fraction, weight_decay, adam_beta2 and, with "
                   "optimizer muon, its AdamW part's betas, NorMuon, cautious weight decay and the AdamW part's lr ratio "
                   "(optimizer_kwargs betas, normuon_beta2, cautious_wd, adamw_lr_ratio) and, with optimizer adamw or muon, "
-                  "the embeddings' lr multiplier (optimizer_kwargs lr_multipliers) where a row measured it, from the settings "
+                  "the per-group lrs (optimizer_kwargs lr_multipliers, weight_decay_on) where a row measured them, from the settings "
                   "measured best for this run's length in tokens per non-embedding parameter (the table in hf_fasttrain.config.budget, "
                   "each row with the study and command it comes from); they replace the values given for those. The peak "
                   "learning_rate stays yours; where a row's settings were measured best at another peak lr, the log "
