@@ -70,8 +70,8 @@ from benchmarks._harness import RESULTS, UsageError, display_command, display_pa
 from benchmarks._harness.budget import BASE_STEPS, budget_setup, data_args, unique_corpus_data
 from benchmarks._harness.ledger import Ledger
 from benchmarks._harness.lm import ARMS, QUICK, Arm, non_embedding_params, run_arm
-from benchmarks._harness.long_run_tables import (group_plot, group_ratio_table, group_ratios, ladder_ledger,
-                                                memorisation, one_run_table, precision_table)
+from benchmarks._harness.long_run_tables import (base_ledger, group_plot, group_ratio_table, group_ratios,
+                                                 ladder_ledger, memorisation, one_run_table, precision_table)
 from benchmarks._harness.long_runs import (BASE_OF, CHECKPOINT_FROM_BUDGET, CORPORA, FAMILIES, GROUP_KNOBS, KNOBS,
                                           KNOB_DEFAULTS, carried_groups, LADDER_MODEL, MODELS, NOISE, OPTIMIZER_OF,
                                           SEARCHED_BY_DEFAULT, TRANSFER_STEPS, WARMUP, config_key, knob_value,
@@ -588,7 +588,7 @@ def report_text(ledger: Ledger) -> str:
                     "point outside its fit.\n\n")
         text += (f"\n## Budget {r}\n\nCommand: {shown}.\n\n" + how + markdown(summary) + memorisation(ledger, r)
                  + one_run_table(ledger, r, summary) + precision_table(ledger, r, summary)
-                 + group_ratio_table(group_ratios(ledger, r, summary, ladder_ledger())))
+                 + group_ratio_table(group_ratios(ledger, r, summary, ladder_ledger(), base_ledger())))
     return text
 
 

@@ -894,3 +894,15 @@ def test_the_recipes_tokens_to_each_baselines_loss(tmp_path):
               "summary": {"1x": {"optimizers": {"recipe": {"best_lr": 1.6e-2}}}}}
     row = mod.group_ratios(ledger, "1x", summary, ladder)["rows"]["recipe (the budget ladder's, at its best lr)"]
     assert (row["final_eval_loss"], row["to"]["hf-best+"]["per_seed"]) == (3.9, [0.5])
+    # carried to a budget without a start of its own: hf-best and the recipe's winner are the base ledger's
+    carried = Ledger(tmp_path / "carried.json")
+    carried.data["runs"] = {k: r for k, r in ledger.data["runs"].items() if r["family"] == "hf-best+"
+                            and not r.get("imported_from")}
+    base = {"searches": {"1x": {"hf-best": {"best": start}, "recipe": {"best": recipe}}},
+            "runs": {k: {**r, "family": "hf-best" if r["family"] == "hf-best+" else "recipe"}
+                     for k, r in ledger.data["runs"].items() if r.get("imported_from")}}
+    got = mod.group_ratios(carried, "1x", summary, None, base)
+    assert got["baselines"] == {"hf-best": 4.6, "hf-best+": 4.2}
+    assert got["rows"]["recipe (its searched winner)"]["to"]["hf-best+"]["per_seed"] == pytest.approx(
+        [0.5, (200 + 100 / 3) / 400])
+    assert mod.group_ratios(carried, "1x", {}, None, base) == {}  # no per-group family: no table

@@ -15,6 +15,12 @@ from benchmarks._harness.lm import crossing
 from benchmarks._harness.long_runs import KNOB_DEFAULTS, NOISE, config_key, ladder_best_lr, searched_rungs
 
 
+def base_ledger() -> dict[str, Any]:
+    """hf_best's own ledger in the results folder (empty where it has none): the per-group families' bases."""
+    path = RESULTS / "hf_best.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def ladder_ledger() -> dict[str, Any]:
     """The budget ladder's ledger in the results folder (empty where it has none)."""
     path = RESULTS / "budget_ladder.json"
@@ -27,15 +33,26 @@ def _start_runs(ledger: Ledger, rung: str, family: str) -> list[dict[str, Any]]:
             if r["rung"] == rung and r["family"] == family and r.get("imported_from")]
 
 
+def _winner_runs(base: Optional[dict[str, Any]], rung: str, family: str) -> list[dict[str, Any]]:
+    """The runs of ``family``'s searched winner at ``rung`` in ``base`` (an hf_best ledger), every seed."""
+    won = (((base or {}).get("searches") or {}).get(rung) or {}).get(family)
+    if won is None:
+        return []
+    return [r for r in base["runs"].values() if r["rung"] == rung and r["family"] == family
+            and config_key(r["config"]) == config_key(won["best"])]
+
+
 def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any],
-                 ladder: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                 ladder: Optional[dict[str, Any]] = None, base: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Where the per-group searches ran (``hf-best+``, ``recipe+groups``): each baseline's final loss (hf-best: the
     winner hf-best+ started from; hf-best+: its winner), and for the recipe (the budget ladder's runs at its best
     lr, from ``ladder``, the headline's; the searched winner, recipe+groups' start; recipe+groups' winner), each
     seed's tokens to that loss over the budget (the one-run measure, interpolated between evaluations) and their
-    median; empty where neither search ran."""
+    median; empty where neither search ran. Where the per-group family was carried to ``rung`` rather than
+    searched there, hf-best and the recipe's searched winner are the base ledger's (``base``) winners."""
     baselines: dict[str, float] = {}
-    start = _start_runs(ledger, rung, "hf-best+")
+    carried = "hf-best+" in summary or "recipe+groups" in summary
+    start = _start_runs(ledger, rung, "hf-best+") or (_winner_runs(base, rung, "hf-best") if carried else [])
     if start:
         baselines["hf-best"] = statistics.median(r["final_eval_loss"] for r in start)
     if "hf-best+" in summary:
@@ -52,7 +69,7 @@ def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any],
                 if r["rung"] == rung and r["optimizer"] == "recipe" and r["lr"] == best_lr]
     if headline:
         arms["recipe (the budget ladder's, at its best lr)"] = headline
-    recipe_start = _start_runs(ledger, rung, "recipe+groups")
+    recipe_start = _start_runs(ledger, rung, "recipe+groups") or _winner_runs(base, rung, "recipe")
     if recipe_start:
         arms["recipe (its searched winner)"] = recipe_start
     if "recipe+groups" in summary and not (recipe_start and config_key(summary["recipe+groups"]["best"])
