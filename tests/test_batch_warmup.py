@@ -108,6 +108,18 @@ def test_args_need_a_token_counted_run(tmp_path):
                   schedule_unit="tokens", schedule_total_tokens=1000)
 
 
+def _train_recording_rows(args, train, tokenizer):
+    """A FastTrainer run on ``train``; returns the trainer and the rows of each micro-batch it trained on."""
+    trainer = FastTrainer(model=make_tiny_gpt2(len(tokenizer)), args=args, train_dataset=train,
+                          data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+                          processing_class=tokenizer)
+    seen = []
+    step = trainer.training_step
+    trainer.training_step = lambda model, inputs, n=None: (seen.append(inputs["input_ids"].shape[0]), step(model, inputs, n))[1]
+    trainer.train()
+    return trainer, seen
+
+
 @pytest.mark.slow
 def test_fast_trainer_ramps_the_batch_and_stops_at_the_token_budget(tiny_lm, tiny_tokenizer, tmp_path):
     rows = 8
@@ -115,13 +127,7 @@ def test_fast_trainer_ramps_the_batch_and_stops_at_the_token_budget(tiny_lm, tin
     args = tiny_args(tmp_path, max_steps=10, per_device_train_batch_size=rows, lr_decay="cosine",
                      schedule_unit="tokens", schedule_total_tokens=budget, batch_warmup_min_tokens=2 * TINY_BLOCK,
                      batch_warmup_fraction=0.3, logging_steps=1)
-    trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"],
-                          data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False),
-                          processing_class=tiny_tokenizer)
-    seen = []
-    step = trainer.training_step
-    trainer.training_step = lambda model, inputs, n=None: (seen.append(inputs["input_ids"].shape[0]), step(model, inputs, n))[1]
-    trainer.train()
+    trainer, seen = _train_recording_rows(args, tiny_lm["train"], tiny_tokenizer)
     # warmup over round(0.3 * 10) = 3 steps: budgets 64, 128, 192 tokens -> 2, 4, 6 rows of 32; 4 left; full
     assert seen[:4] == [2, 4, 6, 4] and set(seen[4:]) == {8}
     assert sum(seen) * TINY_BLOCK == budget  # stopped at the token budget: 2+4+6+4 + 4*8 = 48 rows
@@ -141,13 +147,7 @@ def test_a_run_longer_than_one_epoch_reaches_its_budget(tiny_lm, tiny_tokenizer,
     args = tiny_args(tmp_path, max_steps=15, per_device_train_batch_size=rows, lr_decay="cosine",
                      schedule_unit="tokens", schedule_total_tokens=budget, batch_warmup_min_tokens=2 * TINY_BLOCK,
                      batch_warmup_fraction=0.2, logging_steps=1)
-    trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=train,
-                          data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False),
-                          processing_class=tiny_tokenizer)
-    seen = []
-    step = trainer.training_step
-    trainer.training_step = lambda model, inputs, n=None: (seen.append(inputs["input_ids"].shape[0]), step(model, inputs, n))[1]
-    trainer.train()
+    trainer, seen = _train_recording_rows(args, train, tiny_tokenizer)
     assert seen[:4] == [2, 4, 6, 4] and set(seen[4:]) == {8}
     assert sum(seen) * TINY_BLOCK == budget and trainer.state.global_step == len(seen) == 4 + 10
 
@@ -158,11 +158,5 @@ def test_max_steps_stops_a_batch_warmup_before_its_budget(tiny_lm, tiny_tokenize
     args = tiny_args(tmp_path, max_steps=6, per_device_train_batch_size=rows, lr_decay="cosine",
                      schedule_unit="tokens", schedule_total_tokens=6 * rows * TINY_BLOCK,
                      batch_warmup_min_tokens=2 * TINY_BLOCK, batch_warmup_fraction=0.5, logging_steps=1)
-    trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"],
-                          data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False),
-                          processing_class=tiny_tokenizer)
-    seen = []
-    step = trainer.training_step
-    trainer.training_step = lambda model, inputs, n=None: (seen.append(inputs["input_ids"].shape[0]), step(model, inputs, n))[1]
-    trainer.train()
+    trainer, seen = _train_recording_rows(args, tiny_lm["train"], tiny_tokenizer)
     assert trainer.state.global_step == len(seen) == 6 and seen == [2, 4, 6, 4, 8, 8]
