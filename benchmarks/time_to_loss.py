@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Time-to-loss: wall-clock and tokens each arm needs to reach the strongest Trainer baseline's final eval loss.
 
-    python -m benchmarks.time_to_loss                      # hf-default, hf-tuned, hf-best, fasttrain(-budget); 3 seeds
+    python -m benchmarks.time_to_loss                      # hf-default, hf-tuned, hf-best(+), fasttrain(-budget); 3 seeds
     python -m benchmarks.time_to_loss --arms hf-tuned,fasttrain --seeds 5
     python -m benchmarks.time_to_loss --quick               # a smoke run (the test suite uses it)
     python -m benchmarks.time_to_loss --corpus prose --arms hf-tuned,fasttrain   # the English-prose corpus
@@ -15,10 +15,13 @@ The target is the median over seeds of the reference arm's final eval loss: hf-b
 to reach it are read off the eval curve by linear interpolation between the two evaluations that
 bracket it; a run that never reaches it counts as infinitely slow. Reported per arm: medians over
 seeds of final eval loss, time and tokens to target, and time-to-target relative to the reference.
+A second table does the same against a second arm's median final loss (``--also-against``; by default
+hf-best+ when it runs).
 
 Arms (DESIGN.md): ``hf-default`` (transformers.Trainer with its defaults), ``hf-tuned`` (the Trainer's
 built-in options as most people tune them: the peak lr swept, cosine to 10%), ``hf-best`` (every built-in
-option that matters searched at this budget: benchmarks/hf_best.py), ``fasttrain`` (FastTrainer with this package's techniques). Other
+option that matters searched at this budget: benchmarks/hf_best.py), ``hf-best+`` (hf-best with a learning rate per
+parameter group: the user's few lines with the package's AdamW), ``fasttrain`` (FastTrainer with this package's techniques). Other
 techniques register more arms or ablations in ``ARMS``.
 
 Each run's result is saved as it ends (``--out/<name>_runs/<arm>-seed<k>.json``, keyed by a hash of the
@@ -44,7 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from hf_fasttrain import FastTrainingArguments
 from hf_fasttrain.run.train import prepare_data
@@ -193,7 +196,7 @@ def markdown_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> None:
+def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path, also: Optional[dict[str, Any]] = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,6 +210,8 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Non
             ax.plot([p["seconds"] for p in pts], [p["eval_loss"] for p in pts], color=colours[i % len(colours)],
                     alpha=0.8, lw=1.2, label=arm if j == 0 else None)
     ax.axhline(summary["target_eval_loss"], color="k", ls="--", lw=0.8, label=f"target ({summary['reference']} median final)")
+    if also is not None:
+        ax.axhline(also["target_eval_loss"], color="k", ls=":", lw=0.8, label=f"second target ({also['reference']} median final)")
     ax.set_xlabel("training wall-clock, seconds (evaluation excluded)")
     ax.set_ylabel("eval loss")
     ax.set_title("Time to loss, one line per seed")
@@ -219,8 +224,8 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Non
 
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arms", default="hf-default,hf-tuned,hf-best,fasttrain,fasttrain-budget",
-                   help=f"comma-separated arms (default: the three main ones); known: {', '.join(ARMS)}")
+    p.add_argument("--arms", default="hf-default,hf-tuned,hf-best,hf-best+,fasttrain,fasttrain-budget",
+                   help=f"comma-separated arms (default: the headline's six); known: {', '.join(ARMS)}")
     p.add_argument("--seeds", type=int, default=3, help="seeds per arm (run interleaved)")
     p.add_argument("--seed-list", default=None,
                    help="comma-separated seeds to run instead of 0..seeds-1 (e.g. one seed per process)")
@@ -232,6 +237,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="python: the embedded stdlib sources (default); prose: English prose from the stdlib's docs")
     p.add_argument("--reference", default=None,
                    help="arm whose median final eval loss is the target (default: hf-best if run, else hf-tuned if run, else the first)")
+    p.add_argument("--also-against", default=None,
+                   help="a second arm whose median final eval loss is a second target, with its own table "
+                        "(default: hf-best+ when it runs and is not the reference)")
     p.add_argument("--target", type=float, default=None,
                    help="eval loss to reach (default: the reference's median final eval loss), e.g. a committed "
                         "hf-tuned figure when hf-tuned is not rerun")
@@ -267,6 +275,8 @@ def main(argv=None) -> dict[str, Any]:
         setup.max_steps = ns.max_steps
     if ns.reference is not None and ns.reference not in arms:
         raise UsageError(f"--reference {ns.reference!r} is not one of the chosen arms {arms}")
+    if ns.also_against is not None and ns.also_against not in arms:
+        raise UsageError(f"--also-against {ns.also_against!r} is not one of the chosen arms {arms}")
     tokenizer, lm = prepare_data(data_arguments(setup))
     out = Path(ns.out)
     saved_dir = Path(ns.runs_dir) if ns.runs_dir else out / f"{ns.name}_runs"
@@ -298,16 +308,20 @@ def main(argv=None) -> dict[str, Any]:
     reference = ns.reference or next((a for a in ("hf-best", "hf-tuned") if a in arms), arms[0])
     summary = summarise(runs, arms, reference, target=ns.target)
     table = markdown_table(summary)
+    second = ns.also_against or ("hf-best+" if "hf-best+" in arms and reference != "hf-best+" else None)
+    also = summarise(runs, arms, second) if second and second != reference else None
+    if also is not None:
+        table += "\n" + markdown_table(also)
     print(table)
     env = environment_info()
     machine = env["cuda_devices"][0] if env["cuda_devices"] else f"{env['cpu_count']}-core CPU ({env['processor']})"
-    record = {"summary": summary, "setup": dataclasses.asdict(setup), "arms": {a: dataclasses.asdict(ARMS[a]) | {"callbacks": None} for a in arms},
+    record = {"summary": summary, "also": also, "setup": dataclasses.asdict(setup), "arms": {a: dataclasses.asdict(ARMS[a]) | {"callbacks": None} for a in arms},
               "machine": machine, "environment": env, "runs": runs,
               "command": display_command("python -m benchmarks.time_to_loss", argv if argv is not None else sys.argv[1:])}
     (out / f"{ns.name}.json").write_text(json.dumps(record, indent=2, default=str))
     (out / f"{ns.name}.md").write_text(f"Machine: {machine}; torch {env['torch']}, transformers {env['transformers']}.\n"
                                       f"Command: `{record['command']}`\n\n" + table)
-    plot(runs, summary, out / f"{ns.name}.png")
+    plot(runs, summary, out / f"{ns.name}.png", also)
     return record
 
 

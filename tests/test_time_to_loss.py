@@ -56,13 +56,20 @@ def test_guard_counts_come_from_the_last_log_that_holds_them():
 @pytest.mark.bench  # runs the benchmark (tiny GPT-2 training runs)
 def test_quick_run_writes_json_table_and_png(tmp_path):
     ttl = _load()
-    record = ttl.main(["--quick", "--seeds", "1", "--arms", "hf-tuned,fasttrain", "--out", str(tmp_path)])
+    record = ttl.main(["--quick", "--seeds", "1", "--arms", "hf-tuned,hf-best+,fasttrain", "--out", str(tmp_path)])
     for ext in ("json", "md", "png"):
         assert (tmp_path / f"time_to_loss.{ext}").exists()
     data = json.loads((tmp_path / "time_to_loss.json").read_text())
     arms = data["summary"]["arms"]
-    assert set(arms) == {"hf-tuned", "fasttrain"}
+    assert set(arms) == {"hf-tuned", "hf-best+", "fasttrain"}
     assert arms["hf-tuned"]["time_ratio_vs_reference"] == pytest.approx(1.0)
+    # the second table: every arm against hf-best+'s median final loss
+    also = data["also"]
+    assert also["reference"] == "hf-best+" and set(also["arms"]) == set(arms)
+    assert also["target_eval_loss"] == pytest.approx(arms["hf-best+"]["final_eval_loss"])
+    assert also["arms"]["hf-best+"]["tokens_ratio_vs_reference"] == pytest.approx(1.0)
+    md = (tmp_path / "time_to_loss.md").read_text()
+    assert "(median final eval loss of hf-tuned)" in md and "(median final eval loss of hf-best+)" in md
     for r in record["runs"]:
         losses = [p["eval_loss"] for p in r["curve"]]
         assert losses[-1] < losses[0] - 0.5  # every arm learned
@@ -142,6 +149,21 @@ def test_hf_best_arm_is_the_searched_winner_at_1x():
     assert {k: mine[k] for k in searched} == searched
     assert mine["lr_scheduler_kwargs"] == {"num_decay_steps": 60, "decay_type": "linear", "min_lr_ratio": 0.0}
     assert set(mine) == set(searched) | {"weight_decay"}  # nothing else set
+
+
+def test_hf_best_plus_arm_is_the_group_searchs_winner_at_1x():
+    """The headline's hf-best+ arm is hf-best's arm with the per-group options the 1x group search
+    (results/hf_best_groups.json) kept, given as a Trainer user gives them (the package's AdamW)."""
+    ttl = _load()
+    from benchmarks import hf_best
+
+    groups = json.loads((hf_best.RESULTS / "hf_best_groups.json").read_text())["summary"]["1x"]["hf-best+"]
+    assert groups["complete"] and groups["seeds"] >= 2
+    base = hf_best.summarise(hf_best.Ledger(hf_best.RESULTS / "hf_best.json"), "1x")["hf-best"]["best"]
+    assert {k: v for k, v in groups["best"].items() if k not in hf_best.GROUP_KNOBS and k != "wd_on"} == base
+    arm = ttl.ARMS["hf-best+"]
+    assert not arm.fast and arm.args == ttl.ARMS["hf-best"].args
+    assert arm.optimizer == ("adamw", hf_best.group_options(groups["best"])) == ("adamw", {"lr_multipliers": {"embedding": 16.0}})
 
 
 def test_fasttrain_budget_arm_gets_the_1x_searchs_recipe_winner():

@@ -97,6 +97,12 @@ ARMS: dict[str, Arm] = {
     "hf-tuned": Arm("hf-tuned", "Trainer, built-in options tuned: lr 2e-3, 2% warmup, cosine to 10%, wd 0.1, clip 1", fast=False, args=HF_TUNED),
     "hf-best": Arm("hf-best", "Trainer, built-in options searched: lr 2e-3, 2% warmup, warmup-stable-decay with a linear "
                    "cooldown to 0 over the last 20%, beta2 0.999, wd 0.1, clip 1", fast=False, args=HF_BEST),
+    # hf-best with a learning rate per parameter group, the user's few lines: the winner of `python -m
+    # benchmarks.hf_best --budget 1 --families hf-best+ --name hf_best_groups` (results/hf_best_groups.md)
+    "hf-best+": Arm("hf-best+", "the hf-best arm with the package's AdamW and the embeddings (with the tied head) at "
+                    "16x the peak lr: Trainer(optimizer_cls_and_kwargs=optimizer_cls_and_kwargs_for('adamw', args, "
+                    "lr_multipliers={'embedding': 16}))", fast=False, args=HF_BEST,
+                    optimizer=("adamw", {"lr_multipliers": {"embedding": 16.0}})),
     # the tiny recipe's settings (recipes/configs/gpt2_tiny.yaml)
     "fasttrain": Arm("fasttrain", "FastTrainer as the tiny recipe: Muon+AdamW at lr 1.6e-2, 2% warmup, cosine to 10%, "
                      "wd 0.1, clip 1, divergence guard" + FASTTRAIN_EXTRA_DESCRIPTION,
