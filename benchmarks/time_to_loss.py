@@ -54,7 +54,7 @@ from hf_fasttrain.run.train import prepare_data
 
 from benchmarks._harness import RESULTS, UsageError, display_command, fmt as _fmt, run_cli
 from benchmarks._harness import machine_info as environment_info
-from benchmarks._harness.lm import (ARMS as SHARED_ARMS, HF_TUNED, MUON_RECIPE, QUICK, CORPORA, Arm,
+from benchmarks._harness.lm import (ARMS as SHARED_ARMS, FASTTRAIN_EXTRA, HF_TUNED, MUON_RECIPE, QUICK, CORPORA, Arm,
                                     Setup, common_args, data_arguments, load_saved_run, measured_length, run_arm, run_key,
                                     summarise)
 
@@ -66,6 +66,12 @@ ARMS.update({
     "fasttrain-adamw": Arm("fasttrain-adamw", "FastTrainer as the tiny recipe but with AdamW at hf-tuned's lr 2e-3",
                            fast=True, args={**{k: v for k, v in HF_TUNED.items() if k not in ("lr_scheduler_type", "lr_scheduler_kwargs")},
                                             "lr_decay": "cosine", "min_lr_ratio": 0.1, "divergence_guard": True}),
+    # The recipe with its embeddings (and tied head) trained at hf-best's lr: what the recipe gains without the
+    # embeddings' high lr (Muon's AdamW part runs them at Muon's 1.6e-2, 8x hf-best's 2e-3), beside hf-best+.
+    "fasttrain-emb-2e-3": Arm("fasttrain-emb-2e-3", "the fasttrain arm with the embeddings at hf-best's lr 2e-3 "
+                              "(lr_multipliers {embedding: 0.125} in Muon's AdamW part)", fast=True,
+                              args={**MUON_RECIPE, **FASTTRAIN_EXTRA,
+                                    "optimizer_kwargs": {"lr_multipliers": {"embedding": 0.125}}}),
     # Sequence-length warmup (Li et al. 2022): rows cut to 16 tokens at first, growing by 8 to the full
     # block over the first 30% of the token budget; the run stops at the same token budget (more,
     # shorter steps at first) and the LR schedule advances with tokens.

@@ -166,6 +166,22 @@ def test_hf_best_plus_arm_is_the_group_searchs_winner_at_1x():
     assert arm.optimizer == ("adamw", hf_best.group_options(groups["best"])) == ("adamw", {"lr_multipliers": {"embedding": 16.0}})
 
 
+def test_the_embedding_lr_ablation_arm_trains_the_embeddings_at_hf_bests_lr():
+    """fasttrain-emb-2e-3 is the fasttrain arm with only the embeddings' lr moved, to hf-best's peak lr."""
+    ttl = _load()
+    from conftest import make_tiny_gpt2
+
+    from hf_fasttrain.optim import create_optimizer
+
+    arm, recipe = ttl.ARMS["fasttrain-emb-2e-3"].args, ttl.ARMS["fasttrain"].args
+    assert {k: v for k, v in arm.items() if k != "optimizer_kwargs"} == recipe and "optimizer_kwargs" not in recipe
+    opt = create_optimizer("muon", make_tiny_gpt2(64, 16), lr=arm["learning_rate"], weight_decay=arm["weight_decay"],
+                           **arm["optimizer_kwargs"])
+    lrs = {g["lr_group"]: g["lr"] for g in opt.param_groups}
+    assert lrs["embedding"] == pytest.approx(ttl.ARMS["hf-best"].args["learning_rate"]) == pytest.approx(2e-3)
+    assert {k: v for k, v in lrs.items() if k != "embedding"} == {k: arm["learning_rate"] for k in lrs if k != "embedding"}
+
+
 def test_fasttrain_budget_arm_gets_the_1x_searchs_recipe_winner():
     """budget_aware at the headline's length picks what the 1x search kept for the recipe."""
     ttl = _load()
