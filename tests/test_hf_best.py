@@ -905,4 +905,17 @@ def test_the_recipes_tokens_to_each_baselines_loss(tmp_path):
     assert got["baselines"] == {"hf-best": 4.6, "hf-best+": 4.2}
     assert got["rows"]["recipe (its searched winner)"]["to"]["hf-best+"]["per_seed"] == pytest.approx(
         [0.5, (200 + 100 / 3) / 400])
+    assert "recipe (the setting that reaches hf-best's loss soonest)" not in got["rows"]  # it is the winner here
     assert mod.group_ratios(carried, "1x", {}, None, base) == {}  # no per-group family: no table
+    # a recipe setting that ends higher but reaches hf-best's loss sooner (the long-run summary's recipe) gets its row
+    fast = {**recipe, "lr_scale": 0.5}
+    for seed, losses in ((0, [8, 4.2, 4.15, 4.12, 4.1]), (1, [8, 4.4, 4.3, 4.2, 4.15])):
+        curve = [{"step": i, "tokens": 100 * i, "eval_loss": x} for i, x in enumerate(losses)]
+        base["runs"][f"fast{seed}"] = {"rung": "1x", "family": "recipe", "config": fast, "seed": seed, "curve": curve,
+                                      "final_eval_loss": losses[-1], "max_steps": 4, "tokens_per_step": 100}
+    row = mod.group_ratios(carried, "1x", summary, None, base)["rows"]["recipe (the setting that reaches hf-best's loss soonest)"]
+    assert row["seeds"] == [0, 1] and row["final_eval_loss"] == pytest.approx(4.125)
+    # 4.6 between 8 and the first eval (100 tokens): at 100 x 3.4/3.8 (seed 0), 100 x 3.4/3.6 (seed 1), sooner than
+    # the winner's median; 4.2 at the first eval (seed 0) and the third (seed 1)
+    assert row["to"]["hf-best"]["per_seed"] == pytest.approx([100 * 3.4 / 3.8 / 400, 100 * 3.4 / 3.6 / 400])
+    assert row["to"]["hf-best+"]["per_seed"] == pytest.approx([0.25, 0.75])

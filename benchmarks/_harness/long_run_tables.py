@@ -12,6 +12,7 @@ from typing import Any, Optional
 from benchmarks._harness import RESULTS
 from benchmarks._harness.ledger import Ledger
 from benchmarks._harness.lm import crossing
+from benchmarks._harness.long_run_compare import fastest_one_run
 from benchmarks._harness.long_runs import KNOB_DEFAULTS, NOISE, config_key, ladder_best_lr, searched_rungs
 
 
@@ -72,6 +73,9 @@ def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any],
     recipe_start = _start_runs(ledger, rung, "recipe+groups") or _winner_runs(base, rung, "recipe")
     if recipe_start:
         arms["recipe (its searched winner)"] = recipe_start
+    fastest = _fastest_runs(base, rung, baselines.get("hf-best"))
+    if fastest and not (recipe_start and config_key(fastest[0]["config"]) == config_key(recipe_start[0]["config"])):
+        arms[FASTEST_ARM] = fastest
     if "recipe+groups" in summary and not (recipe_start and config_key(summary["recipe+groups"]["best"])
                                            == config_key(recipe_start[0]["config"])):  # not the start again
         best = summary["recipe+groups"]["best"]
@@ -81,17 +85,32 @@ def group_ratios(ledger: Ledger, rung: str, summary: dict[str, Any],
     for arm, runs in arms.items():
         runs = sorted(runs, key=lambda r: r["seed"])
         per = {}
-        for base, target in baselines.items():
-            if arm == PLUS_ARM and base == "hf-best+":  # its own loss: 1 by definition
+        for baseline, target in baselines.items():
+            if arm == PLUS_ARM and baseline == "hf-best+":  # its own loss: 1 by definition
                 continue
             ratios = [crossing(r["curve"], target, "tokens") / (r["max_steps"] * r["tokens_per_step"]) for r in runs]
-            per[base] = {"per_seed": ratios, "median": statistics.median(ratios)}
+            per[baseline] = {"per_seed": ratios, "median": statistics.median(ratios)}
         rows[arm] = {"seeds": [r["seed"] for r in runs], "config": runs[0].get("config", {"lr": runs[0].get("lr")}),
                      "final_eval_loss": statistics.median(r["final_eval_loss"] for r in runs), "to": per}
     return {"baselines": baselines, "rows": rows}
 
 
 PLUS_ARM = "hf-best+ (AdamW with per-group lrs)"
+# the long-run summary's recipe (budget_ladder's ``fastest_one_run``): where it is not the searched winner
+FASTEST_ARM = "recipe (the setting that reaches hf-best's loss soonest)"
+
+
+def _fastest_runs(base: Optional[dict[str, Any]], rung: str, target: Optional[float]) -> list[dict[str, Any]]:
+    """The runs (every seed) of the recipe setting in ``base`` (an hf_best ledger) that reaches ``target``, hf-best's
+    loss, soonest inside a run at ``rung`` (:func:`fastest_one_run`, the long-run summary's recipe); empty without
+    one."""
+    runs = [r for r in ((base or {}).get("runs") or {}).values() if r["rung"] == rung and r["family"] == "recipe"]
+    if target is None or not runs:
+        return []
+    fastest = fastest_one_run(base, rung, target, runs[0]["max_steps"] * runs[0]["tokens_per_step"])
+    if fastest is None:
+        return []
+    return [r for r in runs if config_key(r["config"]) == config_key(fastest["config"])]
 
 
 def group_ratio_table(ratios: dict[str, Any]) -> str:
