@@ -748,20 +748,27 @@ def _same_cell(doc: str, result: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("page, results_file, header, arms", [
-    ("README.md", "time_to_loss.md", "| arm | final eval loss (median) | train seconds to 4.513",
-     {"hf-default", "hf-tuned", "hf-best", "fasttrain", "fasttrain-budget"}),
-    ("docs/benchmarks.md", "time_to_loss.md", "| arm | final eval loss (median) | train seconds to 4.513",
-     {"hf-default", "hf-tuned", "hf-best", "fasttrain", "fasttrain-budget"}),
-    ("docs/index.md", "time_to_loss.md", "| arm | final eval loss (median) | train seconds to 4.513",
-     {"hf-default", "hf-tuned", "hf-best", "fasttrain", "fasttrain-budget"}),
+_HEADLINE_ARMS = {"hf-default", "hf-tuned", "hf-best", "hf-best+", "fasttrain", "fasttrain-budget"}
+_HEADLINE = "| arm | final eval loss (median) | train seconds to 4.513"
+
+
+@pytest.mark.parametrize("page, results_file, header, arms, after", [
+    ("README.md", "time_to_loss.md", _HEADLINE, _HEADLINE_ARMS, ""),
+    ("docs/benchmarks.md", "time_to_loss.md", _HEADLINE, _HEADLINE_ARMS, ""),
+    ("docs/index.md", "time_to_loss.md", _HEADLINE, _HEADLINE_ARMS, ""),
+    ("docs/benchmarks/time-to-loss.md", "time_to_loss.md", _HEADLINE, _HEADLINE_ARMS | {"fasttrain-emb-2e-3"}, ""),
+    # the same runs against hf-best+'s final loss: the results' second table
+    ("docs/benchmarks/time-to-loss.md", "time_to_loss.md", "| arm | final eval loss (median) | train seconds to 4.220",
+     {"hf-best", "hf-best+", "fasttrain", "fasttrain-budget"}, "(median final eval loss of hf-best+)"),
     # the earlier run with every optimizer arm (its fasttrain was Muon alone)
     ("docs/benchmarks/time-to-loss.md", "time_to_loss_all_arms.md", "| arm | final eval loss (median) | seconds to 4.716",
-     {"hf-tuned", "opt-muon", "opt-soap"}),
+     {"hf-tuned", "opt-muon", "opt-soap"}, ""),
 ])
-def test_time_to_loss_tables_quote_the_results(page, results_file, header, arms):
-    """The headline table (README, benchmarks page) and the optimizer one say what the benchmark wrote."""
-    results = _table_rows((ROOT / "benchmarks/results" / results_file).read_text(encoding="utf-8"), "| arm |")
+def test_time_to_loss_tables_quote_the_results(page, results_file, header, arms, after):
+    """The headline tables (README, home, the benchmarks pages) and the optimizer one say what the benchmark wrote
+    (``after``: the results' table after that text)."""
+    text = (ROOT / "benchmarks/results" / results_file).read_text(encoding="utf-8")
+    results = _table_rows(text[text.index(after):], "| arm |")
     quoted = _table_rows((ROOT / page).read_text(encoding="utf-8"), header)
     assert arms <= set(quoted)
     for arm, cells in quoted.items():
@@ -1277,31 +1284,51 @@ def test_moe_study_quotes_its_results():
     assert f"yes: {muon:.2f}x tuned AdamW's tokens ({1 / muon:.1f}x fewer); {dense:.2f}x with the experts on AdamW" in summary
 
 
-def _groups_ratio(row_label: str) -> float:
-    """The recipe's median tokens to hf-best+'s 1x loss (over the budget), read off hf_best_groups.md's 1x table."""
+def _groups_ratio(row_label: str, budget: str = "1x") -> float:
+    """An arm's median tokens to hf-best+'s loss (over the budget), read off hf_best_groups.md's table at ``budget``."""
     text = (ROOT / "benchmarks/results/hf_best_groups.md").read_text(encoding="utf-8")
-    section = text.split("## Budget 1x", 1)[1].split("## Budget", 1)[0]
+    section = text.split(f"## Budget {budget}\n", 1)[1].split("## Budget", 1)[0]
     table = section.split("| arm | final eval loss |", 1)[1]  # the table of each arm's tokens to each baseline
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells and cells[0] == row_label:
             return float(cells[-1].split()[0])
-    raise AssertionError(f"no row {row_label!r} in hf_best_groups.md's 1x table")
+    raise AssertionError(f"no row {row_label!r} in hf_best_groups.md's {budget} table")
 
 
 def test_hf_best_plus_figures_are_the_results():
-    """hf-best+'s 1x loss and the recipe's tokens to it, on README, home, the summary and the study page."""
+    """hf-best+'s 1x loss and the recipe's tokens to it: on README, home and the summary from the headline's
+    side-by-side run (its second table), on the study page from the group search too."""
+    also = _result("time_to_loss")["also"]
+    assert also["reference"] == "hf-best+"
+    side = f"Against its final loss, {also['target_eval_loss']:.3f}, the recipe needs " + _ratio(
+        also["arms"]["fasttrain"]["tokens_ratio_vs_reference"], "the tokens", "fewer")
+    budget = also["arms"]["fasttrain-budget"]["tokens_ratio_vs_reference"]
+    side += f", and {budget:.2f}x ({1 / budget:.1f}x fewer) with `budget_aware`"
+    for page in ("README.md", "docs/index.md", "docs/benchmarks.md"):
+        text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
+        assert side in text, page
     plus = _result("hf_best_groups")["summary"]["1x"]
     loss = f"{plus['hf-best+']['final_eval_loss']:.3f}"
     recipe = _ratio(_groups_ratio("recipe (the budget ladder's, at its best lr)"), "the tokens", "fewer")
     own = _ratio(_groups_ratio("recipe+groups"), "the tokens", "fewer")
-    for page in ("README.md", "docs/index.md", "docs/benchmarks.md", "docs/benchmarks/hf-best-plus.md"):
-        text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
-        assert loss in text and recipe in text, page
+    text = " ".join((ROOT / "docs/benchmarks/hf-best-plus.md").read_text(encoding="utf-8").split())
+    assert loss in text and recipe in text
     study = " ".join((ROOT / "docs/benchmarks/hf-best-plus.md").read_text(encoding="utf-8").split())
     assert f"ends at {loss}" in study and own.split(" the tokens")[0] in study
     summary = " ".join((ROOT / "docs/benchmarks.md").read_text(encoding="utf-8").split())
     assert f"| 1x | 1.5 | {_result('hf_best')['summary']['1x']['hf-best']['final_eval_loss']:.3f} | {loss} |" in summary
+
+
+def test_hf_best_plus_split_table_is_the_headline_run():
+    """The study page's table of how the recipe's gain splits quotes the headline run's losses and ratios."""
+    rows = _table_rows((ROOT / "docs/benchmarks/hf-best-plus.md").read_text(encoding="utf-8"),
+                       "| arm | what differs from hf-best |")
+    assert set(rows) == {"hf-best+", "fasttrain-emb-2e-3", "fasttrain"}
+    for arm, (_, loss, tokens) in rows.items():
+        row = _arm("time_to_loss", arm)
+        assert loss == f"{row['final_eval_loss']:.4f}", arm
+        assert tokens == _ratio(row["tokens_ratio_vs_reference"], "", "fewer").replace("x  (", "x (").strip(), arm
 
 
 def _long_run(key: str) -> dict:
@@ -1338,12 +1365,21 @@ def test_long_run_table_quotes_the_results():
     rows = _table_rows((ROOT / "docs/benchmarks.md").read_text(encoding="utf-8"), "| budget | tokens per parameter |")
     assert set(rows) == set(LONG_RUN_ROWS)
     for name, key in LONG_RUN_ROWS.items():
-        row, tpp, hf_best, hf_best_plus, recipe, one_run, complete = _long_run(key), *rows[name]
+        row, tpp, hf_best, hf_best_plus, recipe, one_run, to_plus, complete = _long_run(key), *rows[name]
         assert float(tpp) == round(row.get("tokens_per_param") or _result("budget_ladder")["summary"][key]["tokens_per_param"], 1), name
         assert hf_best == f"{row['target_eval_loss']:.3f}", name
-        assert hf_best_plus == "not measured yet" or re.fullmatch(r"\d\.\d{3}", hf_best_plus), name
         assert recipe == f"{row['fastest_one_run']['eval_loss']:.3f}", name
         assert one_run == _one_run(key).replace(" the tokens", ""), (name, one_run)
+        plus = _result("hf_best_groups")["summary"].get(key, {}).get("hf-best+")
+        if plus is None:
+            assert hf_best_plus == to_plus == "not measured yet", name
+        else:  # the recipe's searched winner (the recipe column's arm) against hf-best+, from the group study
+            assert hf_best_plus == f"{plus['final_eval_loss']:.3f}", name
+            try:  # where the search's winner is not the fastest setting, the report gives the fastest its own row
+                ratio = _groups_ratio("recipe (the setting that reaches hf-best's loss soonest)", key)
+            except AssertionError:
+                ratio = _groups_ratio("recipe (its searched winner)", key)
+            assert to_plus == _ratio(ratio, "the tokens", "fewer").replace(" the tokens", ""), (name, to_plus)
         extrapolated = ", extrapolated" if row["recipe_complete_run_extrapolated"] else ""
         assert complete == _complete_runs(key).replace(" by complete runs", "") + extrapolated, (name, complete)
 
