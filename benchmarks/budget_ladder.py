@@ -44,7 +44,7 @@ from typing import Any, Optional
 
 import torch
 
-from hf_fasttrain.run.train import prepare_data
+from hf_fasttrain.data.front import prepare_data
 from hf_fasttrain.runinfo import environment_info
 
 from benchmarks._harness import RESULTS, UsageError, display_command, display_path, fmt as _fmt, run_cli

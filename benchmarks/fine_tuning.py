@@ -58,7 +58,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from hf_fasttrain.data.corpus import cache_root  # noqa: E402
-from hf_fasttrain.run.train import prepare_data  # noqa: E402
+from hf_fasttrain.data.front import prepare_data  # noqa: E402
 
 from benchmarks._harness import RESULTS, machine_info, write_json  # noqa: E402
 from benchmarks._harness.finetune import (BASES, PARTS, QUICK, Setup, _key, arm_args, base_data_args, build_base,  # noqa: E402

@@ -403,7 +403,7 @@ def main(argv=None) -> dict[str, Any]:
         ledger.data.setdefault("setups", {})[rung] = dataclasses.asdict(setup)
         if not torch.cuda.is_available():
             torch.set_num_threads(ns.threads)
-        from hf_fasttrain.run.train import prepare_data
+        from hf_fasttrain.data.front import prepare_data
 
         # runs of 64x and longer keep checkpoints next to the JSON (cheap at this model size), so a killed
         # search loses at most one eval interval of its running runs

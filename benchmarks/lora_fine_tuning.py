@@ -49,7 +49,7 @@ from benchmarks._harness.finetune import (PARTS, QUICK, Setup, _key, base_data_a
                                           run_one, sft_data)
 from benchmarks._harness.lm import HF_TUNED, crossing, summarise
 from hf_fasttrain.data.corpus import cache_root
-from hf_fasttrain.run.train import prepare_data
+from hf_fasttrain.data.front import prepare_data
 
 LORA = {"lora_r": 8, "lora_alpha": 16.0, "lora_dropout": 0.0, "lora_target_modules": "all-linear"}
 LORA_ADAMW = {**HF_TUNED, "weight_decay": 0.0}

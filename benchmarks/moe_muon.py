@@ -243,7 +243,7 @@ def main(argv=None) -> dict:
     ledger = Ledger(out / stem / "runs", setup)
 
     from hf_fasttrain import DataArguments
-    from hf_fasttrain.run.train import prepare_data
+    from hf_fasttrain.data.front import prepare_data
 
     _, lm = prepare_data(DataArguments(vocab_size=setup.vocab_size, block_size=setup.block_size,
                                        max_eval_samples=setup.eval_rows, max_corpus_files=40 if ns.quick else None))

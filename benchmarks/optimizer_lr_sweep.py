@@ -35,7 +35,7 @@ from benchmarks._harness import RESULTS  # noqa: E402
 from benchmarks._harness.lm import QUICK, Setup, optimizer_arm, run_arm  # noqa: E402
 
 from hf_fasttrain import DataArguments  # noqa: E402
-from hf_fasttrain.run.train import prepare_data  # noqa: E402
+from hf_fasttrain.data.front import prepare_data  # noqa: E402
 from benchmarks._harness import machine_info as environment_info  # noqa: E402
 from benchmarks._harness import UsageError, run_cli  # noqa: E402
 

@@ -55,7 +55,7 @@ from typing import Any, Optional
 import torch
 
 from hf_fasttrain import DataArguments
-from hf_fasttrain.run.train import prepare_data
+from hf_fasttrain.data.front import prepare_data
 
 from benchmarks._harness import RESULTS, UsageError, display_command, fmt as _fmt, run_cli
 from benchmarks._harness import machine_info as environment_info

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hf_fasttrain import FastTrainingArguments
-from hf_fasttrain.run.train import prepare_data
+from hf_fasttrain.data.front import prepare_data
 
 from benchmarks._harness import RESULTS, UsageError, display_command, fmt as _fmt, run_cli
 from benchmarks._harness import machine_info as environment_info

@@ -292,7 +292,7 @@ def test_log_lines_print_numbers_as_numbers():
 
 
 def test_start_line_and_end_summary():
-    from hf_fasttrain.run.train import end_summary, start_line
+    from hf_fasttrain.run._console import end_summary, start_line
 
     facts = {"parameters": 539648, "world_size": 2, "global_batch": 32, "tokens_per_step": 4096, "max_steps": 300,
              "device": "cuda:0 (NVIDIA H200)", "precision": "bf16"}

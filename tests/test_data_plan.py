@@ -82,7 +82,7 @@ def test_plan_refuses_before_any_data_is_read():
 def test_run_data_hands_down_one_plan(tmp_path):
     from hf_fasttrain.config.recipes import parse_config
     from hf_fasttrain.data.front import run_data
-    from hf_fasttrain.run.train import checkpoint_extras
+    from hf_fasttrain.run._resume import checkpoint_extras
 
     model_args, data_args, training_args = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path)])
     data = run_data(data_args, model_args, training_args)

@@ -110,7 +110,7 @@ def test_weight_average_file_is_written_whole_or_not_at_all(tmp_path, monkeypatc
 
 def test_a_run_with_weight_averaging_resumes_only_from_a_checkpoint_with_its_average(tmp_path):
     from hf_fasttrain.config.args import FastTrainingArguments
-    from hf_fasttrain.run.train import find_resume_checkpoint
+    from hf_fasttrain.run._resume import find_resume_checkpoint
 
     _ckpt(tmp_path, 5)
     _ckpt(tmp_path, 10)

@@ -294,7 +294,7 @@ def test_a_killed_run_resumes_from_its_checkpoint_and_equals_a_straight_run(tmp_
     from benchmarks._harness.budget import budget_setup, data_args
     from benchmarks._harness.lm import run_arm
 
-    from hf_fasttrain.run.train import prepare_data
+    from hf_fasttrain.data.front import prepare_data
 
     setup = budget_setup(1, quick=True, base_steps=24)  # 24 steps, eval (and a checkpoint) every 2
     tokenizer, lm = prepare_data(data_args(setup))
@@ -335,7 +335,7 @@ def test_a_baseline_run_stopped_by_sigterm_saves_the_step_it_reached_and_resumes
     from benchmarks._harness.lm import run_arm
 
     from hf_fasttrain.callbacks import TrainingStopped
-    from hf_fasttrain.run.train import prepare_data
+    from hf_fasttrain.data.front import prepare_data
 
     setup = budget_setup(1, quick=True, base_steps=24)  # 24 steps, eval (and a checkpoint) every 2
     tokenizer, lm = prepare_data(data_args(setup))
@@ -361,7 +361,7 @@ def test_the_train_rows_loss_shows_a_run_that_memorised_repeated_data(tmp_path):
     from benchmarks._harness.lm import run_arm
 
     import datasets
-    from hf_fasttrain.run.train import prepare_data
+    from hf_fasttrain.data.front import prepare_data
 
     setup = budget_setup(1, quick=True, base_steps=24)
     tokenizer, lm = prepare_data(data_args(setup))
@@ -571,7 +571,7 @@ def test_a_run_the_guard_gives_up_on_is_a_result_not_a_crash(tmp_path):
     from benchmarks._harness.budget import budget_setup, data_args
     from benchmarks._harness.lm import run_arm
 
-    from hf_fasttrain.run.train import prepare_data
+    from hf_fasttrain.data.front import prepare_data
 
     setup = budget_setup(1, quick=True, base_steps=24)
     tokenizer, lm = prepare_data(data_args(setup))

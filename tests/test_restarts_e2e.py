@@ -215,7 +215,7 @@ def test_parallel_per_gpu_runs_trials_as_recipe_subprocesses(tmp_path):
 def test_a_streaming_trial_resumes_only_from_a_checkpoint_with_its_stream_position(tmp_path):
     # a kill between the Trainer's save and the stream position's leaves a checkpoint without it: skipped
     from hf_fasttrain.restarts import TrialSpec
-    from hf_fasttrain.run.train import checkpoint_extras
+    from hf_fasttrain.run._resume import checkpoint_extras
 
     m, d, t = parse_config(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "run")])
     d.streaming = True

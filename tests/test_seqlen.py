@@ -299,7 +299,7 @@ def test_finished_checkpoint_counts_the_steps_of_max_tokens(tmp_path):
     import json
 
     from hf_fasttrain.config.args import FastTrainingArguments
-    from hf_fasttrain.run.train import finished_checkpoint
+    from hf_fasttrain.run._resume import finished_checkpoint
 
     args = FastTrainingArguments(output_dir=str(tmp_path), max_tokens=6 * 8 * 32, per_device_train_batch_size=8,
                                  seq_len_warmup_min=8, seq_len_warmup_fraction=0.5, report_to="none", use_cpu=True)

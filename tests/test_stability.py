@@ -803,7 +803,7 @@ def test_the_ceiling_catches_a_huge_gradient_inside_the_warm_up(tmp_path):
 def test_a_full_disk_while_saving_says_where_and_what_to_do(tmp_path, monkeypatch):
     """14.8: a write that fails for lack of space ends with one clear message; resuming still works."""
     import hf_fasttrain.stability.snapshots as snapshots
-    from hf_fasttrain.run.train import last_complete_checkpoint
+    from hf_fasttrain._files import last_complete_checkpoint
     from hf_fasttrain.stability.snapshots import NoSpaceError
 
     Usage = type("Usage", (), {})

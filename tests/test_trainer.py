@@ -150,7 +150,7 @@ def test_logged_padding_fraction_is_exact_on_a_hand_made_batch(tiny_tokenizer, t
 
 
 def test_resume_skips_a_checkpoint_cut_short(tmp_path):
-    from hf_fasttrain.run.train import last_complete_checkpoint
+    from hf_fasttrain._files import last_complete_checkpoint
 
     for step, state in ((5, '{"global_step": 5}'), (10, '{"global_step": 10}'), (15, '{"global_st')):
         d = tmp_path / f"checkpoint-{step}"

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from hf_fasttrain import DataArguments
-from hf_fasttrain.run.train import prepare_data
+from hf_fasttrain.data.front import prepare_data
 
 from benchmarks._harness import UsageError
 from benchmarks._harness.lm import QUICK, Setup

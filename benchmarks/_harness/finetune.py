@@ -34,7 +34,7 @@ from hf_fasttrain.data.sft import IGNORE_INDEX, CompletionCollator, tokenize_sft
 from hf_fasttrain.data.sft_sources import function_pairs  # noqa: E402
 from hf_fasttrain.data.token_budget import TokenBudgetBatchSampler  # noqa: E402
 from hf_fasttrain.modeling import build_model  # noqa: E402
-from hf_fasttrain.run.train import prepare_data  # noqa: E402
+from hf_fasttrain.data.front import prepare_data  # noqa: E402
 
 from benchmarks._harness.lm import HF_TUNED, MUON_RECIPE  # noqa: E402
 

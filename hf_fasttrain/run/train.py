@@ -14,23 +14,19 @@ from typing import Any, Optional, Sequence
 from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from .._files import last_complete_checkpoint
 from .._validation import ConfigError
 from ..config.args import DataArguments, FastTrainingArguments, ModelArguments
 from ..callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
-from ..data.front import prepare_data, run_data
+from ..data.front import run_data
 from ..metrics import make_compute_metrics, preprocess_logits_for_metrics
 from ..modeling import build_model
 from ..config.recipes import resolved_config
 from ..runinfo import run_facts
 from ..trainer import FastTrainer
 from ._console import end_summary, start_line
-from ._resume import checkpoint_extras, final_outputs_present, find_resume_checkpoint, finished_checkpoint, resume_plan
+from ._resume import final_outputs_present, resume_plan
 
-# the resume decisions (run/_resume.py) and the console lines (run/_console.py) are re-exported: the recipe's run
-# in one import
-__all__ = ["setup_logging", "prepare_data", "train", "find_resume_checkpoint", "last_complete_checkpoint",
-           "finished_checkpoint", "checkpoint_extras", "run_facts", "start_line", "end_summary"]
+__all__ = ["setup_logging", "train"]
 
 logger = logging.getLogger(__name__)
 
