@@ -919,3 +919,31 @@ def test_the_recipes_tokens_to_each_baselines_loss(tmp_path):
     # the winner's median; 4.2 at the first eval (seed 0) and the third (seed 1)
     assert row["to"]["hf-best"]["per_seed"] == pytest.approx([100 * 3.4 / 3.8 / 400, 100 * 3.4 / 3.6 / 400])
     assert row["to"]["hf-best+"]["per_seed"] == pytest.approx([0.25, 0.75])
+
+
+def test_the_16x_per_group_winner_written_at_hf_bests_lr_trains_the_same_groups():
+    """The study page writes hf-best+'s 16x winner (the 4x multipliers at 0.25x hf-best's peak lr, weight decay from
+    the walk's timescale) as multipliers on hf-best's own lr: every group gets the same lr and weight decay."""
+    mod = hb()
+    from conftest import make_tiny_gpt2
+
+    from hf_fasttrain.optim import create_optimizer
+
+    data = json.loads((mod.RESULTS / "hf_best_groups.json").read_text())
+    won = data["summary"]["16x"]["hf-best+"]
+    assert won["complete"] and won["seeds"] == 2 and won["best"]["lr_scale"] == 0.25
+    arm = mod.arm_for("hf-best+", won["best"], data["setups"]["16x"]["max_steps"])
+    name, groups = arm.optimizer
+    measured = create_optimizer(name, make_tiny_gpt2(64, 16), lr=arm.args["learning_rate"],
+                                weight_decay=arm.args["weight_decay"], **groups)
+    written = create_optimizer("adamw", make_tiny_gpt2(64, 16), lr=won["best"]["lr"], weight_decay=0.4,
+                               lr_multipliers={"matrix": 0.25, "bias": 0.25, "embedding": 2}, weight_decay_on="matrices")
+
+    def by_group(opt):
+        return {g["lr_group"]: (g["lr"], g["weight_decay"]) for g in opt.param_groups}
+
+    assert set(by_group(written)) == set(by_group(measured)) == {"embedding", "matrix", "norm", "bias"}
+    for group, (lr, wd) in by_group(measured).items():
+        assert by_group(written)[group] == (pytest.approx(lr), pytest.approx(wd)), group
+    assert by_group(written)["matrix"] == (pytest.approx(1e-3), pytest.approx(0.4))  # the walk's 0.25x of 4e-3
+    assert arm.args["weight_decay"] == pytest.approx(0.4)
