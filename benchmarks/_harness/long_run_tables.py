@@ -138,8 +138,12 @@ def group_ratio_table(ratios: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def group_plot(ledger: Ledger, path: Path) -> Optional[Path]:
-    """Eval loss against tokens of each per-group search's start and winner (seed 0), one panel per budget."""
+def group_plot(ledger: Ledger, path: Path, base: Optional[dict[str, Any]] = None) -> Optional[Path]:
+    """Eval loss against tokens of each per-group search's start and winner (seed 0), one panel per budget. Where a
+    family was carried to a budget (no start of its own), its base family's winner there comes from ``base`` (an
+    hf_best ledger, default results/hf_best.json), and the recipe setting that reaches hf-best's loss soonest is
+    drawn where it is not the searched winner."""
+    base = base_ledger() if base is None else base
     rungs = [r for r in searched_rungs(ledger) if any(f in (ledger.data.get("summary", {}).get(r) or {})
                                                     for f in ("hf-best+", "recipe+groups"))]
     if not rungs:
@@ -155,7 +159,7 @@ def group_plot(ledger: Ledger, path: Path) -> Optional[Path]:
         for family, label in (("hf-best+", "hf-best"), ("recipe+groups", "recipe")):
             if family not in summary:
                 continue
-            start = [r for r in _start_runs(ledger, rung, family) if r["seed"] == 0]
+            start = [r for r in _start_runs(ledger, rung, family) or _winner_runs(base, rung, label) if r["seed"] == 0]
             best = [r for r in ledger.data["runs"].values() if r["rung"] == rung and r["family"] == family
                     and r["seed"] == 0 and config_key(r["config"]) == config_key(summary[family]["best"])]
             if start and best and config_key(best[0]["config"]) == config_key(start[0]["config"]):
@@ -164,6 +168,14 @@ def group_plot(ledger: Ledger, path: Path) -> Optional[Path]:
                 if runs:
                     c = runs[0]["curve"]
                     ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], style, label=name)
+        hf_best = _winner_runs(base, rung, "hf-best")
+        winner = _winner_runs(base, rung, "recipe")
+        fastest = [r for r in _fastest_runs(base, rung, statistics.median(r["final_eval_loss"] for r in hf_best)
+                                            if hf_best else None) if r["seed"] == 0]
+        if fastest and not (winner and config_key(winner[0]["config"]) == config_key(fastest[0]["config"])):
+            c = fastest[0]["curve"]
+            ax.plot([p["tokens"] / 1e6 for p in c], [p["eval_loss"] for p in c], "-.",
+                    label="recipe (soonest to hf-best's loss)")
         ladder = ladder_ledger()
         best_lr = ladder_best_lr(ladder, rung, "recipe")
         headline = [r for r in (ladder.get("runs") or {}).values() if r["rung"] == rung and r["optimizer"] == "recipe"
