@@ -8,7 +8,8 @@ One training step (forward, backward, clip, optimizer step, and the technique's 
 ``time_to_loss`` harness's model and batch (GPT-2 2x128, 16 x 128 tokens) is timed for each variant:
 the Muon recipe (``base``), with an EMA update after the step, with a LAWA copy (every 10th step, so
 its cost is amortised over 10), with cautious updates in Muon's AdamW part, and with Polar Express
-coefficients. Variants take turns within each round (round-robin), so a loaded machine slows all of
+coefficients, with NorMuon, and with what ``budget_aware`` adds at 1.5 tokens per parameter (NorMuon, beta2
+0.999 and the embeddings at 2x the lr: one more param group). Variants take turns within each round (round-robin), so a loaded machine slows all of
 them alike; the table gives the median over rounds and the ratio to ``base``, which is the figure to
 read on a shared machine. Batch-size warmup has no per-step cost of its own (its steps are smaller).
 
@@ -44,6 +45,10 @@ VARIANTS = {
     "+lawa (every 10)": ({}, dict(mode="lawa", lawa_k=5, lawa_interval=10)),
     "+cautious": ({"cautious": True}, None),
     "+polar": ({"ns_coefficients": "polar_express"}, None),
+    "+normuon": ({"normuon_beta2": 0.95}, None),
+    # what budget_aware adds at 1.5 tokens per parameter: NorMuon, beta2 0.999 and the embeddings at 2x
+    "+budget_aware (short)": ({"normuon_beta2": 0.95, "betas": (0.9, 0.999), "lr_multipliers": {"embedding": 2.0}},
+                              None),
 }
 
 

@@ -1320,6 +1320,13 @@ def test_hf_best_plus_figures_are_the_results():
     assert f"| 1x | 1.5 | {_result('hf_best')['summary']['1x']['hf-best']['final_eval_loss']:.3f} | {loss} |" in summary
 
 
+def test_cost_per_step_table_is_the_results():
+    """The ablation page's cost-per-step table quotes technique_overhead.md row for row."""
+    results = _table_rows((ROOT / "benchmarks/results/technique_overhead.md").read_text(encoding="utf-8"), "| variant |")
+    quoted = _table_rows((ROOT / "docs/benchmarks/ablation.md").read_text(encoding="utf-8"), "| variant | ms per step")
+    assert quoted == results
+
+
 def test_hf_best_plus_split_table_is_the_headline_run():
     """The study page's table of how the recipe's gain splits quotes the headline run's losses and ratios."""
     rows = _table_rows((ROOT / "docs/benchmarks/hf-best-plus.md").read_text(encoding="utf-8"),
