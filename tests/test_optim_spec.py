@@ -104,7 +104,7 @@ REFUSED = [
      "matrices); use one of them"),
     ("muon", {"normuon_beta2": 1.0}, "normuon_beta2: got 1.0 for Muon; must be null (plain Muon) or a number in [0, 1)"),
     ("lion", {"lr_multipliers": {"embeddings": 2}},
-     "lr_multipliers: unknown group 'embeddings'; groups: embedding, head, norm, bias, matrix"),
+     "lr_multipliers: unknown group 'embeddings'; groups: embedding, head, norm, bias, matrix, router"),
     ("muon", {"weight_decay_on": "all"}, "weight_decay_on: got 'all'; one of default, matrices"),
 ]
 

@@ -124,12 +124,12 @@ def test_without_the_options_the_groups_are_as_before():
 
 @pytest.mark.parametrize("mult, wd_on, message", [
     ({"embed": 2}, "default",
-     "lr_multipliers: unknown group 'embed'; groups: embedding, head, norm, bias, matrix"),
+     "lr_multipliers: unknown group 'embed'; groups: embedding, head, norm, bias, matrix, router"),
     ({"head": 0}, "default", "lr_multipliers.head: got 0; a finite number > 0"),
     ({"norm": -1.0}, "default", "lr_multipliers.norm: got -1.0; a finite number > 0"),
     ({"norm": True}, "default", "lr_multipliers.norm: got True; a finite number > 0"),
     ([2.0], "default", "lr_multipliers: got [2.0]; a mapping of group -> multiplier, groups: embedding, head, norm, "
-                       "bias, matrix"),
+                       "bias, matrix, router"),
     (None, "hidden", "weight_decay_on: got 'hidden'; one of default, matrices"),
 ])
 def test_bad_options_are_refused_in_one_line(mult, wd_on, message):

@@ -1,6 +1,6 @@
 """Per-group learning rates: each parameter named by its role, a learning-rate multiplier per role.
 
-A language model's parameters play five roles, and the field tunes them apart (modded-nanogpt's AdamW
+A language model's parameters play five roles (six with a mixture of experts), and the field tunes them apart (modded-nanogpt's AdamW
 baseline: embeddings at 0.7, the head at 0.004, scalars at 0.015, matrices at 0.001, weight decay on
 matrices only):
 
@@ -10,7 +10,10 @@ matrices only):
 - ``norm``: the parameters of normalisation layers (LayerNorm, RMSNorm, ...) and any other scalar or
   vector that is not a bias.
 - ``bias``: the bias vectors of linear layers (the head's included).
-- ``matrix``: every other tensor of two or more dimensions (attention and MLP weights, LoRA's factors).
+- ``matrix``: every other tensor of two or more dimensions (attention and MLP weights, LoRA's factors,
+  mixture-of-experts expert tensors).
+- ``router``: the weights of mixture-of-experts routers (`hf_fasttrain.optim.routing`: one row per expert);
+  their biases are ``bias``. With ``weight_decay_on="matrices"`` they do not decay.
 
 :func:`param_roles` names each trainable parameter's role; :func:`regroup` splits an optimizer's param
 groups by role, multiplies each group's lr by its role's multiplier and, with ``weight_decay_on="matrices"``,
@@ -34,11 +37,11 @@ from typing import Any, Mapping, Optional
 from torch import nn
 
 from .._validation import ConfigError
-from .routing import _wrapped_modules
+from .routing import _router_params, _wrapped_modules
 
 __all__ = ["ROLES", "WEIGHT_DECAY_ON", "param_roles", "check_group_options", "regroup"]
 
-ROLES = ("embedding", "head", "norm", "bias", "matrix")
+ROLES = ("embedding", "head", "norm", "bias", "matrix", "router")
 # "default": the Trainer's rule (every tensor but biases and norms decays, embeddings and head included);
 # "matrices": only the hidden matrices decay (modded-nanogpt's AdamW baseline)
 WEIGHT_DECAY_ON = ("default", "matrices")
@@ -76,6 +79,7 @@ def param_roles(model: nn.Module) -> dict[str, str]:
     for part in _wrapped_modules(outputs) if outputs is not None else ():
         head.update(id(p) for p in part.parameters(recurse=False) if p.ndim >= 2)
     norm = {id(p) for m in model.modules() if _is_norm(m) for p in m.parameters(recurse=False)}
+    router = _router_params(model)
 
     roles = {}
     for name, p in model.named_parameters():
@@ -89,6 +93,8 @@ def param_roles(model: nn.Module) -> dict[str, str]:
             roles[name] = "norm"
         elif p.ndim <= 1:
             roles[name] = "bias"
+        elif id(p) in router:
+            roles[name] = "router"
         else:
             roles[name] = "matrix"
     return roles

@@ -62,7 +62,7 @@ from ._common import (
     zero_state,
 )
 from .adamw import build_adamw
-from .experts import ExpertLayout, expert_matrices, expert_tensor
+from .experts import ExpertLayout, expert_matrices, expert_matrix_shape, expert_tensor
 from .hyperball import HYPERBALL_STATE, hyperball_step, initial_radius
 from .normuon import NORMUON_STATE, neuron_normalize
 from .routing import (_HYPERBALL_EXPERTS, ROUTING_RULES, conv1d_lr_multiplier, expert_param_groups, muon_route_table,
@@ -276,7 +276,7 @@ class Muon(Optimizer):
                 work.append((p, group, grad.lerp(buf, mu) if group["nesterov"] else buf))
         done = {}
         if self._ns_sharding == "round_robin":
-            shared = [w for w in work if _round_robin_ok(w[0])]
+            shared = [w for w in work if not w[1].get("experts") and _round_robin_ok(w[0])]
             if shared:
                 done = _round_robin_newton_schulz(shared)
         # expert tensors always (one batched Newton-Schulz over their experts), matrices when ns_batched
@@ -369,9 +369,7 @@ def _matrix_shape(p: torch.Tensor, group: dict) -> tuple[int, int]:
     """The stored (A, B) of a matrix; for an expert tensor, (out, in) of each of its expert matrices."""
     if not group.get("experts"):
         return tuple(p.shape)
-    layout = ExpertLayout.from_group(group)
-    out, inn = (p.shape[2], p.shape[1]) if layout.transposed else (p.shape[1], p.shape[2])
-    return (out // 2 if layout.gate_up else out, inn)
+    return expert_matrix_shape(p.shape, ExpertLayout.from_group(group))[1:]
 
 
 
@@ -540,15 +538,17 @@ class MuonWithAdamW(Optimizer):
             )
         if param_group["use_muon"]:
             experts = param_group.get("experts", False)
+            ndim = 2
             if experts:
-                ExpertLayout.from_group(param_group)  # raises naming a bad key
+                ndim = ExpertLayout.from_group(param_group).ndim  # raises naming a bad key
                 if param_group.get("hyperball", self._muon_defaults["hyperball"]):
                     raise ValueError(_HYPERBALL_EXPERTS)
             for p in param_group["params"]:
                 tensor = p[1] if isinstance(p, tuple) else p
-                if tensor.ndim != (3 if experts else 2):
+                if tensor.ndim != ndim:
                     name = f"{p[0]!r} " if isinstance(p, tuple) else ""
-                    want = "3-D expert tensors (experts x out x in)" if experts else "2-D matrices"
+                    want = ("2-D matrices" if not experts else "3-D expert tensors (experts x out x in)" if ndim == 3
+                            else "2-D flat expert tensors ((experts x out) x in)")
                     tail = "" if experts or tensor.ndim != 3 else " or mark expert tensors with 'experts': True"
                     raise ValueError(
                         f"Muon: params in a use_muon group must be {want}, got {name}with shape "

@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from typing import Sequence
+from typing import Optional, Sequence
 
 from torch import nn
 
-from .experts import ExpertLayout, expert_layouts, moe_blocks
+from .experts import ExpertLayout, _block_of, expert_layouts, moe_blocks, unknown_expert_modules
 
 __all__ = ["ROUTING_RULES", "conv1d_lr_multiplier", "expert_param_groups", "muon_route_table", "muon_routing"]
 
@@ -53,9 +53,11 @@ ROUTING_RULES = {
     "embedding": "input embedding or output head (tied or not): AdamW",
     "pattern": "matches one of adamw_patterns: AdamW",
     "vector": "1-D, or a matrix with one row or column (biases, norms, scalar gates): AdamW",
-    "experts": "3-D tensor of a mixture-of-experts module: each expert's matrix on Muon",
+    "experts": "expert tensor of a mixture-of-experts module (3-D, or DBRX's 2-D): each expert's matrix on Muon",
     "expert vector": "2-D tensor in a mixture-of-experts module (per-expert biases or norms): AdamW",
     "router": "router of a mixture-of-experts block (one row per expert): AdamW",
+    "unknown experts": "tensor of a module that looks like experts in a layout no rule knows: AdamW, its class "
+                       "named in a warning",
     "matrix": "2-D weight of nn.Linear or transformers Conv1D: Muon",
     "unrecognised": "no rule recognises it: AdamW, named in a warning",
 }
@@ -65,21 +67,50 @@ def _router_params(model: nn.Module) -> set[int]:
     """ids of the router weights of every mixture-of-experts block (`hf_fasttrain.optim.experts.moe_blocks`).
 
     A router is a module of the block outside its experts, on a path named "gate" or "router" (or of a class
-    so named), whose weight has one row per expert: Mixtral's `gate` (a `TopKRouter` or, in older layouts,
+    so named), whose weight has a row per expert (at least): Mixtral's `gate` (a `TopKRouter` or, in older layouts,
     an `nn.Linear`), GPT-OSS's `router`, Hunyuan's `gate.wg`. A shared expert's `gate_proj` is not one.
     """
     routers: set[int] = set()
     for _, block, experts, count in moe_blocks(model):
-        inside = {id(p) for p in experts.parameters()}
-        for path, module in block.named_modules():
-            names = path.split(".") if path else []
-            kind = type(module).__name__.lower()
-            if not (set(names) & {"gate", "router"} or "router" in kind or kind.endswith("gate")):
-                continue
-            for p in module.parameters(recurse=False):
-                if id(p) not in inside and p.ndim == 2 and p.shape[0] == count:
-                    routers.add(id(p))
+        routers.update(_routers_in(block, experts, count))
+    for module in model.modules():  # Doge's CDMoE: experts as embedding tables, scored by its `router_gate`
+        if type(module).__name__.lower().endswith("cdmoe"):
+            routers.update(id(p) for name, child in module.named_children() if "router" in name
+                           for p in child.parameters() if p.ndim == 2)
     return routers
+
+
+def _routers_in(block: nn.Module, experts: nn.Module, count: Optional[int]) -> set[int]:
+    """ids of the 2-D weights of `block` outside `experts` on a path named "gate" or "router" (or of a class so
+    named), not in a shared expert, with at least `count` rows (any number for None): one row per expert, and
+    more with null experts (LongCat-Flash, Zaya) or shared ones scored too (Inkling); a router that is an MLP
+    (Zaya) is a router in all its layers."""
+    inside = {id(p) for p in experts.parameters()}
+    found = set()
+    for path, module in block.named_modules():
+        names = path.split(".") if path else []
+        kind = type(module).__name__.lower()
+        if not (set(names) & {"gate", "router"} or "router" in kind or kind.endswith("gate")):
+            continue
+        if any("shared" in n for n in names):
+            continue
+        for p in module.parameters(recurse=False):
+            if id(p) not in inside and p.ndim == 2 and (count is None or p.shape[0] >= count):
+                found.add(id(p))
+    return found
+
+
+def _unknown_experts(model: nn.Module) -> tuple[dict[int, str], set[int]]:
+    """({id: class name} of the >= 2-D tensors of modules that look like experts in a layout no rule knows
+    (`hf_fasttrain.optim.experts.unknown_expert_modules`), ids of the routers beside them)."""
+    tensors: dict[int, str] = {}
+    routers: set[int] = set()
+    modules = dict(model.named_modules())
+    for name, module in unknown_expert_modules(model):
+        tensors.update({id(p): type(module).__name__ for p in module.parameters(recurse=False) if p.ndim >= 2})
+        if name:
+            routers.update(_routers_in(modules[_block_of(modules, name)], module, None))
+    return tensors, routers
 
 
 def muon_route_table(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> dict[str, tuple[str, str]]:
@@ -104,6 +135,8 @@ def muon_route_table(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> di
     expert_modules = [m for _, _, m, _ in moe_blocks(model) if not isinstance(m, nn.ModuleList)]
     expert_params = {id(p) for m in expert_modules for p in m.parameters()}  # with per-expert norms (Ergo)
     routers = _router_params(model)
+    unknown, unknown_routers = _unknown_experts(model)
+    routers |= unknown_routers
     patterns = [re.compile(p) for p in adamw_patterns]
 
     table = {}
@@ -122,6 +155,8 @@ def muon_route_table(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> di
             table[name] = ("adamw", "expert vector")
         elif id(p) in routers:
             table[name] = ("adamw", "router")
+        elif id(p) in unknown:
+            table[name] = ("adamw", "unknown experts")
         elif id(p) in hidden and p.ndim == 2:
             table[name] = ("muon", "matrix")
         else:
@@ -134,11 +169,13 @@ def muon_routing(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> dict[s
 
     "muon": the 2-D weight of an `nn.Linear` or transformers `Conv1D` (at least 2 rows and 2 columns)
     that is neither the input nor the output embedding (the LM head, tied or not), nor a mixture-of-experts
-    router, and whose name matches none of the regexes in `adamw_patterns`. "muon_experts": a 3-D expert
+    router, and whose name matches none of the regexes in `adamw_patterns`. "muon_experts": an expert
     tensor of a mixture-of-experts module (`hf_fasttrain.optim.experts`), each expert's matrix on Muon.
     "adamw": embeddings, LM head, routers, biases, norms, 1-row matrices (Qwen2-MoE's `shared_expert_gate`),
     per-expert biases. Any other tensor (no rule recognises it) goes to AdamW and is named in one warning
-    line; list it in `adamw_patterns` to say AdamW is meant. `muon_route_table` gives the rule of each.
+    line; list it in `adamw_patterns` to say AdamW is meant. A module that looks like experts in a layout no
+    rule knows (`hf_fasttrain.optim.experts.unknown_expert_modules`) is named by its class in one warning line:
+    its tensors and the routers beside it go to AdamW. `muon_route_table` gives the rule of each.
     Tied weights appear once, under their first name (as in `model.named_parameters()`).
 
     With peft, an embedding or head listed in `modules_to_save` is routed by what it wraps: its
@@ -153,8 +190,17 @@ def muon_routing(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> dict[s
         {'0.weight': 'muon', '0.bias': 'adamw', '1.weight': 'adamw', '1.bias': 'adamw'}
     """
     table = muon_route_table(model, adamw_patterns)
-    unknown = [f"{name} {tuple(dict(model.named_parameters())[name].shape)}"
-               for name, (_, rule) in table.items() if rule == "unrecognised"]
+    named = dict(model.named_parameters())
+    unknown_experts, unknown_routers = _unknown_experts(model)
+    experts = [f"{name} {tuple(named[name].shape)}" for name, (_, rule) in table.items() if rule == "unknown experts"]
+    if experts:
+        kinds = sorted({unknown_experts[id(named[name.rpartition(' ')[0]])] for name in experts})
+        routers = [name for name, (_, rule) in table.items() if rule == "router" and id(named[name]) in unknown_routers]
+        beside = f"; the routers beside them on AdamW: {', '.join(routers)}" if routers else ""
+        warnings.warn(f"Muon: {', '.join(kinds)} hold(s) mixture-of-experts weights in a layout no routing rule knows, "
+                      f"trained with AdamW: {', '.join(experts)}{beside}; list them in adamw_patterns if AdamW is "
+                      "meant", UserWarning, stacklevel=2)
+    unknown = [f"{name} {tuple(named[name].shape)}" for name, (_, rule) in table.items() if rule == "unrecognised"]
     if unknown:
         warnings.warn(f"Muon: no routing rule recognises {len(unknown)} parameter(s), trained with AdamW: "
                       f"{', '.join(unknown)}; list them in adamw_patterns if AdamW is meant", UserWarning, stacklevel=2)
@@ -167,8 +213,8 @@ _HYPERBALL_EXPERTS = ("Muon: hyperball does not support mixture-of-experts tenso
 def expert_param_groups(model: nn.Module, routing: dict[str, str], lr: float, weight_decay: float,
                         hyperball: bool = False) -> list[dict]:
     """Muon param groups for the "muon_experts" tensors of `routing`, one group per expert layout
-    (`hf_fasttrain.optim.experts.ExpertLayout`, carried as the group keys "experts", "expert_transposed"
-    and "expert_gate_up"). The scale is each expert matrix's own, from its (out, in) shape, so no lr
+    (`hf_fasttrain.optim.experts.ExpertLayout`, carried as the group keys "experts", "expert_transposed",
+    "expert_gate_up" and "expert_flat"). The scale is each expert matrix's own, from its (out, in) shape, so no lr
     multiplier is needed in either layout. Hyperball is refused in one line."""
     named = dict(model.named_parameters())
     layouts = expert_layouts(model)
