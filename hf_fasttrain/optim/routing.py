@@ -132,7 +132,7 @@ def muon_route_table(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> di
     hidden_types = (nn.Linear, *_conv1d_type())
     hidden = {id(m.weight) for m in model.modules() if isinstance(m, hidden_types)}
     layouts = expert_layouts(model)
-    expert_modules = [m for _, _, m, _ in moe_blocks(model) if not isinstance(m, nn.ModuleList)]
+    expert_modules = [m for _, _, m, _ in moe_blocks(model) if not isinstance(m, (nn.ModuleList, nn.ModuleDict))]
     expert_params = {id(p) for m in expert_modules for p in m.parameters()}  # with per-expert norms (Ergo)
     routers = _router_params(model)
     unknown, unknown_routers = _unknown_experts(model)
@@ -192,9 +192,10 @@ def muon_routing(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> dict[s
     table = muon_route_table(model, adamw_patterns)
     named = dict(model.named_parameters())
     unknown_experts, unknown_routers = _unknown_experts(model)
-    experts = [f"{name} {tuple(named[name].shape)}" for name, (_, rule) in table.items() if rule == "unknown experts"]
-    if experts:
-        kinds = sorted({unknown_experts[id(named[name.rpartition(' ')[0]])] for name in experts})
+    odd = [name for name, (_, rule) in table.items() if rule == "unknown experts"]
+    if odd:
+        kinds = sorted({unknown_experts[id(named[name])] for name in odd})
+        experts = [f"{name} {tuple(named[name].shape)}" for name in odd]
         routers = [name for name, (_, rule) in table.items() if rule == "router" and id(named[name]) in unknown_routers]
         beside = f"; the routers beside them on AdamW: {', '.join(routers)}" if routers else ""
         warnings.warn(f"Muon: {', '.join(kinds)} hold(s) mixture-of-experts weights in a layout no routing rule knows, "
