@@ -37,6 +37,8 @@ from .stability.clipping import norm_clip_stats
 from .data.streaming import StreamPosition, TokenStream
 from .modeling import is_causal_lm
 from .optim import OptimizerSpec, detect_sharding
+from .optim.groups import param_roles
+from .optim.lr_logs import logged_learning_rate, lr_logs
 from .stability.precision import logger as precision_logger
 from ._resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
@@ -355,7 +357,22 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self._norm_clip_window.add(norm_clip_stats(pre_norm, self.args.max_grad_norm))
         return pre_norm
 
+    def _get_learning_rate(self) -> float:
+        """The lr of the step just taken: with per-group lrs the ``matrix`` group's (hf_fasttrain.optim.lr_logs),
+        each group's kept for the log as ``lr/<role>``; else the Trainer's (its first group's)."""
+        lr = super()._get_learning_rate()
+        groups = getattr(self.optimizer, "param_groups", None) or []
+        if any(g.get("lr_group") is not None for g in groups) or len({float(g["lr"]) for g in groups}) > 1:
+            if getattr(self, "_roles", None) is None:  # the names of this model's parameters, by role, once
+                self._roles = param_roles(self.model)
+            self._group_lrs = lr_logs(groups, self._roles)
+            return logged_learning_rate(groups, self._roles)
+        self._group_lrs = {}
+        return lr
+
     def log(self, logs: dict[str, float], start_time: Optional[float] = None) -> None:
+        if "learning_rate" in logs and getattr(self, "_group_lrs", None):  # a training log: each group's lr too
+            logs.update(self._group_lrs)
         recorder = self.recorder if self.run_record else None
         if recorder is not None:
             if "loss" in logs:  # a training log: every process calls this together

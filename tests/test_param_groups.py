@@ -222,3 +222,42 @@ def test_fast_trainer_resumed_with_group_lrs_equals_a_straight_run(tiny_lm, tiny
                         processing_class=tiny_tokenizer)
     plain.train()
     assert not torch.allclose(dict(plain.model.named_parameters())["transformer.wte.weight"], a["transformer.wte.weight"])
+
+
+def _train_logs(tmp_path, tiny_lm, tiny_tokenizer, optimizer, optimizer_kwargs):
+    args = tiny_args(tmp_path, max_steps=4, learning_rate=1e-3, optimizer=optimizer, optimizer_kwargs=optimizer_kwargs,
+                     lr_scheduler_type="linear")  # the Trainer's linear decay, no warmup: step s runs at (5 - s) / 4
+    trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"],
+                          data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False),
+                          processing_class=tiny_tokenizer)
+    trainer.train()
+    return [h for h in trainer.state.log_history if "loss" in h]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_each_groups_lr_is_logged_under_its_role_and_learning_rate_is_the_matrix_groups(
+        optimizer, tiny_lm, tiny_tokenizer, tmp_path):
+    mult = {"embedding": 16, "norm": 4, "bias": 0.5}
+    logs = _train_logs(tmp_path, tiny_lm, tiny_tokenizer, optimizer, {"lr_multipliers": mult})
+    assert [h["step"] for h in logs] == [1, 2, 3, 4]
+    for h in logs:
+        factor = (5 - h["step"]) / 4
+        assert {k: v for k, v in h.items() if k.startswith("lr/")} == {
+            "lr/embedding": pytest.approx(1e-3 * 16 * factor, rel=1e-12),
+            "lr/norm": pytest.approx(1e-3 * 4 * factor, rel=1e-12),
+            "lr/bias": pytest.approx(1e-3 * 0.5 * factor, rel=1e-12),
+            "lr/matrix": pytest.approx(1e-3 * factor, rel=1e-12)}
+        assert h["learning_rate"] == h["lr/matrix"]  # not the first group's (the embeddings')
+
+
+def test_groups_without_roles_are_logged_by_the_roles_they_hold(tiny_lm, tiny_tokenizer, tmp_path):
+    # Muon's AdamW part at a quarter of Muon's lr, no multipliers: the groups carry no role of their own
+    logs = _train_logs(tmp_path, tiny_lm, tiny_tokenizer, "muon", {"adamw_lr_ratio": 0.25})
+    first = logs[0]
+    assert {k: v for k, v in first.items() if k.startswith("lr/")} == {
+        "lr/embedding": pytest.approx(2.5e-4), "lr/norm": pytest.approx(2.5e-4), "lr/bias": pytest.approx(2.5e-4),
+        "lr/matrix": pytest.approx(1e-3)}
+    assert first["learning_rate"] == pytest.approx(1e-3)
+    # one lr for every group: learning_rate says it all
+    plain = _train_logs(tmp_path / "plain", tiny_lm, tiny_tokenizer, "adamw", {})
+    assert not [k for k in plain[0] if k.startswith("lr/")] and plain[0]["learning_rate"] == pytest.approx(1e-3)
