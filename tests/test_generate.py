@@ -55,6 +55,22 @@ def test_generate_loads_the_weights_it_says_and_is_deterministic_for_a_seed(run_
     assert _same_weights(own, make_tiny_gpt2(len(tiny_tokenizer), seed=2))
 
 
+def test_weights_iterate_on_a_runs_folder_loads_its_last_checkpoints_own_weights(run_dir, tiny_tokenizer, tmp_path):
+    from hf_fasttrain.run._generate import load_run_model
+
+    # checkpoint-10 is the last (by step, not by name: checkpoint-2 sorts after it as text)
+    make_tiny_gpt2(len(tiny_tokenizer), seed=4).save_pretrained(run_dir / "checkpoint-10")
+    model, _, what = load_run_model(str(run_dir), weights="iterate")
+    assert what == "the iterate of the run's last checkpoint (checkpoint-10; the final model is the run's weight average, ema)"
+    assert _same_weights(model, make_tiny_gpt2(len(tiny_tokenizer), seed=4))
+    # a run that did not average: its final model is the iterate
+    plain = tmp_path / "plain"
+    make_tiny_gpt2(len(tiny_tokenizer), seed=5).save_pretrained(plain)
+    tiny_tokenizer.save_pretrained(plain)
+    model, _, what = load_run_model(str(plain), weights="iterate")
+    assert what == "the final model" and _same_weights(model, make_tiny_gpt2(len(tiny_tokenizer), seed=5))
+
+
 def test_generate_command_prints_the_prompt_and_its_continuation(run_dir, capsys):
     from hf_fasttrain.cli import main
 
@@ -67,13 +83,15 @@ def test_generate_command_prints_the_prompt_and_its_continuation(run_dir, capsys
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "no tokenizer", "zero tokens", "negative temperature",
-                                  "not a number", "misspelt", "no model flag", "weights"])
+                                  "not a number", "misspelt", "no model flag", "weights", "no iterate"])
 def test_generate_refusals_are_one_line_and_exit_2(case, run_dir, tmp_path, capsys):
     from hf_fasttrain.cli import main
 
     bare = tmp_path / "bare" / "checkpoint-1"
     if case == "no tokenizer":
         shutil.copytree(run_dir / "checkpoint-2", bare)
+    if case == "no iterate":  # an averaging run that kept no checkpoint
+        shutil.rmtree(run_dir / "checkpoint-2")
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "checkpoint-3").mkdir()
     allowed = "give a run's output_dir or one of its checkpoint-<step> folders"
@@ -94,6 +112,10 @@ def test_generate_refusals_are_one_line_and_exit_2(case, run_dir, tmp_path, caps
         "no model flag": ([], f"model: is required; {allowed}"),
         "weights": (["--model", str(run_dir), "--weights", "ema"],
                     "weights: got 'ema'; allowed: average, iterate"),
+        "no iterate": (["--model", str(run_dir), "--weights", "iterate"],
+                       f"weights: got 'iterate', but {run_dir} holds only the run's weight average (ema) and no "
+                       "checkpoint; use --weights average (the final model), or keep checkpoints (save_strategy) to "
+                       "sample an iterate"),
     }[case]
     assert main(["generate", *argv]) == 2
     assert capsys.readouterr().err == f"error: {expected}\n"

@@ -8,7 +8,10 @@
   run evaluated it;
 - a checkpoint holds the last weights (the iterate, which a resume continues from) and, with weight averaging, the
   average in ``weight_average.pt``: the average is loaded, as the run evaluated at that step;
-  ``--weights iterate`` takes the checkpoint's own weights instead.
+  ``--weights iterate`` takes the checkpoint's own weights instead;
+- ``--weights iterate`` on a run's output_dir: a run that averaged keeps its iterate only in its checkpoints, so the
+  last checkpoint's own weights are loaded (its step is said); a run with no checkpoint is refused in one line. A run
+  that did not average: its final model is the iterate.
 
 The tokenizer is the one saved beside the model, or in the run's folder for a checkpoint saved without one.
 Nothing is downloaded: every file is read with ``local_files_only``.
@@ -48,21 +51,38 @@ def _tokenizer_dir(model_dir: str) -> str:
                       allowed="give a run's output_dir (the run saves its tokenizer there) or one of its checkpoints")
 
 
+def _checkpoints(path: str) -> list[str]:
+    """The ``checkpoint-<step>`` folders of a run's folder, by step."""
+    return sorted((d for d in os.listdir(path) if d.startswith("checkpoint-")),
+                  key=lambda d: int(d.split("-")[-1]) if d.split("-")[-1].isdigit() else -1)
+
+
 def load_run_model(path: str, weights: str = "average") -> tuple[Any, Any, str]:
     """``(model, tokenizer, what)`` of a run's folder or checkpoint, read offline; ``what`` says which weights.
 
+    ``weights="iterate"`` on the folder of a run that averaged loads its last checkpoint's own weights.
     Raises :class:`~hf_fasttrain._validation.ConfigError` (one line) for a folder that is missing or holds no
-    model or tokenizer.
+    model or tokenizer, and for ``weights="iterate"`` on the folder of a run that averaged and kept no checkpoint.
     """
     check(weights in WEIGHTS, "weights", weights, f"allowed: {', '.join(WEIGHTS)}")
     if not os.path.isdir(path):
         raise ConfigError("model", problem=f"{path} is not a folder" if os.path.exists(path) else
                           f"{path} does not exist", allowed=_ALLOWED_DIR)
     if not _has_model(path):
-        steps = sorted((d for d in os.listdir(path) if d.startswith("checkpoint-")),
-                       key=lambda d: int(d.split("-")[-1]) if d.split("-")[-1].isdigit() else -1)
+        steps = _checkpoints(path)
         hint = f" (the run has not finished; its latest checkpoint is {os.path.join(path, steps[-1])})" if steps else ""
         raise ConfigError("model", problem=f"{path} holds no model (no config.json){hint}", allowed=_ALLOWED_DIR)
+    averaging = None if _is_checkpoint(path) else _run_option(path, "weight_averaging")
+    if weights == "iterate" and averaging not in (None, "none"):  # the final model is the average: the last iterate
+        last = [d for d in _checkpoints(path) if _has_model(os.path.join(path, d))]
+        if not last:
+            raise ConfigError("weights", weights, "use --weights average (the final model), or keep checkpoints "
+                              "(save_strategy) to sample an iterate",
+                              problem=f"got 'iterate', but {path} holds only the run's weight average ({averaging}) "
+                                      "and no checkpoint")
+        model, tokenizer, _ = load_run_model(os.path.join(path, last[-1]), "iterate")
+        return model, tokenizer, (f"the iterate of the run's last checkpoint ({last[-1]}; the final model is the "
+                                  f"run's weight average, {averaging})")
     tokenizer_dir = _tokenizer_dir(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -75,7 +95,6 @@ def load_run_model(path: str, weights: str = "average") -> tuple[Any, Any, str]:
     if _is_checkpoint(path):
         what = "the checkpoint's weights"
     else:
-        averaging = _run_option(path, "weight_averaging")
         what = (f"the final model, the run's weight average ({averaging})" if averaging not in (None, "none")
                 else "the final model")
     average = os.path.join(path, "weight_average.pt")
@@ -145,7 +164,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--top_k", type=int, default=50, help="sample from the k likeliest tokens; 0: all (default 50)")
     p.add_argument("--seed", type=int, default=0, help="the same seed gives the same text (default 0)")
     p.add_argument("--weights", choices=WEIGHTS, default="average",
-                   help="for a checkpoint of an averaging run: 'average' (default) or 'iterate', its own weights")
+                   help="for an averaging run: 'average' (default) or 'iterate', the weights trained (of the "
+                   "checkpoint given, or of the run's last checkpoint for a run's output_dir)")
     p.error = _usage_error  # type: ignore[method-assign]
     return p
 
