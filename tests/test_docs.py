@@ -528,7 +528,8 @@ options, such as the precision). It validates as a run does, writes nothing and 
 `hf-fasttrain generate --model runs/gpt2_tiny --prompt "def " --max_new_tokens 40` samples from a run's
 final model, offline; `--model runs/gpt2_tiny/checkpoint-150` samples from a checkpoint. With weight averaging
 the final model is the average; a checkpoint gives the average saved with it (`--weights iterate`: its own
-weights). The same `--seed` gives the same text; `--temperature 0` is greedy.
+weights). On a run's folder, `--weights iterate` samples the last checkpoint's own weights. The same `--seed` gives
+the same text; `--temperature 0` is greedy.
 
 This page is the commands' own output (`python tests/test_docs.py --write-cli`), and
 `tests/test_docs.py` fails when it is out of date.
