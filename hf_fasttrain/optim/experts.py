@@ -22,10 +22,10 @@ Each expert's matrix is one Muon matrix. :func:`expert_matrices` turns a stored 
 ``[N, out, in]`` of the matrices that separate `nn.Linear` layers would hold, and :func:`expert_tensor`
 turns the stack back, so one batched Newton-Schulz covers every expert of a tensor.
 
-Every fused gate/up tensor (``gate_up_proj``, JetMoE's GLU input) is split into its gate and up halves (N = 2 x experts): a model that stores
-gate and up as two `nn.Linear` per expert (the older layout) or as `gate_proj` / `up_proj` (every dense
-transformers model) gets each half orthogonalised on its own, with the scale of its own (inter, hidden)
-shape, so the fused layout gets the same update as the unfused one. Orthogonalising the fused
+Every fused gate/up tensor (``gate_up_proj``, Llama-4's, JetMoE's GLU input) is split into its gate and up
+halves (N = 2 x experts): a model that stores gate and up as two `nn.Linear` per expert (the older
+layout) or as `gate_proj` / `up_proj` (every dense transformers model) gets each half orthogonalised on its
+own, with the scale of its own (inter, hidden) shape, so the fused layout gets the same update as the unfused one. Orthogonalising the fused
 2*inter x hidden matrix instead would couple the two halves (their singular vectors mixed) and scale
 the step by sqrt(max(2*inter, hidden)).
 """
