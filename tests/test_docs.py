@@ -1231,6 +1231,10 @@ FIGURES += [
     # the larger model memorises the repeated corpus: its final loss on training rows, at each family's best
     ("docs/benchmarks/larger-model.md", r"training rows as eval rows hf-best ends at (\d\.\d{3})", lambda: _train_rows_loss("hf-best")),
     ("docs/benchmarks/larger-model.md", r"best lr\) and the recipe at (\d\.\d{3})", lambda: _train_rows_loss("recipe")),
+    # the budget-ladder figure's searched-recipe line, read in the caption under it
+    ("docs/benchmarks/budget-ladder.md", r"grows with the budget: (\d\.\d{3}, \d\.\d{3}, \d\.\d{3} and \d\.\d{3}) at",
+     lambda: "{}, {}, {} and {}".format(*(f"{_result('budget_ladder')['versus_hf_best'][k]['fastest_one_run']['token_ratio']:.3f}"
+                                          for k in ("1x", "4x", "16x", "64x")))),
 ]
 
 
