@@ -1150,6 +1150,30 @@ def _x(value: float) -> str:
     return f"{value:.2f}x"
 
 
+def _headline_minutes() -> str:
+    """The six default arms' run times in the headline's JSON, in minutes (what `--fresh` runs)."""
+    default = {"hf-default", "hf-tuned", "hf-best", "hf-best+", "fasttrain", "fasttrain-budget"}
+    seconds = sum(r["process_seconds"] for r in _result("time_to_loss")["runs"] if r["arm"] in default)
+    return f"about {seconds / 60:.0f} min"
+
+
+def _padding_range(baseline: str) -> str:
+    """Token budgets' and row packing's real tokens per CPU-second over ``baseline``'s, as ``1.0x-1.1x``."""
+    rows = _result("padding")["results"]
+    ratios = [rows[a]["median_real_tokens_per_cpu_s"] / rows[baseline]["median_real_tokens_per_cpu_s"]
+              for a in ("token_budget", "packed_rows")]
+    return f"{min(ratios):.1f}x-{max(ratios):.1f}x"
+
+
+def _faults_injected() -> str:
+    kinds = {r["injection"] for r in _result("faults")["runs"]} - {"none"}
+    return ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven"][len(kinds)]
+
+
+def _overhead(variant: str) -> str:
+    return f"{100 * (_result('technique_overhead')['rows'][variant]['ratio_vs_base'] - 1):+.1f}%"
+
+
 def _bundled_recipes() -> str:
     from hf_fasttrain.config._options import default_recipe_dirs, find_recipes
 
@@ -1168,8 +1192,35 @@ FIGURES = [
      lambda: _x(_arm("ablation_to_hf_tuned_target", "base+slw")["tokens_ratio_vs_reference"])),
     ("docs/benchmarks/sequence-length.md", r"(\d\.\d\dx) with the EMA\)",
      lambda: _x(_arm("ablation_to_hf_tuned_target", "base+ema+slw")["tokens_ratio_vs_reference"])),
-    ("docs/techniques/sequence-length.md", r"takes the recipe to (\d\.\d\dx) the tokens",
+    ("docs/techniques/sequence-length.md", r"take the Muon recipe to (\d\.\d\dx) the tokens",
      lambda: _x(_arm("ablation_to_hf_tuned_target", "base+ema+slw")["tokens_ratio_vs_reference"])),
+    ("docs/techniques/sequence-length.md", r"the warmup alone, (\d\.\d\dx)",
+     lambda: _x(_arm("ablation_to_hf_tuned_target", "base+slw")["tokens_ratio_vs_reference"])),
+    # padding: the fair baseline (the Trainer's group_by_length) and random batching, CPU-seconds
+    *[(page, pattern, lambda: _padding_range("hf_group_by_length")) for page, pattern in (
+        ("docs/techniques/sequence-length.md", r"`group_by_length` they\s+train (\d\.\dx-\d\.\dx) the real"),
+        ("docs/benchmarks/sequence-length.md", r"They train (\d\.\dx-\d\.\dx) the real tokens per second of the Trainer's"),
+        ("docs/benchmarks.md", r"under 1% padding, (\d\.\dx-\d\.\dx) the real tokens per second of the Trainer's"))],
+    *[(page, pattern, lambda: _padding_range("random")) for page, pattern in (
+        ("docs/techniques/sequence-length.md", r"against random batching, (\d\.\dx-\d\.\dx)"),
+        ("docs/benchmarks/sequence-length.md", r"and (\d\.\dx-\d\.\dx) those of random batching"),
+        ("docs/benchmarks.md", r"\((\d\.\dx-\d\.\dx) those of random batching\)"))],
+    # the fault injection: injected faults, the clean run aside
+    *[(page, pattern, _faults_injected) for page, pattern in (
+        ("docs/benchmarks.md", r"survive all (\w+) injected faults"),
+        ("docs/techniques/stability.md", r"survived all (\w+) injected faults"))],
+    ("docs/benchmarks/stability.md", r"\n(\w+) injected faults and a clean run", lambda: _faults_injected().capitalize()),
+    # the cost of a weight average per step, from the side-by-side rerun
+    ("docs/techniques/weight-averaging.md", r"a step with the EMA costs ([+-]\d\.\d%)", lambda: _overhead("+ema")),
+    ("docs/techniques/weight-averaging.md", r"with LAWA ([+-]\d\.\d%), inside", lambda: _overhead("+lawa (every 10)")),
+    # Muon alone against tuned AdamW: the all-arms run's opt-muon
+    *[(page, pattern, lambda: _x(_arm("time_to_loss_all_arms", "opt-muon")["tokens_to_target"] / 614400))
+      for page, pattern in (("docs/techniques/optimizers.md", r"Muon at its swept lr\s+reaches tuned AdamW's final loss in (\d\.\d\dx) the"),
+                            ("docs/benchmarks/ablation.md", r"\(Muon alone: (\d\.\d\dx)\)"),
+                            ("docs/benchmarks.md", r"Muon is most of it: (\d\.\d\dx) hf-tuned's tokens alone"))],
+    # the recipe's searched winner at 1x against hf-best (0.405 of the budget: 0.40x)
+    ("docs/benchmarks/hf-best-plus.md", r"\| the recipe's searched winner \| [\d.]+ \| \d \| (\d\.\d\dx)",
+     lambda: _x(_result("budget_ladder")["versus_hf_best"]["1x"]["fastest_one_run"]["token_ratio"])),
     ("docs/benchmarks/time-to-loss.md", r"AdamW to (\d+\.\d+M) non-embedding parameters",
      lambda: f"{max(r['non_embedding_params'] for r in _result('scaling')['summary'].values()) / 1e6:.2f}M"),
     ("docs/benchmarks/scaling.md", r"1\.33M, (\d+\.\d+M) non-embedding",
@@ -1231,6 +1282,19 @@ FIGURES += [
     # the larger model memorises the repeated corpus: its final loss on training rows, at each family's best
     ("docs/benchmarks/larger-model.md", r"training rows as eval rows hf-best ends at (\d\.\d{3})", lambda: _train_rows_loss("hf-best")),
     ("docs/benchmarks/larger-model.md", r"best lr\) and the recipe at (\d\.\d{3})", lambda: _train_rows_loss("recipe")),
+    # random restart at equal compute (AdamW): how much higher best-of-4 ends than one seed
+    *[(page, pattern, lambda: "%.2f" % (_arm("time_to_loss_restarts", "fasttrain-best-of-4")["final_eval_loss"]
+                                        - _arm("time_to_loss_restarts", "fasttrain")["final_eval_loss"]))
+      for page, pattern in (("docs/benchmarks/random-restart.md", r"best-of-4\s+ended (\d\.\d\d) higher"),
+                            ("docs/techniques/random-restart.md", r"best-of-4 ended (\d\.\d\d) higher"),
+                            ("docs/benchmarks.md", r"with AdamW on this stable setup: it ends (\d\.\d\d) higher"))],
+    ("docs/benchmarks/random-restart.md", r"\| AdamW, single seed \(`fasttrain` in the JSON\) \| (\d\.\d{4}) \|",
+     lambda: f'{_arm("time_to_loss_restarts", "fasttrain")["final_eval_loss"]:.4f}'),
+    ("docs/benchmarks/random-restart.md", r"\| fasttrain-best-of-4 \| (\d\.\d{4}) \|",
+     lambda: f'{_arm("time_to_loss_restarts", "fasttrain-best-of-4")["final_eval_loss"]:.4f}'),
+    # the headline command's own run time: the six default arms' processes, from the JSON
+    *[(page, r"time_to_loss --fresh`? *(?:#|\()[^\n]*?runs(?: take)?\s+(about \d+ min)", lambda: _headline_minutes())
+      for page in ("README.md", "docs/index.md", "docs/benchmarks.md", "docs/benchmarks/time-to-loss.md")],
     # the budget-ladder figure's searched-recipe line, read in the caption under it
     ("docs/benchmarks/budget-ladder.md", r"grows with the budget: (\d\.\d{3}, \d\.\d{3}, \d\.\d{3} and \d\.\d{3}) at",
      lambda: "{}, {}, {} and {}".format(*(f"{_result('budget_ladder')['versus_hf_best'][k]['fastest_one_run']['token_ratio']:.3f}"
@@ -1268,7 +1332,13 @@ HEADLINES = [
     for page in ("README.md", "docs/index.md", "docs/benchmarks.md")
     for pattern, expected in (
         (r"reaches hf-best's final loss in " + _TIME_AND_TOKENS, lambda: _headline("fasttrain")),
-        (r"With `budget_aware` it takes " + _TIME_AND_TOKENS, lambda: _headline("fasttrain-budget")),
+        # budget_aware's steps cost what the recipe's do (technique_overhead): its tokens only, its time left out
+        (r"With `budget_aware` it takes (\d\.\d\dx the tokens \(\d\.\dx fewer\))\. Its time is not quoted",
+         lambda: _ratio(_arm("time_to_loss", "fasttrain-budget")["tokens_ratio_vs_reference"], "the tokens", "fewer")),
+        (r"its steps took\s+(\d+ ms) here", lambda: "%.0f ms" % (1000 * _arm("time_to_loss", "fasttrain-budget")["seconds_per_step"])),
+        (r"against the recipe's (\d+ ms), yet", lambda: "%.0f ms" % (1000 * _arm("time_to_loss", "fasttrain")["seconds_per_step"])),
+        (r"timed side by side they cost (\d\.\d{3}x) the recipe's",
+         lambda: "%.3fx" % _result("technique_overhead")["rows"]["+budget_aware (short)"]["ratio_vs_base"]),
     )
 ]
 
