@@ -1,17 +1,17 @@
 """Docs that cannot rot: README.md and docs/ are checked against the code.
 
-- Code blocks marked to run are run. The marker is an HTML comment on the line before the fence
-  (only blank lines may sit between), invisible on GitHub and on the site:
+- Every Python block runs, alone, in a fresh interpreter (a subprocess in a temporary working directory,
+  offline). A marker, an HTML comment on the line before the fence (only blank lines may sit between,
+  invisible on GitHub and on the site), changes that:
 
-      <!-- test: run -->                   a self-contained Python block
-      <!-- test: run setup=tiny -->        given `model`, `tokenizer`, `train`, `val`, `collator` (tiny GPT-2)
-      <!-- test: run setup=tiny_trainer --> the same plus `args` and `trainer` (a plain transformers.Trainer
-                                            with lr_scheduler_type="constant")
-      <!-- test: run continue -->          runs in the namespace of the file's previous run block
-      <!-- test: run slow -->              marked slow;  requires=trl: skipped without that package
+      <!-- test: run continue -->          continues the file's previous Python block (the page says so):
+                                            the two run together, in one interpreter
+      <!-- test: run slow -->              marked slow (a block that calls `.train(` is slow anyway);
+                                            requires=trl: skipped without that package
+      <!-- test: skip REASON -->           not run, for the reason given (a Hub download, a run's folder)
       <!-- test: recipe -->                a YAML recipe, validated as `--config` would validate it
 
-  Each block runs in a fresh temporary working directory, offline; training blocks use a few steps.
+  A block that only includes a file (`--8<-- "examples/x.py"`) is that file, which has its own test.
 - docs/options.md lists every option with its default; they must match the dataclasses both ways.
 - Inline names that look like options or package objects must exist; relative links and their anchors
   must resolve; the README stays short, its Layout names what is there, and its headline table and the
@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 MARKER = re.compile(r"^\s*<!--\s*test:\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)(.*)$")
-SETUPS = ("none", "tiny", "tiny_trainer")
 
 
 def markdown_files() -> list[Path]:
@@ -164,20 +163,26 @@ def extract_blocks(path: Path) -> list[Block]:
     return blocks
 
 
-def parse_directive(text: str) -> dict:
+def parse_directive(text: str | None) -> dict:
+    out = {"kind": "run", "continue": False, "slow": False, "requires": None, "skip": None}
+    if text is None:
+        return out
     words = text.split()
-    if not words or words[0] not in ("run", "recipe"):
-        raise AssertionError(f"unknown test marker {text!r}: use 'run ...' or 'recipe'")
-    out = {"kind": words[0], "setup": "none", "continue": False, "slow": False, "requires": None}
+    if not words or words[0] not in ("run", "recipe", "skip"):
+        raise AssertionError(f"unknown test marker {text!r}: use 'run ...', 'skip REASON' or 'recipe'")
+    out["kind"] = words[0]
+    if words[0] == "skip":
+        if len(words) < 3:
+            raise AssertionError(f"test marker {text!r}: say why the block cannot run (a few words)")
+        out["skip"] = " ".join(words[1:])
+        return out
     for word in words[1:]:
         if word in ("continue", "slow"):
             out[word] = True
-        elif word.startswith("setup=") and word[6:] in SETUPS:
-            out["setup"] = word[6:]
         elif word.startswith("requires="):
             out["requires"] = word[9:]
         else:
-            raise AssertionError(f"unknown word {word!r} in test marker {text!r}; setups: {SETUPS}")
+            raise AssertionError(f"unknown word {word!r} in test marker {text!r}")
     return out
 
 
@@ -185,18 +190,27 @@ def all_blocks() -> list[Block]:
     return [b for path in markdown_files() for b in extract_blocks(path)]
 
 
+INCLUDE = re.compile(r'^--8<--\s+"([^"]+)"\s*$')
+# The files a docs block may include instead of showing code, each run by its own test below.
+TESTED_INCLUDES = {"examples/switch_trainer.py": "test_the_switch_trainer_example_runs"}
+
+
 def run_chains() -> list[list[tuple[Block, dict]]]:
-    """Marked Python blocks, grouped: a `continue` block joins the chain before it in the same file."""
+    """Every Python block, grouped: a `continue` block joins the chain before it in the same file."""
     chains: list[list[tuple[Block, dict]]] = []
     for block in all_blocks():
-        if block.directive is None:
-            continue
         d = parse_directive(block.directive)
-        if d["kind"] != "run":
+        if d["kind"] == "recipe":
             continue
-        assert block.lang == "python", f"{block.where}: only python blocks can run, not {block.lang!r}"
+        if block.lang not in ("python", "py"):
+            assert block.directive is None, f"{block.where}: only python blocks can run, not {block.lang!r}"
+            continue
+        include = INCLUDE.match(block.code.strip())
+        if include:
+            assert include.group(1) in TESTED_INCLUDES, f"{block.where}: includes {include.group(1)}, which no test runs"
+            continue
         if d["continue"]:
-            assert chains and chains[-1][0][0].path == block.path, f"{block.where}: 'continue' with no run block before"
+            assert chains and chains[-1][0][0].path == block.path, f"{block.where}: 'continue' with no block before"
             chains[-1].append((block, d))
         else:
             chains.append([(block, d)])
@@ -211,62 +225,64 @@ def _chain_param(chain):
     return pytest.param(chain, id=chain[0][0].where, marks=marks)
 
 
-def _namespace(setup: str, request) -> dict:
-    if setup == "none":
-        return {"__name__": "__docs__"}
-    from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
-
-    from conftest import make_tiny_gpt2
-
-    tokenizer = request.getfixturevalue("tiny_tokenizer")
-    lm = request.getfixturevalue("tiny_lm")
-    ns = {
-        "__name__": "__docs__",
-        "model": make_tiny_gpt2(len(tokenizer)),
-        "tokenizer": tokenizer,
-        "train": lm["train"],
-        "val": lm["validation"],
-        "collator": DataCollatorForLanguageModeling(tokenizer, mlm=False),
-    }
-    if setup == "tiny_trainer":
-        ns["args"] = TrainingArguments(
-            output_dir="runs/plain", max_steps=5, per_device_train_batch_size=8, learning_rate=2e-3,
-            lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to="none",
-            use_cpu=True, disable_tqdm=True, seed=0,
-        )
-        ns["trainer"] = Trainer(model=ns["model"], args=ns["args"], train_dataset=ns["train"],
-                                data_collator=ns["collator"], processing_class=tokenizer)
-    return ns
+# Runs the blocks of one chain, in order, in one namespace, each compiled under its page and line.
+_DRIVER = """
+import json, sys
+ns = {"__name__": "__main__"}
+for where, code in json.load(sys.stdin):
+    exec(compile(code, where, "exec"), ns)
+"""
 
 
 @pytest.mark.parametrize("chain", [_chain_param(c) for c in run_chains()])
-def test_doc_snippet_runs(chain, request, tmp_path, monkeypatch):
+def test_doc_snippet_runs(chain, tmp_path):
+    """Each Python block runs as pasted into a fresh interpreter (with the blocks it says it continues)."""
+    import json
+    import subprocess
+    import sys
+
     first, d0 = chain[0]
     if first.inactive:
         # every branch is merged: a snippet whose module is missing is documentation of code that is not there
         pytest.fail(f"{first.where}: {first.inactive}; the snippet documents code that does not exist")
-    for _, d in chain:
+    for block, d in chain:
+        if d["skip"]:
+            assert block is first and len(chain) == 1, f"{block.where}: a skipped block cannot be continued"
+            pytest.skip(f"{block.where}: {d['skip']}")
         if d["requires"]:
             pytest.importorskip(d["requires"])
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("WANDB_DISABLED", "true")
-    ns = _namespace(d0["setup"], request)
-    for block, _ in chain:
-        exec(compile(block.code, block.where, "exec"), ns)  # noqa: S102 - the docs' own code
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_DISABLED": "true", "PYTHONPATH": str(ROOT),
+           "TOKENIZERS_PARALLELISM": "false"}
+    payload = json.dumps([(block.where, block.code) for block, _ in chain])
+    done = subprocess.run([sys.executable, "-c", _DRIVER], input=payload, text=True, capture_output=True,
+                          cwd=tmp_path, env=env, timeout=900)
+    assert done.returncode == 0, f"{first.where} fails as pasted:\n{done.stderr[-3000:]}"
 
 
-def test_markers_are_found():
-    """The runner sees the blocks it should: a marker typo would silently drop a block."""
+def test_every_python_block_is_run_or_says_why():
+    """The runner sees every Python block: each is in a chain, and the few it skips give their reason."""
+    blocks = [b for b in all_blocks() if b.lang in ("python", "py") and not INCLUDE.match(b.code.strip())]
+    chained = {block.where for chain in run_chains() for block, _ in chain}
+    assert {b.where for b in blocks} == chained
+    skipped = [c[0][0].where for c in run_chains() if c[0][1]["skip"]]
+    assert len(skipped) <= 3, f"skipped blocks: {skipped}"
     where = {c[0][0].path.name for c in run_chains()}
-    assert {"README.md", "getting-started.md", "any-trainer.md", "optimizers.md", "schedules.md"} <= where
-    assert len(run_chains()) >= 15
+    assert {"README.md", "getting-started.md", "any-trainer.md", "optimizers.md", "schedules.md", "api.md"} <= where
+
+
+def test_directives_parse():
+    assert parse_directive(None) == {"kind": "run", "continue": False, "slow": False, "requires": None, "skip": None}
+    assert parse_directive("run continue slow")["continue"] and parse_directive("run continue slow")["slow"]
+    assert parse_directive("skip needs a Hub download")["skip"] == "needs a Hub download"
+    for bad in ("run setup=tiny", "skip", "runs"):
+        with pytest.raises(AssertionError):
+            parse_directive(bad)
 
 
 def test_recipe_blocks_validate():
     from hf_fasttrain.config.recipes import validate_recipe
 
-    blocks = [b for b in all_blocks() if b.directive and parse_directive(b.directive)["kind"] == "recipe"]
+    blocks = [b for b in all_blocks() if parse_directive(b.directive)["kind"] == "recipe"]
     assert blocks, "no recipe block marked in the docs"
     for block in blocks:
         if not block.inactive:
@@ -801,6 +817,47 @@ def test_api_reference_renders_the_exports():
     rendered = {path.rpartition(".")[2] for path in re.findall(r"^::: ([\w.]+)", text, re.M)}
     missing = [n for n in hf_fasttrain.__all__ if not n.startswith("__") and n not in rendered]
     assert not missing, f"docs/api.md renders no section for {missing}"
+
+
+# The packages whose exports the API page documents: the top level and the parts for any Trainer.
+API_PACKAGES = ("hf_fasttrain", "hf_fasttrain.callbacks", "hf_fasttrain.schedules", "hf_fasttrain.optim",
+                "hf_fasttrain.data")
+
+
+def _api_page_objects() -> dict[str, object]:
+    """Each `::: path` of the API page: its last name -> the object it renders."""
+    out = {}
+    for path in re.findall(r"^::: ([\w.]+)", (DOCS / "api.md").read_text(encoding="utf-8"), re.M):
+        module, _, name = path.rpartition(".")
+        out.setdefault(name, []).append(getattr(importlib.import_module(module), name))
+    return out
+
+
+def _names_the_snippets_import() -> set[tuple[str, str]]:
+    import ast
+
+    found = set()
+    for block in all_blocks():
+        if block.lang in ("python", "py") and not block.inactive and not INCLUDE.match(block.code.strip()):
+            for node in ast.walk(ast.parse(block.code)):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hf_fasttrain"):
+                    found |= {(node.module, a.name) for a in node.names}
+    return found
+
+
+def test_api_page_lists_every_export_and_every_name_the_docs_import():
+    """Every name in the `__all__` of the documented packages, and every hf_fasttrain name a docs snippet
+    imports, is rendered on the API page (as that very object)."""
+    rendered = _api_page_objects()
+    wanted = {(pkg, name) for pkg in API_PACKAGES for name in importlib.import_module(pkg).__all__
+              if not name.startswith("__")} | {x for x in _names_the_snippets_import() if not x[1].startswith("__")}
+    assert len(wanted) > 60
+    missing = []
+    for module, name in sorted(wanted):
+        obj = getattr(importlib.import_module(module), name)
+        if not any(o is obj for o in rendered.get(name, [])):
+            missing.append(f"{module}.{name}")
+    assert not missing, "docs/api.md does not render: " + ", ".join(missing)
 
 
 @pytest.mark.parametrize("name,obj", _public_objects(), ids=lambda x: x if isinstance(x, str) else "")
