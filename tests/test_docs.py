@@ -1557,8 +1557,27 @@ def test_short_long_run_table_quotes_the_results(page):
 
 
 @pytest.mark.slow  # a short training run, about 10 s on a quiet machine
-def test_the_switch_trainer_example_runs(tmp_path, monkeypatch):
-    """examples/switch_trainer.py, linked from README and the quickstart, runs offline and trains."""
+def test_each_own_data_command_has_its_own_output_dir():
+    """A recipe command on the reader's data writes its own run folder: after the README's first command
+    runs/gpt2_tiny holds a finished run, and a rerun there with other data is refused."""
+    dirs, found = {}, 0
+    for path in (DOCS / "own-data.md", DOCS / "runs.md"):
+        for block in extract_blocks(path):
+            if block.lang != "bash":
+                continue
+            for command in re.sub(r"\\\n\s*", " ", block.code).splitlines():
+                if "recipes/gpt2_small.py" in command and "--dataset" in command:
+                    found += 1
+                    m = re.search(r"--output_dir (\S+)", command)
+                    assert m, f"{block.where}: no --output_dir in {command!r}"
+                    assert m.group(1) not in dirs, f"{block.where}: {m.group(1)} also used at {dirs[m.group(1)]}"
+                    dirs[m.group(1)] = block.where
+    assert found >= 7
+
+
+def test_the_switch_trainer_example_runs(tmp_path, monkeypatch, capfd):
+    """examples/switch_trainer.py, linked from README and the quickstart, runs offline and trains, and
+    transformers says nothing about the special-token ids of its model config (they are the tokenizer's)."""
     import runpy
 
     monkeypatch.chdir(tmp_path)
@@ -1566,6 +1585,9 @@ def test_the_switch_trainer_example_runs(tmp_path, monkeypatch):
     script = runpy.run_path(str(ROOT / "examples" / "switch_trainer.py"))
     assert script["Trainer"].__module__.startswith("hf_fasttrain")  # the switched import line
     losses = script["main"](output_dir=str(tmp_path / "run"), max_steps=4)
+    err = capfd.readouterr().err
+    for warning in ("bos_token_id must be", "eos_token_id must be", "new PAD/BOS/EOS tokens"):
+        assert warning not in err, err[-2000:]
     assert losses["after"] < losses["before"]
     assert (tmp_path / "run" / "metrics.json").exists() and (tmp_path / "run" / "checkpoint-4").is_dir()
 
