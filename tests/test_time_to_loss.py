@@ -229,3 +229,20 @@ def test_the_restart_control_arm_is_the_saved_single_seed_run():
     assert control.fast and control.run is None and control.args == saved["fasttrain"]["args"]
     assert search.args == saved["fasttrain-best-of-4"]["args"] == control.args
     assert "optimizer" not in control.args  # AdamW: the Trainer's default optimizer, not the recipe's Muon
+
+
+def test_report_rebuilds_the_tables_from_the_json_and_trains_nothing(tmp_path, monkeypatch):
+    """--report reads the saved record alone (no data, no model) and writes the committed table, the median
+    rule stated above each table."""
+    import shutil
+
+    from benchmarks import time_to_loss as ttl
+
+    shutil.copy(ttl.RESULTS / "time_to_loss.json", tmp_path / "time_to_loss.json")
+    monkeypatch.setattr(ttl, "prepare_data", lambda *a, **k: pytest.fail("--report prepared data"))
+    monkeypatch.setattr(ttl, "run_arm", lambda *a, **k: pytest.fail("--report trained"))
+    ttl.main(["--report", "--out", str(tmp_path)])
+    assert (tmp_path / "time_to_loss.md").read_text() == (ttl.RESULTS / "time_to_loss.md").read_text()
+    assert (tmp_path / "time_to_loss.md").read_text().count("a seed that never reaches the target counting as never") == 2
+    with pytest.raises(ttl.UsageError):
+        ttl.main(["--report", "--out", str(tmp_path / "none")])
