@@ -37,8 +37,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ._validation import ConfigError
-from .optim.groups import (OUTPUT_MULTIPLIER_ATTR, check_parameterization, model_depth, model_width, param_roles,
+from .._validation import ConfigError
+from ..optim.groups import (OUTPUT_MULTIPLIER_ATTR, check_parameterization, model_depth, model_width, param_roles,
                            width_multiplier)
 
 __all__ = ["apply_mup", "mup_init_", "remove_mup", "apply_depth_scaling", "apply_transfer", "transfer_options",
