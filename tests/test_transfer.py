@@ -357,6 +357,7 @@ def test_plain_trainer_with_apply_mup(tmp_path):
     assert [g["lr"] for g in trainer.optimizer.param_groups if g["lr_group"] == "matrix"] == [pytest.approx(5e-4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_resumed_mup_run_equals_the_straight_run(optimizer, tmp_path):
     from hf_fasttrain import FastTrainer
