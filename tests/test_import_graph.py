@@ -56,6 +56,7 @@ LAYERS = {
     "callbacks": ADAPTER,
     "wiring": ADAPTER,
     "modeling": ADAPTER,
+    "transfer": ADAPTER,  # muP on a model from the outside (hooks, init) and the coordinate check, over optim
     "config.recipes": ADAPTER,
     "run.push": ADAPTER,
     # top
