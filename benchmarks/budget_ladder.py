@@ -341,13 +341,18 @@ def plot(summary: dict[str, Any], path: Path, best_rows: Optional[dict[str, Any]
                and 0 < s["optimizers"]["recipe"].get("token_ratio_vs_adamw", math.inf) < math.inf]
         if pts:
             ax.plot(*zip(*sorted(pts)), marker=marker, ls="-" if corpus == "stdlib" else "none", ms=8,
-                    label="vs hf-tuned, one run" if corpus == "stdlib" else "vs hf-tuned, one run, no repeated data")
+                    label="gpt2_tiny vs hf-tuned, one run" if corpus == "stdlib"
+                    else "gpt2_tiny vs hf-tuned, one run, no repeated data")
     pts = hf_best_points(best_rows or {}, summary)
-    for measure, colour, label in (("one_run", "C3", "vs hf-best, one run"),
-                                   ("complete_runs", "C2", "vs hf-best, complete runs (hollow: extrapolated)")):
-        if pts[measure]:
+    # one line per recipe: the ladder's recipe where the ladder ran, the searched recipe at each budget apart
+    for measure, colour, ls, label in (
+            ("one_run", "C3", "-", "gpt2_tiny vs hf-best, one run"),
+            ("complete_runs", "C2", "-", "gpt2_tiny vs hf-best, complete runs (hollow: extrapolated)"),
+            ("searched_one_run", "C3", "--", "recipe searched per budget vs hf-best, one run"),
+            ("searched_complete_runs", "C2", "--", "recipe searched per budget vs hf-best, complete runs")):
+        if pts.get(measure):
             xs, ys, extra = zip(*pts[measure])
-            ax.plot(xs, ys, color=colour, lw=1, label=label)
+            ax.plot(xs, ys, color=colour, lw=1, ls=ls, label=label)
             ax.scatter(xs, ys, s=50, edgecolors=colour, facecolors=[("none" if e else colour) for e in extra], zorder=3)
     longest = max([s["tokens_per_param"] for s in summary.values() if s] + [p[0] for v in pts.values() for p in v] + [20])
     ax.axhline(1.0, color="grey", lw=0.8)

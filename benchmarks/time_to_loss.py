@@ -181,6 +181,11 @@ ARMS["fasttrain-best-of-4"] = Arm(
     "fasttrain-best-of-4", "FastTrainer, random restart: 4 seeds explore 10% of a shorter run, the best continues; "
     "as many optimizer steps in all as one single-seed run", fast=True, args=dict(HF_TUNED), run=run_best_of_n,
 )
+# Random restart's control: the same FastTrainer settings (hf-tuned's, AdamW at 2e-3), one seed, no search.
+ARMS["adamw-single-seed"] = Arm(
+    "adamw-single-seed", "FastTrainer with hf-tuned's settings (AdamW at 2e-3), one seed: the control of "
+    "fasttrain-best-of-4 at equal compute", fast=True, args=dict(HF_TUNED),
+)
 
 
 def markdown_table(summary: dict[str, Any]) -> str:

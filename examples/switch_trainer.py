@@ -19,8 +19,10 @@ def main(output_dir: str = "runs/switch_trainer", max_steps: int = 60) -> dict:
     raw = load_text_datasets(max_files=40)  # or your own datasets.DatasetDict with a "text" column
     tokenizer = get_tokenizer(vocab_size=512, corpus=raw)
     rows = tokenize_and_chunk(raw, tokenizer, block_size=64)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=64,
-                                       n_embd=64, n_layer=2, n_head=2))
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=64, n_layer=2, n_head=2,
+                                       # the tokenizer's special ids: GPT-2's default 50256 lies outside this vocabulary
+                                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                       pad_token_id=tokenizer.pad_token_id))
     args = TrainingArguments(
         output_dir=output_dir,
         max_steps=max_steps,

@@ -205,8 +205,17 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
                                                   "recipe_complete_run_extrapolated": False}}, summary)
     assert tr["one_run"]["points"] == 2  # 64x's one-run figure is the winner's
     pts = bl.hf_best_points({**rows, "4x": {"search_complete": False, "recipe_token_ratio": 0.3}}, summary)
-    assert pts == {"one_run": [(budget / 400_000, row["long_horizon_token_ratio"], False)],
-                   "complete_runs": [(budget / 400_000, row["recipe_complete_run_ratio"], False)]}
+    # off the ladder: the searched recipe's line, never joined to the ladder recipe's points
+    searched = row.get("fastest_one_run", {}).get("token_ratio", row["long_horizon_token_ratio"])
+    assert pts == {"one_run": [], "complete_runs": [],
+                   "searched_one_run": [(budget / 400_000, searched, False)],
+                   "searched_complete_runs": [(budget / 400_000, row["recipe_complete_run_ratio"], False)]}
+    on_ladder = {"search_complete": True, "tokens_per_param": 4.0, "recipe_token_ratio": 0.5,
+                 "recipe_complete_run_ratio": 0.45, "recipe_complete_run_extrapolated": True,
+                 "fastest_one_run": {"token_ratio": 0.4, "complete_run_ratio": 0.35, "complete_run_extrapolated": False}}
+    assert bl.hf_best_points({"4x": on_ladder}, {}) == {
+        "one_run": [(4.0, 0.5, False)], "complete_runs": [(4.0, 0.45, True)],
+        "searched_one_run": [(4.0, 0.4, False)], "searched_complete_runs": [(4.0, 0.35, False)]}
 
     # the same budget on the corpus that does not repeat: one run only (no shorter complete runs there), its own
     # row, and neither a trend point nor a plot point beside the stdlib budgets
@@ -217,7 +226,7 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     assert both["64x-unique"]["corpus"] == "unique" and both["64x-unique"]["recipe_complete_run_ratio"] is None
     assert both["64x-unique"]["long_horizon_token_ratio"] == row["long_horizon_token_ratio"]
     assert "| 64x-unique (16x winners, lr swept) (no repeats) | n/a (not on the ladder) | n/a |" in bl.hf_best_markdown(both)
-    assert bl.hf_best_points(both, summary)["one_run"] == [(budget / 400_000, row["long_horizon_token_ratio"], False)]
+    assert bl.hf_best_points(both, summary)["searched_one_run"] == [(budget / 400_000, searched, False)]
 
     # a larger model at its own budget: one run only (no shorter complete runs of that model), its own parameter
     # count, and outside the trend and the plot (another model)
@@ -237,7 +246,7 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     with_16x = {**rows, "16x": {"recipe_token_ratio": 0.8, "recipe_complete_run_ratio": 0.6,
                                 "recipe_complete_run_extrapolated": False}}
     assert bl.versus_hf_best_trend(with_16x, summary)["one_run"]["points"] == 2  # 16x and 64x, not 54x-3x192
-    assert bl.hf_best_points(rows, summary)["one_run"] == [(budget / 400_000, row["long_horizon_token_ratio"], False)]
+    assert bl.hf_best_points(rows, summary)["searched_one_run"] == [(budget / 400_000, searched, False)]
     # a complete run of the winner's settings on the larger model at half its budget: the complete-run measure
     # interpolates between that and the winner (never the ladder's model's runs), and the row stays off the trend
     half = {"rung": "27x-3x192", "family": "recipe", "config": best["recipe"], "seed": 0, "final_eval_loss": 2.9}
@@ -272,8 +281,8 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
                 f"{long_run_compare.peak_lr(best['hf-best']):g}; {says}") in text
     assert "complete runs of the long-horizon recipe's settings" not in bl.hf_best_markdown(rows)
     assert bl.versus_hf_best_trend({**with_half, **with_16x}, summary)["complete_runs"]["points"] == 2  # not 54x-3x192
-    assert (budget / 400_000) in [p[0] for p in bl.hf_best_points(with_half, summary)["complete_runs"]]
-    assert len(bl.hf_best_points(with_half, summary)["complete_runs"]) == 1
+    assert (budget / 400_000) in [p[0] for p in bl.hf_best_points(with_half, summary)["searched_complete_runs"]]
+    assert len(bl.hf_best_points(with_half, summary)["searched_complete_runs"]) == 1
 
 
 @pytest.mark.bench

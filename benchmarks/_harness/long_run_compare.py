@@ -241,16 +241,27 @@ def versus_hf_best_trend(rows: dict[str, Any], summary: dict[str, Any]) -> dict[
 
 def hf_best_points(rows: dict[str, Any], summary: dict[str, Any]) -> dict[str, list[tuple[float, float, bool]]]:
     """The plot's points against hf-best, budgets whose search has finished: (tokens per parameter, ratio,
-    extrapolated) per measure; one run is the ladder's recipe, or the recipe's winner beyond the ladder."""
-    out: dict[str, list[tuple[float, float, bool]]] = {"one_run": [], "complete_runs": []}
+    extrapolated), one series per recipe so that no line joins two recipes' points. ``one_run`` and
+    ``complete_runs``: the ladder's recipe (``gpt2_tiny``) at its budgets; ``searched_one_run`` and
+    ``searched_complete_runs``: the fastest searched recipe at each budget (``fastest_one_run``; beyond the
+    ladder, the 16x winners with their lr swept)."""
+    out: dict[str, list[tuple[float, float, bool]]] = {"one_run": [], "complete_runs": [], "searched_one_run": [],
+                                                        "searched_complete_runs": []}
     for rung, r in rows.items():
         if not r.get("search_complete", True) or r.get("corpus", "stdlib") != "stdlib" or r.get("model"):
             continue
         tpp = summary[rung]["tokens_per_param"] if summary.get(rung) else r["tokens_per_param"]
-        one = r["recipe_token_ratio"] if r.get("recipe_token_ratio") is not None else r.get("long_horizon_token_ratio")
-        if one is not None and 0 < one < math.inf:
-            out["one_run"].append((tpp, one, False))
-        whole = r.get("recipe_complete_run_ratio")
-        if whole is not None and 0 < whole < math.inf:
-            out["complete_runs"].append((tpp, whole, bool(r.get("recipe_complete_run_extrapolated"))))
+        on_ladder = r.get("recipe_token_ratio") is not None
+        fastest = r.get("fastest_one_run") or {}
+        points = (("one_run", r.get("recipe_token_ratio"), False),
+                  ("complete_runs", r.get("recipe_complete_run_ratio") if on_ladder else None,
+                   bool(r.get("recipe_complete_run_extrapolated"))),
+                  ("searched_one_run", fastest.get("token_ratio", r.get("long_horizon_token_ratio")), False),
+                  ("searched_complete_runs", fastest.get("complete_run_ratio") if on_ladder
+                   else r.get("recipe_complete_run_ratio"),
+                   bool(fastest.get("complete_run_extrapolated") if on_ladder
+                        else r.get("recipe_complete_run_extrapolated"))))
+        for measure, value, extrapolated in points:
+            if value is not None and 0 < value < math.inf:
+                out[measure].append((tpp, value, extrapolated))
     return {k: sorted(v) for k, v in out.items()}

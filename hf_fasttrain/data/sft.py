@@ -254,10 +254,12 @@ class CompletionCollator:
         pad_to_multiple_of: round the batch width up to a multiple of this (``None``: the longest example).
 
     Example:
+        ```python
         >>> c = CompletionCollator(pad_token_id=0)
         >>> b = c([{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}])
         >>> b["input_ids"].tolist(), b["labels"].tolist(), b["attention_mask"].tolist()
         ([[5, 6, 7], [8, 0, 0]], [[-100, 6, 7], [8, -100, -100]], [[1, 1, 1], [1, 0, 0]])
+        ```
     """
 
     def __init__(self, pad_token_id: int, pad_to_multiple_of: Optional[int] = None):

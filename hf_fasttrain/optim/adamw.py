@@ -54,12 +54,16 @@ class AdamW(Optimizer):
 
     Args:
         params: parameters or param-group dicts.
-        lr, betas, eps, weight_decay: as `torch.optim.AdamW`.
+        lr: as `torch.optim.AdamW`.
+        betas: as `torch.optim.AdamW`.
+        eps: as `torch.optim.AdamW`.
+        weight_decay: as `torch.optim.AdamW`.
         cautious: zero the update where its sign disagrees with the gradient's, rescale the rest.
 
     State: `step`, `exp_avg`, `exp_avg_sq` (the keys of torch's AdamW).
 
     Example:
+        ```python
         >>> import torch
         >>> from hf_fasttrain.optim import AdamW
         >>> layer = torch.nn.Linear(2, 4)
@@ -68,6 +72,7 @@ class AdamW(Optimizer):
         >>> opt.step()
         >>> sorted(opt.state[layer.weight])
         ['exp_avg', 'exp_avg_sq', 'step']
+        ```
     """
 
     def __init__(
@@ -126,11 +131,13 @@ def build_adamw(
     `cautious=True` returns this module's `AdamW` instead (no fused kernel; `fused=True` is refused).
 
     Example:
+        ```python
         >>> import torch
         >>> from hf_fasttrain.optim import build_adamw
         >>> opt = build_adamw(torch.nn.Linear(2, 4).parameters(), lr=1e-3)
         >>> opt.defaults["foreach"], opt.defaults["fused"]
         (True, None)
+        ```
     """
     betas = check_adamw_options(lr, betas, eps, weight_decay, fused, cautious)
     groups = list(params)

@@ -135,6 +135,7 @@ class AdEMAMix(FP32StateOptimizer):
     param is fp16/bf16.
 
     Example:
+        ```python
         >>> import torch
         >>> from hf_fasttrain.optim import AdEMAMix
         >>> layer = torch.nn.Linear(2, 4)
@@ -143,6 +144,7 @@ class AdEMAMix(FP32StateOptimizer):
         >>> opt.step()
         >>> sorted(opt.state[layer.weight])
         ['exp_avg_fast', 'exp_avg_slow', 'exp_avg_sq', 'step']
+        ```
     """
 
     def __init__(

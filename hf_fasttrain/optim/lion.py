@@ -50,6 +50,7 @@ class Lion(FP32StateOptimizer):
     State: `exp_avg` (the momentum m), fp32 when the param is fp16/bf16.
 
     Example:
+        ```python
         >>> import torch
         >>> from hf_fasttrain.optim import Lion
         >>> layer = torch.nn.Linear(2, 4)
@@ -58,6 +59,7 @@ class Lion(FP32StateOptimizer):
         >>> opt.step()
         >>> sorted(opt.state[layer.weight])
         ['exp_avg']
+        ```
     """
 
     def __init__(

@@ -437,10 +437,14 @@ class MuonWithAdamW(Optimizer):
         params: param-group dicts, each with a "use_muon" key.
         lr: learning rate of both parts unless a group sets its own.
         weight_decay: decoupled weight decay of both parts unless a group sets its own.
-        momentum, nesterov, ns_steps, adjust_lr_fn: Muon's (see `torch.optim.Muon`).
+        momentum: Muon's (see `torch.optim.Muon`).
+        nesterov: Muon's (see `torch.optim.Muon`).
+        ns_steps: Muon's (see `torch.optim.Muon`).
+        adjust_lr_fn: Muon's (see `torch.optim.Muon`).
         ns_coefficients: Newton-Schulz coefficients: "jordan" (default, torch's quintic),
             "polar_express", or explicit (a, b, c) triples (see `ns_coefficient_schedule`).
-        betas, eps: AdamW's.
+        betas: AdamW's.
+        eps: AdamW's.
         cautious: cautious AdamW part (Liang et al. 2024, see `hf_fasttrain.optim.AdamW`).
         ns_sharding: under FSDP2, "all_gather" (default) or "round_robin" (see `Muon`).
         ns_batched: orthogonalise matrices of one shape together (default True; see `Muon`).
@@ -463,6 +467,7 @@ class MuonWithAdamW(Optimizer):
             Not with `cautious` (that AdamW has no fused kernel).
 
     Example:
+        ```python
         >>> import torch
         >>> from hf_fasttrain.optim import MuonWithAdamW
         >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
@@ -474,6 +479,7 @@ class MuonWithAdamW(Optimizer):
         >>> opt.step()
         >>> [type(o).__name__ for o in opt.inner_optimizers]
         ['Muon', 'AdamW']
+        ```
     """
 
     def __init__(

@@ -164,6 +164,7 @@ class SOAP(FP32StateOptimizer):
     dim d `GG_d` (L or R) and `Q_d` (its eigenbasis); fp32 when the param is fp16/bf16.
 
     Example:
+        ```python
         >>> import torch
         >>> from hf_fasttrain.optim import SOAP
         >>> layer = torch.nn.Linear(2, 4)
@@ -173,6 +174,7 @@ class SOAP(FP32StateOptimizer):
         ...     opt.step()
         >>> sorted(opt.state[layer.weight])
         ['GG_0', 'GG_1', 'Q_0', 'Q_1', 'exp_avg', 'exp_avg_sq', 'step']
+        ```
     """
 
     def __init__(
