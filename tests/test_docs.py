@@ -1334,7 +1334,7 @@ FIGURES += [
     ("docs/benchmarks/hf-best.md", r"budget\) at (\d\.\d{3}) / \d\.\d{3} / \d\.\d{3} at a half",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['16x']['fastest_one_run']['complete_runs']['6']:.3f}"),
     # the 16x combination at 64x (cautious weight decay: only the combination has it there)
-    ("docs/benchmarks/64x.md", r"seed 0, Muon's iteration in fp32\), ended at (\d\.\d{3}) against",
+    ("docs/benchmarks/64x.md", r"seed 0, Muon's iteration in fp32\), it ended at (\d\.\d{3}) against",
      lambda: "%.3f" % next(r["final_eval_loss"] for r in _result("hf_best")["runs"].values()
                            if r["rung"] == "64x" and r["config"].get("cautious_wd") and r["seed"] == 0)),
     # the larger model (3x192 at 25 tokens per parameter), each family at its best lr
@@ -1343,7 +1343,7 @@ FIGURES += [
     # the larger model by complete runs: the recipe at a quarter and half its budget, and the ratio they give
     ("docs/benchmarks/larger-model.md", r"reaches hf-best's 2.501 at \*\*(\d\.\d\d\d)\*\* of the budget",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['recipe_complete_run_ratio']:.3f}"),
-    ("docs/benchmarks/larger-model.md", r"Muon's iteration in fp32\), ended at (\d\.\d{3}) \(median of",
+    ("docs/benchmarks/larger-model.md", r"Muon's iteration in fp32\)\. They ended at (\d\.\d{3}) \(median of",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['complete_runs']['13']:.3f}"),
     ("docs/benchmarks/larger-model.md", r"2\.547\) and \*\*(\d\.\d{3})\*\* \(seed 0\), the half-length run",
      lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['complete_runs']['27']:.3f}"),
