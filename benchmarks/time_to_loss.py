@@ -4,6 +4,7 @@
     python -m benchmarks.time_to_loss                      # hf-default, hf-tuned, hf-best(+), fasttrain(-budget); 3 seeds
     python -m benchmarks.time_to_loss --arms hf-tuned,fasttrain --seeds 5
     python -m benchmarks.time_to_loss --quick               # a smoke run (the test suite uses it)
+    python -m benchmarks.time_to_loss --report              # rebuild time_to_loss.md and .png from the JSON
     python -m benchmarks.time_to_loss --corpus prose --arms hf-tuned,fasttrain   # the English-prose corpus
 
 Every arm trains the same model (GPT-2 from scratch), on the same data, for the same token budget,
@@ -14,7 +15,8 @@ is training time only: evaluation and checkpointing are excluded (RunRecorderCal
 The target is the median over seeds of the reference arm's final eval loss: hf-best when it runs, else hf-tuned. For each run, the time and tokens
 to reach it are read off the eval curve by linear interpolation between the two evaluations that
 bracket it; a run that never reaches it counts as infinitely slow. Reported per arm: medians over
-seeds of final eval loss, time and tokens to target, and time-to-target relative to the reference.
+all seeds of final eval loss, time and tokens to target (a seed that never got there counts in the median as
+never), and time-to-target relative to the reference.
 A second table does the same against a second arm's median final loss (``--also-against``; by default
 hf-best+ when it runs).
 
@@ -194,6 +196,9 @@ def markdown_table(summary: dict[str, Any]) -> str:
         + ("(given with --target)." if summary.get("target_given") else
            f"(median final eval loss of {summary['reference']})."),
         "",
+        "Seconds and tokens to target: medians over all seeds, a seed that never reaches the target counting as "
+        "never (infinitely slow); ratios are those medians over the reference's.",
+        "",
         f"| arm | final eval loss | train seconds to target | tokens to target | time vs {summary['reference']} "
         f"| tokens vs {summary['reference']} | seeds reaching target | ms per step |",
         "|---|---|---|---|---|---|---|---|",
@@ -259,13 +264,35 @@ def make_parser() -> argparse.ArgumentParser:
                    help="where each run's result is saved and looked up (default: --out/<name>_runs)")
     p.add_argument("--saved-only", action="store_true",
                    help="train nothing: summarise the saved runs (arms or seeds without one are left out)")
+    p.add_argument("--report", action="store_true",
+                   help="train nothing: rebuild the table and plot of --out/<name>.json from that file")
     p.add_argument("--out", default=str(RESULTS), help="directory for time_to_loss.{json,md,png}")
     p.add_argument("--name", default="time_to_loss", help="basename of the output files")
     return p
 
 
+def write_report(record: dict[str, Any], out: Path, name: str) -> str:
+    """The table (.md) and the plot (.png) of a results record; returns the tables."""
+    table = markdown_table(record["summary"])
+    if record.get("also") is not None:
+        table += "\n" + markdown_table(record["also"])
+    env = record["environment"]
+    (out / f"{name}.md").write_text(f"Machine: {record['machine']}; torch {env['torch']}, transformers {env['transformers']}.\n"
+                                    f"Command: `{record['command']}`\n\n" + table)
+    plot(record["runs"], record["summary"], out / f"{name}.png", record.get("also"))
+    return table
+
+
 def main(argv=None) -> dict[str, Any]:
     ns = make_parser().parse_args(argv)
+    if ns.report:  # from the saved record alone: no data, no model, no training
+        out = Path(ns.out)
+        path = out / f"{ns.name}.json"
+        if not path.exists():
+            raise UsageError(f"--report: {path} does not exist; run the benchmark first")
+        record = json.loads(path.read_text())
+        print(write_report(record, out, ns.name))
+        return record
     arms = [a.strip() for a in ns.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
@@ -318,21 +345,15 @@ def main(argv=None) -> dict[str, Any]:
             raise UsageError("--saved-only: no saved run for any chosen (arm, seed)")
     reference = ns.reference or next((a for a in ("hf-best", "hf-tuned") if a in arms), arms[0])
     summary = summarise(runs, arms, reference, target=ns.target)
-    table = markdown_table(summary)
     second = ns.also_against or ("hf-best+" if "hf-best+" in arms and reference != "hf-best+" else None)
     also = summarise(runs, arms, second) if second and second != reference else None
-    if also is not None:
-        table += "\n" + markdown_table(also)
-    print(table)
     env = environment_info()
     machine = env["cuda_devices"][0] if env["cuda_devices"] else f"{env['cpu_count']}-core CPU ({env['processor']})"
     record = {"summary": summary, "also": also, "setup": dataclasses.asdict(setup), "arms": {a: dataclasses.asdict(ARMS[a]) | {"callbacks": None} for a in arms},
               "machine": machine, "environment": env, "runs": runs,
               "command": display_command("python -m benchmarks.time_to_loss", argv if argv is not None else sys.argv[1:])}
     (out / f"{ns.name}.json").write_text(json.dumps(record, indent=2, default=str))
-    (out / f"{ns.name}.md").write_text(f"Machine: {machine}; torch {env['torch']}, transformers {env['transformers']}.\n"
-                                      f"Command: `{record['command']}`\n\n" + table)
-    plot(runs, summary, out / f"{ns.name}.png", also)
+    print(write_report(record, out, ns.name))
     return record
 
 

@@ -1366,6 +1366,20 @@ FIGURES += [
     # the headline command's own run time: the six default arms' processes, from the JSON
     *[(page, r"time_to_loss --fresh`? *(?:#|\()[^\n]*?runs(?: take)?\s+(about \d+ min)", lambda: _headline_minutes())
       for page in ("README.md", "docs/index.md", "docs/benchmarks.md", "docs/benchmarks/time-to-loss.md")],
+    # the cards' and the summary's other figures
+    *[(page, r"[Tt]he guard costs (\d\.\d\dx)", lambda: _x(next(r["relative"] for r in _result("stability_overhead")["rows"]
+                                                                  if r["arm"] == "+ guard (mixin)")))
+      for page in ("docs/techniques/stability.md", "docs/benchmarks.md")],
+    ("docs/techniques/stability.md", r"That run ended at held-out loss\s+(\d\.\d{3}) instead of",
+     lambda: "%.3f" % next(r["eval_loss"] for r in _result("faults")["advice"] if r["setup"] == "value clip, max_grad_norm=0")),
+    ("docs/techniques/stability.md", r"it ended\s+at (\d\.\d{3} / \d\.\d{3})", lambda: "%.3f / %.3f" % tuple(
+        next(r["eval_loss"] for r in _result("faults")["advice"] if r["setup"] == name)
+        for name in ("value clip + max_grad_norm=1", "value clip, max_grad_norm=0, + guard"))),
+    ("docs/techniques/optimizers.md", r"Qwen3-MoE, Muon reaches tuned AdamW's final loss in (\d\.\d\dx) the tokens",
+     lambda: _x(_result("moe_muon")["tokens_to_adamw_final"]["muon"]["median_fraction"])),
+    ("docs/techniques/optimizers.md", r"at 16x the lr\s+ends at (\d\.\d{3} against \d\.\d{3}) \(2 seeds each\)", lambda: "%.3f against %.3f" % (
+        _result("hf_best_groups")["summary"]["1x"]["hf-best+"]["final_eval_loss"],
+        _result("hf_best")["summary"]["1x"]["hf-best"]["final_eval_loss"])),
     # the budget-ladder figure's searched-recipe line, read in the caption under it
     ("docs/benchmarks/budget-ladder.md", r"grows with the budget: (\d\.\d{3}, \d\.\d{3}, \d\.\d{3} and \d\.\d{3}) at",
      lambda: "{}, {}, {} and {}".format(*(f"{_result('budget_ladder')['versus_hf_best'][k]['fastest_one_run']['token_ratio']:.3f}"

@@ -215,3 +215,34 @@ def test_the_ademamix_arm_trains_what_was_measured():
     fa = FastTrainingArguments(output_dir="x", optimizer="ademamix", learning_rate=args["learning_rate"],
                                adam_beta2=args["adam_beta2"], optimizer_kwargs=args["optimizer_kwargs"], report_to=[])
     assert trainer_optimizer_kwargs(fa, 300)["betas"] == [0.9, 0.999, 0.9999]
+
+
+def test_the_restart_control_arm_is_the_saved_single_seed_run():
+    """random restart's figure (best-of-4 against one seed, AdamW) is reproducible: the control arm trains
+    what the committed results' single-seed arm trained, with best-of-4's own settings."""
+    import json
+
+    from benchmarks import time_to_loss as ttl
+
+    saved = json.loads((ttl.RESULTS / "time_to_loss_restarts.json").read_text())["arms"]
+    control, search = ttl.ARMS["adamw-single-seed"], ttl.ARMS["fasttrain-best-of-4"]
+    assert control.fast and control.run is None and control.args == saved["fasttrain"]["args"]
+    assert search.args == saved["fasttrain-best-of-4"]["args"] == control.args
+    assert "optimizer" not in control.args  # AdamW: the Trainer's default optimizer, not the recipe's Muon
+
+
+def test_report_rebuilds_the_tables_from_the_json_and_trains_nothing(tmp_path, monkeypatch):
+    """--report reads the saved record alone (no data, no model) and writes the committed table, the median
+    rule stated above each table."""
+    import shutil
+
+    from benchmarks import time_to_loss as ttl
+
+    shutil.copy(ttl.RESULTS / "time_to_loss.json", tmp_path / "time_to_loss.json")
+    monkeypatch.setattr(ttl, "prepare_data", lambda *a, **k: pytest.fail("--report prepared data"))
+    monkeypatch.setattr(ttl, "run_arm", lambda *a, **k: pytest.fail("--report trained"))
+    ttl.main(["--report", "--out", str(tmp_path)])
+    assert (tmp_path / "time_to_loss.md").read_text() == (ttl.RESULTS / "time_to_loss.md").read_text()
+    assert (tmp_path / "time_to_loss.md").read_text().count("a seed that never reaches the target counting as never") == 2
+    with pytest.raises(ttl.UsageError):
+        ttl.main(["--report", "--out", str(tmp_path / "none")])
