@@ -140,7 +140,7 @@ def test_a_study_run_as_a_file_names_its_module_command(study):
 
 
 def _run_in_worker(job):
-    """A pool job ``(folder, n)``: job 0 waits (at most 60 s) for job 1's mark, so job 1 ends first."""
+    """A pool job ``(folder, n)``: job 0 waits (at most 60 s) for the caller's ``go``, given once a result is in."""
     import pathlib
     import time
 
@@ -149,24 +149,26 @@ def _run_in_worker(job):
     folder, n = job
     if n == 0:
         deadline = time.monotonic() + 60
-        while not pathlib.Path(folder, "1").exists() and time.monotonic() < deadline:
+        while not pathlib.Path(folder, "go").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
-    pathlib.Path(folder, str(n)).touch()
     return n * n, os.getpid(), torch.get_num_threads()
 
 
 def test_the_pool_runs_each_job_in_a_worker_and_hands_back_every_result(tmp_path):
     from benchmarks._harness import processes
 
+    folder = str(tmp_path)
     with processes.worker_pool(2, threads=1) as pool:
-        finished = list(processes.as_finished(pool, _run_in_worker, [(str(tmp_path), 0), (str(tmp_path), 1)]))
-        ordered = processes.in_order(pool, _run_in_worker, [(str(tmp_path), 3), (str(tmp_path), 2)])
-    assert [job[1] for job, _ in finished] == [1, 0]  # each as it finishes
-    assert [r[0] for _, r in finished] == [1, 0] and [r[0] for r in ordered] == [9, 4]  # in the jobs' order
-    workers = {r[1] for _, r in finished} | {r[1] for r in ordered}
-    assert os.getpid() not in workers and len({r[1] for _, r in finished}) == 2  # two workers, not this process
+        finished = processes.as_finished(pool, _run_in_worker, [(folder, 0), (folder, 1)])
+        first = next(finished)  # job 0 waits for the go: the first result is job 1's, handed back as it ends
+        (tmp_path / "go").touch()
+        rest = list(finished)
+        ordered = processes.in_order(pool, _run_in_worker, [(folder, 3), (folder, 2)])
+    assert first[0] == (folder, 1) and [job for job, _ in rest] == [(folder, 0)]
+    assert (first[1][0], rest[0][1][0]) == (1, 0) and [r[0] for r in ordered] == [9, 4]  # in the jobs' order
+    assert first[1][1] != rest[0][1][1] and os.getpid() not in {first[1][1], rest[0][1][1]}  # two workers
     assert {r[2] for r in ordered} == {1}  # each worker at the threads asked for
-    with processes.worker_pool(1) as none:  # one job: no pool, every run here
+    with processes.worker_pool(1, threads=None) as none:  # one job: no pool, every run here
         assert none is None
-        here = processes.in_order(none, _run_in_worker, [(str(tmp_path), 2), (str(tmp_path), 1)])
+        here = processes.in_order(none, _run_in_worker, [(folder, 2), (folder, 1)])
     assert [(r[0], r[1]) for r in here] == [(4, os.getpid()), (1, os.getpid())]
