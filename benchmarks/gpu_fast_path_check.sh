@@ -10,8 +10,8 @@
 #    Newton-Schulz matrix by matrix, LoRA adapters (r=16, needs peft) -> gpu_fast_path.{json,md,png} (<= 270 s)
 # 2. python -m benchmarks.muon_step: Muon's step on GPT-2 small's 48 matrices, per-matrix vs batched
 #    Newton-Schulz (step time, kernel launches) -> muon_step_cuda.{json,md}                        (<= 45 s)
-# 3. time to loss at equal tokens, GPT-2 small, 600 steps: hf-tuned AdamW vs Muon (benchmarks/scaling.py's
-#    gpu-gpt2-12x768 rung) -> time_to_loss_gpu.*                                                 (<= 165 s)
+# 3. time to loss at equal tokens, GPT-2 small, 600 steps: hf-tuned AdamW vs Muon (benchmarks/ladder.py's
+#    size rung gpu-gpt2-12x768) -> time_to_loss_gpu.*                                           (<= 165 s)
 # Each step has its own time limit; results are written as they come, so a step cut short leaves what it measured.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ if [ "${1:-}" = "--dry-run" ]; then
   echo "gpu_throughput exit $?"
   timeout 600 python -m benchmarks.muon_step --device cpu --models 2x64 --repeats 1 --out "$OUT/muon_step_cpu"
   echo "muon_step exit $?"
-  timeout 900 python -m benchmarks.scaling --quick --sizes quick-a --seeds 1 --max-extend 0 --step-time-steps 0 \
+  timeout 900 python -m benchmarks.ladder size --quick --sizes quick-a --seeds 1 --max-extend 0 --step-time-steps 0 \
     --out "$OUT" --name time_to_loss_gpu
   echo "time_to_loss exit $?"
   exit 0
@@ -39,6 +39,6 @@ case "$OUT" in /*) ABS_OUT="$OUT" ;; *) ABS_OUT="$PWD/$OUT" ;; esac
 mkdir -p "$ABS_OUT"
 timeout 45 python -m benchmarks.muon_step --models 12x768 --repeats 10 --out "$ABS_OUT/muon_step_cuda"
 echo "muon_step exit $?"
-timeout 165 python -m benchmarks.scaling --sizes gpu-gpt2-12x768 --seeds 1 --max-extend 0 --step-time-steps 0 \
+timeout 165 python -m benchmarks.ladder size --sizes gpu-gpt2-12x768 --seeds 1 --max-extend 0 --step-time-steps 0 \
   --out "$OUT" --name time_to_loss_gpu
 echo "time_to_loss exit $?"

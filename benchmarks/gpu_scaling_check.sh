@@ -15,6 +15,6 @@ OUT="${OUT:-benchmarks/results}"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 timeout 200 python -m benchmarks.gpu_throughput --arms hf-tuned,fasttrain --steps 30 --warmup 10 --out-dir "$OUT"
 echo "gpu_throughput exit $?"
-timeout 280 python -m benchmarks.scaling --sizes gpu-gpt2-12x768 --seeds 1 --max-extend 0 --step-time-steps 10 \
+timeout 280 python -m benchmarks.ladder size --sizes gpu-gpt2-12x768 --seeds 1 --max-extend 0 --step-time-steps 10 \
   --out "$OUT" --name scaling_gpu
 echo "scaling_gpu exit $?"

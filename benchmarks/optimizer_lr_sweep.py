@@ -19,20 +19,16 @@ if not __package__:  # run as a file: the imported hf_fasttrain might not be thi
     raise SystemExit(2)
 
 import argparse
-import concurrent.futures
-import contextlib
 import dataclasses
 import json
-import multiprocessing
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-import torch  # noqa: E402
-
 from benchmarks._harness import RESULTS  # noqa: E402
 from benchmarks._harness.lm import QUICK, Setup, optimizer_arm, run_arm  # noqa: E402
+from benchmarks._harness.processes import in_order, worker_pool  # noqa: E402
 
 from hf_fasttrain import DataArguments  # noqa: E402
 from hf_fasttrain.data.front import prepare_data  # noqa: E402
@@ -49,13 +45,7 @@ SWEEP = {
 }
 
 
-_SHARED: dict = {}
-
-
-def _init_worker(setup, tokenizer, lm, work) -> None:
-    _SHARED.update(setup=setup, tokenizer=tokenizer, lm=lm, work=work)
-    if not torch.cuda.is_available():
-        torch.set_num_threads(_SHARED.get("threads", 1))
+_SHARED: dict = {}  # set before the pool forks: the setup, its data and the work folder
 
 
 def _run_one(job: tuple[str, float, int]) -> dict:
@@ -64,18 +54,6 @@ def _run_one(job: tuple[str, float, int]) -> dict:
     r = run_arm(optimizer_arm(name, lr), seed, s["setup"], s["tokenizer"], s["lm"], Path(s["work"]))
     r.update(optimizer=name, lr=lr)
     return r
-
-
-@contextlib.contextmanager
-def _pool(jobs: int, setup, tokenizer, lm, work):
-    """Runs in `jobs` forked processes (None: in this one); each run is independent of the others."""
-    _init_worker(setup, tokenizer, lm, work)
-    if jobs <= 1:
-        yield None
-        return
-    ctx = multiprocessing.get_context("fork")
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-        yield pool
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -110,41 +88,42 @@ def main(argv=None) -> dict:
         if name not in SWEEP or not values:
             raise UsageError(f"--grid {item!r}: expected NAME=LR,LR,... with NAME one of {list(SWEEP)} and numbers")
         grid[name] = values
-    _SHARED["threads"] = ns.threads
     setup = dataclasses.replace(QUICK if ns.quick else Setup())
     data_args = DataArguments(vocab_size=setup.vocab_size, block_size=setup.block_size,
                               max_eval_samples=setup.eval_rows, max_corpus_files=setup.max_corpus_files)
     tokenizer, lm = prepare_data(data_args)
     runs = []
     summary = {}
-    with tempfile.TemporaryDirectory(prefix="lr-sweep-") as work, _pool(ns.jobs, setup, tokenizer, lm, work) as pool:
+    with tempfile.TemporaryDirectory(prefix="lr-sweep-") as work:
+        _SHARED.update(setup=setup, tokenizer=tokenizer, lm=lm, work=work)  # before the pool forks: workers inherit it
+        with worker_pool(ns.jobs, ns.threads) as pool:
 
-        def run_all(points: list[tuple[str, float]]) -> dict[tuple[str, float], float]:
-            jobs = [(name, lr, seed) for name, lr in points for seed in range(ns.seeds)]
-            results = list(pool.map(_run_one, jobs)) if pool else [_run_one(j) for j in jobs]
-            for r in results:
-                print(f"[lr_sweep] {r['optimizer']:>9s} lr {r['lr']:<8g} seed {r['seed']}: final eval loss "
-                      f"{r['final_eval_loss']:.4f}, {r['train_seconds']:.1f} s", flush=True)
-            runs.extend(results)
-            return {(n, lr): statistics.median(r["final_eval_loss"] for r in results
-                                               if (r["optimizer"], r["lr"]) == (n, lr)) for n, lr in points}
+            def run_all(points: list[tuple[str, float]]) -> dict[tuple[str, float], float]:
+                jobs = [(name, lr, seed) for name, lr in points for seed in range(ns.seeds)]
+                results = in_order(pool, _run_one, jobs)
+                for r in results:
+                    print(f"[lr_sweep] {r['optimizer']:>9s} lr {r['lr']:<8g} seed {r['seed']}: final eval loss "
+                          f"{r['final_eval_loss']:.4f}, {r['train_seconds']:.1f} s", flush=True)
+                runs.extend(results)
+                return {(n, lr): statistics.median(r["final_eval_loss"] for r in results
+                                                   if (r["optimizer"], r["lr"]) == (n, lr)) for n, lr in points}
 
-        losses = {name: {} for name in names}
-        for (name, lr), loss in run_all([(n, lr) for n in names for lr in grid[n]]).items():
-            losses[name][lr] = loss
-        # best at an edge of the grid: extend it by a factor of 2 that way, at most --max-extend times
-        for _ in range(ns.max_extend):
-            points = []
-            for name, by_lr in losses.items():
-                best, lrs = min(by_lr, key=by_lr.get), sorted(by_lr)
-                if best == lrs[-1]:
-                    points.append((name, best * 2))
-                elif best == lrs[0]:
-                    points.append((name, best / 2))
-            if not points:
-                break
-            for (name, lr), loss in run_all(points).items():
+            losses = {name: {} for name in names}
+            for (name, lr), loss in run_all([(n, lr) for n in names for lr in grid[n]]).items():
                 losses[name][lr] = loss
+            # best at an edge of the grid: extend it by a factor of 2 that way, at most --max-extend times
+            for _ in range(ns.max_extend):
+                points = []
+                for name, by_lr in losses.items():
+                    best, lrs = min(by_lr, key=by_lr.get), sorted(by_lr)
+                    if best == lrs[-1]:
+                        points.append((name, best * 2))
+                    elif best == lrs[0]:
+                        points.append((name, best / 2))
+                if not points:
+                    break
+                for (name, lr), loss in run_all(points).items():
+                    losses[name][lr] = loss
     for name, by_lr in losses.items():
         by_lr = dict(sorted(by_lr.items()))
         best = min(by_lr, key=by_lr.get)

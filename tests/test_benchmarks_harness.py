@@ -103,7 +103,31 @@ def test_studies_import_the_harness_and_not_each_other_and_never_edit_sys_path()
         me = path.stem if path.parent == BENCHMARKS else "_harness"
         for name in _imported_benchmarks_modules(path):
             who = "the harness" if me == "_harness" else f"study {me}"
+            if ALIASES.get(me) == name:  # an older command of a study: the study itself, nothing more
+                continue
             assert name == "_harness", f"{path.relative_to(_harness.ROOT)}: {who} imports study {name}"
+
+
+# a study's older command -> the study it runs: the module holds its main and nothing else of its own
+ALIASES = {"budget_ladder": "ladder", "scaling": "ladder"}
+
+
+@pytest.mark.parametrize("alias, study", sorted(ALIASES.items()))
+def test_an_older_command_is_only_its_study(alias, study):
+    tree = ast.parse((BENCHMARKS / f"{alias}.py").read_text(encoding="utf-8"))
+    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert defined == ["main"], f"{alias}: defines {defined}, not only main"
+    assert set(_imported_benchmarks_modules(BENCHMARKS / f"{alias}.py")) == {"_harness", study}
+
+
+def test_every_pool_of_the_studies_is_the_harness_one():
+    """No study opens a process pool of its own: each runs its processes through ``_harness.processes``."""
+    for path in sorted(BENCHMARKS.rglob("*.py")):
+        if path == BENCHMARKS / "_harness" / "processes.py":
+            continue
+        source = path.read_text(encoding="utf-8")
+        for own in ("ProcessPoolExecutor", "multiprocessing", "concurrent.futures.wait"):
+            assert own not in source, f"{path.relative_to(_harness.ROOT)}: {own}; use benchmarks._harness.processes"
 
 
 @pytest.mark.parametrize("study", [s for s in STUDIES if (BENCHMARKS / f"{s}.py").read_text().count("def main(")])
@@ -113,3 +137,38 @@ def test_a_study_run_as_a_file_names_its_module_command(study):
     head = source.split("\nimport ", 1)[0]
     assert "if not __package__:" in head, f"{study}: no guard before its imports"
     assert f"python -m benchmarks.{study} [options]" in head
+
+
+def _run_in_worker(job):
+    """A pool job ``(folder, n)``: job 0 waits (at most 60 s) for the caller's ``go``, given once a result is in."""
+    import pathlib
+    import time
+
+    import torch
+
+    folder, n = job
+    if n == 0:
+        deadline = time.monotonic() + 60
+        while not pathlib.Path(folder, "go").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return n * n, os.getpid(), torch.get_num_threads()
+
+
+def test_the_pool_runs_each_job_in_a_worker_and_hands_back_every_result(tmp_path):
+    from benchmarks._harness import processes
+
+    folder = str(tmp_path)
+    with processes.worker_pool(2, threads=1) as pool:
+        finished = processes.as_finished(pool, _run_in_worker, [(folder, 0), (folder, 1)])
+        first = next(finished)  # job 0 waits for the go: the first result is job 1's, handed back as it ends
+        (tmp_path / "go").touch()
+        rest = list(finished)
+        ordered = processes.in_order(pool, _run_in_worker, [(folder, 3), (folder, 2)])
+    assert first[0] == (folder, 1) and [job for job, _ in rest] == [(folder, 0)]
+    assert (first[1][0], rest[0][1][0]) == (1, 0) and [r[0] for r in ordered] == [9, 4]  # in the jobs' order
+    assert first[1][1] != rest[0][1][1] and os.getpid() not in {first[1][1], rest[0][1][1]}  # two workers
+    assert {r[2] for r in ordered} == {1}  # each worker at the threads asked for
+    with processes.worker_pool(1, threads=None) as none:  # one job: no pool, every run here
+        assert none is None
+        here = processes.in_order(none, _run_in_worker, [(folder, 2), (folder, 1)])
+    assert [(r[0], r[1]) for r in here] == [(4, os.getpid()), (1, os.getpid())]

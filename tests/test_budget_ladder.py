@@ -1,16 +1,18 @@
-"""benchmarks/budget_ladder.py: lr grids, the budget summary and trend arithmetic, and a resumable smoke run."""
+"""The budget ladder (``python -m benchmarks.ladder budget``, benchmarks/ladder.py): lr grids, the budget summary and
+trend arithmetic, the rows against hf-best, and a resumable smoke run through both of its commands."""
 
 import json
 import math
 
 import pytest
 
-from benchmarks._harness import lm, long_run_compare
+from benchmarks._harness import lm, long_runs
+
 
 def _load():
-    from benchmarks import budget_ladder
+    from benchmarks import ladder
 
-    return budget_ladder
+    return ladder
 
 
 def test_budget_setup_spans_the_run():
@@ -68,22 +70,22 @@ def test_summary_ratio_and_trend():
     assert s16["optimizers"]["recipe"]["token_ratio_vs_adamw"] == pytest.approx(0.5)
     s4.update(multiple=4, corpus="stdlib")
     s16.update(multiple=16, corpus="stdlib")
-    tr = bl.trend({"4x": s4, "16x": s16})
+    tr = bl.budget_trend({"4x": s4, "16x": s16})
     # ratio 0.75 at 4 tokens/param, 0.5 at 16: slope log(0.5/0.75)/log(4) per decade, x(2/3) per 4x budget
     assert tr["budgets"] == 2
     assert tr["ratio_change_per_4x_budget"] == pytest.approx(0.5 / 0.75)
     assert tr["ratio_at_chinchilla"] == pytest.approx(0.75 * (20 / 4) ** (math.log(0.5 / 0.75) / math.log(4)))
     # the unique-corpus rows are not part of the trend
-    tr2 = bl.trend({"4x": s4, "16x": s16, "16x-unique": {**s16, "corpus": "unique"}})
+    tr2 = bl.budget_trend({"4x": s4, "16x": s16, "16x-unique": {**s16, "corpus": "unique"}})
     assert tr2["budgets"] == 2
 
 
 @pytest.mark.bench
-def test_smoke_run_is_resumable(tmp_path):
+def test_smoke_run_is_resumable(tmp_path, monkeypatch):
     bl = _load()
     argv = ["--quick", "--out", str(tmp_path), "--budgets", "1,2", "--unique-budgets", "", "--seeds", "1",
             "--max-extend", "0"]
-    result = bl.main(argv)
+    result = bl.main(["budget", *argv])
     data = json.loads((tmp_path / "budget_ladder.json").read_text())
     # 2 lrs per optimizer at 1x; at 2x the 3 lrs around 1x's best
     assert sorted(k.rsplit("|", 2)[0] for k in data["runs"]) == sorted(["1x|adamw"] * 2 + ["1x|recipe"] * 2 +
@@ -94,10 +96,15 @@ def test_smoke_run_is_resumable(tmp_path):
     for r in data["runs"].values():
         assert r["curve"][-1]["eval_loss"] < r["curve"][0]["eval_loss"]  # every run learned
     assert (tmp_path / "budget_ladder.md").exists() and (tmp_path / "budget_ladder.png").exists()
+    assert data["command"].startswith("python -m benchmarks.ladder budget --quick --out ")
     before = {k: r["final_eval_loss"] for k, r in data["runs"].items()}
-    bl.main(argv)  # a rerun trains nothing new
+    from benchmarks import budget_ladder
+
+    monkeypatch.setattr(bl, "_run_one", lambda job: pytest.fail(f"reran {job}"))
+    budget_ladder.main(argv)  # the old command is the same one: its rerun trains nothing new
     again = json.loads((tmp_path / "budget_ladder.json").read_text())
     assert {k: r["final_eval_loss"] for k, r in again["runs"].items()} == before
+    assert again["command"].startswith("python -m benchmarks.budget_ladder --quick --out ")
 
 
 @pytest.mark.parametrize("finals, target, expected", [
@@ -159,7 +166,7 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
                         "b": {"rung": "64x", "family": "recipe", "config": {"lr": 8e-3}, "curve": curve[:1]}}}
     families = {"hf-best": {"best": best["hf-best"], "final_eval_loss": 2.7, "transfer_from": "16x"},
                 "recipe": {"best": best["recipe"], "final_eval_loss": 2.5, "transfer_from": "16x"}}
-    row = long_run_compare.beyond_the_ladder("64x", families, summary, finals, hf_best)
+    row = _load().beyond_the_ladder("64x", families, summary, finals, hf_best)
     budget = 19200 * 2048
     assert row["tokens"] == budget and row["tokens_per_param"] == pytest.approx(budget / 400_000)
     assert row["long_horizon_token_ratio"] == pytest.approx(10_000_000 / budget)  # the curve reaches 2.7 there
@@ -174,7 +181,7 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     at_16x = {f"s{i}": {"rung": "16x", "family": "recipe", "config": {"lr": lr}, "seed": seed, "final_eval_loss": loss}
               for i, (lr, seed, loss) in enumerate([(1.6e-2, 0, 2.76), (1.6e-2, 1, 2.74), (8e-3, 0, 2.70)])}
     own = {**hf_best, "runs": {**hf_best["runs"], **at_16x}, "summary": {"16x": {"recipe": {"best": {"lr": 1.6e-2}}}}}
-    mine = long_run_compare.beyond_the_ladder("64x", families, summary, finals, own)
+    mine = _load().beyond_the_ladder("64x", families, summary, finals, own)
     assert mine["complete_runs_of"] == "these settings" and mine["complete_runs"] == pytest.approx({16: 2.75, 64: 2.5})
     assert mine["recipe_complete_run_ratio"] == pytest.approx(16 * 4 ** ((2.75 - 2.7) / (2.75 - 2.5)) / 64)
     assert mine["complete_run_lrs"] == {16: 1.6e-2, 64: 1.6e-2}
@@ -188,14 +195,14 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
             "give the complete-run ratio against hf-best's 64x loss (hf-best's winner as complete runs at shorter "
             "budgets: 16x 2.9 at lr 0.004; none ends under its 64x loss, 2.7).") in bl.hf_best_markdown({"64x": theirs})
     # without the 16x search's decision, the lr that ended lowest there
-    assert long_run_compare.complete_runs_of({**own, "summary": {}}, {"lr": 2e-3}, "64x") == {16: (2.70, 8e-3)}
+    assert long_runs.complete_runs_of({**own, "summary": {}}, {"lr": 2e-3}, "64x") == {16: (2.70, 8e-3)}
     # two seeds of another setting at this budget: the fastest inside one run, as at a searched budget
     faster = [{"tokens": 0, "eval_loss": 8.0}, {"tokens": 5_000_000, "eval_loss": 2.7}, {"tokens": 40_000_000,
                                                                                        "eval_loss": 2.55}]
     seeded = {**hf_best, "runs": {**hf_best["runs"], **{
         f"c{seed}": {"rung": "64x", "family": "recipe", "config": {"lr": 1.6e-2, "lr_scale": 0.125, "cautious_wd": True},
                      "seed": seed, "curve": faster, "final_eval_loss": 2.55} for seed in (0, 1)}}}
-    fast = long_run_compare.beyond_the_ladder("64x", families, summary, finals, seeded)["fastest_one_run"]
+    fast = _load().beyond_the_ladder("64x", families, summary, finals, seeded)["fastest_one_run"]
     assert fast["seeds"] == 2 and fast["token_ratio"] == pytest.approx(5_000_000 / budget)
     assert "At 64x, fastest inside one run of the recipe settings with 2 or more seeds" in bl.hf_best_markdown(
         bl.versus_hf_best(summary, [], {**seeded, "summary": {"64x": families}}))
@@ -251,7 +258,7 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
     # interpolates between that and the winner (never the ladder's model's runs), and the row stays off the trend
     half = {"rung": "27x-3x192", "family": "recipe", "config": best["recipe"], "seed": 0, "final_eval_loss": 2.9}
     other_model = {"rung": "16x", "family": "recipe", "config": best["recipe"], "seed": 0, "final_eval_loss": 2.6}
-    assert long_run_compare.complete_runs_of({**larger, "runs": {**larger["runs"], "h": half, "o": other_model}}, best["recipe"],
+    assert long_runs.complete_runs_of({**larger, "runs": {**larger["runs"], "h": half, "o": other_model}}, best["recipe"],
                                "54x-3x192") == {27: (2.9, 1.6e-2)}
     hb = {"rung": "54x-3x192", "family": "hf-best", "config": best["hf-best"], "seed": 0, "final_eval_loss": 2.7}
     with_half = bl.versus_hf_best(summary, [], {**larger, "runs": {**larger["runs"], "h": half, "o": other_model,
@@ -274,11 +281,11 @@ def test_a_budget_beyond_the_ladder_compares_the_recipes_winner_with_hf_bests():
         both_half = bl.versus_hf_best(summary, [], {**larger, "runs": {**larger["runs"], "h": half, "hb": hb,
                                                                        "hh": hb_half, "ho": hb_other}})["54x-3x192"]
         assert both_half["hf_best_complete_runs"] == {27: loss} and both_half["hf_best_shorter_run_lower"] is lower
-        assert both_half["hf_best_complete_run_lrs"] == {27: long_run_compare.peak_lr(best["hf-best"])}
+        assert both_half["hf_best_complete_run_lrs"] == {27: long_runs.peak_lr(best["hf-best"])}
         assert both_half["recipe_complete_run_ratio"] == got["recipe_complete_run_ratio"]  # the target stays its own
         text = bl.hf_best_markdown({"54x-3x192": both_half})
         assert (f"hf-best's winner as complete runs at shorter budgets: 27x {loss} at lr "
-                f"{long_run_compare.peak_lr(best['hf-best']):g}; {says}") in text
+                f"{long_runs.peak_lr(best['hf-best']):g}; {says}") in text
     assert "complete runs of the long-horizon recipe's settings" not in bl.hf_best_markdown(rows)
     assert bl.versus_hf_best_trend({**with_half, **with_16x}, summary)["complete_runs"]["points"] == 2  # not 54x-3x192
     assert (budget / 400_000) in [p[0] for p in bl.hf_best_points(with_half, summary)["searched_complete_runs"]]
@@ -319,11 +326,11 @@ def test_the_fastest_setting_inside_one_run_needs_two_seeds_and_is_shown_beside_
     runs = [run(winner, 0, 700, 2.7), run(winner, 1, 650, 2.8), run(fast, 0, 500, 2.72),
             run(fast, 1, 400, 2.70, ns="float32"), run(once, 0, 100, 2.9)]  # once: fastest, but one seed only
     hb = {"runs": {str(i): r for i, r in enumerate(runs)}}
-    got = long_run_compare.fastest_one_run(hb, "16x", 3.0, 1000)
+    got = long_runs.fastest_one_run(hb, "16x", 3.0, 1000)
     assert got["config"] == fast and got["seeds"] == 2 and got["ns_dtype_other"] == 1
     assert got["token_ratio"] == pytest.approx(0.45) and got["token_ratios"] == pytest.approx([0.4, 0.5])
     assert got["eval_loss"] == pytest.approx(2.71)
-    assert long_run_compare.fastest_one_run(hb, "64x", 3.0, 1000) is None
+    assert long_runs.fastest_one_run(hb, "64x", 3.0, 1000) is None
     row = {"recipe_token_ratio": 0.7, "recipe_complete_run_ratio": 0.6, "recipe_complete_run_extrapolated": False,
            "target_eval_loss": 3.0, "hf_tuned_eval_loss": 3.1, "long_horizon_recipe": winner,
            "long_horizon_token_ratio": 0.675, "long_horizon_eval_loss": 2.75, "fastest_one_run": got}
@@ -340,7 +347,7 @@ def test_the_fastest_setting_inside_one_run_needs_two_seeds_and_is_shown_beside_
                {**run(fast, 1, 900, 3.5), "rung": "4x"}, {**run(winner, 0, 900, 2.0), "rung": "8x"},
                {**run(fast, 0, 900, 1.0), "rung": "8x-unique"}]
     hb2 = {"runs": {str(i): r for i, r in enumerate(runs + shorter)}}
-    got2 = long_run_compare.fastest_one_run(hb2, "16x", 3.0, 1000)
+    got2 = long_runs.fastest_one_run(hb2, "16x", 3.0, 1000)
     assert got2["complete_runs"] == pytest.approx({4: 3.55, 8: 3.1, 16: 2.71})
     assert got2["complete_run_ratio"] == pytest.approx(8 * 2 ** ((3.1 - 3.0) / (3.1 - 2.71)) / 16)
     assert not got2["complete_run_extrapolated"]
@@ -356,11 +363,11 @@ def test_the_fastest_setting_inside_one_run_needs_two_seeds_and_is_shown_beside_
               {**run({**fast, "lr_scale": 0.5}, 0, 900, 2.52), "rung": "64x"},
               {**run({**fast, "lr_scale": 2.0}, 0, 900, 2.3), "rung": "8x-unique"}]
     hb3 = {"runs": {str(i): r for i, r in enumerate(runs + shorter + longer)}}
-    got3 = long_run_compare.fastest_one_run(hb3, "16x", 3.0, 1000)
+    got3 = long_runs.fastest_one_run(hb3, "16x", 3.0, 1000)
     assert got3["complete_runs"] == pytest.approx({4: 3.55, 8: 3.1, 16: 2.71, 64: 2.52})
     assert got3["complete_run_lrs"] == {4: 0.5, 8: 0.5, 16: 0.5, 64: 0.25}
     assert got3["complete_run_ratio"] == pytest.approx(got2["complete_run_ratio"])  # 2.71 still brackets 3.0 with 8x
     text3 = bl.hf_best_markdown({"16x": {**row, "fastest_one_run": got3}})
     assert ("By complete runs of these settings (4x 3.55 at lr 0.5, 8x 3.1 at lr 0.5, 16x 2.71 at lr 0.5, 64x 2.52 "
             "at lr 0.25, each budget at its best lr run): ") in text3
-    assert long_run_compare.peak_lr({"lr": 0.016, "lr_scale": 0.125}) == 0.002 and long_run_compare.peak_lr({"lr": 0.004}) == 0.004
+    assert long_runs.peak_lr({"lr": 0.016, "lr_scale": 0.125}) == 0.002 and long_runs.peak_lr({"lr": 0.004}) == 0.004

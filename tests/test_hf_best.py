@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks._harness import long_run_tables, long_runs, processes
+from benchmarks._harness import long_runs, processes
 
 
 def hb():
@@ -551,7 +551,7 @@ def test_one_run_table_ranks_recipe_runs_by_tokens_to_hf_bests_loss(tmp_path):
         "d": run({**start, "lr_scale": 2.0, "ema": False}, 0, [5.0, 4.0, 3.6, 3.5, 3.5], 3.5),  # never
         "h": {**run(start, 0, [5.0, 3.0], 3.0), "family": "hf-best"},
     }
-    rows = long_run_tables.one_run_ratios(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
+    rows = mod.one_run_ratios(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
     assert [(r["config"].get("lr_scale"), r["ratio"]) for r in rows][:2] == [(0.5, 0.375), (1.0, 0.5)]
     assert math.isinf(rows[2]["ratio"])
     text = mod.one_run_table(ledger, "16x", {"hf-best": {"final_eval_loss": 3.0}})
@@ -719,33 +719,27 @@ def _run_until_sigterm(ready_dir: str, i: int) -> int:
 
 def test_sigterm_to_the_search_reaches_each_worker_and_the_search_outlives_it(tmp_path, monkeypatch):
     import concurrent.futures
-    import multiprocessing
     import os
     import signal
     import time
 
-    mod = hb()
     monkeypatch.setattr(processes, "STOP", [])
-    pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"),
-                                                  initializer=mod._init_worker, initargs=(1,))
     before = signal.getsignal(signal.SIGTERM)
-    try:
-        with processes.stops_forwarded(pool):
-            futures = {pool.submit(_run_until_sigterm, str(tmp_path), i): i for i in range(2)}
-            deadline = time.monotonic() + 60
-            while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            os.kill(os.getpid(), signal.SIGTERM)  # to the search's process only, as `kill <pid>` does
-            got = list(processes.finished_results(futures, concurrent.futures.as_completed(list(futures))))
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    with processes.worker_pool(2) as pool, processes.stops_forwarded(pool):  # the studies' pool, as hf_best opens it
+        futures = {pool.submit(_run_until_sigterm, str(tmp_path), i): i for i in range(2)}
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)  # to the search's process only, as `kill <pid>` does
+        got = list(processes.finished_results(futures, concurrent.futures.as_completed(list(futures))))
     assert got == [] and not futures and processes.STOP == [signal.SIGTERM]  # both runs stopped, neither is a result
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is put back
 
 
 _ORPHAN_SCRIPT = """
-import concurrent.futures, multiprocessing, os, pathlib, signal, sys, time
+import os, pathlib, signal, sys, time
 from benchmarks import hf_best
+from benchmarks._harness import processes
 from hf_fasttrain.callbacks import TrainingStopped
 out = pathlib.Path(sys.argv[1])
 
@@ -760,11 +754,10 @@ def run_job(job):  # a run: waits for its stop as a trainer's step loop would, t
     raise TrainingStopped(signal.SIGTERM, 7)
 
 hf_best._run_job = run_job  # forked workers inherit it
-pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"),
-                                              initializer=hf_best._init_worker, initargs=(1,))
-for i in range(2):
-    pool.submit(hf_best._run_one, i)
-time.sleep(120)
+with processes.worker_pool(2) as pool:  # the studies' pool, as hf_best opens it
+    for i in range(2):
+        pool.submit(hf_best._run_one, i)
+    time.sleep(120)
 """
 
 

@@ -1,5 +1,6 @@
-"""benchmarks/scaling.py and the harness pieces it reads a sweep with: budget rule, grid extension, ratio and trend
-arithmetic, the shared ledger, and a resumable smoke run."""
+"""The size ladder (``python -m benchmarks.ladder size``, benchmarks/ladder.py) and the harness pieces it reads a sweep
+with: budget rule, grid extension, ratio and trend arithmetic, the shared ledger, and a resumable smoke run through
+both of its commands."""
 
 import json
 import math
@@ -8,15 +9,16 @@ import pytest
 
 from benchmarks._harness import ledger, lm, sweeps
 
-def _load():
-    from benchmarks import scaling
 
-    return scaling
+def _load():
+    from benchmarks import ladder
+
+    return ladder
 
 
 @pytest.mark.parametrize("n, expected", [(396_800, 300), (100_096, 156), (25_472, 72), (1_334_976, 552), (10, 12)])
 def test_budget_grows_with_the_square_root_of_size(n, expected):
-    assert _load().budget_steps(n, 396_800) == expected
+    assert _load().size_steps(n, 396_800) == expected
 
 
 def test_non_embedding_params_exact():
@@ -50,7 +52,7 @@ def test_summary_best_lr_and_token_ratio():
         _run("adamw", 2e-3, 0, [8, 6, 5, 4.8, 4.6]), _run("adamw", 2e-3, 1, [8, 6, 5, 4.8, 4.6]),
         _run("muon", 1e-2, 0, [8, 5, 4.1, 3.9, 3.8]), _run("muon", 1e-2, 1, [8, 5, 4.5, 4.0, 3.9]),
     ]
-    s = sc.summarise_rung(runs, "r")
+    s = sc.summarise_size(runs, "r")
     assert s["tokens"] == 400 and s["target_eval_loss"] == pytest.approx(4.3)  # median of 4.2, 4.4
     assert s["optimizers"]["adamw"]["best_lr"] == 1e-3 and s["optimizers"]["adamw"]["best_at_edge"]
     # Muon seed 0 crosses 4.3 between 100 (5.0) and 200 (4.1): 100 + 0.7/0.9 * 100; seed 1 between 200 and 300
@@ -69,8 +71,9 @@ def test_fit_line_exact():
 def test_quick_ladder_writes_results_and_resumes(tmp_path, monkeypatch):
     sc = _load()
     argv = ["--quick", "--out", str(tmp_path), "--seeds", "1", "--max-extend", "1", "--step-time-steps", "2"]
-    first = sc.main(argv)
+    first = sc.main(["size", *argv])
     data = json.loads((tmp_path / "scaling.json").read_text())
+    assert data["command"].startswith("python -m benchmarks.ladder size --quick --out ")
     for ext in ("json", "md", "png"):
         assert (tmp_path / f"scaling.{ext}").exists()
     keys = set(data["runs"])
@@ -80,9 +83,12 @@ def test_quick_ladder_writes_results_and_resumes(tmp_path, monkeypatch):
     assert math.isfinite(first["summary"]["quick-a"]["optimizers"]["muon"]["token_ratio_vs_adamw"])
 
     # a rerun trains nothing: every run is in the JSON already
+    from benchmarks import scaling
+
     monkeypatch.setattr(sc, "_run_one", lambda job: pytest.fail(f"reran {job}"))
-    sc.main(argv)
-    assert set(json.loads((tmp_path / "scaling.json").read_text())["runs"]) == keys
+    scaling.main(argv)  # the old command is the same one
+    again = json.loads((tmp_path / "scaling.json").read_text())
+    assert set(again["runs"]) == keys and again["command"].startswith("python -m benchmarks.scaling --quick --out ")
 
 
 def test_interpolated_best_lr():

@@ -140,7 +140,7 @@ class Setup:
     n_layer: int = 2
     n_head: int = 4
     n_embd: int = 128
-    model_type: str = "gpt2"  # any family hf_fasttrain.modeling builds (benchmarks/scaling.py adds llama)
+    model_type: str = "gpt2"  # any family hf_fasttrain.modeling builds (the size ladder adds llama)
     n_kv_head: Optional[int] = None  # grouped-query attention (llama, qwen2, ...); None: n_head
     model_config: dict[str, Any] = field(default_factory=dict)  # other attributes of the family's config
     vocab_size: int = 4096

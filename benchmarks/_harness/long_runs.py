@@ -1,22 +1,24 @@
 """The long-run search's settings and one reader of its ledger: families, knobs and their values, how a setting
-is keyed, the two searches (coordinate descent, the lr walk) and the summary of a budget's search.
+is keyed, the two searches (coordinate descent, the lr walk), the summary of a budget's search, and the measures
+both studies read from it (a setting's tokens to a loss inside one run, complete runs of a setting across budgets).
 
-``benchmarks.hf_best`` runs the search and writes the ledger; ``benchmarks.budget_ladder`` reads it back through
-:func:`summarise` for its hf-best rows.
+``benchmarks.hf_best`` runs the search and writes the ledger; ``benchmarks.ladder`` reads it back through
+:func:`search_ledger` for its hf-best rows.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import itertools
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any, Callable, Generator, Optional
 
 from benchmarks._harness.ledger import Ledger
+from benchmarks._harness.lm import crossing
 from benchmarks._harness import processes
-from benchmarks._harness.processes import finished_results
+from benchmarks._harness.processes import finished_results, first_finished
 
 FAMILIES = ("hf-best", "recipe", "hf-best+", "recipe+groups")
 SEARCHED_BY_DEFAULT = ("hf-best", "recipe")
@@ -401,8 +403,7 @@ def run_search(ledger: Ledger, rung: str, starts: dict[str, dict[str, Any]], poo
 
     advance()
     while futures:
-        done, _ = concurrent.futures.wait(list(futures), return_when=concurrent.futures.FIRST_COMPLETED)
-        for _, r in finished_results(futures, done):
+        for _, r in finished_results(futures, first_finished(futures)):
             record(r)
         advance()
     if outcome:  # a search stopped before either family finished records none
@@ -431,3 +432,102 @@ def carried_groups(won: dict[str, Any], base: dict[str, Any], rung: str, family:
         return won
     groups = {k: won[k] for k in (*GROUP_KNOBS, "wd_on") if k in won}
     return {**source["best"], **groups}
+
+
+# --- Measures read from a long-run ledger ------------------------------------------------------------
+def complete_run_budget(finals: dict[int, float], target: float) -> float:
+    """The budget (a multiple) at which a complete run ends at ``target``: ``finals`` maps the multiples of the
+    complete runs to their final losses; linear interpolation of the loss in log budget between the two runs that
+    bracket ``target``, extrapolation from the nearest two outside them (inf with fewer than two runs).
+
+    The optimizer literature's measure of a speed-up (Wen et al. 2025, arXiv:2509.02046), beside the crossing
+    inside one run.
+
+    Example:
+        >>> round(complete_run_budget({1: 3.973, 4: 3.245, 16: 2.808}, 3.746), 3)   # recipe runs vs AdamW at 4x
+        1.541
+        >>> complete_run_budget({27: 2.429, 54: 2.446}, 2.501)   # the shorter run ends lower: at most 27
+        27.0
+    """
+    pts = sorted((math.log(m), loss) for m, loss in finals.items() if math.isfinite(loss))
+    if len(pts) < 2:
+        return math.inf
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if min(y0, y1) <= target <= max(y0, y1) and y0 != y1:
+            return math.exp(x0 + (y0 - target) / (y0 - y1) * (x1 - x0))
+    below = target > pts[0][1]  # the shortest complete run already ends under the target
+    (x0, y0), (x1, y1) = (pts[:2] if below else pts[-2:])
+    if y1 >= y0:  # the loss did not fall with the budget there: no budget is found by extending it
+        return math.exp(x0) if below else math.inf  # below: at most the shortest run's budget (a bound)
+    return math.exp(x0 + (y0 - target) / (y0 - y1) * (x1 - x0))
+
+def fastest_one_run(hf_best: dict[str, Any], rung: str, target: float, budget: float,
+                    min_seeds: int = 2) -> Optional[dict[str, Any]]:
+    """Of the recipe settings run at ``rung`` with at least ``min_seeds`` seeds, the one that reaches ``target``
+    soonest inside a run (median over its seeds): the search decides by the final loss, and a setting can end
+    level and still get there much sooner. None without such a setting. Where the same settings also ran as
+    complete runs at other budgets of the ladder's model and corpus (``hf_best --budget 8 --config ...``), the
+    row also gives the complete-run measure for them: ``complete_runs`` (multiple -> median final loss) and
+    ``complete_run_ratio`` (:func:`complete_run_budget` over this budget's multiple)."""
+    by_config: dict[str, list] = {}
+    for r in (hf_best.get("runs") or {}).values():
+        if r["rung"] == rung and r["family"] == "recipe" and r.get("curve"):
+            by_config.setdefault(json.dumps(r["config"], sort_keys=True), []).append(r)
+    rows = [{"config": rs[0]["config"], "seeds": len(rs),
+             "token_ratio": statistics.median(crossing(r["curve"], target, "tokens") for r in rs) / budget,
+             "token_ratios": sorted(crossing(r["curve"], target, "tokens") / budget for r in rs),
+             "eval_loss": statistics.median(r["final_eval_loss"] for r in rs),
+             "ns_dtype_other": sum(bool(r.get("ns_dtype")) for r in rs), "min_seeds": min_seeds}
+            for rs in by_config.values() if len(rs) >= min_seeds]
+    if not rows:
+        return None
+    best = min(rows, key=lambda x: (x["token_ratio"], x["eval_loss"]))
+    if "-" not in rung:  # the ladder's model and corpus: complete runs of the same settings at other budgets
+        chosen = complete_runs_of(hf_best, best["config"], rung)
+        if chosen:
+            multiple = int(rung.split("x")[0])
+            finals = {**{m: loss for m, (loss, _) in chosen.items()}, multiple: best["eval_loss"]}
+            lrs = {**{m: lr for m, (_, lr) in chosen.items()}, multiple: peak_lr(best["config"])}
+            best["complete_runs"] = dict(sorted(finals.items()))
+            if len(set(lrs.values())) > 1:
+                best["complete_run_lrs"] = dict(sorted(lrs.items()))
+            best["complete_run_ratio"] = complete_run_budget(finals, target) / multiple
+            best["complete_run_extrapolated"] = not (min(finals.values()) <= target <= max(finals.values()))
+    return best
+
+def rung_suffix(rung: str) -> str:
+    """What a rung name says beside its budget: ``""`` on the ladder, ``3x192`` (a model), ``unique`` (a corpus)."""
+    return rung.split("-", 1)[1] if "-" in rung else ""
+
+def complete_runs_of(hf_best: dict[str, Any], config: dict[str, Any], rung: str,
+                     family: str = "recipe") -> dict[int, tuple[float, float]]:
+    """``family``'s ``config`` settings as complete runs at ``rung``'s other budgets, on its model and corpus (the
+    ladder's, or a larger model's such as ``27x-3x192`` beside ``54x-3x192``): multiple -> (median final loss over
+    the seeds, peak lr). Each budget counts at its own tuned lr, as complete runs are compared in the optimizer
+    literature: the budget's search or walk winner where that is these settings, else the lr that ended lowest
+    there (at a budget with one lr, that lr, untuned: the ratio then leans against the family)."""
+    key = _settings_key(config)
+    suffix = rung_suffix(rung)
+    by_multiple: dict[int, dict[float, list]] = {}
+    for r in (hf_best.get("runs") or {}).values():
+        if (r["family"] == family and rung_suffix(r["rung"]) == suffix and r["rung"] != rung
+                and _settings_key(r["config"]) == key):
+            by_lr = by_multiple.setdefault(int(r["rung"].split("x")[0]), {})
+            by_lr.setdefault(peak_lr(r["config"]), []).append(r["final_eval_loss"])
+    chosen = {}
+    for m, by_lr in sorted(by_multiple.items()):
+        name = f"{m}x-{suffix}" if suffix else f"{m}x"
+        winner = ((hf_best.get("summary") or {}).get(name) or {}).get(family, {}).get("best")
+        if winner and _settings_key(winner) == key and peak_lr(winner) in by_lr:
+            chosen[m] = (statistics.median(by_lr[peak_lr(winner)]), peak_lr(winner))
+        else:
+            chosen[m] = min((statistics.median(v), lr) for lr, v in by_lr.items())
+    return chosen
+
+def peak_lr(config: dict[str, Any]) -> float:
+    """A recipe setting's peak lr: its ``lr`` times its ``lr_scale`` (the walk's factor), rounded for equality."""
+    return float(f"{config.get('lr', 0.0) * config.get('lr_scale', 1.0):.6g}")
+
+def _settings_key(config: dict[str, Any]) -> str:
+    """A recipe setting apart from its peak lr: the same settings run at another lr share it."""
+    return json.dumps({k: v for k, v in config.items() if k not in ("lr", "lr_scale")}, sort_keys=True)
