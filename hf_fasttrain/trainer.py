@@ -45,6 +45,7 @@ from .throughput import (HOST_BATCH_KEY, CompileCounter, HostBatchCollator, Host
                          device_peak_flops, model_dims, throughput_logs)
 from .data.from_args import resolve_max_steps
 from .wiring import SeqLenWiring, _row_length
+from .run._console import say
 
 __all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
 
@@ -126,6 +127,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         # the run's options as given, before budget_aware fills in its settings: what a checkpoint records and a
         # rerun is compared with (hf_fasttrain._resume_identity)
         self.run_options: dict[str, Any] = {**self.run_config, **training_config(self.args)}
+        # the recipe's decision about output_dir (hf_fasttrain.run._resume.resume_plan), for its train() call to say
+        self.resume_decision: Optional[ResumePlan] = None
         self.budget: Optional[dict[str, Any]] = None
         if opt("budget_aware"):  # before anything reads the schedule or the optimizer's settings
             self.budget = self._apply_budget_settings()
@@ -138,6 +141,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if stop_at:  # a random-restart trial: stop (and checkpoint) early, schedule from max_steps
             self.add_callback(StopAtStepCallback(stop_at))
         self._last_log_seconds = 0.0
+        self._device_nan_filter = False  # set by train(): the loss filter on the device (training_step)
         self._compile_counter: Optional[CompileCounter] = None  # set by train() with torch_compile
         self._dims: Optional[tuple[int, int, int]] = None
         self.token_progress: Optional[TokenProgress] = None  # set by create_scheduler (schedule_unit='tokens')
@@ -288,7 +292,13 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         host = inputs.pop(HOST_BATCH_KEY, None) if isinstance(inputs, MutableMapping) else None
         if self.run_record or self.token_progress is not None:
             self._count_tokens(inputs, host)
-        return super().training_step(model, inputs, num_items_in_batch)
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self._device_nan_filter and getattr(self, "_tr_loss", None) is not None:
+            # the Trainer's logging_nan_inf_filter, on the device: a NaN/inf loss adds the mean of the losses since
+            # the last log instead (the same value); its own check reads the loss to the host twice a micro-batch
+            fill = self._tr_loss / (1 + self.state.global_step - self._globalstep_last_logged)
+            loss = torch.where(torch.isfinite(loss), loss, fill.to(loss.dtype))
+        return loss
 
     def _count_tokens(self, inputs, host) -> None:
         """One token count per micro-batch: the throughput meter sums it until the next log, and the
@@ -401,8 +411,26 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         """``auto_resume`` with the run record on: off in neutral mode (``run_record`` off), which is the Trainer."""
         return bool(self.run_record and self._option("auto_resume"))
 
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
+                             trial):
+        """The Trainer's, then (run record on) this run's cadences on a resumed state: the Trainer takes logging,
+        eval and save steps from the checkpoint's trainer_state.json, so a rerun that changed them (an option
+        a resume applies and records) would keep the old ones."""
+        out = super()._init_training_state(max_steps, num_update_steps_per_epoch, num_train_epochs,
+                                           resume_from_checkpoint, trial)
+        if resume_from_checkpoint is not None and self.run_record:
+            self.state.compute_steps(self.args, max_steps)
+        return out
+
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        filtering = self._device_nan_filter  # the checkpoint's training_args.bin holds the arguments as given
+        if filtering:
+            self.args.logging_nan_inf_filter = True
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            if filtering:
+                self.args.logging_nan_inf_filter = False
         if self.run_record and self.is_world_process_zero():  # the checkpoint holds the run's options
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -439,18 +467,21 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                            required=self.checkpoint_extras(), stop_at_step=self._option("restart_stop_at_step"))
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        name = os.path.basename(os.path.normpath(self.args.output_dir)) or self.args.output_dir
+        decision, self.resume_decision = self.resume_decision, None  # the recipe's, for this call only
         if resume_from_checkpoint is None and trial is None and self._auto_resumes():
-            plan = self.plan_resume()  # refuses (one line) before any work when the options changed
-            name = os.path.basename(os.path.normpath(self.args.output_dir)) or self.args.output_dir
-            if plan.finished_at is not None:
+            decision = self.plan_resume()  # refuses (one line) before any work when the options changed
+            if decision.finished_at is not None:
                 if self.is_world_process_zero():
-                    logger.info("%s (outputs left as they are). To train longer, raise max_steps; to start over, "
-                                "use a new output_dir or %s", plan.describe(name), "overwrite_output_dir")
-                return self._finished_output(plan.checkpoint)
-            if plan.checkpoint is not None:
-                if self.is_world_process_zero():
-                    logger.info(plan.describe(name))
-                resume_from_checkpoint = plan.checkpoint
+                    say(f"{decision.describe(name)} (outputs left as they are). To train longer, raise max_steps; to "
+                        f"start over, use a new output_dir or overwrite_output_dir")
+                return self._finished_output(decision.checkpoint)
+            resume_from_checkpoint = decision.checkpoint
+        if resume_from_checkpoint and trial is None and self.run_record and self.is_world_process_zero():
+            # one visible line, whatever the script's logging: where this run continues from
+            said = decision is not None and decision.checkpoint == resume_from_checkpoint
+            where = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else "its last checkpoint"
+            say(decision.describe(name) if said else f"resuming {name} from {where}")
         if self.run_record and self.is_world_process_zero():
             config = {**self.run_config, **training_config(self.args)}
             block = (self.run_config.get("data") or {}).get("block_size")
@@ -468,12 +499,18 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             recorder.resume_dir = resume_dir
         # -- compiles: counted over this train() call, logged and written into run_info.json
         self._compile_counter = CompileCounter() if self.args.torch_compile else None
+        # the loss filter on the device (training_step) in place of the Trainer's, which reads every loss to the host
+        self._device_nan_filter = bool(self.run_record and self.args.logging_nan_inf_filter)
+        if self._device_nan_filter:
+            self.args.logging_nan_inf_filter = False
         try:
             if self.stream_position is None or not resume_from_checkpoint:
                 output = super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
             else:
                 output = self._train_from_stream_position(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
         finally:
+            if self._device_nan_filter:  # the arguments as given
+                self.args.logging_nan_inf_filter, self._device_nan_filter = True, False
             if self.graceful_stop is not None:  # an exception skipped on_train_end: the handlers go back here
                 self.graceful_stop.jit_manager.restore()
         if self.graceful_stop is not None and self.graceful_stop.stopped:
