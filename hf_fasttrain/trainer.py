@@ -13,6 +13,7 @@ every other option at its default, FastTrainer is exactly ``transformers.Trainer
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -22,7 +23,9 @@ from typing import Any, Optional
 import torch
 from transformers import Trainer
 
-from .config.args import FastOptions, fast_option
+from .config.args import fast_option
+from .config.plan import PLAN_FILE, RunPlan
+from ._files import atomic_write_text
 from .config.budget import apply_budget_settings, describe_budget, non_embedding_parameters, run_tokens
 from .callbacks.averaging import AVERAGE_FILE, WeightAveragingCallback
 from .callbacks.run_record import WALL_CLOCK_LOG_KEYS, RunRecorderCallback
@@ -36,14 +39,14 @@ from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .stability.clipping import norm_clip_stats
 from .data.streaming import StreamPosition, TokenStream
 from .modeling import is_causal_lm
-from .optim import OptimizerSpec, detect_sharding
+from .optim import detect_sharding
 from .stability.precision import logger as precision_logger
 from ._resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
-from .schedules import ScheduleSpec, TokenProgress
+from .schedules import TokenProgress
 from .throughput import (HOST_BATCH_KEY, CompileCounter, HostBatchCollator, HostCopy, ThroughputMeter, count_batch,
                          device_peak_flops, model_dims, throughput_logs)
-from .data.from_args import resolve_max_steps
+from .data.from_args import DataPlan
 from .wiring import SeqLenWiring, _row_length
 from .run._console import say
 
@@ -120,9 +123,11 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         ```
     """
 
-    def __init__(self, *args, run_config: Optional[dict[str, Any]] = None, **kwargs):
+    def __init__(self, *args, run_config: Optional[dict[str, Any]] = None, data_plan: Optional[DataPlan] = None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.run_config = dict(run_config or {})
+        self._data_plan = data_plan  # the recipe's (rows, steps, tokens), else worked out from the training set
         opt = self._option
         # the run's options as given, before budget_aware fills in its settings: what a checkpoint records and a
         # rerun is compared with (hf_fasttrain._resume_identity)
@@ -132,6 +137,9 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self.budget: Optional[dict[str, Any]] = None
         if opt("budget_aware"):  # before anything reads the schedule or the optimizer's settings
             self.budget = self._apply_budget_settings()
+        # the run's plan: each technique's spec and the run's length, built once from the arguments as they now are
+        # (a token budget's optimizer steps set as max_steps); every part below takes its spec from it
+        self.plan: RunPlan = self._make_plan()
         pad_id = getattr(self.processing_class, "pad_token_id", None)
         self.throughput = ThroughputMeter(pad_token_id=pad_id)
         self.run_record = bool(opt("run_record"))
@@ -153,7 +161,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                 lambda: self.token_progress.tokens_seen if self.token_progress is not None else None))
         # stability: guard and value/AGC clipping as callbacks; the mixin hands them the loss
         # and merges their stats into the logs; norm-mode stats come from _clip_grad_norm below
-        for callback in stability_callbacks(self.args):  # plain args: none
+        for callback in stability_callbacks(self.args, guard=self.plan.guard):  # plain args: none
             self.add_callback(callback)
         self._norm_clip_window = ClipStatsWindow()
         choice = getattr(self.args, "precision_choice", None)  # set by FastTrainingArguments
@@ -166,11 +174,9 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.add_callback(StreamPositionCallback(self.stream_position))
         # sequence-length options (samplers, packing, warmup); None when all are off
         self.seqlen = SeqLenWiring.from_trainer(self)
-        if opt("max_tokens") is not None and self.train_dataset is not None:  # the run's length in tokens:
-            names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]  # its optimizer steps
-            resolve_max_steps(self.args, _row_length(self.train_dataset, names[0]))
         # weight averaging (EMA / LAWA): evaluated, checkpointed and finally saved as the model
-        self.weight_averaging = WeightAveragingCallback.from_args(self.args)
+        self.weight_averaging = (WeightAveragingCallback(spec=self.plan.averaging)
+                                 if self.plan.averaging is not None else None)
         if self.weight_averaging is not None:
             self.add_callback(self.weight_averaging)
         # graceful stop (save_on_signal): SIGTERM / Ctrl-C / SIGUSR1 -> finish the step, save, stop, exit 143/130/138
@@ -180,16 +186,40 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.graceful_stop = GracefulStopCallback(self, exit_process=False)
             self.add_callback(self.graceful_stop)
 
+    def _row_tokens(self) -> Optional[int]:
+        """Tokens per training row: the recipe's data plan's, a stream's, or the first row's of a map-style set
+        (None for rows without a token column, or an iterable set that would have to be read for it)."""
+        if self._data_plan is not None:
+            return self._data_plan.row_length
+        data = self.train_dataset
+        if data is None:
+            return None
+        names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]
+        if not (isinstance(getattr(data, "row_length", None), int) or hasattr(data, "__getitem__")
+                or self._option("max_tokens") is not None):  # an iterable set: read its first row only for a budget
+            return None
+        try:
+            return _row_length(data, names[0])
+        except (KeyError, IndexError, TypeError, StopIteration):  # rows without input_ids
+            return None
+
+    def _make_plan(self) -> RunPlan:
+        """The run's :class:`~hf_fasttrain.config.plan.RunPlan` for the arguments as they are now."""
+        return RunPlan.from_args(self.args, data=self._data_plan, row_length=self._row_tokens(),
+                                 streaming=self.stream_position is not None if hasattr(self, "stream_position")
+                                 else isinstance(self.train_dataset, TokenStream), budget=self.budget)
+
+    def _hp_search_setup(self, trial):
+        """The Trainer's (a trial's settings set on the arguments), then the plan of those arguments."""
+        super()._hp_search_setup(trial)
+        if self.hp_search_backend is not None and trial is not None:
+            self.plan = self._make_plan()
+
     def _apply_budget_settings(self) -> dict[str, Any]:
         """``budget_aware``: the measured settings for this run's tokens per non-embedding parameter replace the
         given ones (:func:`hf_fasttrain.config.budget.apply_budget_settings`); returns what was chosen."""
-        row = getattr(self.train_dataset, "block_size", None)  # a TokenStream's rows
-        if row is None:
-            try:
-                row = len(self.train_dataset[0]["input_ids"])
-            except Exception:  # rows without input_ids
-                pass
-        applied = apply_budget_settings(self.args, run_tokens(self.args, row), non_embedding_parameters(self.model))
+        applied = apply_budget_settings(self.args, run_tokens(self.args, self._row_tokens()),
+                                        non_embedding_parameters(self.model))
         logger.info(describe_budget(applied))
         return applied
 
@@ -327,9 +357,11 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         whose state_dict also holds the token count, so checkpoints restore it); else the Trainer's.
         With sequence-length warmup counted in tokens, the schedule spans the run's full-length steps and
         advances with the tokens trained on, reaching its end at the run's last step."""
-        if self.seqlen is not None:
+        if self.plan.length.schedule_steps is not None:  # the run's length is the plan's
+            num_training_steps = self.plan.length.schedule_steps
+        elif self.seqlen is not None:  # an epoch-based run: the Trainer's count, in the wiring's unit
             num_training_steps = self.seqlen.schedule_steps(num_training_steps)
-        spec = ScheduleSpec.from_args(FastOptions(self.args))
+        spec = self.plan.schedule
         if spec is None:
             scheduler = super().create_scheduler(num_training_steps, optimizer)
             if self.seqlen is not None:
@@ -383,7 +415,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         sharding (e.g. Muon under DeepSpeed ZeRO); under FSDP2 the model is not sharded yet here."""
         if self._option("optimizer") is None or self.optimizer is not None:
             return super().create_optimizer(model)
-        spec = OptimizerSpec.from_args(self.args, num_training_steps=self.state.max_steps)
+        self.plan = self.plan.with_optimizer_steps(self.args, self.state.max_steps)  # an epoch-based run's, now known
+        spec = self.plan.optimizer
         opt_model = self.model if model is None else model
         sharding = detect_sharding(args=self.args, accelerator=self.accelerator, model=opt_model)
         self.optimizer = spec.build(opt_model, sharding=sharding)
@@ -437,6 +470,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             if os.path.isdir(folder):
                 write_options(folder, self.run_options)
+                atomic_write_text(os.path.join(folder, PLAN_FILE),
+                                  json.dumps({"plan": self.plan.as_dict()}, indent=1, default=str))
 
     def checkpoint_extras(self) -> tuple[str, ...]:
         """Files this run's callbacks add to every checkpoint after the Trainer's (a checkpoint lacks them when a
@@ -447,9 +482,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         return extras
 
     def planned_steps(self) -> Optional[int]:
-        """The optimizer steps this run takes, known before it starts (None for an epoch-based run)."""
-        steps = self.args.max_steps
-        return steps if steps is not None and steps > 0 else None
+        """The optimizer steps this run takes, known before it starts (None for an epoch-based run): the plan's."""
+        return self.plan.length.optimizer_steps
 
     def plan_resume(self) -> ResumePlan:
         """``auto_resume``: what :meth:`train` without ``resume_from_checkpoint`` does with ``output_dir``: resume
@@ -572,15 +606,13 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         return HostCopy(real) if isinstance(real, torch.Tensor) else real
 
     def _default_total_tokens(self, num_training_steps: int) -> int:
-        """Token budget when schedule_total_tokens is not given: steps x global batch x first row's length."""
-        try:
-            row_len = len(self.train_dataset[0]["input_ids"])
-        except Exception:
+        """Token budget when schedule_total_tokens is not given: steps x global batch x row length (the plan's)."""
+        row_len, global_batch = self.plan.length.row_length, self.plan.length.global_batch
+        if row_len is None:
             raise ValueError(
                 "schedule_unit='tokens' needs schedule_total_tokens: the train dataset has no indexable "
                 "'input_ids' rows to derive it from"
-            ) from None
-        global_batch = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
+            )
         total = num_training_steps * global_batch * row_len
         logger.info("schedule_total_tokens not set: using %d = %d steps x %d rows x %d tokens",
                     total, num_training_steps, global_batch, row_len)

@@ -192,6 +192,7 @@ def train(
         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         callbacks=list(callbacks or []),
         run_config={k: v for k, v in options.items() if k in ("model", "peft", "data")},
+        data_plan=data.plan,  # the trainer's run plan takes its rows, steps and tokens from the recipe's
     )
     if trainer.pop_callback(ProgressCallback) is not None:  # the same bar, logs printed as numbers
         trainer.add_callback(ReadableProgressCallback(bar_after_training=False))
