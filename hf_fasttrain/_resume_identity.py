@@ -88,7 +88,12 @@ class Change(tuple):
     new = property(lambda self: self[2])
 
     def __str__(self) -> str:
-        return f"{self.name} {self.old!r} -> {self.new!r}"
+        return f"{self.name} {_shown(self.old)!r} -> {_shown(self.new)!r}"
+
+
+def _shown(value: Any) -> Any:
+    """A whole float as the integer it is (``eval_steps 2 -> 1``: the command line reads a float, a recipe an int)."""
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 1e15 else value
 
 
 def flat_options(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -523,15 +523,18 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     for lg in hf_loggers:
         lg.addHandler(handler)
     capsys.readouterr()
-    try:
-        run.train(*parse_config(argv))
+    try:  # with a new eval and save cadence, which the resumed run keeps to (the checkpoint's state has the old)
+        run.train(*parse_config([*argv, "--eval_steps", "1", "--save_steps", "1"]))
     finally:
         for lg in hf_loggers:
             lg.removeHandler(handler)
     said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[hf_fasttrain] resuming")]
-    assert said == [f"[hf_fasttrain] resuming run from {out / 'checkpoint-2'}"]  # once: the recipe's, said by FastTrainer
+    assert said == [f"[hf_fasttrain] resuming run from {out / 'checkpoint-2'}; applying eval_steps 2 -> 1, "
+                    "save_steps 2 -> 1"]  # once: the recipe's decision, said by FastTrainer
     assert not [m for m in seen if "missing keys" in m or "loss_type" in m], seen
-    assert (out / "checkpoint-4").exists() and not (out / "checkpoint-5").exists()
+    assert (out / "checkpoint-3").exists() and (out / "checkpoint-4").exists() and not (out / "checkpoint-5").exists()
+    evals = [h["step"] for h in json.loads((out / "metrics.json").read_text())["history"] if "eval_loss" in h]
+    assert evals == [0, 2, 3, 4]
 
 
 def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
