@@ -109,6 +109,10 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         run_config (`dict`, *optional*, defaults to `None`):
             Extra sections (e.g. ``{"model": {...}, "data": {...}}``) saved into ``config.yaml`` beside the
             training arguments (with ``run_record`` on).
+        data_plan (`DataPlan`, *optional*, defaults to `None`):
+            The run's rows, steps and tokens as the recipe worked them out
+            (:class:`~hf_fasttrain.data.from_args.DataPlan`); without it they come from the training set.
+            ``trainer.plan`` (:class:`~hf_fasttrain.config.plan.RunPlan`) holds them with every technique's spec.
         **kwargs:
             Passed to ``transformers.Trainer``.
 
