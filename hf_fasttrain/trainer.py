@@ -515,6 +515,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                         f"start over, use a new output_dir or overwrite_output_dir")
                 return self._finished_output(decision.checkpoint)
             resume_from_checkpoint = decision.checkpoint
+        if decision is not None and decision.checkpoint and decision.checkpoint == resume_from_checkpoint:
+            self._check_plan(decision.checkpoint)  # a resume the run chose itself: its plan must be the checkpoint's
         if resume_from_checkpoint and trial is None and self.run_record and self.is_world_process_zero():
             # one visible line, whatever the script's logging: where this run continues from
             said = decision is not None and decision.checkpoint == resume_from_checkpoint
@@ -557,6 +559,29 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if self._compile_counter is not None and self.run_record and self.is_world_process_zero():
             update_run_info(self.args.output_dir, self._compile_counter.stats())
         return output
+
+    def _check_plan(self, checkpoint: str) -> None:
+        """Refuse (one line, before training) to resume ``checkpoint`` when its plan (:data:`PLAN_FILE`) differs
+        from this run's in a technique's spec although the options agree: settings derived from them (a
+        ``budget_aware`` table, a default) changed since it was written. A checkpoint without a plan passes."""
+        from ._files import read_json_dict
+        from ._resume_identity import Change, RunOptionsChanged
+
+        saved = (read_json_dict(os.path.join(checkpoint, PLAN_FILE)) or {}).get("plan")
+        if not isinstance(saved, dict):
+            return
+        now = json.loads(json.dumps(self.plan.as_dict(), default=str))
+        changes = []
+        for section in ("optimizer", "schedule", "averaging", "guard", "budget"):
+            old, new = saved.get(section), now.get(section)
+            if isinstance(old, dict) and isinstance(new, dict):
+                changes += [Change(f"plan.{section}.{k}", old.get(k), new.get(k)) for k in dict.fromkeys([*old, *new])
+                            if old.get(k) != new.get(k)]
+            elif old != new:
+                changes.append(Change(f"plan.{section}", old, new))
+        if changes:
+            raise RunOptionsChanged(self.args.output_dir, checkpoint, changes,
+                                    "settings derived from the options differ from those it was trained with")
 
     def _finished_output(self, checkpoint: str):
         """What ``train()`` returns for a run already complete at ``checkpoint``: its state, no training."""

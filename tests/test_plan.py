@@ -71,3 +71,32 @@ def test_the_plan_of_a_token_budget_holds_its_steps_and_tokens(tmp_path):
                                            seq_len_warmup_fraction=0.5, seq_len_warmup_count_tokens=False),
                                  row_length=32)
     assert in_steps.length.schedule_steps == in_steps.length.optimizer_steps == 6  # counted in optimizer steps
+
+
+@pytest.mark.slow
+def test_a_rerun_whose_plan_differs_from_its_checkpoints_is_refused(tiny_lm, tiny_tokenizer, tmp_path):
+    """The options agree, but a setting derived from them differs from the checkpoint's plan (as when a budget_aware
+    table changed between versions): refused in one line naming the plan's field; the same plan resumes."""
+    from conftest import StopAt
+    from hf_fasttrain._resume_identity import RunOptionsChanged
+
+    def trainer(callbacks=()):
+        args = tiny_args(tmp_path, auto_resume=True, **{**OPTIONS, "optimizer": "adamw", "save_steps": 2})
+        return FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"],
+                           processing_class=tiny_tokenizer, callbacks=list(callbacks),
+                           data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False))
+
+    trainer([StopAt(2)]).train()
+    plan_file = tmp_path / "checkpoint-2" / PLAN_FILE
+    saved = json.loads(plan_file.read_text())
+    assert saved["plan"]["optimizer"]["weight_decay"] == 0.0
+    saved["plan"]["optimizer"]["weight_decay"] = 0.1
+    plan_file.write_text(json.dumps(saved))
+    again = trainer()
+    with pytest.raises(RunOptionsChanged) as err:
+        again.train()
+    assert "plan.optimizer.weight_decay 0.1 -> 0 (settings derived from the options differ" in str(err.value)
+    assert "\n" not in str(err.value) and again.state.global_step == 0
+    saved["plan"]["optimizer"]["weight_decay"] = 0.0
+    plan_file.write_text(json.dumps(saved))
+    assert trainer().train().global_step == 4  # the same plan: resumed to the end
