@@ -88,7 +88,12 @@ class Change(tuple):
     new = property(lambda self: self[2])
 
     def __str__(self) -> str:
-        return f"{self.name} {self.old!r} -> {self.new!r}"
+        return f"{self.name} {_shown(self.old)!r} -> {_shown(self.new)!r}"
+
+
+def _shown(value: Any) -> Any:
+    """A whole float as the integer it is (``eval_steps 2 -> 1``: the command line reads a float, a recipe an int)."""
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 1e15 else value
 
 
 def flat_options(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -138,7 +143,8 @@ def length_blocker(options: Mapping[str, Any]) -> Optional[str]:
     The length can change when nothing is laid out over it: the lr holds (``lr_decay='constant'`` or the
     Trainer's ``constant``/``constant_with_warmup``), or a token-counted schedule ends at a fixed
     ``schedule_total_tokens``; the lr warmup is a number of steps, not a fraction; and no sequence-length,
-    curriculum or batch-size warmup, nor ``budget_aware``, reads the length.
+    curriculum or batch-size warmup, nor AdEMAMix's alpha/beta3 warmup (unless ``optimizer_kwargs`` fixes its
+    ``T_alpha_beta3``), nor ``budget_aware``, reads the length.
 
     >>> length_blocker({"lr_decay": "constant", "warmup_steps": 20})
     >>> length_blocker({"lr_decay": "cosine", "warmup_steps": 20})
@@ -160,9 +166,21 @@ def length_blocker(options: Mapping[str, Any]) -> Optional[str]:
                        ("batch_warmup_min_tokens", "the batch-size warmup")):
         if o.get(name) is not None:
             return f"{what} ({name} {o[name]!r}) spans a fraction of the run's length"
+    if o.get("optimizer") == "ademamix" and "T_alpha_beta3" not in _mapping(o.get("optimizer_kwargs")):
+        return "AdEMAMix warms alpha and beta3 up over the run's length (T_alpha_beta3 = max_steps)"
     if o.get("budget_aware"):
         return "budget_aware chose its settings for the run's length"
     return None
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """``optimizer_kwargs`` as recorded: a mapping, a JSON string (the command line) or nothing."""
+    if isinstance(value, str) and value.strip():
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return value if isinstance(value, Mapping) else {}
 
 
 def split_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[list[Change], list[Change], Optional[str]]:

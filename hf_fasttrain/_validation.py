@@ -37,6 +37,7 @@ __all__ = [
     "unknown_recipe_key",
     "argparse_error",
     "check_output_dir",
+    "remove_made_folders",
     "TRAINING_RANGES",
     "is_int",
     "finite",
@@ -199,9 +200,11 @@ def argparse_error(message: str, flags: Iterable[str] = ()) -> ConfigError:
     return ConfigError("arguments", problem=message)
 
 
-def check_output_dir(output_dir: Any, field: str = "output_dir") -> None:
+def check_output_dir(output_dir: Any, field: str = "output_dir") -> Optional[str]:
     """Make ``output_dir`` (and its parents) and check that a file can be written in it; else raise a one-line
     ``ConfigError``: the path is a file, lies under a file, is on a read-only file system, or is not writable.
+    Returns the topmost folder it made (None when ``output_dir`` was there): a run refused later removes what it
+    made (:func:`remove_made_folders`).
 
     Runs before any data work, so a run never prepares its data only to fail at its first save.
 
@@ -234,6 +237,10 @@ def check_output_dir(output_dir: Any, field: str = "output_dir") -> None:
             problem = f"{path} cannot be written ({err.strerror or err})"
         return ConfigError(field, problem=problem, allowed=allowed)
 
+    made = path
+    while not os.path.exists(os.path.dirname(made)) and os.path.dirname(made) != made:
+        made = os.path.dirname(made)
+    made = None if os.path.exists(path) else made
     try:
         os.makedirs(path, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=path)
@@ -241,6 +248,23 @@ def check_output_dir(output_dir: Any, field: str = "output_dir") -> None:
         os.remove(probe)
     except OSError as err:
         raise refuse(err) from None
+    return made
+
+
+def remove_made_folders(output_dir: Any, made: Optional[str]) -> None:
+    """Remove the folders :func:`check_output_dir` made for ``output_dir`` (up to ``made``, its topmost), where they
+    are still empty: a refused run leaves nothing behind. Anything written into them stays."""
+    if not made:
+        return
+    path = os.path.abspath(os.fspath(output_dir))
+    while True:
+        try:
+            os.rmdir(path)
+        except OSError:  # not empty (or gone): stop here
+            return
+        if path == made or os.path.dirname(path) == path:
+            return
+        path = os.path.dirname(path)
 
 
 # -- predicates ----------------------------------------------------------------------------------

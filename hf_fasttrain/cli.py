@@ -20,7 +20,7 @@ import textwrap
 from typing import Callable, Optional, Sequence
 
 from .config._options import config_source as _config_source
-from ._validation import check_output_dir
+from ._validation import check_output_dir, remove_made_folders
 
 __all__ = ["main"]
 
@@ -195,7 +195,7 @@ def run_recipe(argv: Sequence[str]) -> int:
         from .config.recipes import parse_config
 
         model_args, data_args, training_args = parse_config(argv)
-        check_output_dir(training_args.output_dir)  # before any data work
+        made = check_output_dir(training_args.output_dir)  # before any data work
     except Exception as exc:
         if debug or not _is_config_error(exc):
             raise
@@ -211,6 +211,8 @@ def run_recipe(argv: Sequence[str]) -> int:
         run.train(model_args, data_args, training_args)
     except ConfigError as exc:  # the data (a missing file or column, a chat template), the tokenizer or the
         # output folder, refused before any training (DataError is a ConfigError)
+        if training_args.process_index == 0:  # the output_dir this command made, when nothing was written to it
+            remove_made_folders(training_args.output_dir, made)
         if debug:
             raise
         print(f"error: {said(exc)}", file=sys.stderr)
@@ -256,7 +258,7 @@ RESTART_FLAGS = ("num-seeds", "explore-fraction", "rungs", "keep-fraction", "met
 def restarts_help(width: int = 100) -> str:
     """``hf-fasttrain restarts --help``: the search's own flags, with their defaults; the training options
     are ``hf-fasttrain train --help``'s. Read from the sources, like ``train --help`` (no torch import)."""
-    from .config._options import _fmt_default, _first_sentence, load_schema
+    from .config._options import _fmt_default, _first_sentence, load_schema, wrap_row
 
     schema = load_schema() or {}
     col = 34
@@ -270,8 +272,8 @@ def restarts_help(width: int = 100) -> str:
     for name in RESTART_FLAGS:
         opt = schema.get("restart_" + name.replace("-", "_"))
         default = f" [{_fmt_default(opt.default)}]" if opt and _fmt_default(opt.default) else ""
-        text = _first_sentence(opt.help.removeprefix("Random restart: "), width - col - len(default)) if opt else ""
-        lines.append(f"  {'--' + name:<{col - 2}}{text}{default}")
+        text = _first_sentence(opt.help.removeprefix("Random restart: ")) if opt else ""
+        lines += wrap_row(f"  --{name}", f"{text}{default}", col, width)
     lines += ["", "training options: the recipe's, as in `hf-fasttrain train --help` (--config, --max_steps, "
               "--output_dir, ...).",
               "Without --config: gpt2_small on a GPU, gpt2_tiny on CPU."]
@@ -340,6 +342,14 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Optional[arg
         return None
 
 
+def _run_option_help(name: str) -> str:
+    """The help text of a run's option (DataArguments, ModelArguments), for a command that takes the same option."""
+    from .config._options import load_schema
+
+    schema = load_schema()
+    return schema[name].help if schema is not None and name in schema else name.replace("_", " ")
+
+
 def _tokenize_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hf-fasttrain tokenize",
@@ -353,15 +363,16 @@ def _tokenize_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None, help="tokenizer (save_pretrained folder, tokenizer.json, "
                    "vocab.json + merges.txt folder, Hub name); default: a byte-level BPE trained on the data")
     p.add_argument("--block_size", type=int, required=True, help="tokens per row")
-    p.add_argument("--vocab_size", type=int, default=8192, help="vocabulary of the trained BPE (no --tokenizer)")
-    p.add_argument("--text_column", default="text")
+    p.add_argument("--vocab_size", type=int, default=8192,
+                   help="vocabulary of the trained BPE (no --tokenizer), an integer >= 260 (default 8192)")
+    p.add_argument("--text_column", default="text", help=_run_option_help("text_column"))
     p.add_argument("--num_proc", type=int, default=None, help="processes for tokenization (datasets.map num_proc)")
     p.add_argument("--validation_fraction", type=float, default=0.05,
                    help="share of documents held out when the data has no validation split")
     for name in ("dataset_config", "dataset_split", "dataset_revision", "data_files", "data_dir"):
-        p.add_argument(f"--{name}", default=None)
+        p.add_argument(f"--{name}", default=None, help=_run_option_help(name))
     p.add_argument("--shard_tokens", type=int, default=None, help="tokens per parquet shard (default 2^25)")
-    p.add_argument("--trust_remote_code", action="store_true")
+    p.add_argument("--trust_remote_code", action="store_true", help=_run_option_help("trust_remote_code"))
     return p
 
 
@@ -552,9 +563,14 @@ def _recipe_description(path) -> str:
     return " ".join(parts)
 
 
-def _recipes(argv: Sequence[str]) -> int:
+def _recipes_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-fasttrain recipes", allow_abbrev=False, description="Recipes bundled with hf_fasttrain.")
     parser.add_argument("action", choices=["list"], help="list: name, file and description of each bundled recipe")
+    return parser
+
+
+def _recipes(argv: Sequence[str]) -> int:
+    parser = _recipes_parser()
     if _parse(parser, argv) is None:
         return 2
     from .config._options import default_recipe_dirs, find_recipes
@@ -588,7 +604,7 @@ def _push_parser() -> argparse.ArgumentParser:
     p.add_argument("--filename", default="recipe.yaml", help="name of the YAML in the repo (default recipe.yaml)")
     p.add_argument("--private", action="store_true", help="create the repo private")
     p.add_argument("--tag", action="append", default=[], help="extra card tag (repeatable)")
-    p.add_argument("--commit-message", default=None)
+    p.add_argument("--commit-message", default=None, help="the commit's message (default: one naming the recipe)")
     return p
 
 

@@ -13,6 +13,7 @@ every other option at its default, FastTrainer is exactly ``transformers.Trainer
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -22,7 +23,9 @@ from typing import Any, Optional
 import torch
 from transformers import Trainer
 
-from .config.args import FastOptions, fast_option
+from .config.args import fast_option
+from .config.plan import PLAN_FILE, RunPlan
+from ._files import atomic_write_text
 from .config.budget import apply_budget_settings, describe_budget, non_embedding_parameters, run_tokens
 from .callbacks.averaging import AVERAGE_FILE, WeightAveragingCallback
 from .callbacks.run_record import WALL_CLOCK_LOG_KEYS, RunRecorderCallback
@@ -36,18 +39,19 @@ from .callbacks.stop_at_step import StopAtStepCallback, TokenBudgetStopCallback
 from .stability.clipping import norm_clip_stats
 from .data.streaming import StreamPosition, TokenStream
 from .modeling import is_causal_lm
-from .optim import OptimizerSpec, detect_sharding
+from .optim import detect_sharding
 from .optim.groups import param_roles
 from .optim.lr_logs import logged_learning_rate, lr_logs
 from .stability.precision import logger as precision_logger
 from ._resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
-from .schedules import ScheduleSpec, TokenProgress
+from .schedules import TokenProgress
 from .transfer import apply_transfer, check_config_mup
 from .throughput import (HOST_BATCH_KEY, CompileCounter, HostBatchCollator, HostCopy, ThroughputMeter, count_batch,
                          device_peak_flops, model_dims, throughput_logs)
-from .data.from_args import resolve_max_steps
+from .data.from_args import DataPlan
 from .wiring import SeqLenWiring, _row_length
+from .run._console import say
 
 __all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
 
@@ -108,6 +112,10 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         run_config (`dict`, *optional*, defaults to `None`):
             Extra sections (e.g. ``{"model": {...}, "data": {...}}``) saved into ``config.yaml`` beside the
             training arguments (with ``run_record`` on).
+        data_plan (`DataPlan`, *optional*, defaults to `None`):
+            The run's rows, steps and tokens as the recipe worked them out
+            (:class:`~hf_fasttrain.data.from_args.DataPlan`); without it they come from the training set.
+            ``trainer.plan`` (:class:`~hf_fasttrain.config.plan.RunPlan`) holds them with every technique's spec.
         **kwargs:
             Passed to ``transformers.Trainer``.
 
@@ -122,17 +130,24 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         ```
     """
 
-    def __init__(self, *args, run_config: Optional[dict[str, Any]] = None, **kwargs):
+    def __init__(self, *args, run_config: Optional[dict[str, Any]] = None, data_plan: Optional[DataPlan] = None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.run_config = dict(run_config or {})
+        self._data_plan = data_plan  # the recipe's (rows, steps, tokens), else worked out from the training set
         opt = self._option
         # the run's options as given, before budget_aware fills in its settings: what a checkpoint records and a
         # rerun is compared with (hf_fasttrain._resume_identity)
         self.run_options: dict[str, Any] = {**self.run_config, **training_config(self.args)}
+        # the recipe's decision about output_dir (hf_fasttrain.run._resume.resume_plan), for its train() call to say
+        self.resume_decision: Optional[ResumePlan] = None
         self.budget: Optional[dict[str, Any]] = None
         if opt("budget_aware"):  # before anything reads the schedule or the optimizer's settings
             self.budget = self._apply_budget_settings()
         self._apply_transfer()  # muP's output multiplier on the head, before any forward
+        # the run's plan: each technique's spec and the run's length, built once from the arguments as they now are
+        # (a token budget's optimizer steps set as max_steps); every part below takes its spec from it
+        self.plan: RunPlan = self._make_plan()
         pad_id = getattr(self.processing_class, "pad_token_id", None)
         self.throughput = ThroughputMeter(pad_token_id=pad_id)
         self.run_record = bool(opt("run_record"))
@@ -142,6 +157,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if stop_at:  # a random-restart trial: stop (and checkpoint) early, schedule from max_steps
             self.add_callback(StopAtStepCallback(stop_at))
         self._last_log_seconds = 0.0
+        self._device_nan_filter = False  # set by train(): the loss filter on the device (training_step)
         self._compile_counter: Optional[CompileCounter] = None  # set by train() with torch_compile
         self._dims: Optional[tuple[int, int, int]] = None
         self.token_progress: Optional[TokenProgress] = None  # set by create_scheduler (schedule_unit='tokens')
@@ -153,7 +169,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                 lambda: self.token_progress.tokens_seen if self.token_progress is not None else None))
         # stability: guard and value/AGC clipping as callbacks; the mixin hands them the loss
         # and merges their stats into the logs; norm-mode stats come from _clip_grad_norm below
-        for callback in stability_callbacks(self.args):  # plain args: none
+        for callback in stability_callbacks(self.args, guard=self.plan.guard):  # plain args: none
             self.add_callback(callback)
         self._norm_clip_window = ClipStatsWindow()
         choice = getattr(self.args, "precision_choice", None)  # set by FastTrainingArguments
@@ -166,11 +182,9 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self.add_callback(StreamPositionCallback(self.stream_position))
         # sequence-length options (samplers, packing, warmup); None when all are off
         self.seqlen = SeqLenWiring.from_trainer(self)
-        if opt("max_tokens") is not None and self.train_dataset is not None:  # the run's length in tokens:
-            names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]  # its optimizer steps
-            resolve_max_steps(self.args, _row_length(self.train_dataset, names[0]))
         # weight averaging (EMA / LAWA): evaluated, checkpointed and finally saved as the model
-        self.weight_averaging = WeightAveragingCallback.from_args(self.args)
+        self.weight_averaging = (WeightAveragingCallback(spec=self.plan.averaging)
+                                 if self.plan.averaging is not None else None)
         if self.weight_averaging is not None:
             self.add_callback(self.weight_averaging)
         # graceful stop (save_on_signal): SIGTERM / Ctrl-C / SIGUSR1 -> finish the step, save, stop, exit 143/130/138
@@ -189,16 +203,40 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         check_config_mup(self.model)
         apply_transfer(self.model, self.args.optimizer_kwargs)
 
+    def _row_tokens(self) -> Optional[int]:
+        """Tokens per training row: the recipe's data plan's, a stream's, or the first row's of a map-style set
+        (None for rows without a token column, or an iterable set that would have to be read for it)."""
+        if self._data_plan is not None:
+            return self._data_plan.row_length
+        data = self.train_dataset
+        if data is None:
+            return None
+        names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]
+        if not (isinstance(getattr(data, "row_length", None), int) or hasattr(data, "__getitem__")
+                or self._option("max_tokens") is not None):  # an iterable set: read its first row only for a budget
+            return None
+        try:
+            return _row_length(data, names[0])
+        except (KeyError, IndexError, TypeError, StopIteration):  # rows without input_ids
+            return None
+
+    def _make_plan(self) -> RunPlan:
+        """The run's :class:`~hf_fasttrain.config.plan.RunPlan` for the arguments as they are now."""
+        return RunPlan.from_args(self.args, data=self._data_plan, row_length=self._row_tokens(),
+                                 streaming=self.stream_position is not None if hasattr(self, "stream_position")
+                                 else isinstance(self.train_dataset, TokenStream), budget=self.budget)
+
+    def _hp_search_setup(self, trial):
+        """The Trainer's (a trial's settings set on the arguments), then the plan of those arguments."""
+        super()._hp_search_setup(trial)
+        if self.hp_search_backend is not None and trial is not None:
+            self.plan = self._make_plan()
+
     def _apply_budget_settings(self) -> dict[str, Any]:
         """``budget_aware``: the measured settings for this run's tokens per non-embedding parameter replace the
         given ones (:func:`hf_fasttrain.config.budget.apply_budget_settings`); returns what was chosen."""
-        row = getattr(self.train_dataset, "block_size", None)  # a TokenStream's rows
-        if row is None:
-            try:
-                row = len(self.train_dataset[0]["input_ids"])
-            except Exception:  # rows without input_ids
-                pass
-        applied = apply_budget_settings(self.args, run_tokens(self.args, row), non_embedding_parameters(self.model))
+        applied = apply_budget_settings(self.args, run_tokens(self.args, self._row_tokens()),
+                                        non_embedding_parameters(self.model))
         logger.info(describe_budget(applied))
         return applied
 
@@ -301,7 +339,13 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         host = inputs.pop(HOST_BATCH_KEY, None) if isinstance(inputs, MutableMapping) else None
         if self.run_record or self.token_progress is not None:
             self._count_tokens(inputs, host)
-        return super().training_step(model, inputs, num_items_in_batch)
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self._device_nan_filter and getattr(self, "_tr_loss", None) is not None:
+            # the Trainer's logging_nan_inf_filter, on the device: a NaN/inf loss adds the mean of the losses since
+            # the last log instead (the same value); its own check reads the loss to the host twice a micro-batch
+            fill = self._tr_loss / (1 + self.state.global_step - self._globalstep_last_logged)
+            loss = torch.where(torch.isfinite(loss), loss, fill.to(loss.dtype))
+        return loss
 
     def _count_tokens(self, inputs, host) -> None:
         """One token count per micro-batch: the throughput meter sums it until the next log, and the
@@ -330,9 +374,11 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         whose state_dict also holds the token count, so checkpoints restore it); else the Trainer's.
         With sequence-length warmup counted in tokens, the schedule spans the run's full-length steps and
         advances with the tokens trained on, reaching its end at the run's last step."""
-        if self.seqlen is not None:
+        if self.plan.length.schedule_steps is not None:  # the run's length is the plan's
+            num_training_steps = self.plan.length.schedule_steps
+        elif self.seqlen is not None:  # an epoch-based run: the Trainer's count, in the wiring's unit
             num_training_steps = self.seqlen.schedule_steps(num_training_steps)
-        spec = ScheduleSpec.from_args(FastOptions(self.args))
+        spec = self.plan.schedule
         if spec is None:
             scheduler = super().create_scheduler(num_training_steps, optimizer)
             if self.seqlen is not None:
@@ -402,7 +448,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if self._option("optimizer") is None or self.optimizer is not None:
             return super().create_optimizer(model)
         self._apply_transfer()  # again, for a model made by model_init after __init__ (a no-op otherwise)
-        spec = OptimizerSpec.from_args(self.args, num_training_steps=self.state.max_steps)
+        self.plan = self.plan.with_optimizer_steps(self.args, self.state.max_steps)  # an epoch-based run's, now known
+        spec = self.plan.optimizer
         opt_model = self.model if model is None else model
         sharding = detect_sharding(args=self.args, accelerator=self.accelerator, model=opt_model)
         self.optimizer = spec.build(opt_model, sharding=sharding)
@@ -430,14 +477,34 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         """``auto_resume`` with the run record on: off in neutral mode (``run_record`` off), which is the Trainer."""
         return bool(self.run_record and self._option("auto_resume"))
 
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
+                             trial):
+        """The Trainer's, then (run record on) this run's cadences on a resumed state: the Trainer takes logging,
+        eval and save steps from the checkpoint's trainer_state.json, so a rerun that changed them (an option
+        a resume applies and records) would keep the old ones."""
+        out = super()._init_training_state(max_steps, num_update_steps_per_epoch, num_train_epochs,
+                                           resume_from_checkpoint, trial)
+        if resume_from_checkpoint is not None and self.run_record:
+            self.state.compute_steps(self.args, max_steps)
+        return out
+
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        filtering = self._device_nan_filter  # the checkpoint's training_args.bin holds the arguments as given
+        if filtering:
+            self.args.logging_nan_inf_filter = True
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            if filtering:
+                self.args.logging_nan_inf_filter = False
         if self.run_record and self.is_world_process_zero():  # the checkpoint holds the run's options
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             if os.path.isdir(folder):
                 write_options(folder, self.run_options)
+                atomic_write_text(os.path.join(folder, PLAN_FILE),
+                                  json.dumps({"plan": self.plan.as_dict()}, indent=1, default=str))
 
     def checkpoint_extras(self) -> tuple[str, ...]:
         """Files this run's callbacks add to every checkpoint after the Trainer's (a checkpoint lacks them when a
@@ -448,9 +515,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         return extras
 
     def planned_steps(self) -> Optional[int]:
-        """The optimizer steps this run takes, known before it starts (None for an epoch-based run)."""
-        steps = self.args.max_steps
-        return steps if steps is not None and steps > 0 else None
+        """The optimizer steps this run takes, known before it starts (None for an epoch-based run): the plan's."""
+        return self.plan.length.optimizer_steps
 
     def plan_resume(self) -> ResumePlan:
         """``auto_resume``: what :meth:`train` without ``resume_from_checkpoint`` does with ``output_dir``: resume
@@ -468,18 +534,23 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                            required=self.checkpoint_extras(), stop_at_step=self._option("restart_stop_at_step"))
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        name = os.path.basename(os.path.normpath(self.args.output_dir)) or self.args.output_dir
+        decision, self.resume_decision = self.resume_decision, None  # the recipe's, for this call only
         if resume_from_checkpoint is None and trial is None and self._auto_resumes():
-            plan = self.plan_resume()  # refuses (one line) before any work when the options changed
-            name = os.path.basename(os.path.normpath(self.args.output_dir)) or self.args.output_dir
-            if plan.finished_at is not None:
+            decision = self.plan_resume()  # refuses (one line) before any work when the options changed
+            if decision.finished_at is not None:
                 if self.is_world_process_zero():
-                    logger.info("%s (outputs left as they are). To train longer, raise max_steps; to start over, "
-                                "use a new output_dir or %s", plan.describe(name), "overwrite_output_dir")
-                return self._finished_output(plan.checkpoint)
-            if plan.checkpoint is not None:
-                if self.is_world_process_zero():
-                    logger.info(plan.describe(name))
-                resume_from_checkpoint = plan.checkpoint
+                    say(f"{decision.describe(name)} (outputs left as they are). To train longer, raise max_steps; to "
+                        f"start over, use a new output_dir or overwrite_output_dir")
+                return self._finished_output(decision.checkpoint)
+            resume_from_checkpoint = decision.checkpoint
+        if decision is not None and decision.checkpoint and decision.checkpoint == resume_from_checkpoint:
+            self._check_plan(decision.checkpoint)  # a resume the run chose itself: its plan must be the checkpoint's
+        if resume_from_checkpoint and trial is None and self.run_record and self.is_world_process_zero():
+            # one visible line, whatever the script's logging: where this run continues from
+            said = decision is not None and decision.checkpoint == resume_from_checkpoint
+            where = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else "its last checkpoint"
+            say(decision.describe(name) if said else f"resuming {name} from {where}")
         if self.run_record and self.is_world_process_zero():
             config = {**self.run_config, **training_config(self.args)}
             block = (self.run_config.get("data") or {}).get("block_size")
@@ -497,12 +568,18 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             recorder.resume_dir = resume_dir
         # -- compiles: counted over this train() call, logged and written into run_info.json
         self._compile_counter = CompileCounter() if self.args.torch_compile else None
+        # the loss filter on the device (training_step) in place of the Trainer's, which reads every loss to the host
+        self._device_nan_filter = bool(self.run_record and self.args.logging_nan_inf_filter)
+        if self._device_nan_filter:
+            self.args.logging_nan_inf_filter = False
         try:
             if self.stream_position is None or not resume_from_checkpoint:
                 output = super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
             else:
                 output = self._train_from_stream_position(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
         finally:
+            if self._device_nan_filter:  # the arguments as given
+                self.args.logging_nan_inf_filter, self._device_nan_filter = True, False
             if self.graceful_stop is not None:  # an exception skipped on_train_end: the handlers go back here
                 self.graceful_stop.jit_manager.restore()
         if self.graceful_stop is not None and self.graceful_stop.stopped:
@@ -511,6 +588,29 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         if self._compile_counter is not None and self.run_record and self.is_world_process_zero():
             update_run_info(self.args.output_dir, self._compile_counter.stats())
         return output
+
+    def _check_plan(self, checkpoint: str) -> None:
+        """Refuse (one line, before training) to resume ``checkpoint`` when its plan (:data:`PLAN_FILE`) differs
+        from this run's in a technique's spec although the options agree: settings derived from them (a
+        ``budget_aware`` table, a default) changed since it was written. A checkpoint without a plan passes."""
+        from ._files import read_json_dict
+        from ._resume_identity import Change, RunOptionsChanged
+
+        saved = (read_json_dict(os.path.join(checkpoint, PLAN_FILE)) or {}).get("plan")
+        if not isinstance(saved, dict):
+            return
+        now = json.loads(json.dumps(self.plan.as_dict(), default=str))
+        changes = []
+        for section in ("optimizer", "schedule", "averaging", "guard", "budget"):
+            old, new = saved.get(section), now.get(section)
+            if isinstance(old, dict) and isinstance(new, dict):
+                changes += [Change(f"plan.{section}.{k}", old.get(k), new.get(k)) for k in dict.fromkeys([*old, *new])
+                            if old.get(k) != new.get(k)]
+            elif old != new:
+                changes.append(Change(f"plan.{section}", old, new))
+        if changes:
+            raise RunOptionsChanged(self.args.output_dir, checkpoint, changes,
+                                    "settings derived from the options differ from those it was trained with")
 
     def _finished_output(self, checkpoint: str):
         """What ``train()`` returns for a run already complete at ``checkpoint``: its state, no training."""
@@ -564,15 +664,13 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         return HostCopy(real) if isinstance(real, torch.Tensor) else real
 
     def _default_total_tokens(self, num_training_steps: int) -> int:
-        """Token budget when schedule_total_tokens is not given: steps x global batch x first row's length."""
-        try:
-            row_len = len(self.train_dataset[0]["input_ids"])
-        except Exception:
+        """Token budget when schedule_total_tokens is not given: steps x global batch x row length (the plan's)."""
+        row_len, global_batch = self.plan.length.row_length, self.plan.length.global_batch
+        if row_len is None:
             raise ValueError(
                 "schedule_unit='tokens' needs schedule_total_tokens: the train dataset has no indexable "
                 "'input_ids' rows to derive it from"
-            ) from None
-        global_batch = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
+            )
         total = num_training_steps * global_batch * row_len
         logger.info("schedule_total_tokens not set: using %d = %d steps x %d rows x %d tokens",
                     total, num_training_steps, global_batch, row_len)

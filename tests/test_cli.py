@@ -34,12 +34,12 @@ def test_short_help_starts_with_the_headline_options_and_shows_every_value():
     # every option of the package has its own row, each followed by its allowed values in full
     schema = load_schema()
     rows = {line.split()[0]: i for i, line in enumerate(lines) if line.startswith("  --")}
+    blocks = _option_blocks(lines)
     for opt in schema.values():
         if not opt.trainer:
             assert f"--{opt.name}" in rows, opt.name
-            assert lines[rows[f"--{opt.name}"] + 1].lstrip().startswith("values: "), opt.name
-    values = {name: lines[i + 1].split("values: ", 1)[1] for name, i in rows.items() if name.startswith("--")
-              and "values: " in lines[i + 1]}
+            assert f"--{opt.name}" in blocks and blocks[f"--{opt.name}"][1], opt.name  # its values follow its text
+    values = {name: block[1] for name, block in blocks.items() if block[1]}
     assert values["--optimizer"] == "adamw | lion | ademamix | soap | muon | null"
     assert "muon" in choices("optimizer")  # read from the optimizer registry
     assert values["--lr_decay"] == "cosine | sqrt | linear | 1-sqrt | constant | null"
@@ -56,10 +56,70 @@ def test_short_help_starts_with_the_headline_options_and_shows_every_value():
 
     # with a recipe, its values are the defaults shown
     tiny = render_help("d", _load_local_recipe("gpt2_tiny"), recipe_name="gpt2_tiny")
-    row = {line.split()[0]: line for line in tiny.splitlines() if line.startswith("  --")}
+    row = {name: block[0] for name, block in _option_blocks(tiny.splitlines()).items()}
     assert row["--optimizer"].endswith("[muon]") and row["--learning_rate"].endswith("[0.016]")
     assert row["--n_layer"].endswith("[2]")  # (the recipe gives its length as max_tokens: max_steps shows -1)
     assert "recipe gpt2_tiny's" in tiny
+
+
+def _option_blocks(lines):
+    """``--name -> (its help text, its values)`` from the short help: a row, its wrapped lines, then ``values:``."""
+    blocks, name, text, vals = {}, None, [], None
+    for line in [*lines, ""]:
+        if line.startswith("  --") or not line.startswith(" " * 34):
+            if name is not None:
+                blocks[name] = (" ".join(text), vals)
+            name, text, vals = (line.split()[0], [line[34:].strip()] if len(line) > 34 else [], None) \
+                if line.startswith("  --") else (None, [], None)
+        elif line.strip().startswith("values: "):
+            vals = line.split("values: ", 1)[1]
+        elif name is not None and vals is not None:  # the values wrapped
+            vals += " " + line.strip()
+        elif name is not None:
+            text.append(line.strip())
+    return blocks
+
+
+def test_short_help_shows_each_first_sentence_whole():
+    """One row an option: its first sentence whole (wrapped), never cut mid-phrase."""
+    from hf_fasttrain.config._options import _first_sentence, load_schema, render_help
+
+    text = render_help("Pretrain a causal language model.")
+    assert not [ln for ln in text.splitlines() if ln.rstrip().endswith("...")]
+    blocks = _option_blocks(text.splitlines())
+    for opt in load_schema().values():
+        if not opt.trainer and opt.help:
+            shown = blocks[f"--{opt.name}"][0]
+            assert shown.startswith(" ".join(_first_sentence(opt.help).split())), opt.name
+            opened, closed = (sum(shown.count(c) for c in cs) for cs in ("([{", ")]}"))
+            assert opened == closed, opt.name  # nothing cut inside brackets ("in (0, 1]" is one pair)
+    assert blocks["--vocab_size"][0].startswith("Vocabulary size of the trained BPE tokenizer (no tokenizer given), "
+                                                "an integer >= 260")
+
+
+def test_every_option_of_every_command_has_help():
+    import argparse
+
+    from hf_fasttrain.cli import _push_parser, _recipes_parser, _tokenize_parser
+    from hf_fasttrain.config.recipes import make_parser
+    from hf_fasttrain.run._generate import make_parser as generate_parser
+
+    parsers = {"train": make_parser(), "tokenize": _tokenize_parser(), "push-recipe": _push_parser(),
+               "recipes": _recipes_parser(), "generate": generate_parser()}
+    ours = {f.name for cls in _package_classes() for f in __import__("dataclasses").fields(cls)}
+    for command, parser in parsers.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            if command == "train" and action.dest not in ours and action.dest != "config":
+                continue  # a Trainer option: its help is transformers'
+            assert action.help and action.help.strip(), f"{command} {action.option_strings or action.dest}"
+
+
+def _package_classes():
+    from hf_fasttrain.config.args import DataArguments, FastTrainingArguments, ModelArguments
+
+    return (ModelArguments, DataArguments, FastTrainingArguments)
 
 
 def test_both_entry_points_print_one_help_text():
@@ -421,12 +481,15 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     # the same command again: nothing trains, nothing is written, the recorded final metrics come back
     before = _fingerprint(out)
     caplog.clear()
+    capsys.readouterr()
     again = run.train(*parse_config(argv))
     assert again == json.loads(json.dumps(first))
     assert _fingerprint(out) == before
     assert not (out / "checkpoint-5").exists()
-    assert f"run is complete: {out / 'checkpoint-4'} reached step 4, the run's last; nothing to train (max_steps 4;" \
-        in caplog.text
+    said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[hf_fasttrain] ")]
+    assert len(said) == 1 and said[0].startswith(  # on the console, whatever the logging setup
+        f"[hf_fasttrain] run is complete: {out / 'checkpoint-4'} reached step 4, the run's last; nothing to train "
+        "(max_steps 4;")
 
     # killed after its last checkpoint, before the final save: finished from checkpoint-4, no step 5
     (out / "metrics.json").unlink()
@@ -459,14 +522,19 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     hf_loggers = [logging.getLogger(n) for n in ("transformers.trainer", "transformers.modeling_utils")]
     for lg in hf_loggers:
         lg.addHandler(handler)
-    try:
-        run.train(*parse_config(argv))
+    capsys.readouterr()
+    try:  # with a new eval and save cadence, which the resumed run keeps to (the checkpoint's state has the old)
+        run.train(*parse_config([*argv, "--eval_steps", "1", "--save_steps", "1"]))
     finally:
         for lg in hf_loggers:
             lg.removeHandler(handler)
-    assert f"resuming run from {out / 'checkpoint-2'}" in caplog.text
+    said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[hf_fasttrain] resuming")]
+    assert said == [f"[hf_fasttrain] resuming run from {out / 'checkpoint-2'}; applying eval_steps 2 -> 1, "
+                    "save_steps 2 -> 1"]  # once: the recipe's decision, said by FastTrainer
     assert not [m for m in seen if "missing keys" in m or "loss_type" in m], seen
-    assert (out / "checkpoint-4").exists() and not (out / "checkpoint-5").exists()
+    assert (out / "checkpoint-3").exists() and (out / "checkpoint-4").exists() and not (out / "checkpoint-5").exists()
+    evals = [h["step"] for h in json.loads((out / "metrics.json").read_text())["history"] if "eval_loss" in h]
+    assert evals == [0, 2, 3, 4]
 
 
 def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
@@ -595,3 +663,52 @@ def test_the_other_commands_refuse_in_the_same_style(tmp_path, capsys):
         assert err == f"error: {expected}\n", argv
         assert ONE_STYLE.match(err), err
 
+
+
+# -- refusals decided from the arguments and the model config: before any data, and nothing left behind ------------
+def _tiny_base(path: Path) -> str:
+    from conftest import make_tiny_gpt2
+
+    make_tiny_gpt2(300, n_positions=32).save_pretrained(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("case", ["missing tokenizer", "n_positions", "base positions", "vocab_size"])
+def test_argument_refusals_come_before_any_data_and_leave_no_folder(case, tmp_path, capsys, monkeypatch):
+    from hf_fasttrain.cli import main
+    from hf_fasttrain.data import front
+
+    def no_data(self):
+        raise AssertionError("the data was read before the refusal")
+
+    monkeypatch.setattr(front.RunData, "load", no_data)
+    monkeypatch.chdir(tmp_path)
+    flags, expected = {
+        "missing tokenizer": (["--tokenizer", "./no_tok"],
+                              "tokenizer: the folder or file './no_tok' does not exist; give a save_pretrained folder"),
+        "n_positions": (["--block_size", "64", "--n_positions", "32"],
+                        "n_positions: got 32; must be >= data block_size=64"),
+        "base positions": (["--model_name_or_path", "base", "--block_size", "64"],
+                           "block_size: got 64, above the 32 positions of the base 'base'; block_size <= 32"),
+        "vocab_size": (["--vocab_size", "100"], "vocab_size: got 100; must be an integer >= 260"),
+    }[case]
+    if case == "base positions":
+        _tiny_base(tmp_path / "base")
+        capsys.readouterr()
+    out = tmp_path / "new" / "run"
+    assert main(["train", "--config", "gpt2_tiny", "--output_dir", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {expected}") and err.count("\n") == 1, err
+    assert not (tmp_path / "new").exists()  # the folders this command made are gone again
+
+
+def test_a_data_refusal_leaves_no_folder_it_made_and_keeps_one_that_was_there(tmp_path, capsys):
+    from hf_fasttrain.cli import main
+
+    for out in (tmp_path / "made" / "run", tmp_path / "there"):
+        (tmp_path / "there").mkdir(exist_ok=True)
+        code = main(["train", "--config", "gpt2_tiny", "--output_dir", str(out), "--dataset",
+                     str(tmp_path / "missing.txt")])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("error: dataset: ") and err.count("\n") == 1, err
+    assert not (tmp_path / "made").exists() and (tmp_path / "there").is_dir()

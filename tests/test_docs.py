@@ -453,16 +453,19 @@ def _rerun_section() -> str:
         by_reason.setdefault(reason, []).append(f"`{name}`")
     rows = "\n".join(f"| {', '.join(names)} | {reason} |" for reason, names in by_reason.items())
     return ("## What a rerun may change\n\n"
-            "A run resumes from the last checkpoint of its output_dir (`auto_resume`: the recipe, and "
-            "`FastTrainer.train()` without `resume_from_checkpoint`) after comparing its options with those the "
-            "checkpoint holds (`run_options.json`; an older checkpoint: the output_dir's `config.yaml`). The options "
-            "below are applied and recorded; any other difference (lr, schedule, optimizer and its kwargs, batch, "
+            "A run resumes from the last checkpoint of its output_dir with `auto_resume`: on by default in the recipe "
+            "and `hf-fasttrain train`, and `auto_resume=True` in a script (with the default, `FastTrainer.train()` "
+            "starts fresh as the Trainer does, unless given `resume_from_checkpoint`). It first compares its options "
+            "with those the checkpoint holds (`run_options.json`; an older checkpoint: the output_dir's "
+            "`config.yaml`). The options below are applied and recorded: a new logging, evaluation or save cadence "
+            "is the one the resumed run keeps. Any other difference (lr, schedule, optimizer and its kwargs, batch, "
             "model, data, seeds, ...) is refused before any work, in one line naming each field with its old and new "
-            "value: use a new `--output_dir`, or `--overwrite_output_dir` to discard the old run. A longer or shorter "
-            "`max_steps` (or `max_tokens`) continues the run only when nothing is laid out over its length (a "
-            "constant lr, a warmup given in steps, no sequence-length, curriculum or batch-size warmup, no "
-            "`budget_aware`); otherwise the refusal says which part spans it. A finished run rerun unchanged trains "
-            "nothing and says so.\n\n| may change on resume | why |\n|---|---|\n" + rows + "\n")
+            "value: use a new `--output_dir`, or `--overwrite_output_dir` to discard the old run. `--dry_run` makes "
+            "the same comparison. A longer or shorter `max_steps` (or `max_tokens`) continues the run only when "
+            "nothing is laid out over its length (a constant lr, a warmup given in steps, no sequence-length, "
+            "curriculum or batch-size warmup, no AdEMAMix warmup over the run, no `budget_aware`); otherwise the "
+            "refusal says which part spans it. A finished run rerun unchanged trains nothing and says so."
+            "\n\n| may change on resume | why |\n|---|---|\n" + rows + "\n")
 
 
 def render_options_page() -> str:

@@ -7,6 +7,7 @@ straight run's except the documented wall-clock keys.
 """
 
 import dataclasses
+import logging
 import json
 import os
 import types
@@ -17,7 +18,7 @@ import pytest
 import torch
 from datasets import Dataset
 from torch import nn
-from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
+from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 
 from hf_fasttrain import FastTrainer, FastTrainingArguments
 from hf_fasttrain.config.args import FastOptions, fast_option
@@ -408,3 +409,76 @@ def test_data_holds_no_trainer_wiring():
             if isinstance(node, ast.ImportFrom) and node.level >= 2 and node.module not in ("_validation", "_version"):
                 assert False, f"{path.name} imports {'.' * node.level}{node.module} from above data/"
     assert not hasattr(data, "batch_sampler_dataloader")
+
+
+# --- a second train() into the same output_dir: what the Trainer does -------------------------------------------
+def _train_twice(cls, args_cls, out, tok, lm, **kw):
+    """Two trainers, one after the other, into the same output_dir (transformers' own tests do this): the second
+    finds the first one's checkpoints there. Returns both, trained."""
+    runs = []
+    for _ in range(2):
+        base = dict(output_dir=str(out), max_steps=6, per_device_train_batch_size=4, learning_rate=3e-3,
+                    logging_steps=2, save_strategy="steps", save_steps=3, **QUIET)
+        base.update(kw)
+        trainer = _gpt2_trainer(cls, args_cls(**base), tok, lm)
+        trainer.train()
+        runs.append(trainer)
+    return runs
+
+
+def _losses(trainer):
+    return [(e["step"], e["loss"]) for e in trainer.state.log_history if "loss" in e]
+
+
+@pytest.mark.slow
+def test_a_second_train_into_a_used_output_dir_starts_fresh_as_the_trainer_does(tiny_lm, tiny_tokenizer, tmp_path):
+    ref = _train_twice(Trainer, TrainingArguments, tmp_path / "ref", tiny_tokenizer, tiny_lm)
+    # the second differs from the first where a resume would refuse it (transformers' tests change lr and length)
+    fast = _train_twice(FastTrainer, FastTrainingArguments, tmp_path / "fast", tiny_tokenizer, tiny_lm)
+    assert [t.state.global_step for t in fast] == [t.state.global_step for t in ref] == [6, 6]
+    assert _losses(fast[1]) == _losses(ref[1]) == _losses(ref[0])  # a fresh run: the first's losses again
+    assert len(_losses(fast[1])) == 3 and _losses(fast[1])[0][1] > _losses(fast[1])[-1][1]
+    # with another lr the second run trains (the Trainer does), not a RunOptionsChanged refusal
+    out = tmp_path / "other"
+    _gpt2_trainer(FastTrainer, FastTrainingArguments(output_dir=str(out), max_steps=3, save_steps=3,
+                                                     learning_rate=3e-3, **QUIET), tiny_tokenizer, tiny_lm).train()
+    second = _gpt2_trainer(FastTrainer, FastTrainingArguments(output_dir=str(out), max_steps=4, learning_rate=0.1,
+                                                              **QUIET), tiny_tokenizer, tiny_lm)
+    assert second.train().global_step == 4
+
+
+@pytest.mark.slow
+def test_running_training_is_logged_by_every_train_as_the_trainer_does(tiny_lm, tiny_tokenizer, tmp_path):
+    from transformers.testing_utils import CaptureLogger, LoggingLevel
+    from transformers.utils import logging as hf_logging
+
+    said = {}
+    for name, cls, args_cls in (("trainer", Trainer, TrainingArguments),
+                                ("fast", FastTrainer, FastTrainingArguments)):
+        with LoggingLevel(logging.INFO), CaptureLogger(hf_logging.get_logger()) as cl:
+            _train_twice(cls, args_cls, tmp_path / name, tiny_tokenizer, tiny_lm, max_steps=3, log_level="debug")
+        said[name] = cl.out.count("***** Running training *****")
+    assert said == {"trainer": 2, "fast": 2}
+
+
+@pytest.mark.slow
+def test_auto_resume_true_in_a_script_resumes_and_says_so_in_one_line(tiny_lm, tiny_tokenizer, tmp_path, capfd):
+    out = tmp_path / "run"
+    kw = dict(output_dir=str(out), max_steps=6, per_device_train_batch_size=4, learning_rate=3e-3, logging_steps=1,
+              save_strategy="steps", save_steps=3, lr_scheduler_type="constant", auto_resume=True, **QUIET)
+    _gpt2_trainer(FastTrainer, FastTrainingArguments(**kw), tiny_tokenizer, tiny_lm, callbacks=[StopAt(3)]).train()
+    capfd.readouterr()
+    steps = _StepsTaken()
+    again = _gpt2_trainer(FastTrainer, FastTrainingArguments(**kw), tiny_tokenizer, tiny_lm, callbacks=[steps])
+    again.train()  # no logging set up in this process: the line is printed, not logged
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("[hf_fasttrain]")]
+    assert lines == [f"[hf_fasttrain] resuming run from {out / 'checkpoint-3'}"]
+    assert steps.taken == [4, 5, 6]  # it continued: steps 1-3 are the checkpoint's
+
+
+class _StepsTaken(TrainerCallback):
+    def __init__(self):
+        self.taken = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.taken.append(state.global_step)

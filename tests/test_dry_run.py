@@ -74,3 +74,65 @@ def test_dry_run_refuses_as_a_run_does(tmp_path, capsys):
                        "--dry_run"]) == 2
     assert capsys.readouterr().err == "error: min_lr_ratio: got 2.0; must be in [0, 1] or null\n"
     assert not (tmp_path / "r").exists()
+
+
+RECIPE = ["--config", "gpt2_tiny", "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", "32",
+          "--vocab_size", "300", "--max_steps", "8", "--warmup_steps", "1", "--report_to", "none"]
+
+
+def _checkpointed(out, step, argv, **trained_with):
+    """An output_dir holding checkpoint-<step> of a run of ``argv`` whose options differed by ``trained_with``."""
+    import json
+
+    from hf_fasttrain._resume_identity import write_options
+    from hf_fasttrain.callbacks.averaging import AVERAGE_FILE
+    from hf_fasttrain.config.recipes import parse_config, resolved_config
+
+    options = resolved_config(*parse_config([*argv, "--output_dir", str(out)]))
+    options.update(trained_with)
+    ckpt = out / f"checkpoint-{step}"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 8}))
+    (ckpt / AVERAGE_FILE).write_bytes(b"")  # gpt2_tiny keeps an EMA in every checkpoint
+    write_options(str(ckpt), options)
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("step, trained_with, flags, said", [
+    (4, {"learning_rate": 0.01}, [], "holds a run (checkpoint-4) trained with other options: learning_rate 0.01 -> "
+                                     "0.016; use a new --output_dir"),
+    (8, {}, ["--max_steps", "12"], "holds a run (checkpoint-8) trained with other options: max_steps 8 -> "
+                                   "12 (the lr schedule (lr_decay 'cosine') decays over the run's length)"),
+])
+def test_dry_run_refuses_the_rerun_the_run_refuses(step, trained_with, flags, said, tmp_path, capsys):
+    from hf_fasttrain.cli import main, run_recipe
+
+    out = tmp_path / "run"
+    before = _checkpointed(out, step, RECIPE, **trained_with)
+    argv = [*RECIPE, *flags, "--output_dir", str(out)]
+    assert run_recipe([*argv, "--dry_run"]) == 2
+    dry = capsys.readouterr()
+    assert dry.out == "" and dry.err.count("\n") == 1 and said in dry.err, dry.err
+    assert main(["train", *argv]) == 2  # the run itself: the same line
+    assert capsys.readouterr().err == dry.err
+    assert {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+    # the same rerun with --overwrite_output_dir: a dry run prints the options and deletes nothing
+    assert run_recipe([*argv, "--overwrite_output_dir", "--dry_run"]) == 0
+    assert {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == before
+
+
+def test_dry_run_labels_a_length_replaced_by_the_other_unit_as_derived(tmp_path, capsys):
+    from hf_fasttrain.cli import run_recipe
+
+    assert run_recipe(["--config", "gpt2_tiny", "--max_steps", "30", "--output_dir", str(tmp_path / "r"),
+                       "--dry_run"]) == 0
+    text = capsys.readouterr().out
+    source = {line.split(":")[0].strip(): line.rsplit("# ", 1)[1] for line in text.splitlines() if "  # " in line}
+    assert yaml.safe_load(text)["max_tokens"] is None  # the recipe's max_tokens gave way to --max_steps
+    assert source["max_tokens"] == "derived" and source["max_steps"] == "flag"
+    assert run_recipe(["--config", "gpt2_tiny", "--output_dir", str(tmp_path / "r"), "--dry_run"]) == 0
+    text = capsys.readouterr().out
+    source = {line.split(":")[0].strip(): line.rsplit("# ", 1)[1] for line in text.splitlines() if "  # " in line}
+    printed = yaml.safe_load(text)  # the recipe's max_tokens: its optimizer steps, as the run records them
+    assert source["max_tokens"] == "recipe" and printed["max_tokens"] == 614400
+    assert printed["max_steps"] == 343 and source["max_steps"] == "derived"

@@ -115,7 +115,8 @@ def test_a_run_with_weight_averaging_resumes_only_from_a_checkpoint_with_its_ave
     _ckpt(tmp_path, 5)
     _ckpt(tmp_path, 10)
     (tmp_path / "checkpoint-5" / "weight_average.pt").write_bytes(b"x")
-    ema = FastTrainingArguments(output_dir=str(tmp_path), weight_averaging="ema", report_to="none", use_cpu=True)
-    plain = FastTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    ema = FastTrainingArguments(output_dir=str(tmp_path), weight_averaging="ema", report_to="none", use_cpu=True,
+                                auto_resume=True)
+    plain = FastTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, auto_resume=True)
     assert find_resume_checkpoint(ema) == str(tmp_path / "checkpoint-5")
     assert find_resume_checkpoint(plain) == str(tmp_path / "checkpoint-10")

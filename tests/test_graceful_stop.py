@@ -89,7 +89,7 @@ class _SignalDuringStep(TrainerCallback):
 
 def _trainer(out, tok, lm, callbacks=(), **overrides):
     kw = dict(max_steps=8, save_strategy="steps", save_steps=3, eval_strategy="steps", eval_steps=4,
-              weight_averaging="ema", ema_decay=0.9, divergence_guard=True, guard_snapshot_every=3)
+              weight_averaging="ema", ema_decay=0.9, divergence_guard=True, guard_snapshot_every=3, auto_resume=True)
     kw.update(overrides)
     return FastTrainer(model=make_tiny_gpt2(len(tok)), args=tiny_args(out, **kw), train_dataset=lm["train"],
                        eval_dataset=lm["validation"].select(range(16)), processing_class=tok,
@@ -145,6 +145,20 @@ def test_sigterm_mid_step_saves_that_step_and_the_rerun_is_bit_exact(step, strai
     ema_a = straight.weight_averaging.average.state_dict()["ema"]
     ema_b = resumed.weight_averaging.average.state_dict()["ema"]
     assert ema_a and ema_a.keys() == ema_b.keys() and all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)
+
+
+@pytest.mark.slow
+def test_the_stop_line_of_a_script_at_the_defaults_names_the_checkpoint_to_resume(tiny_lm, tiny_tokenizer, tmp_path,
+                                                                                   capsys):
+    """FastTrainingArguments' defaults start fresh on a rerun (the Trainer's way): the line says how to resume."""
+    trainer = _trainer(tmp_path, tiny_tokenizer, tiny_lm, max_steps=4, eval_strategy="no", weight_averaging="none",
+                       divergence_guard=False, auto_resume=False, callbacks=[_SignalDuringStep(2)])
+    with pytest.raises(TrainingStopped):
+        trainer.train()
+    ckpt = str(tmp_path / "checkpoint-2")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"stopped at step 2: saved checkpoint-2; resume with train(resume_from_checkpoint={ckpt!r}) "
+        f"(or --resume_from_checkpoint {ckpt})")
 
 
 @pytest.mark.slow

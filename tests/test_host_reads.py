@@ -1,5 +1,6 @@
-"""Host reads (device -> host syncs) per training step, counted on CPU: FastTrainer with the GPU recipe's
-options reads no more than the plain Trainer, apart from the divergence guard's one exact read.
+"""Host reads (device -> host syncs) per training step, counted on CPU: FastTrainer with the recipe's options reads
+no more than the plain Trainer. The divergence guard reads its statistics once a step; the Trainer's NaN/inf loss
+filter, two reads a micro-batch, runs on the device in FastTrainer (the same logged values).
 
 A read is a call of ``Tensor.item``, ``__float__``, ``__int__``, ``__bool__`` or ``tolist``
 (``benchmarks._harness.HostReadCounter``); on a GPU each one waits for every kernel queued before it. The counts
@@ -113,9 +114,14 @@ class _TokenPath:
 
 
 @pytest.mark.slow  # Muon's bf16 Newton-Schulz is slow on a CPU
-def test_fasttrainer_recipe_reads_3_plus_the_guards_1(tiny_lm, tiny_tokenizer, tmp_path, monkeypatch):
+def test_fasttrainer_recipe_reads_no_more_than_the_trainer(tiny_lm, tiny_tokenizer, tmp_path, monkeypatch):
+    """The guard reads its statistics once a step; the Trainer's NaN/inf loss filter (two reads a micro-batch) runs
+    on the device instead: fewer reads than the plain Trainer's, measured side by side."""
+    plain = TrainingArguments(output_dir=str(tmp_path / "plain"), use_cpu=True, report_to="none", save_strategy="no",
+                              disable_tqdm=True, dataloader_num_workers=0, **COMMON)
+    trainer_reads = _reads_per_step(Trainer, plain, tiny_tokenizer, tiny_lm["train"])
     path = _TokenPath(monkeypatch)
-    args = tiny_args(tmp_path, **{**COMMON, **RECIPE})
+    args = tiny_args(tmp_path / "fast", **{**COMMON, **RECIPE})
     out = []
     reads = _reads_per_step(FastTrainer, args, tiny_tokenizer, tiny_lm["train"], out)
     # the token count reached the schedule without a read or a wait: 6 steps x 4 rows x 32 tokens, all real,
@@ -123,17 +129,68 @@ def test_fasttrainer_recipe_reads_3_plus_the_guards_1(tiny_lm, tiny_tokenizer, t
     assert out[0].token_progress.tokens_seen == 6 * 4 * 32
     assert path.ints() and len(path.added) == 6 and path.host_copies == 0
     assert out[0].lr_scheduler.get_last_lr()[0] == pytest.approx(1e-4)  # the cosine's floor at the budget
-    expected = TRAINER_READS + GUARD_READS
-    assert reads == [expected] * 5, (
-        f"FastTrainer with Muon, guard, run record, token schedule, EMA: {reads} host reads per step, expected "
-        f"{expected} (the Trainer's 3 + the guard's 1)")
+    assert trainer_reads == [TRAINER_READS] * 5
+    assert reads == [TRAINER_READS - 2 + GUARD_READS] * 5, reads  # the Trainer's, less its filter, plus the guard's
+    assert max(reads) <= min(trainer_reads)
+    assert out[0].args.logging_nan_inf_filter is True  # the arguments as given, after the run
 
 
 @pytest.mark.slow
-def test_fasttrainer_recipe_without_guard_reads_as_the_trainer(tiny_lm, tiny_tokenizer, tmp_path):
+def test_recipe_with_sequence_length_warmup_reads_no_more_than_the_trainer(tiny_lm, tiny_tokenizer, tmp_path):
+    """The recipe's options on CPU (AdamW, guard, EMA, run record with its throughput counts, sequence-length
+    warmup, checkpoints): per non-logging step, no more host reads than the plain Trainer makes."""
+    plain = TrainingArguments(output_dir=str(tmp_path / "plain"), use_cpu=True, report_to="none", save_strategy="no",
+                              disable_tqdm=True, dataloader_num_workers=0, **COMMON)
+    trainer_reads = _reads_per_step(Trainer, plain, tiny_tokenizer, tiny_lm["train"])
+    options = {**COMMON, **RECIPE, "optimizer": "adamw", "seq_len_warmup_min": 8, "seq_len_warmup_fraction": 0.5,
+               "schedule_unit": "steps", "schedule_total_tokens": None}
+    reads = _reads_per_step(FastTrainer, tiny_args(tmp_path / "fast", **options), tiny_tokenizer, tiny_lm["train"])
+    assert len(reads) == 5 and max(reads) <= min(trainer_reads), (reads, trainer_reads)
+
+
+@pytest.mark.slow
+def test_fasttrainer_recipe_without_guard_reads_less_than_the_trainer(tiny_lm, tiny_tokenizer, tmp_path):
     args = tiny_args(tmp_path, **{**COMMON, **RECIPE, "divergence_guard": False})
     reads = _reads_per_step(FastTrainer, args, tiny_tokenizer, tiny_lm["train"])
-    assert reads == [TRAINER_READS] * 5, f"FastTrainer recipe without the guard: {reads} host reads per step, expected 3"
+    assert reads == [TRAINER_READS - 2] * 5, f"FastTrainer recipe without the guard: {reads} host reads per step"
+
+
+class _NaNLossAt:
+    """compute_loss whose value is NaN at the given micro-batches (its gradient is the real loss's, so training goes
+    on): the loss filter's input."""
+
+    nan_at = (3, 4)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls in self.nan_at:
+            loss = loss + (torch.full_like(loss, float("nan")) - loss).detach()
+        return loss
+
+
+class _NaNTrainer(_NaNLossAt, Trainer):
+    pass
+
+
+class _NaNFastTrainer(_NaNLossAt, FastTrainer):
+    pass
+
+
+@pytest.mark.slow
+def test_the_loss_filter_on_the_device_logs_what_the_trainers_logs(tiny_lm, tiny_tokenizer, tmp_path):
+    kw = dict(max_steps=6, per_device_train_batch_size=4, logging_steps=2, learning_rate=1e-3, save_strategy="no",
+              report_to="none", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
+    logs = {}
+    for name, cls, args in (("trainer", _NaNTrainer, TrainingArguments(output_dir=str(tmp_path / "a"), **kw)),
+                            ("fast", _NaNFastTrainer, tiny_args(tmp_path / "b", **kw))):
+        trainer = cls(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"],
+                      data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False),
+                      processing_class=tiny_tokenizer)
+        trainer.train()
+        logs[name] = [(e["step"], e["loss"]) for e in trainer.state.log_history if "loss" in e]
+    assert logs["fast"] == logs["trainer"] and len(logs["fast"]) == 3
+    assert all(loss == loss for _, loss in logs["fast"])  # the NaN losses were filtered, not logged
 
 
 # ---- the token count comes from the batch while it is on the host ---------------------------------------

@@ -44,6 +44,10 @@ def test_option_changes_flattens_sections_and_ignores_what_the_record_lacks():
     ({"lr_decay": "constant", "seq_len_warmup_min": 16},
      "the sequence-length warmup (seq_len_warmup_min 16) spans a fraction of the run's length"),
     ({"lr_decay": "constant", "budget_aware": True}, "budget_aware chose its settings for the run's length"),
+    ({"lr_decay": "constant", "optimizer": "ademamix"},
+     "AdEMAMix warms alpha and beta3 up over the run's length (T_alpha_beta3 = max_steps)"),
+    ({"lr_decay": "constant", "optimizer": "ademamix", "optimizer_kwargs": '{"T_alpha_beta3": 50}'}, None),
+    ({"lr_decay": "constant", "optimizer": "ademamix", "optimizer_kwargs": {"T_alpha_beta3": None}}, None),
 ])
 def test_length_blocker_table(options, blocker):
     assert length_blocker(options) == blocker
@@ -73,7 +77,7 @@ def test_refusal_is_one_line_naming_each_field_and_the_two_ways_on():
 # --- FastTrainer in a user's own script --------------------------------------------------------------------------
 
 def _trainer(out, tok, lm, callbacks=(), **overrides):
-    kw = dict(max_steps=6, save_strategy="steps", save_steps=3, lr_decay="cosine", warmup_steps=1)
+    kw = dict(max_steps=6, save_strategy="steps", save_steps=3, lr_decay="cosine", warmup_steps=1, auto_resume=True)
     kw.update(overrides)
     return FastTrainer(model=make_tiny_gpt2(len(tok)), args=tiny_args(out, **kw), train_dataset=lm["train"],
                        processing_class=tok, data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
@@ -118,7 +122,7 @@ def test_a_changed_option_is_refused_before_any_work(change, named, stopped, tin
 
 
 def test_the_script_run_again_resumes_by_itself_and_ends_as_the_straight_run(stopped, tiny_lm, tiny_tokenizer,
-                                                                             tmp_path, caplog):
+                                                                             tmp_path, capfd):
     import shutil
 
     out = tmp_path / "again"
@@ -126,12 +130,14 @@ def test_the_script_run_again_resumes_by_itself_and_ends_as_the_straight_run(sto
     options = json.loads((out / "checkpoint-3" / OPTIONS_FILE).read_text())["options"]
     assert options["learning_rate"] == 3e-3 and options["lr_decay"] == "cosine"
     again = _trainer(out, tiny_tokenizer, tiny_lm, logging_steps=2)  # logging cadence may change
-    with caplog.at_level(logging.INFO, logger="hf_fasttrain"):
-        again.train()
-    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resuming")]
-    assert said == [f"resuming again from {out / 'checkpoint-3'}; applying logging_steps 1 -> 2"]
+    capfd.readouterr()
+    again.train()
+    said = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("[hf_fasttrain]")]
+    assert said == [f"[hf_fasttrain] resuming again from {out / 'checkpoint-3'}; applying logging_steps 1 -> 2"]
     losses = _losses(again)
-    assert {s: losses[s] for s in (4, 6)} == {s: stopped[1][s] for s in (4, 6)}  # bit-equal to the straight run
+    assert sorted(s for s in losses if s > 3) == [4, 6]  # logged at the new cadence, every 2 steps
+    assert losses[4] == stopped[1][4]  # bit-equal to the straight run; step 6 logs the mean of steps 5 and 6
+    assert losses[6] == pytest.approx((stopped[1][5] + stopped[1][6]) / 2, rel=1e-6)
     for p, q in zip(stopped[2].model.parameters(), again.model.parameters()):
         assert torch.equal(p, q)
     import yaml
@@ -139,14 +145,12 @@ def test_the_script_run_again_resumes_by_itself_and_ends_as_the_straight_run(sto
     assert yaml.safe_load((out / "config.yaml").read_text())["logging_steps"] == 2  # the record says what ran
 
     # run once more, unchanged: the run is complete, nothing trains
-    caplog.clear()
     done = _trainer(out, tiny_tokenizer, tiny_lm, logging_steps=2)
     before = _record(out)
-    with caplog.at_level(logging.INFO, logger="hf_fasttrain"):
-        result = done.train()
+    result = done.train()
     assert result.global_step == 6 and _record(out) == before
-    assert any(r.getMessage().startswith("again is complete: ") and "nothing to train" in r.getMessage()
-               for r in caplog.records)
+    said = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("[hf_fasttrain]")]
+    assert len(said) == 1 and said[0].startswith("[hf_fasttrain] again is complete: ") and "nothing to train" in said[0]
 
 
 def test_a_longer_run_continues_where_its_schedule_does_not_depend_on_its_length(tiny_lm, tiny_tokenizer, tmp_path):
@@ -220,3 +224,55 @@ def test_the_recipe_refuses_a_changed_rerun_in_one_line_exit_2_and_writes_nothin
                    "optimizer 'adamw' -> 'muon'; use a new --output_dir for this run, or add --overwrite_output_dir to "
                    "discard the old run (its checkpoints are deleted)\n")
     assert _files(out) == before  # nothing written: not config.yaml, not run_info.json, no checkpoint
+
+
+def test_a_rerun_with_a_new_cadence_evaluates_logs_and_saves_at_it(tiny_lm, tiny_tokenizer, tmp_path):
+    """A 20-step run stopped at checkpoint-12, rerun with new eval/save/logging steps: the resumed run keeps to the
+    new ones (the checkpoint's trainer_state.json carries the old ones), and config.yaml records them."""
+    import yaml
+
+    from conftest import StopAt
+
+    out = tmp_path / "cadence"
+
+    def trainer(callbacks=(), **cadence):
+        kw = dict(max_steps=20, lr_decay="constant", warmup_steps=0, eval_strategy="steps", **cadence)
+        return FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=tiny_args(out, auto_resume=True, **kw),
+                           train_dataset=tiny_lm["train"], eval_dataset=tiny_lm["validation"].select(range(8)),
+                           processing_class=tiny_tokenizer, callbacks=list(callbacks),
+                           data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False))
+
+    first = trainer([StopAt(12)], eval_steps=10, save_strategy="steps", save_steps=6, logging_steps=6)
+    first.train()
+    assert [e["step"] for e in first.state.log_history if "eval_loss" in e] == [10]
+    again = trainer(eval_steps=4, save_strategy="steps", save_steps=5, logging_steps=2)
+    again.train()
+    history = again.state.log_history
+    assert [e["step"] for e in history if "eval_loss" in e] == [10, 16, 20]
+    assert [e["step"] for e in history if "loss" in e] == [6, 12, 14, 16, 18, 20]
+    assert sorted(int(p.split("-")[1]) for p in os.listdir(out) if p.startswith("checkpoint-")) == [6, 12, 15, 20]
+    recorded = yaml.safe_load((out / "config.yaml").read_text())
+    assert (recorded["eval_steps"], recorded["save_steps"], recorded["logging_steps"]) == (4, 5, 2)
+    saved = json.loads((out / "checkpoint-20" / "trainer_state.json").read_text())
+    assert (saved["eval_steps"], saved["save_steps"], saved["logging_steps"]) == (4, 5, 2)
+
+
+def test_ademamix_refuses_a_longer_run_and_keeps_a_fixed_warmup(tiny_lm, tiny_tokenizer, tmp_path):
+    """AdEMAMix's alpha/beta3 warmup spans max_steps: a longer rerun is refused in one line (the optimizer state it
+    would load says T_alpha_beta3 = the old length). With T_alpha_beta3 given, the run continues and keeps it."""
+    const = dict(lr_decay="constant", warmup_steps=0, optimizer="ademamix")
+    out = tmp_path / "ademamix"
+    _trainer(out, tiny_tokenizer, tiny_lm, max_steps=3, **const).train()
+    longer = _trainer(out, tiny_tokenizer, tiny_lm, max_steps=6, **const)
+    with pytest.raises(RunOptionsChanged) as err:
+        longer.train()
+    assert "max_steps 3 -> 6 (AdEMAMix warms alpha and beta3 up over the run's length" in str(err.value)
+    assert "\n" not in str(err.value) and longer.state.global_step == 0
+
+    fixed = dict(const, optimizer_kwargs={"T_alpha_beta3": 4})
+    out = tmp_path / "fixed"
+    _trainer(out, tiny_tokenizer, tiny_lm, max_steps=3, **fixed).train()
+    longer = _trainer(out, tiny_tokenizer, tiny_lm, max_steps=6, **fixed)
+    longer.train()
+    assert longer.state.global_step == 6
+    assert {g["T_alpha_beta3"] for g in longer.optimizer.param_groups} == {4}

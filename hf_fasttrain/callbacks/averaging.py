@@ -53,6 +53,8 @@ class WeightAveragingCallback(TrainerCallback):
         lawa_k: LAWA: the number of copies kept.
         lawa_interval: LAWA: optimizer steps between copies.
         swap_for_eval: swap the average in for the Trainer's evaluations during training.
+        spec: the settings as one :class:`~hf_fasttrain.stability.averaging.AveragingSpec` (a run plan's), in place
+            of the five above.
 
     Attributes:
         resume_dir: the checkpoint a resume starts from, when it is not ``output_dir/checkpoint-<step>``
@@ -64,9 +66,12 @@ class WeightAveragingCallback(TrainerCallback):
     """
 
     def __init__(self, mode: str = "ema", decay: float = 0.99, warmup: bool = True, update_every: int = 1,
-                 lawa_k: int = 5, lawa_interval: int = 10, swap_for_eval: bool = True):
-        spec = AveragingSpec(mode, decay, warmup, update_every, lawa_k, lawa_interval)
-        spec.validate()
+                 lawa_k: int = 5, lawa_interval: int = 10, swap_for_eval: bool = True,
+                 spec: Optional[AveragingSpec] = None):
+        if spec is None:  # else the run plan's, checked when it was made
+            spec = AveragingSpec(mode, decay, warmup, update_every, lawa_k, lawa_interval)
+            spec.validate()
+        mode = spec.mode
         if mode == "none":
             raise ConfigError("mode", "none", "allowed: ema, lawa", problem="got 'none', which has no average to keep")
         self.settings = dataclasses.asdict(spec)

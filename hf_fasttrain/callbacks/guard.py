@@ -20,7 +20,7 @@ import logging
 import math
 import os
 from dataclasses import fields
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from transformers import TrainerCallback
@@ -449,17 +449,19 @@ class DivergenceGuardCallback(TrainerCallback, ExportableState):
         logger.warning(f"DivergenceGuardCallback: step {step}: {kind}: {reason}")
 
 
-def stability_callbacks(args: Any) -> list[TrainerCallback]:
+def stability_callbacks(args: Any, guard: Optional[GuardConfig] = None) -> list[TrainerCallback]:
     """The callbacks that ``FastTrainingArguments`` ask for, guard first (it must see unclipped gradients).
 
     ``clip_mode`` 'value' or 'agc' gives a :class:`GradientClippingCallback`; 'norm' is the Trainer's own
     clipping with ``max_grad_norm`` and 'none' clips nothing (FastTrainer turns the Trainer's norm clip
     off for both). ``divergence_guard`` gives a :class:`DivergenceGuardCallback`. Plain
-    ``TrainingArguments`` (without these fields) give no callbacks.
+    ``TrainingArguments`` (without these fields) give no callbacks. ``guard``: the guard's config as the run's plan
+    holds it (:class:`~hf_fasttrain.config.plan.RunPlan`); None reads it from ``args``.
     """
     callbacks: list[TrainerCallback] = []
     if fast_option(args, "divergence_guard"):
-        callbacks.append(DivergenceGuardCallback(GuardConfig.from_training_args(FastOptions(args))))
+        config = guard if guard is not None else GuardConfig.from_training_args(FastOptions(args))
+        callbacks.append(DivergenceGuardCallback(config))
     mode = fast_option(args, "clip_mode")
     if mode in ("value", "agc"):
         callbacks.append(GradientClippingCallback(

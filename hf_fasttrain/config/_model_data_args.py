@@ -246,7 +246,8 @@ class DataArguments:
                   "split and cached (see vocab_size); for a `hf-fasttrain tokenize` folder, its own tokenizer."},
     )
     vocab_size: int = field(
-        default=8192, metadata={"help": "Vocabulary size of the trained BPE tokenizer (embedded default)."}
+        default=8192, metadata={"help": "Vocabulary size of the trained BPE tokenizer (no tokenizer given), an "
+                                "integer >= 260: 256 byte tokens plus the specials."}
     )
     block_size: int = field(
         default=1024, metadata={"help": "Tokens per training row: documents are concatenated and cut."}

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Optional, Sequence
 from ._recipe_files import _load_local_recipe, check_duplicate_keys, config_source, default_recipe_dirs, find_recipes
 from .._validation import TRAINING_RANGES, ConfigError, check_ranges, unknown_name, unknown_recipe_key
 
-__all__ = ["Option", "load_schema", "find_recipes", "default_recipe_dirs", "preflight", "render_help",
+__all__ = ["RECIPE_DEFAULTS", "Option", "load_schema", "find_recipes", "default_recipe_dirs", "preflight", "render_help",
            "check_duplicate_keys", "split_flags", "choices", "allowed_values",
            "config_source"]
 
@@ -51,6 +51,9 @@ GROUP_TITLES = {"Run length": "run length (optimizer steps or tokens)", "Optimiz
 # a Trainer option's help where the package gives it a sharper meaning
 TRAINER_HELP = {"max_steps": "The run's length in optimizer steps (every technique counts these); overrides "
                              "num_train_epochs; max_tokens gives the length in tokens instead"}
+# Where the recipe and ``hf-fasttrain train`` differ from FastTrainingArguments' defaults: a stopped run continues
+# when its command runs again (in a script, FastTrainingArguments keeps the Trainer's fresh start)
+RECIPE_DEFAULTS = {"auto_resume": True}
 # the run's Trainer options shown in the short help (all of them: --help-all)
 TRAINER_ESSENTIALS = ("output_dir", "eval_steps", "save_steps", "logging_steps", "seed")
 # options whose allowed names live in a module of the package: field -> (module file, constant); the names are
@@ -199,6 +202,8 @@ def load_schema() -> Optional[dict[str, Option]]:
         for opt in _class_fields(our_trees[name], ours[name], cls, section, trainer=False):
             if section is not None:
                 opt = dataclasses.replace(opt, group=section)
+            if opt.name in RECIPE_DEFAULTS:  # the command line's default
+                opt = dataclasses.replace(opt, default=RECIPE_DEFAULTS[opt.name])
             schema[opt.name] = opt
     # a sanity check on what was read: if it fails, the fast path steps aside
     if not all(n in schema for n in ("output_dir", "learning_rate", "max_steps", "n_layer", "block_size",
@@ -350,30 +355,34 @@ def _fmt_default(v: Any) -> str:
 _SENTENCE_END = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bal\.)(?<=[.;])\s")
 
 
-def _first_sentence(text: str, width: int) -> str:
-    """The first sentence of a help text, cut at a word boundary to fit ``width`` (with "..."); a cut
-    inside brackets (a list of values) is moved before the bracket, so no value is shown half.
+def _first_sentence(text: str) -> str:
+    """The first sentence of a help text, whole (the short help wraps it; it never cuts one mid-phrase).
 
-    >>> _first_sentence("Pick one. More text.", 40)
+    >>> _first_sentence("Pick one. More text.")
     'Pick one'
-    >>> _first_sentence("Warmup (Li et al. 2022) for rows, e.g. text. More.", 60)
+    >>> _first_sentence("Warmup (Li et al. 2022) for rows, e.g. text. More.")
     'Warmup (Li et al. 2022) for rows, e.g. text'
-    >>> _first_sentence("Optimizer by name ('adamw', 'lion', 'ademamix', 'soap', 'muon')", 40)
-    'Optimizer by name...'
-    >>> _first_sentence("Train for this many steps, then stop and save a checkpoint", 30)
-    'Train for this many steps...'
+    >>> _first_sentence("Optimizer by name ('adamw', 'lion', 'ademamix', 'soap', 'muon')")
+    "Optimizer by name ('adamw', 'lion', 'ademamix', 'soap', 'muon')"
+    >>> _first_sentence("Rows (cut to fit; then padded) of one length. More.")
+    'Rows (cut to fit; then padded) of one length'
     """
-    s = _SENTENCE_END.split(text.strip(), maxsplit=1)[0].rstrip(".;")
-    if len(s) <= width:
-        return s
-    cut = s[: width - 3]
-    if s[width - 3] != " " and " " in cut:
-        cut = cut[: cut.rfind(" ")]
-    for opener, closer in ("()", "[]", "{}"):
-        at = cut.rfind(opener)
-        if at > cut.rfind(closer) and at > 0:
-            cut = cut[:at]
-    return cut.rstrip(" ,;:-") + "..."
+    text = text.strip()
+    for end in _SENTENCE_END.finditer(text):  # the first end outside brackets
+        head = text[:end.start()]
+        if sum(head.count(c) for c in "([{") <= sum(head.count(c) for c in ")]}"):
+            return head.rstrip(".;")
+    return text.rstrip(".;")
+
+
+def wrap_row(head: str, text: str, col: int, width: int) -> list[str]:
+    """``head`` padded to ``col``, then ``text`` wrapped at word boundaries to ``width`` (continuation lines
+    indented to ``col``); a head longer than the column gets a line of its own."""
+    indent = " " * col
+    out = [head] if len(head) > col - 1 else []
+    body = textwrap.wrap(" ".join(text.split()), width - col, break_on_hyphens=False, break_long_words=False) or [""]
+    out.append((indent if out else f"{head:<{col}}") + body[0])
+    return out + [indent + b for b in body[1:]]
 
 
 @functools.lru_cache(maxsize=None)
@@ -491,15 +500,7 @@ def render_help(description: str, recipe: Optional[Mapping[str, Any]] = None, re
     def row(opt: Option) -> list[str]:
         dv = values.get(opt.name, opt.default)
         tag = f" [{_fmt_default(dv)}]" if _fmt_default(dv) else ""
-        head = f"  --{opt.name}"
-        out = [head] if len(head) > col - 1 else []
-        first = "" if out else f"{head:<{col}}"
-        if full:
-            body = textwrap.wrap(" ".join(f"{opt.help}{tag}".split()), width - col, break_on_hyphens=False) or [""]
-        else:
-            body = [_first_sentence(opt.help, max(width - col - len(tag), 20)) + tag]
-        out.append((first or indent) + body[0])
-        out += [indent + b for b in body[1:]]
+        out = wrap_row(f"  --{opt.name}", f"{opt.help if full else _first_sentence(opt.help)}{tag}", col, width)
         out += textwrap.wrap(f"values: {allowed_values(opt)}", width, initial_indent=indent, subsequent_indent=indent + "  ",
                              break_on_hyphens=False)
         return out

@@ -85,17 +85,18 @@ class FastTrainingArguments(TrainingArguments):
     )
     # --- Run management ----------------------------------------------------------------------
     auto_resume: bool = field(
-        default=True,
-        metadata={"help": "Resume from the last complete checkpoint in output_dir when one exists (a stopped run "
-                  "continues when its command or script runs again), after comparing the options with the "
-                  "checkpoint's: logging, evaluation, save and loader options may change; any other change is "
-                  "refused in one line. A finished run trains nothing. FastTrainer.train() does it with run_record on; "
-                  "a plain TrainingArguments reads as off."},
+        default=False,
+        metadata={"help": "Resume from the last complete checkpoint in output_dir when one exists, after comparing the "
+                  "options with the checkpoint's: logging, evaluation, save and loader options may change; any other "
+                  "change is refused in one line. A finished run trains nothing. On by default in the recipe and "
+                  "hf-fasttrain train (a stopped run continues when its command runs again); off by default in "
+                  "FastTrainingArguments, where train() starts fresh as the Trainer does unless "
+                  "resume_from_checkpoint is given. FastTrainer.train() does it with run_record on."},
     )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Discard the run already in output_dir: delete its checkpoints and end-of-run records, then "
-                  "train from scratch. Without it, a rerun into an output_dir that holds a checkpoint resumes it, and "
+                  "train from scratch. Without it, a rerun with auto_resume into an output_dir that holds a checkpoint resumes it, and "
                   "refuses (one line, before any work) when options that a resume may not change differ from the "
                   "checkpoint's (the table in docs: All options)."},
     )
@@ -130,7 +131,8 @@ class FastTrainingArguments(TrainingArguments):
     )
     budget_aware: bool = field(
         default=False,
-        metadata={"help": "Take lr_decay, min_lr_ratio, decay_fraction, weight_decay, adam_beta2 and, with "
+        metadata={"help": "Use the schedule, weight decay and optimizer settings measured best for this run's length "
+                  "in tokens per non-embedding parameter. It takes lr_decay, min_lr_ratio, decay_fraction, weight_decay, adam_beta2 and, with "
                   "optimizer muon, its AdamW part's betas, NorMuon, cautious weight decay and the AdamW part's lr ratio "
                   "(optimizer_kwargs betas, normuon_beta2, cautious_wd, adamw_lr_ratio) and, with optimizer adamw or muon, "
                   "the per-group lrs (optimizer_kwargs lr_multipliers, weight_decay_on) where a row measured them, from the settings "
@@ -421,7 +423,7 @@ class FastTrainingArguments(TrainingArguments):
     )
     optimizer_kwargs: dict | str | None = field(
         default=None,
-        metadata={"help": "More options of `optimizer`, a mapping (YAML) or a JSON string (CLI), e.g. "
+        metadata={"help": "More options of `optimizer`, a mapping (YAML) or a JSON string (CLI). For example "
                   "'{\"betas\": [0.9, 0.99]}', '{\"muon_lr\": 0.02}', or for muon '{\"normuon_beta2\": 0.95}' (NorMuon), "
                   "'{\"cautious_wd\": true}' (cautious weight decay), '{\"adamw_lr_ratio\": 0.25}' (the AdamW part at a quarter "
                   "of Muon's lr), '{\"hyperball\": true}' (Hyperball: weight norms "
@@ -506,9 +508,9 @@ class FastTrainingArguments(TrainingArguments):
 
 
 # What an option reads as on arguments of another class (a plain TrainingArguments, TRL's configs): its default,
-# except here. run_record, save_on_signal and auto_resume are off there, so FastTrainer given the Trainer's own
-# arguments is the Trainer exactly.
-_ABSENT_VALUES = {"run_record": False, "save_on_signal": False, "auto_resume": False}
+# except here. run_record and save_on_signal are off there, so FastTrainer given the Trainer's own arguments is the
+# Trainer exactly.
+_ABSENT_VALUES = {"run_record": False, "save_on_signal": False}
 
 
 @functools.lru_cache(maxsize=None)

@@ -40,7 +40,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import yaml
 
 from ._model_data_args import PEFT_FIELDS, SIZE_ALIASES, DataArguments, ModelArguments
-from ._options import check_duplicate_keys, find_recipes
+from ._options import RECIPE_DEFAULTS, check_duplicate_keys, find_recipes
 from .._validation import ConfigError, unknown_name, unknown_recipe_key
 from .args import FastTrainingArguments
 from ..hub import YAML_SUFFIXES, is_hub_uri, resolve_hub_recipe
@@ -405,6 +405,12 @@ def make_parser(prog: Optional[str] = None) -> "HfArgumentParser":
         "hf://<owner>/<repo>[/<file>.yaml][@<revision>]. "
         "Its keys are the option names below; flags given here override it.",
     )
+    # the recipe's own defaults (auto_resume on), with argparse's --no_<field> for each bool among them
+    parser.set_defaults(**RECIPE_DEFAULTS)
+    known = {s for a in parser._actions for s in a.option_strings}
+    for name, value in RECIPE_DEFAULTS.items():
+        if value is True and f"--no_{name}" not in known:
+            parser.add_argument(f"--no_{name}", action="store_false", dest=name, help=f"Turn {name} off.")
     # Optional fields accept none / None / null on the command line, to switch off a recipe's value.
     optional = {name for section in SECTIONS for name, tp in _field_types(SECTIONS[section]).items()
                 if _null_switches_off(name, tp)}

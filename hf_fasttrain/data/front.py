@@ -26,9 +26,9 @@ from .from_args import DataPlan
 from .prepare import prepare_lm_data
 from .sft_sources import prepare_sft_data, sft_collator
 from .streaming import check_stream_args, stream_datasets
-from .tokenizer import check_tokenizer_fits
+from .tokenizer import check_tokenizer_fits, check_tokenizer_path
 
-__all__ = ["RunData", "run_data", "prepare_data"]
+__all__ = ["RunData", "run_data", "prepare_data", "check_positions"]
 
 
 @dataclass
@@ -93,8 +93,35 @@ def run_data(data_args, model_args, training_args) -> RunData:
     elif base and model_args.lora_r is not None and data_args.tokenizer != base:  # a frozen base: it must fit
         check_tokenizer_fits(model_args, data_args.tokenizer, model_args.trust_remote_code)
     check_stream_args(data_args, training_args)
+    check_tokenizer_path(data_args.tokenizer)
+    check_positions(model_args, data_args)
     return RunData(args=data_args, plan=DataPlan.from_args(data_args, training_args), _model_args=model_args,
                    _training_args=training_args)
+
+
+def check_positions(model_args, data_args) -> None:
+    """Rows of ``block_size`` tokens must fit the model's positions: a pretrained base's (its config, read without
+    the weights) or ``n_positions`` for a model built from scratch (whose default is the block size). Refused in
+    one line before any data is read."""
+    from .._validation import ConfigError
+
+    block = data_args.block_size
+    base = model_args.model_name_or_path
+    if not base:
+        if model_args.n_positions is not None and model_args.n_positions < block:
+            raise ConfigError("n_positions", model_args.n_positions, allowed=f"must be >= data block_size={block}")
+        return
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(base, trust_remote_code=model_args.trust_remote_code)
+    except Exception:  # a base that cannot be read is the model loader's to report, with its own message
+        return
+    config = getattr(config, "text_config", None) or config
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if isinstance(positions, int) and block > positions:
+        raise ConfigError("block_size", block, problem=f"got {block}, above the {positions} positions of the base "
+                          f"{base!r}", allowed=f"block_size <= {positions}")
 
 
 def prepare_data(data_args, model_args=None, seed: int = 0):

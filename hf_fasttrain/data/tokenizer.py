@@ -23,7 +23,7 @@ from datasets import Dataset, DatasetDict
 from .._validation import ConfigError
 from .corpus import _atomic_dir, _publish_dir, build_stdlib_corpus, cache_root
 
-__all__ = ["EOS_TOKEN", "PAD_TOKEN", "TOKENIZER_FORMS", "get_tokenizer", "load_tokenizer", "tokenizer_fingerprint",
+__all__ = ["EOS_TOKEN", "PAD_TOKEN", "TOKENIZER_FORMS", "get_tokenizer", "load_tokenizer", "check_tokenizer_path", "tokenizer_fingerprint",
            "check_tokenizer_fits"]
 
 logger = logging.getLogger(__name__)
@@ -68,6 +68,21 @@ def _tokenizer_error(name_or_path: str, why: str):
                      allowed=f"give {TOKENIZER_FORMS}")
 
 
+def check_tokenizer_path(name_or_path: Optional[str]) -> None:
+    """A tokenizer named by a local path (``./tok``, ``../tok``, ``/abs/tok``, ``~/tok``, ``a/b/c``) must exist:
+    refused in one line before any data is read, instead of the Hub's answer to a name it cannot parse. A Hub name
+    (``gpt2``, ``owner/name``) is left to the loader."""
+    if not name_or_path:
+        return
+    text = str(name_or_path)
+    local = text.startswith((".", "/", "~")) or "\\" in text or text.count("/") > 1
+    if local and not Path(os.path.expanduser(text)).exists():
+        from .sources import DataError
+
+        raise DataError("tokenizer", text, problem=f"the folder or file {text!r} does not exist",
+                        allowed=f"give {TOKENIZER_FORMS}")
+
+
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     """A tokenizer with ``eos`` and ``pad`` tokens, from any of the forms users have:
 
@@ -82,6 +97,7 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    check_tokenizer_path(name_or_path)
     path = Path(os.path.expanduser(name_or_path))
     raw = None  # a bare `tokenizers` tokenizer: its specials are ours to add
     try:

@@ -9,7 +9,10 @@ printed as YAML, the mapping a run saves as ``config.yaml``, each option followe
     max_steps: 20  # flag
     lr_decay: cosine  # budget_aware
 
-Nothing is written: no output_dir, no tokenizer, no data is read.
+The run's own checks come first, as in the run: its data plan (a token budget sets ``max_steps``) and the
+comparison with a checkpoint already in ``output_dir``, so a rerun the run would refuse (a changed lr, a longer
+``max_steps`` where the schedule spans the run) is refused here in the same line. Nothing is written: no
+output_dir, no tokenizer, no data is read.
 """
 
 from __future__ import annotations
@@ -127,6 +130,9 @@ def option_sources(config: Mapping[str, Any], argv: Sequence[str], budget: Seque
         for given in (flags, recipe):
             if short in given or long in given:
                 given.update((short, long))
+    # a run length given by a flag in one unit drops the recipe's in the other (parse_config): that one is derived
+    replaced = {other for one, other in (("max_steps", "max_tokens"), ("max_tokens", "max_steps"))
+                if one in flags and other not in flags and other in recipe}
     defaults = _field_defaults()
     out = {}
     for section, values in config.items():
@@ -134,6 +140,8 @@ def option_sources(config: Mapping[str, Any], argv: Sequence[str], budget: Seque
         for name, value in names.items():
             if name in budget:
                 out[name] = "budget_aware"
+            elif name in replaced:
+                out[name] = "derived"
             elif name in flags:
                 out[name] = "flag"
             elif name in recipe:
@@ -168,8 +176,15 @@ def dry_run(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """Resolve and validate the options of ``argv`` (without ``--dry_run``) as a run would; returns the config a
     run saves (``config.yaml``) and each option's source. Writes nothing."""
     from ..config.recipes import parse_config, resolved_config
+    from ..data.front import run_data
+    from ._resume import resume_plan
 
     model_args, data_args, training_args = parse_config(list(argv))
+    # the run's own steps before any work: its data plan (a token budget sets max_steps) and the comparison with
+    # a checkpoint in output_dir (a rerun the run refuses is refused here, in the same line)
+    data = run_data(data_args, model_args, training_args)
+    if not training_args.overwrite_output_dir:  # which discards the old run: nothing to compare, nothing deleted
+        resume_plan(training_args, resolved_config(model_args, data.args, training_args), data.plan)
     budget = apply_budget(model_args, data_args, training_args) if training_args.budget_aware else []
-    config = resolved_config(model_args, data_args, training_args)
+    config = resolved_config(model_args, data.args, training_args)
     return config, option_sources(config, argv, budget)

@@ -23,7 +23,7 @@ from ..modeling import build_model
 from ..config.recipes import resolved_config
 from ..runinfo import run_facts
 from ..trainer import FastTrainer
-from ._console import end_summary, start_line
+from ._console import end_summary, say, start_line
 from ._resume import final_outputs_present, resume_plan
 
 __all__ = ["setup_logging", "train"]
@@ -172,10 +172,10 @@ def train(
         final = final_outputs_present(out)
         if final is not None:
             if is_main:
-                logger.info("%s (max_steps %d%s; outputs left as they are). To train longer, raise --max_steps (a "
-                            "run whose lr schedule spans it needs a new --output_dir); to start over, use a new "
-                            "--output_dir or --overwrite_output_dir.", plan.describe(name), training_args.max_steps,
-                            f", max_tokens {training_args.max_tokens:,}" if training_args.max_tokens else "")
+                tokens = f", max_tokens {training_args.max_tokens:,}" if training_args.max_tokens else ""
+                say(f"{plan.describe(name)} (max_steps {training_args.max_steps}{tokens}; outputs left as they are). "
+                    "To train longer, raise --max_steps (a run whose lr schedule spans it needs a new --output_dir); "
+                    "to start over, use a new --output_dir or --overwrite_output_dir.")
             return final
     data.load()  # tokenizer, train set or stream, eval set, collator, summary
     set_seed(training_args.seed)  # the model's initialisation depends on the seed alone
@@ -193,6 +193,7 @@ def train(
         preprocess_logits_for_metrics=preprocess_logits_for_metrics,
         callbacks=list(callbacks or []),
         run_config={k: v for k, v in options.items() if k in ("model", "peft", "data")},
+        data_plan=data.plan,  # the trainer's run plan takes its rows, steps and tokens from the recipe's
     )
     if trainer.pop_callback(ProgressCallback) is not None:  # the same bar, logs printed as numbers
         trainer.add_callback(ReadableProgressCallback(bar_after_training=False))
@@ -213,8 +214,10 @@ def train(
         _finish_from_checkpoint(trainer, checkpoint)
     else:
         if is_main:
-            if checkpoint:
-                logger.info(plan.describe(name))
+            if checkpoint and getattr(trainer, "run_record", False):  # FastTrainer.train() says it, as in a script
+                trainer.resume_decision = plan
+            elif checkpoint:
+                say(plan.describe(name))
             elif training_args.auto_resume:
                 logger.info("no complete checkpoint in %s: starting from scratch", out)
             else:
