@@ -9,7 +9,7 @@
     python -m benchmarks.transfer tune-and-train --help                      # tune at a proxy width, train wide
 
 The model is a 2-layer GPT-2 with a fixed head size of 32 (``n_head = width / 32``), widths 64, 128, 256 and 512,
-trained on the same tokens at every width (``--steps`` x 16 rows x 128 tokens; the default 120 steps are 245,760
+trained on the same tokens at every width (``--steps`` x 8 rows x 64 tokens; the default 240 steps are 122,880
 tokens), with hf-tuned's settings: 2% warmup, cosine to 10%, weight decay 0.1, beta2 0.95, clip 1.0. The arms:
 
 - ``adamw``: AdamW, the standard parameterization.
@@ -56,12 +56,14 @@ __all__ = ["HEAD_SIZE", "WIDTHS", "ARM_NAMES", "START_LR", "width_setup", "trans
 
 HEAD_SIZE = 32  # n_head = width / 32: the attention scale 1/sqrt(32) is the same at every width
 WIDTHS = (64, 128, 256, 512)
-STEPS = 120  # x 16 rows x 128 tokens = 245,760 tokens at every width
-EVALS = 4  # evaluations per run after the one at the start
+STEPS = 240  # x 8 rows x 64 tokens = 122,880 tokens at every width
+BATCH = 8  # rows per step, and BLOCK tokens per row: 240 steps for the tokens a 2-core CPU trains in the time
+BLOCK = 64  # (at 120 steps of 16 x 128, width 64 is still on its unigram plateau)
+EVALS = 2  # evaluations per run after the one at the start (the final one is what the study reads)
 MAX_EXTEND = 4
 ARM_NAMES = ("adamw", "adamw-emb", "adamw-mup", "muon", "muon-mup")
 # the first grid's centre at the base width: hf-tuned's AdamW lr and the recipe's Muon lr, doubled for a run of
-# 120 steps (shorter runs take larger lrs)
+# 240 short steps (shorter runs take larger lrs)
 START_LR = {"adamw": 4e-3, "adamw-emb": 4e-3, "adamw-mup": 4e-3, "muon": 1.6e-2, "muon-mup": 1.6e-2}
 MUP_ARMS = ("adamw-mup", "muon-mup")
 
@@ -77,7 +79,7 @@ def width_setup(width: int, steps: int = STEPS, corpus: str = "python", quick: b
     if width % head:
         raise UsageError(f"--widths: {width} is not a multiple of the head size {head}")
     base = (Setup(n_layer=2, n_head=2, n_embd=32, vocab_size=300, block_size=32, batch_size=8, eval_rows=32,
-                  max_corpus_files=40) if quick else Setup())
+                  max_corpus_files=40) if quick else Setup(batch_size=BATCH, block_size=BLOCK))
     return dataclasses.replace(base, n_embd=width, n_head=width // head, max_steps=steps,
                                eval_steps=max(1, steps // EVALS), corpus=corpus)
 
@@ -389,7 +391,7 @@ def make_parser() -> argparse.ArgumentParser:
                         "source); each a multiple of the head size 32 (quick: 8)")
     p.add_argument("--seeds", type=int, default=1, help="seeds per lr (the loss of an lr is their mean)")
     p.add_argument("--steps", type=int, default=STEPS,
-                   help="optimizer steps of a 1x run (16 rows x 128 tokens each; quick: 8 x 32)")
+                   help="optimizer steps of a 1x run (8 rows x 64 tokens each; quick: 8 x 32)")
     p.add_argument("--lengths", default="1",
                    help="run lengths as multiples of --steps, e.g. 0.25,1,4 (each has its own grids)")
     p.add_argument("--text", default=None,

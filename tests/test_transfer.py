@@ -102,8 +102,8 @@ def test_the_arms_and_their_settings():
     mup = mod.transfer_arm("muon-mup", 512, 1e-2, 64).args
     assert mup["optimizer"] == "muon" and mup["optimizer_kwargs"] == {"parameterization": "mup", "base_width": 64}
     setup = mod.width_setup(512)
-    assert (setup.n_embd, setup.n_head, setup.n_layer, setup.max_steps) == (512, 16, 2, 120)
-    assert setup.max_steps * setup.tokens_per_step == 245_760
+    assert (setup.n_embd, setup.n_head, setup.n_layer, setup.max_steps) == (512, 16, 2, 240)
+    assert setup.max_steps * setup.tokens_per_step == 122_880
 
 
 def test_bad_options_fail_in_one_line_before_training(tmp_path):
