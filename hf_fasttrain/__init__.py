@@ -34,6 +34,9 @@ _LAZY = {
     "RunRecorderCallback": ".callbacks",  # config, versions, loss curve and metrics in output_dir
     "WeightAveragingCallback": ".callbacks",  # EMA or LAWA of the weights, evaluated and saved as the model
     "GracefulStopCallback": ".callbacks",  # SIGTERM / Ctrl-C: finish the step, save, exit 143 / 130
+    # hyperparameter transfer (muP): the model side of optimizer_kwargs parameterization 'mup'
+    "apply_mup": ".transfer",  # the head's 1/m output multiplier
+    "mup_init_": ".transfer",  # hidden matrices re-drawn at sigma / sqrt(m)
     # random restart: a recipe (train_with_restarts) or any trainer behind a TrialRunner (RestartOrchestrator)
     "train_with_restarts": ".run.recipe_restarts",
     "RestartConfig": ".restarts",
@@ -75,3 +78,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
     from .restarts import RestartConfig, RestartOrchestrator  # noqa: F401
     from .run.recipe_restarts import train_with_restarts  # noqa: F401
     from .trainer import FastTrainer  # noqa: F401
+    from .transfer import apply_mup, mup_init_  # noqa: F401

@@ -46,8 +46,11 @@ def is_causal_lm(model) -> bool:
     return False
 
 
-def build_model(model_args: "ModelArguments", tokenizer, block_size: int):
-    """A causal LM whose vocabulary matches ``tokenizer`` and whose context covers ``block_size``."""
+def build_model(model_args: "ModelArguments", tokenizer, block_size: int, optimizer_kwargs=None):
+    """A causal LM whose vocabulary matches ``tokenizer`` and whose context covers ``block_size``.
+
+    Built from scratch with ``optimizer_kwargs`` setting ``parameterization: mup``, its hidden matrices get muP's
+    initialisation (:func:`hf_fasttrain.transfer.mup_init_`); a pretrained model keeps its weights."""
     from transformers import AutoModelForCausalLM
 
     if model_args.model_name_or_path:
@@ -92,7 +95,13 @@ def build_model(model_args: "ModelArguments", tokenizer, block_size: int):
         eos_token_id=eos,
         pad_token_id=tokenizer.pad_token_id,
     )
-    return AutoModelForCausalLM.from_config(config, attn_implementation=model_args.attn_implementation)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=model_args.attn_implementation)
+    from .transfer import transfer_options, mup_init_
+
+    transfer = transfer_options(optimizer_kwargs)
+    if transfer["parameterization"] == "mup":
+        mup_init_(model, transfer["base_width"], transfer["width"])
+    return model
 
 
 def apply_lora(model, model_args: "ModelArguments"):

@@ -41,6 +41,7 @@ from .stability.precision import logger as precision_logger
 from ._resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import ScheduleSpec, TokenProgress
+from .transfer import apply_transfer, check_config_mup
 from .throughput import (HOST_BATCH_KEY, CompileCounter, HostBatchCollator, HostCopy, ThroughputMeter, count_batch,
                          device_peak_flops, model_dims, throughput_logs)
 from .data.from_args import resolve_max_steps
@@ -129,6 +130,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self.budget: Optional[dict[str, Any]] = None
         if opt("budget_aware"):  # before anything reads the schedule or the optimizer's settings
             self.budget = self._apply_budget_settings()
+        self._apply_transfer()  # muP's output multiplier on the head, before any forward
         pad_id = getattr(self.processing_class, "pad_token_id", None)
         self.throughput = ThroughputMeter(pad_token_id=pad_id)
         self.run_record = bool(opt("run_record"))
@@ -175,6 +177,15 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             self._replace_jit_checkpoint()
             self.graceful_stop = GracefulStopCallback(self, exit_process=False)
             self.add_callback(self.graceful_stop)
+
+    def _apply_transfer(self) -> None:
+        """``optimizer_kwargs`` with ``parameterization: mup``: the model side of muP (hf_fasttrain.transfer: the head's
+        1/m output multiplier, the depth rule), idempotent. A model config's own ``mup`` setting is refused in one line
+        when this trainer builds the optimizer (it would replace the groups that setting asks the Trainer for)."""
+        if self._option("optimizer") is None or self.model is None:
+            return
+        check_config_mup(self.model)
+        apply_transfer(self.model, self.args.optimizer_kwargs)
 
     def _apply_budget_settings(self) -> dict[str, Any]:
         """``budget_aware``: the measured settings for this run's tokens per non-embedding parameter replace the
@@ -373,6 +384,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         sharding (e.g. Muon under DeepSpeed ZeRO); under FSDP2 the model is not sharded yet here."""
         if self._option("optimizer") is None or self.optimizer is not None:
             return super().create_optimizer(model)
+        self._apply_transfer()  # again, for a model made by model_init after __init__ (a no-op otherwise)
         spec = OptimizerSpec.from_args(self.args, num_training_steps=self.state.max_steps)
         opt_model = self.model if model is None else model
         sharding = detect_sharding(args=self.args, accelerator=self.accelerator, model=opt_model)

@@ -527,7 +527,7 @@ ERROR_CASES = [
     (["--seq_len_warmup_pacing", "cubic"], "seq_len_warmup_pacing: got 'cubic'; allowed: linear, sqrt, steps"),
     # an optimizer's own option is named as it is given: through optimizer_kwargs
     (["--optimizer_kwargs", '{"adjust_lr_fn": "rms"}'],
-     "optimizer_kwargs.adjust_lr_fn: got 'rms' for Muon; allowed: match_rms_adamw, original"),
+     "optimizer_kwargs.adjust_lr_fn: got 'rms' for Muon; allowed: match_rms_adamw, original, spectral"),
     (["--optimizer_kwargs", '{"ns_steps": 0}'], "optimizer_kwargs.ns_steps: got 0 for Muon; must be an integer in [1, 99]"),
     (["--optimizer", "lion", "--optimizer_kwargs", '{"betas": [0.9, 2]}'],
      "optimizer_kwargs.betas: got [0.9, 2] for Lion; must be a list of 2 numbers in [0, 1)"),

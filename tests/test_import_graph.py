@@ -48,6 +48,7 @@ LAYERS = {
     "config._options": CORE,
     "config._recipe_files": CORE,  # recipe files for the fast path (no torch)
     "config.decoders": CORE,
+    "transfer": CORE,  # muP on a model from the outside (hooks, init), over optim.groups
     # config
     "config": CONFIG,  # config/__init__.py (a docstring)
     "config.args": CONFIG,

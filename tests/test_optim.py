@@ -766,7 +766,7 @@ def test_unknown_optimizer_name_lists_known_ones():
         ("soap", {"betas": (-0.1, 0.95)}, exact('betas: got [-0.1, 0.95] for SOAP; must be a list of 2 numbers in [0, 1)')),
         ("soap", {"shampoo_beta": 1.5}, exact('shampoo_beta: got 1.5 for SOAP; must be a number in [0, 1)')),
         ("muon", {"momentum": 1.0}, exact('momentum: got 1.0 for Muon; must be a number in [0, 1)')),
-        ("muon", {"adjust_lr_fn": "rms"}, exact("adjust_lr_fn: got 'rms' for Muon; allowed: match_rms_adamw, original")),
+        ("muon", {"adjust_lr_fn": "rms"}, exact("adjust_lr_fn: got 'rms' for Muon; allowed: match_rms_adamw, original, spectral")),
         ("muon", {"ns_steps": 0}, exact('ns_steps: got 0 for Muon; must be an integer in [1, 99]')),
         ("muon", {"muon_lr": -1.0}, exact('muon_lr: got -1.0 for Muon; must be a finite number >= 0')),
         ("muon", {"adamw_lr_ratio": 0.0}, exact("adamw_lr_ratio: got 0.0 for Muon; must be a finite number > 0")),

@@ -136,11 +136,11 @@ def test_a_bad_value_is_refused_with_the_optimizers_message_and_nothing_built(na
                                                      "muon (did you mean 'muon'?)"),
     (lambda: OptimizerSpec.of("lion", beta=(0.9, 0.99)),
      "optimizer_kwargs: lion has no option 'beta'; allowed: ['lr', 'weight_decay', 'betas', 'cautious', "
-     "'lr_multipliers', 'weight_decay_on']. Did you mean 'betas'?"),
+     "'lr_multipliers', 'weight_decay_on', 'parameterization', 'base_width', 'width', 'base_depth', 'base_head_dim']. Did you mean 'betas'?"),
     (lambda: OptimizerSpec.from_args(_args("soap", '{"shampoo": 0.9}')),
      "optimizer_kwargs: soap has no option 'shampoo'; allowed: ['lr', 'weight_decay', 'betas', 'shampoo_beta', "
      "'eps', 'precondition_frequency', 'max_precond_dim', 'precondition_1d', 'skinny_ratio', 'lr_multipliers', "
-     "'weight_decay_on']. Did you mean 'shampoo_beta'?"),
+     "'weight_decay_on', 'parameterization', 'base_width', 'width', 'base_depth', 'base_head_dim']. Did you mean 'shampoo_beta'?"),
     (lambda: OptimizerSpec("lion", options={"lr": 1e-4}), "OptimizerSpec: give lr as its own field, not in options"),
 ])
 def test_a_bad_name_or_option_is_refused_when_the_spec_is_made(make, message, nothing_is_built):

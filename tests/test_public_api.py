@@ -11,7 +11,7 @@ EXPECTED = {
     "optimizer_cls_and_kwargs_for", "LRScheduleCallback", "apply_batch_sampler", "apply_seq_len_warmup",
     "GradientClippingCallback", "DivergenceGuardCallback", "DivergenceError", "StabilityTrainerMixin", "RunRecorderCallback",
     "WeightAveragingCallback", "GracefulStopCallback",
-    "train_with_restarts", "RestartConfig", "RestartOrchestrator",
+    "train_with_restarts", "RestartConfig", "RestartOrchestrator", "apply_mup", "mup_init_",
 }
 
 

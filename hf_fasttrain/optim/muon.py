@@ -21,11 +21,16 @@ Scale s(A, B) of the update (torch's `adjust_lr_fn`):
 - "match_rms_adamw" (default; Liu et al. 2025, "Muon is Scalable for LLM Training", arXiv:2502.16982):
   s = 0.2 sqrt(max(A, B)), which gives the update the RMS of a typical AdamW update, so Muon can use
   AdamW's lr and weight decay (0.1); here both parts share `lr` unless `muon_lr` is given.
+- "spectral": s = sqrt(fan_out / fan_in), unclamped: the orthogonalised update has spectral norm 1, so the step's
+  spectral norm is lr sqrt(fan_out / fan_in), the size the spectral condition asks for at every width (Yang, Simon
+  & Bernstein 2023, "A Spectral Condition for Feature Learning", arXiv:2310.17813); torch 2.15's
+  `adjust_lr_fn="spectral_unclamped"`. It is the scale of ``parameterization="mup"`` (`hf_fasttrain.transfer`),
+  with no Adam-style lr / m on top; "match_rms_adamw"'s 0.2 sqrt(max(A, B)) grows with sqrt(width) instead.
 - "original" (Jordan et al. 2024): s = sqrt(max(1, fan_out / fan_in)), with lr 0.02 for Muon.
   torch computes it from the first two dims of the stored weight, which for GPT-2's `Conv1D`
   (stored as in x out, the transpose of `nn.Linear`) gives fan_in / fan_out; `muon_routing` finds
   those weights and `create_muon` puts them in groups whose lr (and, inversely, weight decay) is
-  multiplied to restore the intended scale. "match_rms_adamw" is symmetric and needs no correction.
+  multiplied to restore the intended scale ("spectral" too). "match_rms_adamw" is symmetric and needs no correction.
 
 Newton-Schulz coefficients (`ns_coefficients`, `ns_steps`): "jordan" (default, torch's quintic),
 "polar_express" or explicit (a, b, c) triples; the iteration and its schedules are in
@@ -93,7 +98,7 @@ __all__ = [
     "ns_coefficient_schedule",
 ]
 
-ADJUST_LR_FNS = ("match_rms_adamw", "original")
+ADJUST_LR_FNS = ("match_rms_adamw", "original", "spectral")
 
 def _ns_key(update: torch.Tensor, group: dict) -> tuple:
     """Matrices that can share one batched Newton-Schulz: same shape, dtype, device and settings."""
@@ -114,6 +119,8 @@ def _adjust_lr(lr: float, adjust_lr_fn: Optional[str], shape: Sequence[int]) -> 
         return lr * math.sqrt(max(1, a / b))
     if adjust_lr_fn == "match_rms_adamw":
         return lr * 0.2 * math.sqrt(max(a, b))
+    if adjust_lr_fn == "spectral":  # sqrt(fan_out / fan_in) for a stored (out, in); Conv1D is corrected by its group
+        return lr * math.sqrt(a / b)
     return lr
 
 

@@ -32,7 +32,7 @@ from torch import nn
 
 from ._common import OptionError, _is_real_number, check_nonnegative
 from .adamw import build_adamw, check_adamw_options
-from .groups import check_group_options, regroup
+from .groups import check_group_options, check_parameterization, regroup
 from .ademamix import AdEMAMix, check_ademamix_options
 from .lion import Lion, check_lion_options
 from .hyperball import initial_radius
@@ -90,10 +90,25 @@ def _lr_and_decay(owner: str, builder: Callable, lr, weight_decay) -> tuple[Any,
 
 
 def _build(owner: str, builder: Callable, model: nn.Module, lr, weight_decay, kwargs,
-           lr_multipliers=None, weight_decay_on: str = "default") -> torch.optim.Optimizer:
+           lr_multipliers=None, weight_decay_on: str = "default", transfer: Optional[Mapping[str, Any]] = None
+           ) -> torch.optim.Optimizer:
     lr, weight_decay = _lr_and_decay(owner, builder, lr, weight_decay)
-    groups = regroup(decay_param_groups(model, weight_decay), model, lr, lr_multipliers, weight_decay_on)
+    transfer = dict(transfer or {})
+    check_parameterization(**transfer)
+    groups = regroup(decay_param_groups(model, weight_decay), model, lr, lr_multipliers, weight_decay_on,
+                     transfer["parameterization"], transfer["base_width"], transfer["width"], kwargs.get("eps"))
     return builder(groups, lr=lr, weight_decay=weight_decay, **kwargs)
+
+
+def _transfer(parameterization, base_width, width, base_depth, base_head_dim) -> dict[str, Any]:
+    """The parameterization options of a factory, as one mapping (`hf_fasttrain.optim.groups`)."""
+    return {"parameterization": parameterization, "base_width": base_width, "width": width, "base_depth": base_depth,
+            "base_head_dim": base_head_dim}
+
+
+# the parameterization options every factory takes (checked by check_parameterization, applied by regroup and,
+# on the model side, by hf_fasttrain.transfer)
+TRANSFER_OPTIONS = ("parameterization", "base_width", "width", "base_depth", "base_head_dim")
 
 
 def create_adamw(
@@ -106,12 +121,18 @@ def create_adamw(
     cautious: bool = False,
     lr_multipliers: Optional[Mapping[str, float]] = None,
     weight_decay_on: str = "default",
+    parameterization: str = "standard",
+    base_width: Optional[float] = None,
+    width: Optional[float] = None,
+    base_depth: Optional[int] = None,
+    base_head_dim: Optional[int] = None,
 ) -> torch.optim.Optimizer:
     """torch AdamW (fused on CUDA, foreach otherwise); defaults lr 1e-3, weight decay 0.1.
 
     `cautious=True`: cautious AdamW (Liang et al. 2024), this package's `AdamW` (no fused kernel)."""
     kwargs = {"betas": betas, "eps": eps, "fused": fused, "cautious": cautious}
-    return _build("AdamW", build_adamw, model, lr, weight_decay, kwargs, lr_multipliers, weight_decay_on)
+    return _build("AdamW", build_adamw, model, lr, weight_decay, kwargs, lr_multipliers, weight_decay_on,
+                  _transfer(parameterization, base_width, width, base_depth, base_head_dim))
 
 
 def create_lion(
@@ -122,10 +143,15 @@ def create_lion(
     cautious: bool = False,
     lr_multipliers: Optional[Mapping[str, float]] = None,
     weight_decay_on: str = "default",
+    parameterization: str = "standard",
+    base_width: Optional[float] = None,
+    width: Optional[float] = None,
+    base_depth: Optional[int] = None,
+    base_head_dim: Optional[int] = None,
 ) -> torch.optim.Optimizer:
     """Lion (Chen et al. 2023); defaults lr 1e-4, weight decay 1.0, betas (0.9, 0.99); `cautious` C-Lion."""
     return _build("Lion", Lion, model, lr, weight_decay, {"betas": betas, "cautious": cautious}, lr_multipliers,
-                  weight_decay_on)
+                  weight_decay_on, _transfer(parameterization, base_width, width, base_depth, base_head_dim))
 
 
 def create_ademamix(
@@ -139,10 +165,16 @@ def create_ademamix(
     cautious: bool = False,
     lr_multipliers: Optional[Mapping[str, float]] = None,
     weight_decay_on: str = "default",
+    parameterization: str = "standard",
+    base_width: Optional[float] = None,
+    width: Optional[float] = None,
+    base_depth: Optional[int] = None,
+    base_head_dim: Optional[int] = None,
 ) -> torch.optim.Optimizer:
     """AdEMAMix (Pagliardini et al. 2024); set T_alpha_beta3 to the run's length, as the paper does."""
     kwargs = {"betas": betas, "alpha": alpha, "T_alpha_beta3": T_alpha_beta3, "eps": eps, "cautious": cautious}
-    return _build("AdEMAMix", AdEMAMix, model, lr, weight_decay, kwargs, lr_multipliers, weight_decay_on)
+    return _build("AdEMAMix", AdEMAMix, model, lr, weight_decay, kwargs, lr_multipliers, weight_decay_on,
+                  _transfer(parameterization, base_width, width, base_depth, base_head_dim))
 
 
 def create_soap(
@@ -158,6 +190,11 @@ def create_soap(
     skinny_ratio: Optional[float] = DEFAULT_SKINNY_RATIO,
     lr_multipliers: Optional[Mapping[str, float]] = None,
     weight_decay_on: str = "default",
+    parameterization: str = "standard",
+    base_width: Optional[float] = None,
+    width: Optional[float] = None,
+    base_depth: Optional[int] = None,
+    base_head_dim: Optional[int] = None,
 ) -> torch.optim.Optimizer:
     """SOAP (Vyas et al. 2024); defaults lr 3e-3, betas (0.95, 0.95), weight decay 0.01, refresh every 10.
 
@@ -176,11 +213,24 @@ def create_soap(
         "precondition_1d": precondition_1d,
         "skinny_ratio": skinny_ratio,
     }
-    return _build("SOAP", SOAP, model, lr, weight_decay, kwargs, lr_multipliers, weight_decay_on)
+    return _build("SOAP", SOAP, model, lr, weight_decay, kwargs, lr_multipliers, weight_decay_on,
+                  _transfer(parameterization, base_width, width, base_depth, base_head_dim))
 
 
 # Muon's defaults, written once: `MuonWithAdamW`'s signature (the optimizer; `create_muon`'s signature shows them)
 _MUON = _defaults(MuonWithAdamW)
+
+
+def _muon_adjust_lr_fn(adjust_lr_fn: Optional[str], parameterization: str) -> str:
+    """Muon's update scale: as given, or (None) "match_rms_adamw", and "spectral" under ``parameterization="mup"``,
+    where any other scale is refused in one line (it would not keep the update's size across widths)."""
+    if adjust_lr_fn is None:
+        return "spectral" if parameterization == "mup" else "match_rms_adamw"
+    if parameterization == "mup" and adjust_lr_fn != "spectral":
+        raise OptionError("Muon", "adjust_lr_fn", adjust_lr_fn, "leave it unset or give 'spectral'",
+                          problem=f"got {adjust_lr_fn!r} with parameterization 'mup', which puts Muon's matrices on "
+                                  "the spectral scale sqrt(fan_out / fan_in)")
+    return adjust_lr_fn
 
 
 def _muon_lrs(lr, weight_decay, muon_lr, adjust_lr_fn, adamw_lr_ratio) -> tuple[Any, Any, Any, Any]:
@@ -215,7 +265,7 @@ def create_muon(
     momentum: float = _MUON["momentum"],
     nesterov: bool = _MUON["nesterov"],
     ns_steps: int = _MUON["ns_steps"],
-    adjust_lr_fn: str = _MUON["adjust_lr_fn"],
+    adjust_lr_fn: Optional[str] = None,
     betas: tuple[float, float] = _MUON["betas"],
     eps: float = _MUON["eps"],
     adamw_patterns: tuple[str, ...] = (),
@@ -231,6 +281,11 @@ def create_muon(
     adamw_lr_ratio: float = 1.0,
     lr_multipliers: Optional[Mapping[str, float]] = None,
     weight_decay_on: str = "default",
+    parameterization: str = "standard",
+    base_width: Optional[float] = None,
+    width: Optional[float] = None,
+    base_depth: Optional[int] = None,
+    base_head_dim: Optional[int] = None,
 ) -> MuonWithAdamW:
     """Muon on the hidden matrices, AdamW on the rest (see `muon_routing`), as one optimizer.
 
@@ -256,7 +311,15 @@ def create_muon(
     what the long-horizon search at 24.8 tokens per parameter measured with cautious weight decay
     (`hf_fasttrain.config.budget`). It is a ratio to Muon's lr, so it is refused with an explicit `muon_lr` or with
     ``adjust_lr_fn="original"`` (where Muon's lr is on another scale).
+    `adjust_lr_fn` (None: "match_rms_adamw", or "spectral" under muP) is the update's scale (see
+    `hf_fasttrain.optim.muon`). ``parameterization="mup"`` (with `base_width`, see `hf_fasttrain.optim.groups`) puts
+    the Muon matrices and experts on the spectral scale sqrt(fan_out / fan_in) and nothing else (no lr / m on top:
+    the scale already keeps the update's spectral norm fixed across widths); the AdamW part follows the muP rule of
+    the other optimizers (its hidden matrices, if any, at lr / m).
     """
+    transfer = _transfer(parameterization, base_width, width, base_depth, base_head_dim)
+    check_parameterization(**transfer)
+    adjust_lr_fn = _muon_adjust_lr_fn(adjust_lr_fn, parameterization)
     lr, weight_decay, muon_lr, adamw_lr = _muon_lrs(lr, weight_decay, muon_lr, adjust_lr_fn, adamw_lr_ratio)
     if isinstance(adamw_patterns, str):
         adamw_patterns = (adamw_patterns,)
@@ -287,7 +350,8 @@ def create_muon(
     adamw_names = {n for n, r in routing.items() if r == "adamw"}
     for g in decay_param_groups(model, weight_decay, names=adamw_names):
         groups.append({**g, "use_muon": False, "lr": adamw_lr})
-    groups = regroup(groups, model, lr, lr_multipliers, weight_decay_on)  # per-role lrs (hf_fasttrain.optim.groups)
+    # per-role lrs and the width parameterization of the AdamW part (hf_fasttrain.optim.groups)
+    groups = regroup(groups, model, lr, lr_multipliers, weight_decay_on, parameterization, base_width, width, eps)
     return MuonWithAdamW(
         groups,
         lr=lr,
@@ -372,18 +436,22 @@ def check_option_values(name: str, kwargs: Mapping[str, Any]) -> None:
     (which matrices Muon takes, a zero-norm matrix under Hyperball) is checked when the optimizer is built.
     The names must already be checked (`get_optimizer_factory`, `check_option_names`)."""
     options = _options_with_defaults(name, kwargs)
+    transfer = {k: options[k] for k in TRANSFER_OPTIONS}
     if name == "muon":
+        check_parameterization(**transfer)
+        adjust_lr_fn = _muon_adjust_lr_fn(options["adjust_lr_fn"], options["parameterization"])
         lr, weight_decay, _, _ = _muon_lrs(options["lr"], options["weight_decay"], options["muon_lr"],
-                                           options["adjust_lr_fn"], options["adamw_lr_ratio"])
+                                           adjust_lr_fn, options["adamw_lr_ratio"])
         patterns = options["adamw_patterns"]
         for pattern in (patterns,) if isinstance(patterns, str) else patterns:
             re.compile(pattern)  # as muon_routing does
         check_group_options(options["lr_multipliers"], options["weight_decay_on"])
-        _call_check(check_muon_options, options, lr=lr, weight_decay=weight_decay)
+        _call_check(check_muon_options, options, lr=lr, weight_decay=weight_decay, adjust_lr_fn=adjust_lr_fn)
         return
     owner, builder, check = _BUILT_BY[name]
     lr, weight_decay = _lr_and_decay(owner, builder, options["lr"], options["weight_decay"])
     check_group_options(options["lr_multipliers"], options["weight_decay_on"])
+    check_parameterization(**transfer)
     _call_check(check, options, lr=lr, weight_decay=weight_decay)
 
 
@@ -420,7 +488,10 @@ def create_optimizer(
             unknown names and bad values raise a `ValueError` naming them. Every optimizer takes
             `lr_multipliers` (`{group: factor}`, groups `embedding`, `head`, `norm`, `bias`, `matrix`:
             each group's lr is its lr times the factor) and `weight_decay_on` (`"default"`, the rule above,
-            or `"matrices"`: only the hidden matrices decay); see `hf_fasttrain.optim.groups`.
+            or `"matrices"`: only the hidden matrices decay); see `hf_fasttrain.optim.groups`. Every optimizer
+            also takes `parameterization` (`"standard"` or `"mup"`) with `base_width` (and optionally `width`,
+            `base_depth`, `base_head_dim`): muP's per-group lr, weight decay and eps by the width multiplier, and
+            for Muon the spectral scale (see `hf_fasttrain.optim.groups`, `hf_fasttrain.transfer`).
 
     Returns:
         `torch.optim.Optimizer`: the optimizer; every param group carries `param_names`.

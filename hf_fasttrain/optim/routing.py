@@ -186,10 +186,13 @@ def conv1d_lr_multiplier(shape: Sequence[int], adjust_lr_fn: str) -> float:
     """Factor that turns torch Muon's scale for a `Conv1D` weight (in x out) into the intended one.
 
     torch scales by sqrt(max(1, A / B)) from the stored shape (A, B); for a weight stored as
-    (in, out) the intended "original" scale is sqrt(max(1, out / in)). "match_rms_adamw" is
+    (in, out) the intended "original" scale is sqrt(max(1, out / in)). "spectral" computes sqrt(A / B), which
+    for (in, out) is sqrt(in / out) where sqrt(out / in) is meant: the factor is out / in. "match_rms_adamw" is
     symmetric in A and B, so its factor is 1.
     """
+    fan_in, fan_out = shape[0], shape[1]
+    if adjust_lr_fn == "spectral":
+        return fan_out / fan_in
     if adjust_lr_fn != "original":
         return 1.0
-    fan_in, fan_out = shape[0], shape[1]
     return math.sqrt(max(1.0, fan_out / fan_in)) / math.sqrt(max(1.0, fan_in / fan_out))

@@ -179,7 +179,8 @@ def train(
             return final
     data.load()  # tokenizer, train set or stream, eval set, collator, summary
     set_seed(training_args.seed)  # the model's initialisation depends on the seed alone
-    model = build_model(model_args, data.tokenizer, data.plan.row_length)
+    model = build_model(model_args, data.tokenizer, data.plan.row_length,
+                        training_args.optimizer_kwargs if training_args.optimizer else None)
     _quiet_known_warnings(model)
     trainer = trainer_cls(
         model=model,
