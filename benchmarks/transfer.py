@@ -62,9 +62,10 @@ BLOCK = 64  # (at 120 steps of 16 x 128, width 64 is still on its unigram platea
 EVALS = 2  # evaluations per run after the one at the start (the final one is what the study reads)
 MAX_EXTEND = 4
 ARM_NAMES = ("adamw", "adamw-emb", "adamw-mup", "muon", "muon-mup")
-# the first grid's centre at the base width: hf-tuned's AdamW lr and the recipe's Muon lr, doubled for a run of
-# 240 short steps (shorter runs take larger lrs)
-START_LR = {"adamw": 4e-3, "adamw-emb": 4e-3, "adamw-mup": 4e-3, "muon": 1.6e-2, "muon-mup": 1.6e-2}
+# the first grid's centre at the base width: hf-tuned's AdamW lr doubled for a run of 240 short steps (shorter runs
+# take larger lrs), the recipe's Muon lr, and twice that for Muon's spectral scale (at width 64 about half the
+# shipped scale 0.2 sqrt(max(A, B)) on these matrices)
+START_LR = {"adamw": 4e-3, "adamw-emb": 4e-3, "adamw-mup": 4e-3, "muon": 1.6e-2, "muon-mup": 3.2e-2}
 MUP_ARMS = ("adamw-mup", "muon-mup")
 
 # The quick setup (tests, smoke runs): the harness's tiny model at widths 16 and 32, head size 8
@@ -413,8 +414,6 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["tune-and-train"]:
-        from benchmarks._harness.transfer_search import tune_and_train_main
-
         return tune_and_train_main(argv[1:])
     ns = make_parser().parse_args(argv)
     out = Path(ns.out)
@@ -473,6 +472,75 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     summary = report(ledger, out, ns.name)
     summary["trained"] = study.trained
     return summary
+
+
+# --- Tune small, train big ----------------------------------------------------------------------------------
+def make_tune_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.transfer tune-and-train", allow_abbrev=False,
+        description="An lr search at a proxy width on the restart engine (hf_fasttrain.run.tune_transfer: one "
+                    "trial per lr, successive halving), then the target width trained at the winner's lr with the "
+                    "arm's transfer rule; the target's run_info.json names the search. The study's model, data "
+                    "and settings; the target's loss is compared with the study's best at that width where the "
+                    "JSON has it.")
+    p.add_argument("--arm", default="muon-mup", help=f"the arm's settings; one of {', '.join(ARM_NAMES)}")
+    p.add_argument("--proxy-width", type=int, default=64, help="the width searched (a multiple of 32)")
+    p.add_argument("--width", type=int, default=512, help="the width trained at the transferred lr")
+    p.add_argument("--lrs", default=None, help="comma-separated peak lrs searched; default: the arm's starting lr "
+                                               "x 1/4, 1/2, 1, 2, 4")
+    p.add_argument("--rungs", type=int, default=2, help="successive-halving rungs of the proxy's run")
+    p.add_argument("--steps", type=int, default=STEPS, help="optimizer steps of both runs (8 rows x 64 tokens)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--quick", action="store_true", help="tiny smoke setup (head size 8, 12 steps)")
+    p.add_argument("--runs", default="runs/transfer-tune", help="the runs' folder (the target's output_dir)")
+    p.add_argument("--out", default=str(RESULTS), help="folder of <name>.json (the study's, read and added to)")
+    p.add_argument("--name", default="transfer", help="basename of the study's JSON")
+    return p
+
+
+def tune_and_train_main(argv: list[str]) -> dict[str, Any]:
+    import torch
+
+    from hf_fasttrain import DataArguments, FastTrainingArguments
+    from hf_fasttrain.run.tune_transfer import tune_and_train
+
+    from benchmarks._harness.lm import common_args
+
+    ns = make_tune_parser().parse_args(argv)
+    if ns.arm not in ARM_NAMES:
+        raise UsageError(f"--arm: unknown {ns.arm!r}; known: {', '.join(ARM_NAMES)}")
+    steps = 12 if ns.quick and ns.steps == STEPS else ns.steps
+    lrs = (_list(ns.lrs, float, "--lrs") if ns.lrs else [START_LR[ns.arm] * 2.0 ** k for k in (-2, -1, 0, 1, 2)])
+    torch.set_num_threads(ns.threads)
+    setup = width_setup(ns.width, steps, "python", ns.quick)
+    width_setup(ns.proxy_width, steps, "python", ns.quick)  # a proxy off the head size fails here
+    out = Path(ns.runs)
+    arm = transfer_arm(ns.arm, ns.width, START_LR[ns.arm], ns.proxy_width)
+    common = common_args(setup, ns.seed, out)
+    common.update(eval_on_start=False, per_device_eval_batch_size=32)
+    training_args = FastTrainingArguments(**{**common, **arm.args, "auto_resume": True})
+    data_args = DataArguments(vocab_size=setup.vocab_size, block_size=setup.block_size,
+                              max_eval_samples=setup.eval_rows, max_corpus_files=setup.max_corpus_files)
+    result = tune_and_train(setup.model_args(), data_args, training_args, ns.proxy_width, lrs, rungs=ns.rungs)
+    record = {"arm": ns.arm, "proxy_width": ns.proxy_width, "width": ns.width, "steps": steps,
+              "tokens": steps * setup.tokens_per_step, "search": result["transfer"],
+              "final_eval_loss": result["metrics"]["eval_loss"],
+              "command": display_command("python -m benchmarks.transfer tune-and-train", argv)}
+    # beside the study's grid at the target width (same arm, corpus and length), where it ran
+    ledger = Ledger(Path(ns.out) / f"{ns.name}.json")
+    grid = grid_losses(r for r in ledger.data["runs"].values()
+                       if (r["arm"], r["width"], r["corpus"], r["steps"]) == (ns.arm, ns.width, "python", steps))
+    if grid:
+        record["study_best_loss"] = min(grid.values())
+        record["loss_above_study_best_pct"] = 100 * (record["final_eval_loss"] / record["study_best_loss"] - 1)
+    record["search"]["proxy_search"] = display_path(record["search"]["proxy_search"])
+    ledger.data.setdefault("tune_and_train", {})[f"{ns.arm}@{ns.proxy_width}->{ns.width}x{steps}"] = record
+    ledger.save()
+    print(f"[transfer] tune-and-train {ns.arm}: lr {record['search']['learning_rate']:g} from width "
+          f"{ns.proxy_width}, width {ns.width} ends at {record['final_eval_loss']:.4f}"
+          + (f" ({record['loss_above_study_best_pct']:+.2f}% against the study's best there)" if grid else ""))
+    return record
 
 
 if __name__ == "__main__":
