@@ -198,25 +198,38 @@ def summarise(runs: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 
 # --- The sweep -------------------------------------------------------------------------------------------------
-def sweep_arm(widths: list[int], start_lr: float, run: Callable[[int, float], float],
-              max_extend: int = MAX_EXTEND) -> None:
-    """One arm over ``widths`` (the first is the base): three grid lrs (``start_lr`` x 2^k) around the previous
-    width's best (the base width: around ``start_lr``), grown at an edge while the best is there, plus the base
-    width's best (carried) lr. ``run(width, lr)`` returns the loss (the mean over seeds), trained or read back."""
-    centre, carried = 0, None
-    for w in widths:
-        losses = {k: run(w, start_lr * 2.0 ** k) for k in (centre - 1, centre, centre + 1)}
-        for _ in range(max_extend):
+class ArmSweep:
+    """One arm's walk over the widths, one width at a time (the first is the base): three grid lrs (``start_lr`` x
+    2^k) around the previous width's best (the base width: around ``start_lr``), grown at an edge while the best is
+    there, plus the base width's best (carried) lr. ``run(width, lr)`` returns the loss (the mean over seeds),
+    trained or read back."""
+
+    def __init__(self, start_lr: float, run: Callable[[int, float], float], max_extend: int = MAX_EXTEND):
+        self.start_lr, self.run, self.max_extend = start_lr, run, max_extend
+        self.centre, self.carried = 0, None
+
+    def width(self, w: int) -> None:
+        lr = lambda k: self.start_lr * 2.0 ** k  # noqa: E731
+        losses = {k: self.run(w, lr(k)) for k in (self.centre - 1, self.centre, self.centre + 1)}
+        for _ in range(self.max_extend):
             best = min(losses, key=losses.get)
             if not math.isfinite(losses[best]) or min(losses) < best < max(losses):
                 break
             k = best + 1 if best == max(losses) else best - 1
-            losses[k] = run(w, start_lr * 2.0 ** k)
-        if carried is not None and carried not in losses:
-            losses[carried] = run(w, start_lr * 2.0 ** carried)
-        centre = min(losses, key=losses.get)
-        if carried is None:
-            carried = centre
+            losses[k] = self.run(w, lr(k))
+        if self.carried is not None and self.carried not in losses:
+            losses[self.carried] = self.run(w, lr(self.carried))
+        self.centre = min(losses, key=losses.get)
+        if self.carried is None:
+            self.carried = self.centre
+
+
+def sweep_arm(widths: list[int], start_lr: float, run: Callable[[int, float], float],
+              max_extend: int = MAX_EXTEND) -> None:
+    """One arm over ``widths`` (:class:`ArmSweep`)."""
+    sweep = ArmSweep(start_lr, run, max_extend)
+    for w in widths:
+        sweep.width(w)
 
 
 class Study:
@@ -459,15 +472,17 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         ledger.data.setdefault("corpora", {})[corpus_name(ns.text)] = {"path": display_path(ns.text), "sha1": digest}
     ledger.save()
     study = Study(ns, ledger)
-    for length in lengths:
+    for length in lengths:  # width by width, every arm at one width before the next: a study cut short is even
+        sweeps = {}
         for arm in arms:
-            s0 = start[arm]
-
             def run(width: int, lr: float, arm=arm, length=length) -> float:
                 rs = [study.run(arm, width, lr, length, seed) for seed in range(ns.seeds)]
                 return grid_losses(rs)[lr]
 
-            sweep_arm(ns.widths, s0, run, ns.max_extend)
+            sweeps[arm] = ArmSweep(start[arm], run, ns.max_extend)
+        for w in ns.widths:
+            for arm in arms:
+                sweeps[arm].width(w)
     print(f"[transfer] {study.trained} run(s) trained, the others read from {display_path(ledger.path)}")
     summary = report(ledger, out, ns.name)
     summary["trained"] = study.trained
