@@ -46,7 +46,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from benchmarks._harness import RESULTS, UsageError, display_command, display_path, fmt, machine_info, run_cli
+from benchmarks._harness import RESULTS, ROOT, UsageError, display_command, display_path, fmt, machine_info, run_cli
 from benchmarks._harness.ledger import Ledger
 from benchmarks._harness.lm import HF_TUNED, Arm, Setup, run_key
 from benchmarks._harness.sweeps import fit_line, interpolated_best_lr
@@ -293,49 +293,68 @@ def _octaves(x: Optional[float]) -> str:
     return "n/a" if x is None else f"{x:+.2f}"
 
 
+def _widths_of(arms: dict[str, Any]) -> list[int]:
+    return sorted({int(w) for a in arms.values() for w in a["widths"]})
+
+
+def best_lr_table(arms: dict[str, Any]) -> str:
+    """One corpus and length: each arm's best lr per width, its drift and the carried-lr loss at the widest."""
+    widths = _widths_of(arms)
+    base, widest = widths[0], widths[-1]
+    head = (["arm"] + [f"best lr, width {w}" for w in widths]
+            + [f"drift {base}->{widest} (octaves)", f"loss at width {base}'s lr, width {widest} (% above best)"])
+    rows = []
+    for arm, a in arms.items():
+        cells = []
+        for w in widths:
+            row = a["widths"].get(str(w))
+            if row is None:
+                cells.append("not run")
+            elif row["best_lr"] is None:
+                cells.append(f"edge ({row['best_grid_lr']:.3g})")
+            else:
+                cells.append(f"{row['best_lr']:.3g}")
+        complete = a["widest"] == widest and a["base_width"] == base
+        pct = a["carried_loss_pct"] if complete else None
+        rows.append([arm, *cells, _octaves(a["drift_octaves"]) if complete else "not run",
+                     "not run" if not complete else ("n/a" if pct is None else f"{pct:.2f}")])
+    return _md(head, rows)
+
+
+def search_log(arms: dict[str, Any]) -> str:
+    """One corpus and length: the final eval loss at every lr run, per arm and width."""
+    rows = []
+    for arm, a in arms.items():
+        for w, row in a["widths"].items():
+            grid = ", ".join(f"{lr}: {loss:.4f}" + (" **" if float(lr) == row["best_grid_lr"] else "")
+                             for lr, loss in row["final_eval_loss_by_lr"].items())
+            rows.append([arm, w, grid, row["seeds"], f"{row['train_seconds']:.0f}"])
+    return _md(["arm", "width", "lr: final eval loss (** the grid's best)", "seeds", "train s (median)"], rows)
+
+
+def length_table(arms: dict[str, Any]) -> str:
+    rows = []
+    for arm, by_width in arms.items():
+        for w, row in by_width.items():
+            pts = ", ".join(f"{int(t):,}: {lr:.3g}" for t, lr in row["best_lr_by_tokens"].items())
+            rows.append([arm, w, pts, fmt(row["exponent"], 3)])
+    return _md(["arm", "width", "tokens per run: best lr", "exponent k (lr ~ tokens^k)"], rows)
+
+
+def _tokens(arms: dict[str, Any]) -> int:
+    return next(iter(next(iter(arms.values()))["widths"].values()))["tokens"]
+
+
 def tables(summary: dict[str, Any]) -> str:
-    """The Markdown tables of a summary: per corpus and length, the best lr per width and the drift; then the
-    run-length exponents."""
+    """The Markdown tables of a summary: per corpus and length, the best lr per width and the drift, and the loss at
+    every lr; then the run-length exponents."""
     parts = []
     for corpus, by_length in summary["transfer"].items():
         for length, arms in by_length.items():
-            widths = sorted({int(w) for a in arms.values() for w in a["widths"]})
-            tokens = next(iter(next(iter(arms.values()))["widths"].values()))["tokens"]
-            base, widest = widths[0], widths[-1]
-            head = (["arm"] + [f"best lr, width {w}" for w in widths]
-                    + [f"drift {base}->{widest} (octaves)", f"loss at width {base}'s lr, width {widest} (% above best)"])
-            rows = []
-            for arm, a in arms.items():
-                cells = []
-                for w in widths:
-                    row = a["widths"].get(str(w))
-                    if row is None:
-                        cells.append("not run")
-                    elif row["best_lr"] is None:
-                        cells.append(f"edge ({row['best_grid_lr']:.3g})")
-                    else:
-                        cells.append(f"{row['best_lr']:.3g}")
-                complete = a["widest"] == widest
-                pct = a["carried_loss_pct"] if complete else None
-                rows.append([arm, *cells, _octaves(a["drift_octaves"]) if complete else "not run",
-                             "not run" if not complete else ("n/a" if pct is None else f"{pct:.2f}")])
-            parts.append(f"Corpus {corpus}, {tokens:,} tokens per run ({length}x):\n\n" + _md(head, rows))
-            loss_rows = []
-            for arm, a in arms.items():
-                for w, row in a["widths"].items():
-                    grid = ", ".join(f"{lr}: {loss:.4f}" + (" **" if float(lr) == row["best_grid_lr"] else "")
-                                     for lr, loss in row["final_eval_loss_by_lr"].items())
-                    loss_rows.append([arm, w, grid, row["seeds"], f"{row['train_seconds']:.0f}"])
-            parts.append(f"Final eval loss at each peak lr (corpus {corpus}, {length}x; ** the grid's best):\n\n"
-                         + _md(["arm", "width", "lr: loss", "seeds", "train s (median)"], loss_rows))
+            parts.append(f"Corpus {corpus}, {_tokens(arms):,} tokens per run ({length}x):\n\n" + best_lr_table(arms))
+            parts.append(f"Final eval loss at each peak lr (corpus {corpus}, {length}x):\n\n" + search_log(arms))
     for corpus, arms in summary["run_length"].items():
-        rows = []
-        for arm, by_width in arms.items():
-            for w, row in by_width.items():
-                pts = ", ".join(f"{int(t):,}: {lr:.3g}" for t, lr in row["best_lr_by_tokens"].items())
-                rows.append([arm, w, pts, fmt(row["exponent"], 3)])
-        parts.append(f"Best lr against the tokens per run (corpus {corpus}); the exponent of lr ~ tokens^k:\n\n"
-                     + _md(["arm", "width", "tokens: best lr", "exponent k"], rows))
+        parts.append(f"Best lr against the tokens per run (corpus {corpus}):\n\n" + length_table(arms))
     return "\n\n".join(parts) + "\n"
 
 
@@ -371,8 +390,124 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def report(ledger: Ledger, out: Path, name: str) -> dict[str, Any]:
+PAGE = ROOT / "docs" / "benchmarks" / "transfer.md"
+BEGIN, END = "<!-- begin: python -m benchmarks.transfer --report -->", "<!-- end: python -m benchmarks.transfer --report -->"
+PLANNED_CORPORA = ("python", "text:tinyshakespeare/input.txt")
+CORPUS_TITLES = {"python": "the embedded corpus (Python sources)", "text:tinyshakespeare/input.txt": "tinyshakespeare"}
+RULES = ("adamw-mup", "muon-mup")  # the package's transfer rules
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line if line else "" for line in text.splitlines())
+
+
+def findings(arms: dict[str, Any]) -> list[str]:
+    """One sentence per arm that reached the widest width; then whether standard AdamW drifts at all."""
+    widths = _widths_of(arms)
+    base, widest = widths[0], widths[-1]
+    out = []
+    for arm, a in arms.items():
+        if a["widest"] != widest or a["base_width"] != base:
+            continue
+        drift, pct = a["drift_octaves"], a["carried_loss_pct"]
+        move = "is at an edge of its grid" if drift is None else f"moves {drift:+.2f} octaves"
+        cost = "" if pct is None else f"; width {base}'s lr ends {pct:.2f}% above the best loss at width {widest}"
+        out.append(f"`{arm}`: from width {base} to {widest} the best lr {move}{cost}.")
+    std = arms.get("adamw")
+    if std is not None and std["widest"] == widest and std["drift_octaves"] is not None:
+        if abs(std["drift_octaves"]) <= 0.5:
+            out.append(f"Standard AdamW drifts by at most half an octave here, so at widths {base}-{widest} this "
+                       "study cannot tell a transfer rule from no rule.")
+        else:
+            out.append(f"Standard AdamW's best lr drifts by {abs(std['drift_octaves']):.2f} octaves, so these "
+                       "widths can tell a rule that holds the lr from one that does not.")
+    return out
+
+
+def not_run(data: dict[str, Any]) -> list[str]:
+    """What the study's plan holds and the JSON does not."""
+    summary = data["summary"]["transfer"]
+    out = []
+    for corpus in PLANNED_CORPORA:
+        arms = summary.get(corpus, {}).get("1", {})
+        missing = []
+        for arm in ARM_NAMES:
+            have = {int(w) for w in arms.get(arm, {}).get("widths", {})}
+            gone = [w for w in WIDTHS if w not in have]
+            if gone:
+                missing.append(f"`{arm}` at width {', '.join(map(str, gone))}")
+        if missing:
+            out.append(f"On {CORPUS_TITLES[corpus]}: " + "; ".join(missing) + ".")
+    lengths = data["summary"]["run_length"].get("python", {})
+    if not any(len(row["best_lr_by_tokens"]) >= 3 for arm in RULES for row in lengths.get(arm, {}).values()):
+        out.append("Run length (the best lr at 0.25x and 4x the tokens) for `adamw-mup` and `muon-mup`: not run "
+                   "to completion" + (" (the table above holds what ran)." if lengths else "."))
+    out.append("The gain across width (the recipe against hf-best at the same tokens per parameter): not run.")
+    if not data["summary"].get("tune_and_train"):
+        out.append("Tune small, train big (`tune-and-train`): not run at the study's widths.")
+    return out
+
+
+def page_block(data: dict[str, Any]) -> str:
+    """The page's generated part: setup, findings, tables, what did not run and the search log (folded)."""
+    summary = data["summary"]
+    env = data.get("environment") or {}
+    rows = [row for by_length in summary["transfer"].values() for arms in by_length.values() for a in arms.values()
+            for row in a["widths"].values()]
+    widths = sorted({int(w) for by_length in summary["transfer"].values() for arms in by_length.values()
+                     for a in arms.values() for w in a["widths"]})
+    one = [a for by_length in summary["transfer"].values() for arms in [by_length.get("1", {})] for a in arms.values()]
+    tokens = next(iter(one[0]["widths"].values()))["tokens"] if one else rows[0]["tokens"]
+    seeds = sorted({row["seeds"] for row in rows})
+    parts = [f"**Setup.** A 2-layer GPT-2 with head size {HEAD_SIZE} (n_head = width / {HEAD_SIZE}), vocabulary "
+             f"4096, at widths {', '.join(map(str, widths))}. Every run at 1x trains {tokens:,} tokens "
+             f"({tokens // (BATCH * BLOCK)} steps of {BATCH} x {BLOCK}) at every width, with hf-tuned's settings. "
+             f"{' or '.join(map(str, seeds))} seed(s) per lr. The machine is a shared {env.get('cpu_count', '?')}-core "
+             f"{env.get('processor', '')} CPU (torch {env.get('torch', '?')})."]
+    for corpus, by_length in summary["transfer"].items():
+        arms = by_length.get("1")
+        if not arms:
+            continue
+        title = CORPUS_TITLES.get(corpus, corpus)
+        parts.append(f"## {title[:1].upper() + title[1:]}")
+        parts.append("\n".join(findings(arms)))
+        parts.append(best_lr_table(arms))
+    lengths = summary["run_length"]
+    for corpus, arms in lengths.items():
+        parts.append(f"## Run length ({CORPUS_TITLES.get(corpus, corpus)})")
+        parts.append("The best lr at each run length; k is the slope of log2 lr against log2 tokens.")
+        parts.append(length_table(arms))
+    tuned = summary.get("tune_and_train") or {}
+    if tuned:
+        parts.append("## Tune small, train big")
+        rows = [[t["arm"], t["proxy_width"], t["width"], f"{t['search']['learning_rate']:.3g}",
+                 f"{t['final_eval_loss']:.4f}", fmt(t.get("loss_above_study_best_pct"), 3)] for t in tuned.values()]
+        parts.append(_md(["arm", "searched at width", "trained at width", "lr", "final eval loss",
+                          "% above the study's best there"], rows))
+    parts.append("## Not run\n\n" + "\n".join(f"- {line}" for line in not_run(data)))
+    for corpus, by_length in summary["transfer"].items():
+        for length, arms in by_length.items():
+            parts.append(f'??? note "Search log: {CORPUS_TITLES.get(corpus, corpus)}, {length}x tokens"\n'
+                         + _indent(search_log(arms)))
+    parts.append("??? note \"Commands\"\n" + _indent("\n".join(f"`{c}`\n" for c in summary.get("commands", []))))
+    return "\n\n".join(parts)
+
+
+def write_page(data: dict[str, Any], page: Path) -> None:
+    """Replace the generated part of ``page`` (between its markers) by :func:`page_block`."""
+    text = page.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        raise UsageError(f"--page: {display_path(page)} lacks the markers {BEGIN!r} and {END!r}")
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    page.write_text(head + BEGIN + "\n\n" + page_block(data) + "\n\n" + END + tail, encoding="utf-8")
+
+
+def report(ledger: Ledger, out: Path, name: str, page: Optional[Path] = None) -> dict[str, Any]:
     summary = summarise(ledger.data["runs"].values())
+    # what the page quotes besides the runs, as of this report (a study running on adds commands and runs)
+    summary["commands"] = list(ledger.data.get("commands", []))
+    summary["tune_and_train"] = dict(ledger.data.get("tune_and_train") or {})
     ledger.data["summary"] = summary
     ledger.save()
     env = ledger.data.get("environment") or {}
@@ -381,6 +516,8 @@ def report(ledger: Ledger, out: Path, name: str) -> dict[str, Any]:
     text = (f"Machine: {machine}; torch {env.get('torch', '?')}. Commands:\n\n{commands}\n\n" + tables(summary))
     (out / f"{name}.md").write_text(text)
     plot(summary, out / f"{name}.png")
+    if page is not None and ledger.data["runs"]:
+        write_page(ledger.data, page)
     print(tables(summary))
     return summary
 
@@ -421,6 +558,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="rebuild the tables and the PNG from the JSON; no training")
     p.add_argument("--out", default=str(RESULTS), help="folder of <name>.json, .md, .png")
     p.add_argument("--name", default="transfer", help="basename of the output files")
+    p.add_argument("--page", default=None,
+                   help="the study page whose generated part the report rewrites; default: docs/benchmarks/"
+                        "transfer.md when --out is benchmarks/results, else none")
     return p
 
 
@@ -432,8 +572,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(out / f"{ns.name}.json")
+    page = Path(ns.page) if ns.page else (PAGE if out.resolve() == RESULTS.resolve() and ns.name == "transfer" else None)
     if ns.report:
-        return report(ledger, out, ns.name)
+        return report(ledger, out, ns.name, page)
     arms = [a.strip() for a in ns.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARM_NAMES]
     if unknown:
@@ -484,7 +625,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             for arm in arms:
                 sweeps[arm].width(w)
     print(f"[transfer] {study.trained} run(s) trained, the others read from {display_path(ledger.path)}")
-    summary = report(ledger, out, ns.name)
+    summary = report(ledger, out, ns.name, page)
     summary["trained"] = study.trained
     return summary
 

@@ -147,3 +147,37 @@ def test_quick_study_is_resumable_and_its_report_matches_its_runs(tmp_path):
     report = mod.main(["--report", "--out", str(tmp_path)])
     assert report["transfer"] == first["transfer"] and (tmp_path / "transfer.md").read_text() == md
     assert "drift 16->32 (octaves)" in md and (tmp_path / "transfer.png").stat().st_size > 0
+
+
+def test_the_study_page_is_the_reports_output_from_the_results():
+    """docs/benchmarks/transfer.md's generated part is page_block of results/transfer.json's last report: every
+    number on it is read from the JSON (rerun `python -m benchmarks.transfer --report` after new runs)."""
+    from benchmarks._harness import ROOT
+
+    mod = tr()
+    data = json.loads((ROOT / "benchmarks" / "results" / "transfer.json").read_text())
+    page = (ROOT / "docs" / "benchmarks" / "transfer.md").read_text(encoding="utf-8")
+    block = page.split(mod.BEGIN, 1)[1].split(mod.END, 1)[0]
+    assert block.strip() == mod.page_block(data).strip()
+    # the quoted drift of each arm is the summary's
+    for corpus, by_length in data["summary"]["transfer"].items():
+        for arm, a in by_length.get("1", {}).items():
+            if a["drift_octaves"] is not None and a["widest"] == max(int(w) for x in by_length["1"].values()
+                                                                     for w in x["widths"]):
+                assert f"`{arm}`: from width {a['base_width']} to {a['widest']} the best lr moves " \
+                       f"{a['drift_octaves']:+.2f} octaves" in page
+
+
+def test_findings_say_plainly_when_the_standard_parameterization_does_not_drift():
+    mod = tr()
+
+    def arm(drift, pct):
+        return {"base_width": 64, "widest": 512, "drift_octaves": drift, "carried_loss_pct": pct,
+                "widths": {"64": {}, "512": {}}}
+
+    lines = mod.findings({"adamw": arm(0.25, 0.4), "muon-mup": arm(-0.1, 0.2)})
+    assert lines[0] == "`adamw`: from width 64 to 512 the best lr moves +0.25 octaves; width 64's lr ends 0.40% " \
+                       "above the best loss at width 512."
+    assert "cannot tell a transfer rule from no rule" in lines[-1]
+    lines = mod.findings({"adamw": arm(-1.5, 6.0)})
+    assert lines[-1].startswith("Standard AdamW's best lr drifts by 1.50 octaves")
