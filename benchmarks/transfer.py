@@ -424,6 +424,20 @@ def findings(arms: dict[str, Any]) -> list[str]:
     return out
 
 
+def base_width_noise(arms: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """At the base width ``adamw-mup`` is ``adamw`` (m = 1) with its own draw of the hidden matrices: the mean
+    absolute difference of their losses at the lrs both ran measures the noise of one seed."""
+    if "adamw" not in arms or "adamw-mup" not in arms:
+        return None
+    base = str(min(int(w) for w in arms["adamw"]["widths"]))
+    a = arms["adamw"]["widths"].get(base, {}).get("final_eval_loss_by_lr", {})
+    b = arms["adamw-mup"]["widths"].get(base, {}).get("final_eval_loss_by_lr", {})
+    both = sorted(set(a) & set(b), key=float)
+    if not both:
+        return None
+    return {"width": int(base), "lrs": len(both), "mean_abs_diff": statistics.fmean(abs(a[k] - b[k]) for k in both)}
+
+
 def not_run(data: dict[str, Any]) -> list[str]:
     """What the study's plan holds and the JSON does not."""
     summary = data["summary"]["transfer"]
@@ -470,7 +484,13 @@ def page_block(data: dict[str, Any]) -> str:
             continue
         title = CORPUS_TITLES.get(corpus, corpus)
         parts.append(f"## {title[:1].upper() + title[1:]}")
-        parts.append("\n".join(findings(arms)))
+        lines = findings(arms)
+        noise = base_width_noise(arms)
+        if noise:
+            lines.append(f"At width {noise['width']} `adamw-mup` is `adamw` with another draw of the hidden matrices; "
+                         f"their final losses differ by {noise['mean_abs_diff']:.3f} on average over "
+                         f"{noise['lrs']} lrs, the noise of one seed.")
+        parts.append("\n".join(lines))
         parts.append(best_lr_table(arms))
     lengths = summary["run_length"]
     for corpus, arms in lengths.items():

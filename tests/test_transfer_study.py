@@ -181,3 +181,35 @@ def test_findings_say_plainly_when_the_standard_parameterization_does_not_drift(
     assert "cannot tell a transfer rule from no rule" in lines[-1]
     lines = mod.findings({"adamw": arm(-1.5, 6.0)})
     assert lines[-1].startswith("Standard AdamW's best lr drifts by 1.50 octaves")
+
+
+@pytest.mark.bench
+def test_tune_and_train_command_records_the_search_beside_the_study(tmp_path):
+    """`python -m benchmarks.transfer tune-and-train --quick`: the search at width 16 on the restart engine, the
+    width-32 run at its winner's lr, the record in the study's JSON and in the target's run_info.json."""
+    mod = tr()
+    runs = tmp_path / "runs"
+    record = mod.main(["tune-and-train", "--quick", "--arm", "adamw", "--proxy-width", "16", "--width", "32",
+                       "--lrs", "1e-3,1.6e-2,6.4e-2", "--runs", str(runs), "--out", str(tmp_path)])
+    search = record["search"]
+    finished = {lr: row["final_metric"] for lr, row in search["lrs"].items() if row["final_metric"] is not None}
+    assert search["learning_rate"] == float(min(finished, key=finished.get))
+    assert (search["proxy_width"], search["target_width"], record["width"]) == (16, 32, 32)
+    info = json.loads((runs / "run_info.json").read_text())
+    assert info["transfer"]["learning_rate"] == search["learning_rate"]
+    assert info["transfer"]["proxy_search"] == str(runs / "proxy-w16")
+    saved = json.loads((tmp_path / "transfer.json").read_text())["tune_and_train"]
+    assert saved["adamw@16->32x12"]["final_eval_loss"] == record["final_eval_loss"]
+    assert record["final_eval_loss"] == json.loads((runs / "metrics.json").read_text())["final_metrics"]["eval_loss"]
+
+
+def test_the_noise_of_one_seed_is_read_at_the_base_width():
+    mod = tr()
+
+    def grid(**losses):
+        return {"widths": {"64": {"final_eval_loss_by_lr": losses}}}
+
+    arms = {"adamw": grid(**{"0.002": 6.0, "0.004": 6.1}), "adamw-mup": grid(**{"0.002": 5.9, "0.004": 6.2,
+                                                                                  "0.008": 6.3})}
+    assert mod.base_width_noise(arms) == {"width": 64, "lrs": 2, "mean_abs_diff": pytest.approx(0.1, abs=1e-12)}
+    assert mod.base_width_noise({"adamw": arms["adamw"]}) is None
