@@ -38,11 +38,11 @@ import torch
 from torch import nn
 
 from ._validation import ConfigError
-from .optim.groups import (OUTPUT_MULTIPLIER_ATTR, check_parameterization, model_depth, param_roles,
+from .optim.groups import (OUTPUT_MULTIPLIER_ATTR, check_parameterization, model_depth, model_width, param_roles,
                            width_multiplier)
 
 __all__ = ["apply_mup", "mup_init_", "remove_mup", "apply_depth_scaling", "apply_transfer", "transfer_options",
-           "check_config_mup"]
+           "check_config_mup", "check_head_dim", "model_head_dim"]
 
 _HOOK_ATTR = "_hf_fasttrain_mup_hook"
 
@@ -69,8 +69,12 @@ def _scale_output(multiplier: float):
     return hook
 
 
-def apply_mup(model: nn.Module, base_width: float, width: Optional[float] = None) -> float:
+def apply_mup(model: nn.Module, base_width: float, width: Optional[float] = None, base_depth: Optional[int] = None,
+              base_head_dim: Optional[int] = None) -> float:
     """Install muP's output multiplier 1/m on `model`'s output head; returns m (width / `base_width`).
+
+    With `base_head_dim`, the model's head size must be that one (:func:`check_head_dim`); with `base_depth`, the
+    residual branches are scaled by CompleteP's (L / base_depth)^-1 too (:func:`apply_depth_scaling`).
 
     The head (`model.get_output_embeddings()`) gets a forward hook that multiplies its output, the logits, by 1/m.
     A head tied to the input embeddings is the same module: the hook scales the logits only, never the input
@@ -80,9 +84,13 @@ def apply_mup(model: nn.Module, base_width: float, width: Optional[float] = None
     read is refused in one line. The optimizer side (lr / m on hidden matrices) comes from
     ``parameterization="mup"`` of the optimizer, which checks that this multiplier is in place.
     """
-    check_parameterization("mup", base_width, width)
+    check_parameterization("mup", base_width, width, base_depth, base_head_dim)
     m = width_multiplier(model, base_width, width)
+    if base_head_dim is not None:
+        check_head_dim(model, base_head_dim)
     head = _output_head(model)
+    if base_depth is not None:
+        apply_depth_scaling(model, base_depth)
     have = getattr(head, OUTPUT_MULTIPLIER_ATTR, None)
     if have is not None and math.isclose(have, m, rel_tol=1e-12):
         return m
@@ -148,12 +156,103 @@ def mup_init_(model: nn.Module, base_width: float, width: Optional[float] = None
     return m
 
 
-def apply_depth_scaling(model: nn.Module, base_depth: int) -> float:
-    """CompleteP's depth rule (alpha = 1): each residual branch's output multiplied by (L / `base_depth`)^-1.
+# residual blocks whose branches the depth rule scales: (attention, MLP) child names and the block's norms, which
+# must be exactly these (a norm after a branch, as Gemma 2's or OLMo 2's, would undo the multiplier)
+_BLOCK_LAYOUTS = (
+    ("attn", "mlp", frozenset({"ln_1", "ln_2"})),  # GPT-2
+    ("self_attn", "mlp", frozenset({"input_layernorm", "post_attention_layernorm"})),  # Llama, Mistral, Qwen2/3
+)
+_DEPTH_ATTR = "_hf_fasttrain_depth_hooks"
 
-    Not yet available: refused in one line.
+
+def _residual_blocks(model: nn.Module) -> Optional[list[tuple[nn.Module, nn.Module]]]:
+    """(attention, MLP) of each residual block, in order, where the model's blocks have a recognised layout."""
+    for module in model.modules():
+        if not isinstance(module, nn.ModuleList) or len(module) == 0:
+            continue
+        found = []
+        for block in module:
+            children = dict(block.named_children())
+            norms = frozenset(n for n, c in children.items() if "norm" in type(c).__name__.lower() or
+                              isinstance(c, nn.LayerNorm))
+            layout = next(((a, f) for a, f, ns in _BLOCK_LAYOUTS if a in children and f in children and norms == ns),
+                          None)
+            if layout is None:
+                break
+            found.append((children[layout[0]], children[layout[1]]))
+        else:
+            return found
+    return None
+
+
+def _scale_branch(multiplier: float):
+    def hook(module: nn.Module, inputs: Any, output: Any) -> Any:
+        if isinstance(output, tuple):  # attention: (output, weights, ...)
+            return (output[0] * multiplier, *output[1:])
+        return output * multiplier
+
+    return hook
+
+
+def apply_depth_scaling(model: nn.Module, base_depth: int) -> float:
+    """CompleteP's depth rule (Dey et al. 2025, arXiv:2505.01618, alpha = 1): each residual branch, the output of
+    every block's attention and MLP, multiplied by (L / `base_depth`)^-1; returns that multiplier.
+
+    With alpha = 1 each block's contribution to the residual stream shrinks as 1 / L, so that the sum over blocks
+    stays the same size and each block keeps learning features (not only their linearisation) at any depth, which
+    is what lets the base depth's lr hold. L is the model's number of blocks (`model_depth`), which must match the
+    blocks found. Recognised blocks: GPT-2's (``attn``, ``mlp``) and Llama-like ones (``self_attn``, ``mlp``, with
+    only the two pre-norms); any other model is refused in one line, as is a model whose depth cannot be read.
+    Idempotent: a second call replaces the hooks.
     """
-    raise ConfigError("base_depth", base_depth, "leave it unset", problem="the depth rule is not available yet")
+    if isinstance(base_depth, bool) or not isinstance(base_depth, int) or base_depth <= 0:
+        raise ConfigError("base_depth", base_depth, "an integer > 0")
+    blocks = _residual_blocks(model)
+    if blocks is None:
+        raise ConfigError("base_depth", base_depth, "leave it unset for this model, or use GPT-2 or a Llama-like model",
+                          problem=f"the depth rule scales residual branches by hooks on GPT-2 blocks (attn, mlp) and "
+                                  f"Llama-like blocks (self_attn, mlp, two pre-norms); {type(model).__name__} has "
+                                  f"neither")
+    depth = model_depth(model)
+    if depth is None or depth != len(blocks):
+        raise ConfigError("base_depth", base_depth, "a model whose config's num_hidden_layers / n_layer counts its "
+                          "blocks", problem=f"the config says {depth} layers, the model has {len(blocks)} blocks")
+    multiplier = base_depth / depth
+    for attn, mlp in blocks:
+        for branch in (attn, mlp):
+            for handle in getattr(branch, _DEPTH_ATTR, ()):
+                handle.remove()
+            setattr(branch, _DEPTH_ATTR, (branch.register_forward_hook(_scale_branch(multiplier)),))
+    return multiplier
+
+
+def model_head_dim(model: nn.Module) -> Optional[int]:
+    """The attention head size of `model`: its config's ``head_dim``, else width / number of heads; None if unknown."""
+    config = getattr(model, "config", None)
+    getter = getattr(config, "get_text_config", None)
+    config = getter() if callable(getter) else config
+    head_dim = getattr(config, "head_dim", None)
+    if isinstance(head_dim, int) and head_dim > 0:
+        return head_dim
+    width = model_width(model)
+    heads = next((getattr(config, f) for f in ("num_attention_heads", "n_head")
+                  if isinstance(getattr(config, f, None), int)), None)
+    return width // heads if width and heads else None
+
+
+def check_head_dim(model: nn.Module, base_head_dim: int) -> None:
+    """A one-line refusal unless `model`'s head size is `base_head_dim`: muP by heads at a fixed head size keeps the
+    attention's 1/sqrt(d_head) right; a head size that grows would need 1/d_head, which hooks do not reach."""
+    if isinstance(base_head_dim, bool) or not isinstance(base_head_dim, int) or base_head_dim <= 0:
+        raise ConfigError("base_head_dim", base_head_dim, "an integer > 0")
+    have = model_head_dim(model)
+    if have is None:
+        raise ConfigError("base_head_dim", base_head_dim, "a model whose config gives head_dim or a number of heads",
+                          problem=f"cannot read the head size of {type(model).__name__}")
+    if have != base_head_dim:
+        raise ConfigError("base_head_dim", base_head_dim, "widen by heads at a fixed head size (more heads, the same "
+                          "head_dim)", problem=f"the model's heads are {have} wide, the base's {base_head_dim}: the "
+                                               "attention scale would not transfer")
 
 
 def transfer_options(options: Any) -> dict[str, Any]:
@@ -168,18 +267,15 @@ def transfer_options(options: Any) -> dict[str, Any]:
 
 
 def apply_transfer(model: nn.Module, options: Any, init: bool = False) -> Optional[float]:
-    """The model side of the parameterization that `options` (optimizer options) set: under ``"mup"`` the output
-    multiplier (:func:`apply_mup`), with `init` muP's initialisation (:func:`mup_init_`), and with ``base_depth`` the
-    depth rule; returns m, or None under ``"standard"`` (nothing is done)."""
+    """The model side of the parameterization that `options` (optimizer options) set: under ``"mup"``, with `init`
+    muP's initialisation (:func:`mup_init_`), then :func:`apply_mup` (the output multiplier, the head-size check,
+    the depth rule); returns m, or None under ``"standard"`` (nothing is done)."""
     opts = transfer_options(options)
     if opts["parameterization"] != "mup":
         return None
     if init:
         mup_init_(model, opts["base_width"], opts["width"])
-    m = apply_mup(model, opts["base_width"], opts["width"])
-    if opts["base_depth"] is not None:
-        apply_depth_scaling(model, opts["base_depth"])
-    return m
+    return apply_mup(model, opts["base_width"], opts["width"], opts["base_depth"], opts["base_head_dim"])
 
 
 def check_config_mup(model: nn.Module) -> None:

@@ -12,7 +12,7 @@ from hf_fasttrain.optim import create_optimizer
 from hf_fasttrain.optim.groups import output_multiplier, param_roles
 from hf_fasttrain.optim.muon import _adjust_lr
 from hf_fasttrain.optim.spec import OptimizerSpec
-from hf_fasttrain.transfer import apply_mup, check_config_mup, mup_init_, remove_mup
+from hf_fasttrain.transfer import apply_depth_scaling, apply_mup, check_config_mup, mup_init_, remove_mup
 
 from conftest import StopAt, make_tiny_gpt2
 
@@ -381,3 +381,78 @@ def test_a_resumed_mup_run_equals_the_straight_run(optimizer, tmp_path):
     assert {g["width_multiplier"] for g in resumed.optimizer.param_groups} == {2}
     losses = [e["loss"] for e in straight.state.log_history if "loss" in e]
     assert losses[-1] < losses[0] - 0.1
+
+
+# --- depth (CompleteP, alpha = 1) and the head size --------------------------------------------------------------
+def _llama(layers: int, width: int = 32, heads: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+                                        num_attention_heads=heads, num_key_value_heads=heads, vocab_size=64,
+                                        max_position_embeddings=16))
+
+
+def _branches(model):
+    blocks = model.transformer.h if hasattr(model, "transformer") else model.model.layers
+    return [b.attn if hasattr(b, "attn") else b.self_attn for b in blocks] + [b.mlp for b in blocks]
+
+
+@pytest.mark.parametrize("make, layers, base, multiplier", [
+    (lambda n: gpt2(64, n_layer=n), 4, 2, 0.5), (lambda n: gpt2(64, n_layer=n), 2, 2, 1.0),
+    (lambda n: _llama(n, width=64, heads=4), 4, 1, 0.25)])
+def test_depth_rule_scales_every_residual_branch_by_base_over_depth(make, layers, base, multiplier):
+    model = make(layers).eval()
+    seen = []
+
+    def record(module, args, kwargs, output):  # after the depth hook: what the residual stream receives
+        seen.append((module, args, kwargs, output))
+
+    assert apply_mup(model, base_width=32, base_depth=base) == 2
+    apply_depth_scaling(model, base)  # idempotent: the hooks are replaced, not doubled
+    for branch in _branches(model):
+        branch.register_forward_hook(record, with_kwargs=True)
+    with torch.no_grad():
+        model(torch.randint(0, 64, (2, 8)))
+        assert len(seen) == 2 * layers
+        for module, args, kwargs, output in seen:
+            plain = module.forward(*args, **kwargs)  # the branch itself, without hooks
+            got, want = (output[0], plain[0]) if isinstance(output, tuple) else (output, plain)
+            assert torch.equal(got, want * multiplier)
+            assert multiplier == 1.0 or not torch.equal(got, want)
+
+
+def test_depth_rule_is_refused_in_one_line_where_blocks_are_not_recognised():
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    gemma = Gemma2ForCausalLM(Gemma2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=2, num_key_value_heads=2, head_dim=16, vocab_size=64))
+    with pytest.raises(ConfigError) as e:
+        apply_mup(gemma, base_width=32, base_depth=1)
+    assert _one_line(e).startswith("base_depth: the depth rule scales residual branches by hooks on GPT-2 blocks")
+    assert "Gemma2ForCausalLM has neither" in str(e.value)
+    assert output_multiplier(gemma) is None  # refused before anything was installed
+
+
+def test_a_head_size_other_than_the_base_one_is_refused():
+    with pytest.raises(ConfigError) as e:
+        apply_mup(make_tiny_gpt2(vocab_size=64, n_embd=64, n_head=2), base_width=32, base_head_dim=16)
+    assert _one_line(e) == ("base_head_dim: the model's heads are 32 wide, the base's 16: the attention scale would "
+                            "not transfer; widen by heads at a fixed head size (more heads, the same head_dim)")
+    assert apply_mup(gpt2(64), base_width=32, base_head_dim=16) == 2  # 4 heads of 16
+    assert apply_mup(_llama(2, width=64, heads=4), base_width=32, base_head_dim=16) == 2
+
+
+def test_fast_trainer_applies_the_depth_rule_from_optimizer_kwargs(tmp_path):
+    from hf_fasttrain import FastTrainer
+    from conftest import tiny_args
+
+    model = gpt2(64, n_layer=4)
+    args = tiny_args(tmp_path, optimizer="adamw", optimizer_kwargs={
+        "parameterization": "mup", "base_width": 32, "base_depth": 2, "base_head_dim": 16})
+    FastTrainer(model=model, args=args, train_dataset=_rows(8))
+    assert output_multiplier(model) == 2
+    assert all(len(b._forward_hooks) == 1 for b in _branches(model))
+    with pytest.raises(ConfigError, match="^base_head_dim: the model's heads are 16 wide, the base's 32"):
+        FastTrainer(model=gpt2(64), args=tiny_args(tmp_path, optimizer="adamw", optimizer_kwargs={
+            "parameterization": "mup", "base_width": 32, "base_head_dim": 32}), train_dataset=_rows(8))
