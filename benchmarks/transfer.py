@@ -19,14 +19,15 @@ tokens), with hf-tuned's settings: 2% warmup, cosine to 10%, weight decay 0.1, b
 - ``muon-mup``: Muon with ``parameterization: mup`` (base width 64: the spectral scale on hidden matrices).
 
 Each arm's lrs lie on one factor-2 grid. At the base width three lrs run around the arm's starting lr; at each
-wider width three run around the previous width's best; while the best is at an edge, the grid grows by one lr that
-way (at most ``--max-extend`` times). Every width also runs the base width's best lr (the carried lr) when its grid
+wider width three run around the previous width's best (every arm at one width before the next); while the best
+is at an edge, the grid grows by one lr that way (at most ``--max-extend`` times). Every width also runs the base width's best lr (the carried lr) when its grid
 lacks it. Reported per width: the best lr (the vertex of a parabola in log2 lr through the best grid point and its
 neighbours), the drift in octaves from the base width, and the loss at the carried lr in % above the best.
 
 Each run is saved into ``<out>/<name>.json`` as it ends, keyed by its settings: rerun the command to continue.
-Torch runs on ``--threads`` threads (default 1), one run at a time. ``--report`` rebuilds ``<name>.md`` and
-``<name>.png`` from the JSON without training.
+Torch runs on ``--threads`` threads (default 1), one run at a time. ``--report`` rebuilds ``<name>.md``,
+``<name>.png`` and the generated part of the study page (docs/benchmarks/transfer.md) from the JSON without
+training; each study run ends with the same report.
 """
 
 from __future__ import annotations
@@ -575,7 +576,7 @@ def make_parser() -> argparse.ArgumentParser:
                         + ", ".join(f"{a}={lr:g}" for a, lr in START_LR.items()))
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (one run at a time)")
     p.add_argument("--quick", action="store_true", help="tiny smoke setup (widths 16,32, head size 8, 12 steps)")
-    p.add_argument("--report", action="store_true", help="rebuild the tables and the PNG from the JSON; no training")
+    p.add_argument("--report", action="store_true", help="rebuild the tables, the PNG and the page from the JSON; no training")
     p.add_argument("--out", default=str(RESULTS), help="folder of <name>.json, .md, .png")
     p.add_argument("--name", default="transfer", help="basename of the output files")
     p.add_argument("--page", default=None,
