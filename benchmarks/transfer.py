@@ -477,7 +477,8 @@ def page_block(data: dict[str, Any]) -> str:
     parts = [f"**Setup.** A 2-layer GPT-2 with head size {HEAD_SIZE} (n_head = width / {HEAD_SIZE}), vocabulary "
              f"4096, at widths {', '.join(map(str, widths))}. Every run at 1x trains {tokens:,} tokens "
              f"({tokens // (BATCH * BLOCK)} steps of {BATCH} x {BLOCK}) at every width, with hf-tuned's settings. "
-             f"{' or '.join(map(str, seeds))} seed(s) per lr. The machine is a shared {env.get('cpu_count', '?')}-core "
+             f"{'One seed' if seeds == [1] else ' or '.join(map(str, seeds)) + ' seeds'} per lr, the tokens and seeds a "
+             f"shared CPU trains in the time the study had. The machine is a shared {env.get('cpu_count', '?')}-core "
              f"{env.get('processor', '')} CPU (torch {env.get('torch', '?')})."]
     for corpus, by_length in summary["transfer"].items():
         arms = by_length.get("1")
