@@ -322,6 +322,14 @@ def best_lr_table(arms: dict[str, Any]) -> str:
     return _md(head, rows)
 
 
+def best_loss_table(arms: dict[str, Any]) -> str:
+    """One corpus and length: each arm's lowest final eval loss per width (what the width buys under each rule)."""
+    widths = _widths_of(arms)
+    rows = [[arm] + [f"{a['widths'][str(w)]['best_loss']:.3f}" if str(w) in a["widths"] else "not run" for w in widths]
+            for arm, a in arms.items()]
+    return _md(["arm"] + [f"best loss, width {w}" for w in widths], rows)
+
+
 def search_log(arms: dict[str, Any]) -> str:
     """One corpus and length: the final eval loss at every lr run, per arm and width."""
     rows = []
@@ -494,6 +502,8 @@ def page_block(data: dict[str, Any]) -> str:
                          f"{noise['lrs']} lrs, the noise of one seed.")
         parts.append("\n".join(lines))
         parts.append(best_lr_table(arms))
+        parts.append("The lowest final eval loss of each arm's grid at each width:")
+        parts.append(best_loss_table(arms))
     lengths = summary["run_length"]
     for corpus, arms in lengths.items():
         parts.append(f"## Run length ({CORPUS_TITLES.get(corpus, corpus)})")

@@ -213,3 +213,10 @@ def test_the_noise_of_one_seed_is_read_at_the_base_width():
                                                                                   "0.008": 6.3})}
     assert mod.base_width_noise(arms) == {"width": 64, "lrs": 2, "mean_abs_diff": pytest.approx(0.1, abs=1e-12)}
     assert mod.base_width_noise({"adamw": arms["adamw"]}) is None
+
+
+def test_the_best_loss_table_reads_each_grid_s_lowest_loss():
+    mod = tr()
+    arms = {"adamw": {"widths": {"64": {"best_loss": 6.02}, "128": {"best_loss": 5.618}}},
+            "muon": {"widths": {"64": {"best_loss": 5.136}}}}
+    assert mod.best_loss_table(arms).splitlines()[2:] == ["| adamw | 6.020 | 5.618 |", "| muon | 5.136 | not run |"]
