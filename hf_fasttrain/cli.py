@@ -6,6 +6,7 @@
     hf-fasttrain recipes list                                      # the bundled recipes
     hf-fasttrain push-recipe <recipe> --repo <owner>/<repo> [--dry-run] [--run-dir <output_dir>]
     hf-fasttrain restarts --config gpt2_tiny --num-seeds 4 --explore-fraction 0.1 [--<field> <value> ...]
+    hf-fasttrain coord-check [--config gpt2_tiny] --widths 64,128,256,512 --parameterization mup
     hf-fasttrain version
 """
 
@@ -39,6 +40,9 @@ commands:
                the best (also --rungs, --keep-fraction, --metric, --direction, --divergence-threshold,
                --replace-diverged, --vary, --parallel, or any --restart_<name>); summary in --output_dir;
                --backend ray runs each stage as a Ray task (--ray-address, --trial-resources, --max-concurrent)
+  coord-check  the coordinate check: build the model at several widths (fixed head size), train a few steps,
+               print each layer's activation-change and update RMS against width; exit 0 when flat, 1 when not
+               (--config, --widths, --parameterization, --optimizer, --lr, --steps, --output_dir; see --help)
   version      print the package version
 """
 
@@ -400,6 +404,120 @@ def _tokenize(args: argparse.Namespace, debug: bool) -> int:
     print(f"wrote {args.out}: {tokens['train']:,} train tokens, {tokens['validation']:,} validation tokens in rows of "
           f"{manifest['block_size']}; train on it with --dataset {args.out} --block_size {manifest['block_size']}")
     return 0
+def _coord_check_parser() -> argparse.ArgumentParser:
+    from .transfer.coord_check import DEFAULT_TOLERANCE
+
+    p = argparse.ArgumentParser(
+        prog="hf-fasttrain coord-check",
+        description="The coordinate check of a parameterization: the model is built at each of --widths (the same "
+        "depth, the same head size, so more heads), trained --steps steps on one fixed batch at a constant --lr, and "
+        "each layer's activation change since initialisation and update (dW x) is measured by its RMS. The log-log "
+        "slope of each against width is printed with a table; a JSON, a Markdown table and a PNG go to --output_dir. "
+        f"Exit status 0 when every |slope| is at most --tolerance (default {DEFAULT_TOLERANCE}: at most 2^"
+        f"{DEFAULT_TOLERANCE} = {2 ** DEFAULT_TOLERANCE:.2f}x per doubling of width), 1 when not, 2 for a bad option. "
+        "A flat check shows the updates are the right size at every width; it does not by itself show that the best "
+        "lr carries over.")
+    p.add_argument("--config", default=None, help="a recipe (path, bundled name or hf://): its model family, depth, "
+                   "head size, grouped-query and MLP ratios, model_config, vocabulary, and its optimizer, "
+                   "learning_rate and optimizer_kwargs (parameterization options excepted) as defaults for the "
+                   "flags below")
+    p.add_argument("--model_type", default=None, help="the decoder family (default gpt2, or the recipe's)")
+    p.add_argument("--n_layer", type=int, default=None, help="blocks, the same at every width (default 2)")
+    p.add_argument("--head_dim", type=int, default=None, help="the head size, the same at every width (default 16, "
+                   "or the recipe's n_embd / n_head)")
+    p.add_argument("--vocab_size", type=int, default=None, help="the vocabulary (default 256, or the recipe's)")
+    p.add_argument("--kv_heads_ratio", type=float, default=None, help="key/value heads per query head (default 1)")
+    p.add_argument("--mlp_ratio", type=float, default=None, help="the MLP's width over the model's (default the "
+                   "family's: 4, or 8/3 for a gated MLP)")
+    p.add_argument("--widths", default="64,128,256,512", help="comma-separated increasing widths, multiples of "
+                   "--head_dim (default 64,128,256,512)")
+    p.add_argument("--parameterization", default="mup", help="mup (default) or standard")
+    p.add_argument("--base_width", type=int, default=None, help="muP's base width (default: the first width)")
+    p.add_argument("--optimizer", default=None, help="adamw (default), lion, ademamix, soap or muon")
+    p.add_argument("--lr", type=float, default=None, help="the constant learning rate (default 3e-3, or the "
+                   "recipe's learning_rate)")
+    p.add_argument("--optimizer_kwargs", default=None, help="the optimizer's other options as JSON, e.g. "
+                   "'{\"betas\": [0.9, 0.95]}'; weight_decay defaults to 0; also base_depth, base_head_dim")
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps per width (default 3)")
+    p.add_argument("--batch_size", type=int, default=1, help="rows of the fixed batch (default 1)")
+    p.add_argument("--seq_len", type=int, default=16, help="tokens per row (default 16; keep batch_size x seq_len "
+                   "well under the smallest width, or its updates look larger than the limit's)")
+    p.add_argument("--data", default="random", help="random tokens (default) or embedded: rows of the package's "
+                   "default corpus (Python's standard library, its own BPE of --vocab_size)")
+    p.add_argument("--seed", type=int, default=0, help="the initialisation and batch seed, the same at every width")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="the largest |log-log slope| that "
+                   f"counts as flat (default {DEFAULT_TOLERANCE})")
+    p.add_argument("--output_dir", default="coord_check", help="where coord_check.json, .md and .png go (default "
+                   "./coord_check)")
+    return p
+
+
+def _recipe_model(sections: dict, overrides: dict):
+    """The coordinate check's model from a validated recipe: its family, depth, head size, grouped-query and MLP
+    ratios and ``model_config``, and its data section's vocabulary and block size; `overrides` (flags) win."""
+    from .config._model_data_args import SIZE_ALIASES
+    from .transfer.coord_check import CoordCheckModel
+
+    model = {SIZE_ALIASES.get(k, k): v for k, v in (sections.get("model") or {}).items()}
+    data = sections.get("data") or {}
+    width, heads = model.get("hidden_size", 768), model.get("num_attention_heads", 12)
+    values = {
+        "model_type": model.get("model_type", "gpt2"), "n_layer": model.get("num_hidden_layers", 12),
+        "head_dim": width // heads, "vocab_size": data.get("vocab_size", 8192),
+        "n_positions": model.get("n_positions") or data.get("block_size", 1024),
+        "kv_heads_ratio": (model.get("num_key_value_heads") or heads) / heads,
+        "mlp_ratio": model["intermediate_size"] / width if model.get("intermediate_size") else None,
+        "model_config": dict(model.get("model_config") or {}),
+    }
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return CoordCheckModel(**values)
+
+
+def _coord_check(args: argparse.Namespace, debug: bool) -> int:
+    """``hf-fasttrain coord-check``: the table and the verdict; exit 0 flat, 1 not flat, 2 a refused option."""
+    try:
+        from ._validation import ConfigError
+        from .optim.spec import parse_optimizer_kwargs
+        from .transfer.coord_check import CoordCheckModel, coord_check
+
+        try:
+            widths = [int(w) for w in args.widths.split(",") if w.strip()]
+        except ValueError:
+            raise ConfigError("widths", args.widths, "comma-separated integers, e.g. 64,128,256,512") from None
+        sizes = {"model_type": args.model_type, "n_layer": args.n_layer, "head_dim": args.head_dim,
+                 "vocab_size": args.vocab_size, "kv_heads_ratio": args.kv_heads_ratio, "mlp_ratio": args.mlp_ratio}
+        optimizer, lr, kwargs = args.optimizer, args.lr, {}
+        if args.config is not None:
+            from .config.recipes import load_recipe, validate_recipe
+
+            sections = validate_recipe(load_recipe(args.config))
+            model = _recipe_model(sections, sizes)
+            top = sections.get(None) or {}
+            optimizer = optimizer or top.get("optimizer")
+            lr = lr if lr is not None else top.get("learning_rate")
+            kwargs = {k: v for k, v in dict(top.get("optimizer_kwargs") or {}).items()
+                      if k not in ("parameterization", "base_width", "width")}
+        else:
+            model = CoordCheckModel(**{"n_layer": 2, "head_dim": 16, "vocab_size": 256,
+                                       **{k: v for k, v in sizes.items() if v is not None}})
+        optimizer = optimizer or "adamw"
+        kwargs.update(parse_optimizer_kwargs(optimizer, args.optimizer_kwargs))
+        result = coord_check(model, widths, parameterization=args.parameterization, optimizer=optimizer,
+                             lr=3e-3 if lr is None else lr, steps=args.steps, base_width=args.base_width,
+                             optimizer_kwargs=kwargs, batch_size=args.batch_size, seq_len=args.seq_len,
+                             data=args.data, seed=args.seed, tolerance=args.tolerance)
+    except ValueError as exc:  # ConfigError and the optimizers' refusals are ValueErrors
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    paths = result.write(args.output_dir)
+    print(result.table())
+    print(result.summary())
+    print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}")
+    return 0 if result.flat else 1
+
+
 def _stage_starts(output_dir: str) -> int:
     """Stages started so far by the search in output_dir (0 without a state file)."""
     import json
@@ -519,7 +637,7 @@ def _generate(argv: Sequence[str]) -> int:
 
 COMMANDS = {"train": _train, "generate": _generate, "tokenize": _parsed_command(_tokenize_parser, _tokenize),
             "recipes": _recipes, "push-recipe": _parsed_command(_push_parser, _push_recipe), "restarts": _restarts,
-            "version": _version}
+            "coord-check": _parsed_command(_coord_check_parser, _coord_check), "version": _version}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

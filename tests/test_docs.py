@@ -282,6 +282,7 @@ PENDING = {
     "hf_fasttrain.optim.muon.ns_coefficient_schedule": "sharded",
     "hf_fasttrain.stability.averaging": "faster",
     "hf_fasttrain.modeling.check_model_type": "scaling",
+    "benchmarks.transfer": "transfer",
 }
 
 
@@ -510,6 +511,8 @@ CLI_COMMANDS = [
      "The bundled recipes (paths shown relative to a checkout; an installed wheel shows its own)."),
     ("hf-fasttrain push-recipe --help", ["push-recipe", "--help"],
      "Upload a recipe with a model card ([Recipes and the Hub](techniques/recipes-and-hub.md))."),
+    ("hf-fasttrain coord-check --help", ["coord-check", "--help"],
+     "The coordinate check of a parameterization on your model ([Transfer](techniques/transfer.md))."),
     ("hf-fasttrain version", ["version"], "The package version."),
 ]
 CLI_INTRO = """# Command line

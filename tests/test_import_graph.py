@@ -48,7 +48,6 @@ LAYERS = {
     "config._options": CORE,
     "config._recipe_files": CORE,  # recipe files for the fast path (no torch)
     "config.decoders": CORE,
-    "transfer": CORE,  # muP on a model from the outside (hooks, init), over optim.groups
     # config
     "config": CONFIG,  # config/__init__.py (a docstring)
     "config.args": CONFIG,
@@ -57,6 +56,7 @@ LAYERS = {
     "callbacks": ADAPTER,
     "wiring": ADAPTER,
     "modeling": ADAPTER,
+    "transfer": ADAPTER,  # muP on a model from the outside (hooks, init) and the coordinate check, over optim
     "config.recipes": ADAPTER,
     "run.push": ADAPTER,
     # top

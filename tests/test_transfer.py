@@ -357,6 +357,7 @@ def test_plain_trainer_with_apply_mup(tmp_path):
     assert [g["lr"] for g in trainer.optimizer.param_groups if g["lr_group"] == "matrix"] == [pytest.approx(5e-4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_resumed_mup_run_equals_the_straight_run(optimizer, tmp_path):
     from hf_fasttrain import FastTrainer
@@ -456,3 +457,25 @@ def test_fast_trainer_applies_the_depth_rule_from_optimizer_kwargs(tmp_path):
     with pytest.raises(ConfigError, match="^base_head_dim: the model's heads are 16 wide, the base's 32"):
         FastTrainer(model=gpt2(64), args=tiny_args(tmp_path, optimizer="adamw", optimizer_kwargs={
             "parameterization": "mup", "base_width": 32, "base_head_dim": 32}), train_dataset=_rows(8))
+
+
+def test_a_saved_mup_model_gets_its_multipliers_back(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from hf_fasttrain.transfer import restore_mup
+
+    model = gpt2(128, n_layer=4).eval()
+    apply_mup(model, base_width=BASE, base_depth=2)
+    ids = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        trained = model(ids).logits
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert not torch.allclose(loaded(ids).logits, trained)  # the hooks are not in the weights
+        assert restore_mup(loaded) == 4
+        torch.testing.assert_close(loaded(ids).logits, trained, rtol=0, atol=1e-6)
+    assert restore_mup(gpt2(64)) is None  # trained without muP: nothing to restore
+    remove_mup(loaded)
+    assert not hasattr(loaded.config, "hf_fasttrain_mup")
+    assert not any(m._forward_hooks for m in loaded.modules())  # the head's and the branches' hooks are gone

@@ -428,7 +428,9 @@ class FastTrainingArguments(TrainingArguments):
                   "held, no decay on Muon's matrices) and '{\"ns_dtype\": \"bfloat16\"}' (Newton-Schulz always in bf16; the "
                   "default, auto, runs it in fp32 where bf16 is not native, e.g. an AVX2 CPU); for every optimizer "
                   "'{\"lr_multipliers\": {\"embedding\": 16}, \"weight_decay_on\": \"matrices\"}' (per-group lrs: "
-                  "embedding, head, norm, bias, matrix; weight decay on the hidden matrices only). Numbers written as "
+                  "embedding, head, norm, bias, matrix; weight decay on the hidden matrices only) and "
+                  "'{\"parameterization\": \"mup\", \"base_width\": 64}' (muP: settings tuned at width 64 carry to "
+                  "this model's width; also width, base_depth, base_head_dim; see the transfer card). Numbers written as "
                   "strings ('1e-5') are "
                   "converted; unknown keys and bad values are errors. Overrides learning_rate / weight_decay when "
                   "it sets lr / weight_decay."},

@@ -71,6 +71,9 @@ def load_run_model(path: str, weights: str = "average") -> tuple[Any, Any, str]:
     hf_logging.disable_progress_bar()  # one model's "Loading weights" bar says nothing here
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    from ..transfer import restore_mup
+
+    restore_mup(model)  # a muP run's output multiplier (a hook, recorded in its config), as in training
     model.eval()
     if _is_checkpoint(path):
         what = "the checkpoint's weights"

@@ -16,6 +16,8 @@ residual branch (attention and MLP outputs) by (L / L_base)^-1, so a deeper mode
 
 FastTrainer does 2 (and 3 where it builds the model) when `optimizer_kwargs` sets ``parameterization: mup``; with a
 plain `transformers.Trainer`, call :func:`apply_mup` (and :func:`mup_init_` on a fresh model) before training.
+The multipliers are hooks, not weights: the model's config records them, and :func:`restore_mup` puts them back on
+a model loaded with `from_pretrained` (``hf-fasttrain generate`` does).
 
 Example:
     >>> import torch
@@ -37,14 +39,17 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from ._validation import ConfigError
-from .optim.groups import (OUTPUT_MULTIPLIER_ATTR, check_parameterization, model_depth, model_width, param_roles,
+from .._validation import ConfigError
+from ..optim.groups import (OUTPUT_MULTIPLIER_ATTR, check_parameterization, model_depth, model_width, param_roles,
                            width_multiplier)
 
-__all__ = ["apply_mup", "mup_init_", "remove_mup", "apply_depth_scaling", "apply_transfer", "transfer_options",
+__all__ = ["apply_mup", "restore_mup", "mup_init_", "remove_mup", "apply_depth_scaling", "apply_transfer", "transfer_options",
            "check_config_mup", "check_head_dim", "model_head_dim"]
 
 _HOOK_ATTR = "_hf_fasttrain_mup_hook"
+# the attribute of the model's config that records apply_mup's settings: saved in config.json with the weights, so
+# a model loaded for evaluation or sampling gets its multipliers back (restore_mup)
+CONFIG_ATTR = "hf_fasttrain_mup"
 
 
 def _output_head(model: nn.Module) -> nn.Module:
@@ -91,18 +96,40 @@ def apply_mup(model: nn.Module, base_width: float, width: Optional[float] = None
     head = _output_head(model)
     if base_depth is not None:
         apply_depth_scaling(model, base_depth)
+    config = getattr(model, "config", None)
+    if config is not None:  # saved with the model: restore_mup puts the multipliers back after loading
+        setattr(config, CONFIG_ATTR, {"base_width": base_width, "width": width, "base_depth": base_depth})
     have = getattr(head, OUTPUT_MULTIPLIER_ATTR, None)
     if have is not None and math.isclose(have, m, rel_tol=1e-12):
         return m
-    remove_mup(model)
+    handle = getattr(head, _HOOK_ATTR, None)
+    if handle is not None:
+        handle.remove()
     handle = head.register_forward_hook(_scale_output(1.0 / m))
     setattr(head, _HOOK_ATTR, handle)
     setattr(head, OUTPUT_MULTIPLIER_ATTR, m)
     return m
 
 
+def restore_mup(model: nn.Module) -> Optional[float]:
+    """Put back the multipliers a model was trained with (`apply_mup`'s settings, which its saved config records);
+    returns m, or None for a model trained without muP. The multipliers are hooks, not weights: a model loaded with
+    `from_pretrained` needs this call before its logits are those it was trained with."""
+    settings = getattr(getattr(model, "config", None), CONFIG_ATTR, None)
+    if not isinstance(settings, dict):
+        return None
+    return apply_mup(model, settings["base_width"], settings.get("width"), settings.get("base_depth"))
+
+
 def remove_mup(model: nn.Module) -> None:
-    """Take `apply_mup`'s output multiplier off `model`'s head (nothing happens when none is installed)."""
+    """Take `apply_mup`'s multipliers off `model`: the head's and the residual branches' (nothing happens when none
+    is installed)."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, CONFIG_ATTR):
+        delattr(config, CONFIG_ATTR)
+    for module in model.modules():
+        for handle in module.__dict__.pop(_DEPTH_ATTR, ()):
+            handle.remove()
     head = _output_head(model)
     handle = getattr(head, _HOOK_ATTR, None)
     if handle is not None:
