@@ -302,8 +302,9 @@ def best_lr_table(arms: dict[str, Any]) -> str:
     """One corpus and length: each arm's best lr per width, its drift and the carried-lr loss at the widest."""
     widths = _widths_of(arms)
     base, widest = widths[0], widths[-1]
-    head = (["arm"] + [f"best lr, width {w}" for w in widths]
-            + [f"drift {base}->{widest} (octaves)", f"loss at width {base}'s lr, width {widest} (% above best)"])
+    head = ["arm"] + [f"best lr, width {w}" for w in widths]
+    if base != widest:
+        head += [f"drift {base}->{widest} (octaves)", f"loss at width {base}'s lr, width {widest} (% above best)"]
     rows = []
     for arm, a in arms.items():
         cells = []
@@ -317,8 +318,9 @@ def best_lr_table(arms: dict[str, Any]) -> str:
                 cells.append(f"{row['best_lr']:.3g}")
         complete = a["widest"] == widest and a["base_width"] == base
         pct = a["carried_loss_pct"] if complete else None
-        rows.append([arm, *cells, _octaves(a["drift_octaves"]) if complete else "not run",
-                     "not run" if not complete else ("n/a" if pct is None else f"{pct:.2f}")])
+        tail = [_octaves(a["drift_octaves"]) if complete else "not run",
+                "not run" if not complete else ("n/a" if pct is None else f"{pct:.2f}")]
+        rows.append([arm, *cells, *(tail if base != widest else [])])
     return _md(head, rows)
 
 
@@ -414,7 +416,9 @@ def findings(arms: dict[str, Any]) -> list[str]:
     """One sentence per arm that reached the widest width; then whether standard AdamW drifts at all."""
     widths = _widths_of(arms)
     base, widest = widths[0], widths[-1]
-    out = []
+    out: list[str] = []
+    if base == widest:
+        return out
     for arm, a in arms.items():
         if a["widest"] != widest or a["base_width"] != base:
             continue
@@ -430,6 +434,24 @@ def findings(arms: dict[str, Any]) -> list[str]:
         else:
             out.append(f"Standard AdamW's best lr drifts by {abs(std['drift_octaves']):.2f} octaves, so these "
                        "widths can tell a rule that holds the lr from one that does not.")
+    return out
+
+
+STANDARD_OF = {"adamw-mup": "adamw", "muon-mup": "muon"}
+
+
+def rule_vs_standard(arms: dict[str, Any]) -> list[str]:
+    """At the widest width: each rule's lowest loss beside its optimizer's in the standard parameterization."""
+    widths = _widths_of(arms)
+    widest = str(widths[-1])
+    out = []
+    for rule, std in STANDARD_OF.items():
+        a, b = arms.get(rule, {}).get("widths", {}).get(widest), arms.get(std, {}).get("widths", {}).get(widest)
+        if a is None or b is None or len(widths) < 2:
+            continue
+        side = "below" if a["best_loss"] < b["best_loss"] else "above"
+        out.append(f"At width {widest} `{rule}`'s lowest loss, {a['best_loss']:.3f}, is {side} `{std}`'s "
+                   f"{b['best_loss']:.3f} at its own best lr.")
     return out
 
 
@@ -494,13 +516,14 @@ def page_block(data: dict[str, Any]) -> str:
             continue
         title = CORPUS_TITLES.get(corpus, corpus)
         parts.append(f"## {title[:1].upper() + title[1:]}")
-        lines = findings(arms)
+        lines = findings(arms) + rule_vs_standard(arms)
         noise = base_width_noise(arms)
         if noise:
             lines.append(f"At width {noise['width']} `adamw-mup` is `adamw` with another draw of the hidden matrices; "
                          f"their final losses differ by {noise['mean_abs_diff']:.3f} on average over "
                          f"{noise['lrs']} lrs, the noise of one seed.")
-        parts.append("\n".join(lines))
+        if lines:
+            parts.append("\n".join(lines))
         parts.append(best_lr_table(arms))
         parts.append("The lowest final eval loss of each arm's grid at each width:")
         parts.append(best_loss_table(arms))

@@ -220,3 +220,17 @@ def test_the_best_loss_table_reads_each_grid_s_lowest_loss():
     arms = {"adamw": {"widths": {"64": {"best_loss": 6.02}, "128": {"best_loss": 5.618}}},
             "muon": {"widths": {"64": {"best_loss": 5.136}}}}
     assert mod.best_loss_table(arms).splitlines()[2:] == ["| adamw | 6.020 | 5.618 |", "| muon | 5.136 | not run |"]
+
+
+def test_each_rule_s_loss_is_set_beside_its_standard_optimizer_s():
+    mod = tr()
+
+    def arm(**by_width):
+        return {"widths": {w[1:]: {"best_loss": v} for w, v in by_width.items()}}
+
+    arms = {"adamw": arm(w64=6.0, w512=5.356), "adamw-mup": arm(w64=5.9, w512=5.787),
+            "muon": arm(w64=5.1, w512=4.954), "muon-mup": arm(w64=5.2, w512=4.9)}
+    assert mod.rule_vs_standard(arms) == [
+        "At width 512 `adamw-mup`'s lowest loss, 5.787, is above `adamw`'s 5.356 at its own best lr.",
+        "At width 512 `muon-mup`'s lowest loss, 4.900, is below `muon`'s 4.954 at its own best lr."]
+    assert mod.rule_vs_standard({"adamw": arm(w64=6.0), "adamw-mup": arm(w64=5.9)}) == []
