@@ -479,3 +479,26 @@ def test_a_saved_mup_model_gets_its_multipliers_back(tmp_path):
     remove_mup(loaded)
     assert not hasattr(loaded.config, "hf_fasttrain_mup")
     assert not any(m._forward_hooks for m in loaded.modules())  # the head's and the branches' hooks are gone
+
+
+def test_muon_experts_get_the_spectral_scale_of_each_expert_matrix():
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    from hf_fasttrain.optim.muon import _matrix_shape
+
+    torch.manual_seed(0)
+    model = Qwen2MoeForCausalLM(Qwen2MoeConfig(
+        hidden_size=64, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=64, num_experts=4, num_experts_per_tok=2,
+        shared_expert_intermediate_size=16, max_position_embeddings=16))
+    apply_mup(model, base_width=BASE)
+    opt = create_optimizer("muon", model, lr=LR, parameterization="mup", base_width=BASE)
+    named = dict(model.named_parameters())
+    experts = [g for g in opt.param_groups if g.get("experts")]
+    assert len(experts) == 2  # [gate; up] and down
+    for g in experts:
+        assert g["adjust_lr_fn"] == "spectral" and g["lr"] == LR  # nothing over m
+        for name in g["param_names"]:
+            out, inn = _matrix_shape(named[name], g)  # each expert's (out, in): gate/up 64 -> 16, down 16 -> 64
+            assert {(out, inn)} <= {(16, 64), (64, 16)}
+            assert _adjust_lr(g["lr"], "spectral", (out, inn)) == pytest.approx(LR * math.sqrt(out / inn))
