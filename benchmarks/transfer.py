@@ -312,11 +312,16 @@ def best_lr_table(arms: dict[str, Any]) -> str:
             row = a["widths"].get(str(w))
             if row is None:
                 cells.append("not run")
+            elif len(row["final_eval_loss_by_lr"]) < 3:
+                cells.append(f"partial ({len(row['final_eval_loss_by_lr'])} lr)")
             elif row["best_lr"] is None:
                 cells.append(f"edge ({row['best_grid_lr']:.3g})")
             else:
                 cells.append(f"{row['best_lr']:.3g}")
         complete = a["widest"] == widest and a["base_width"] == base
+        if complete and len(a["widths"][str(widest)]["final_eval_loss_by_lr"]) < 3:
+            rows.append([arm, *cells, *(["partial", "partial"] if base != widest else [])])
+            continue
         pct = a["carried_loss_pct"] if complete else None
         tail = [_octaves(a["drift_octaves"]) if complete else "not run",
                 "not run" if not complete else ("n/a" if pct is None else f"{pct:.2f}")]
@@ -420,8 +425,8 @@ def findings(arms: dict[str, Any]) -> list[str]:
     if base == widest:
         return out
     for arm, a in arms.items():
-        if a["widest"] != widest or a["base_width"] != base:
-            continue
+        if a["widest"] != widest or a["base_width"] != base or len(a["widths"][str(widest)]["final_eval_loss_by_lr"]) < 3:
+            continue  # not run to the widest width, or its grid still partial
         drift, pct = a["drift_octaves"], a["carried_loss_pct"]
         move = "is at an edge of its grid" if drift is None else f"moves {drift:+.2f} octaves"
         cost = "" if pct is None else f"; width {base}'s lr ends {pct:.2f}% above the best loss at width {widest}"

@@ -171,9 +171,11 @@ def test_the_study_page_is_the_reports_output_from_the_results():
 def test_findings_say_plainly_when_the_standard_parameterization_does_not_drift():
     mod = tr()
 
-    def arm(drift, pct):
+    grid = {"final_eval_loss_by_lr": {"0.001": 6.1, "0.002": 6.0, "0.004": 6.2}}
+
+    def arm(drift, pct, wide=grid):
         return {"base_width": 64, "widest": 512, "drift_octaves": drift, "carried_loss_pct": pct,
-                "widths": {"64": {}, "512": {}}}
+                "widths": {"64": grid, "512": wide}}
 
     lines = mod.findings({"adamw": arm(0.25, 0.4), "muon-mup": arm(-0.1, 0.2)})
     assert lines[0] == "`adamw`: from width 64 to 512 the best lr moves +0.25 octaves; width 64's lr ends 0.40% " \
@@ -181,6 +183,9 @@ def test_findings_say_plainly_when_the_standard_parameterization_does_not_drift(
     assert "cannot tell a transfer rule from no rule" in lines[-1]
     lines = mod.findings({"adamw": arm(-1.5, 6.0)})
     assert lines[-1].startswith("Standard AdamW's best lr drifts by 1.50 octaves")
+    # a widest width whose grid is still partial (a study running on) says nothing yet
+    partial = {"final_eval_loss_by_lr": {"0.001": 6.1, "0.002": 6.0}}
+    assert mod.findings({"muon-mup": arm(None, 0.0, partial)}) == []
 
 
 @pytest.mark.bench
