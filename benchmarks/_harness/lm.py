@@ -288,7 +288,9 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
     kwargs = {**common, **extra, **settings}
     args = args_cls(**(measured_length({**kwargs, "_block_size": setup.block_size}) if arm.fast else kwargs))
     set_seed(seed)
-    model = build_model(setup.model_args(), tokenizer, setup.block_size)
+    # a fast arm's optimizer options reach the model too: parameterization "mup" draws muP's initialisation
+    model = build_model(setup.model_args(), tokenizer, setup.block_size,
+                        settings.get("optimizer_kwargs") if arm.fast and settings.get("optimizer") else None)
     callbacks = arm.callbacks()
     recorder = None
     if not arm.fast:
