@@ -154,7 +154,7 @@ def window_rows(ids: np.ndarray, block_size: int):
     ``(len(ids) - 1) // B`` rows.
 
     >>> rows = window_rows(np.arange(10), 4)
-    >>> rows["input_ids"], rows["labels"]
+    >>> rows[:]["input_ids"], rows[:]["labels"]
     ([[0, 1, 2, 3], [4, 5, 6, 7]], [[1, 2, 3, 4], [5, 6, 7, 8]])
     """
     from datasets import Dataset, Features, Sequence as Seq, Value
