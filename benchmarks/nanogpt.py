@@ -539,11 +539,12 @@ def page_text(data: dict[str, Any]) -> str:
 
     lines += [f"## To nanoGPT's {peer:.4f}", "",
               "| arm | seeds | final loss | every character | characters to it | vs `hf-nanogpt` | seconds to it "
-              "| vs `hf-nanogpt` | seeds reaching |", "|---|---|---|---|---|---|---|---|---|"]
+              "| vs `hf-nanogpt` | seeds reaching | ms per step |", "|---|---|---|---|---|---|---|---|---|---|"]
     for a, r in arms_.items():
         lines.append(row(a, [str(r["seeds"]), f"{r['final_eval_loss']:.4f}", f"{r['every_char_loss']:.4f}",
                              _cell(r["tokens_to_peer"]), _cell(r["tokens_ratio_peer"]), _cell(r["seconds_to_peer"]),
-                             _cell(r["time_ratio_peer"]), f"{r['reached_peer']}/{r['seeds']}"]))
+                             _cell(r["time_ratio_peer"]), f"{r['reached_peer']}/{r['seeds']}",
+                             _cell(r["ms_per_step"])]))
     if "hf-nanogpt" in summary["targets"]:
         lines += ["", f"## To `hf-nanogpt`'s final loss, {summary['targets']['hf-nanogpt']:.4f}", "",
                   "| arm | characters to it | vs `hf-nanogpt` | seconds to it | vs `hf-nanogpt` | seeds reaching "
