@@ -532,7 +532,8 @@ def page_text(data: dict[str, Any]) -> str:
             shown = "`transformers.Trainer` at the search's best point: " + describe(data["search"]["best"])
         lines.append(f"- `{a}`: {shown}.")
     lines += ["", "Times are training seconds, evaluation excluded, one run at a time with 1 torch thread on a "
-              "shared 2-core x86_64 CPU. They compare only within this run.", ""]
+              "2-core x86_64 CPU. They compare only within this run. Other jobs shared the machine and its load "
+              "changed between runs, so a time ratio also carries that change; the characters do not.", ""]
 
     def row(a, cols):
         return "| " + " | ".join([f"`{a}`", *cols]) + " |"
