@@ -190,3 +190,15 @@ def test_generate_past_the_block_crops_the_context():
     assert out == ids[5:] and len(out) == 20
     sampled = [generate(model, tok, prompt="First", max_new_tokens=20, temperature=0.8, seed=3) for _ in range(2)]
     assert sampled[0] == sampled[1] and len(sampled[0]) == 20
+
+
+def test_tokenize_refuses_character_data(folder, tmp_path):
+    from hf_fasttrain.data.prepare import pretokenize
+
+    path, _, _ = folder
+    text = tmp_path / "input.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    with pytest.raises(DataError, match="already pre-tokenized"):
+        pretokenize(DataArguments(dataset=str(path), block_size=16), str(tmp_path / "out"))
+    with pytest.raises(DataError, match="^tokenizer: tokenizer: char cuts its rows from the text at each run"):
+        pretokenize(DataArguments(dataset=str(text), tokenizer="char", block_size=16), str(tmp_path / "out"))

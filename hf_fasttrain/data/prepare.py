@@ -187,6 +187,9 @@ def pretokenize(args, out: str, trust_remote_code: bool = False, seed: int = 0,
     """``hf-fasttrain tokenize``: tokenize ``args.dataset`` once (``datasets.map`` over
     ``args.preprocessing_num_workers`` processes, cached) and write the rows to ``out``; returns the manifest."""
     check_out_folder(out)  # before any work
+    if args.tokenizer == CHAR_TOKENIZER and not is_nanogpt_folder(args.dataset):
+        raise DataError("tokenizer", CHAR_TOKENIZER, problem="tokenizer: char cuts its rows from the text at each run "
+                        "(no tokenizer work to save)", allowed="train on the text file with --tokenizer char as it is")
     if read_manifest(args.dataset) is not None or is_nanogpt_folder(args.dataset):
         raise DataError("dataset", args.dataset, problem=f"{args.dataset!r} is already pre-tokenized",
                         allowed="train on it with --dataset, or tokenize the text it came from")
