@@ -473,6 +473,18 @@ def describe(config: dict[str, Any]) -> str:
             f"{config['warmup']} warmup steps, weight decay {config['wd']:g}")
 
 
+def recipe_words(description: str) -> str:
+    """The fasttrain arm's recipe settings (as its run recorded them: ``key value, ...``) in words."""
+    pairs = dict(p.split(" ", 1) for p in description.split(": ", 1)[1].split(", "))
+    g = {k: float(v) for k, v in pairs.items() if re.fullmatch(r"[\d.e-]+", v)}
+    return (f"FastTrainer with the techniques of `{display_path(RECIPE)}`. Muon on the hidden matrices and AdamW on "
+            f"the rest at lr {g['learning_rate']:g}, beta2 {g['adam_beta2']:g}, weight decay {g['weight_decay']:g}, "
+            f"warmup {g['warmup_steps']:.3g} of the run, {pairs['lr_decay']} to {g['min_lr_ratio']:.0%} of the peak, "
+            f"clip {g['max_grad_norm']:g}. A divergence guard, an EMA of the weights (decay {g['ema_decay']:g}) "
+            f"evaluated and kept, and a sequence-length warmup from {g['seq_len_warmup_min']:g} characters over "
+            f"{g['seq_len_warmup_fraction']:.0%} of the run")
+
+
 def page_text(data: dict[str, Any]) -> str:
     """The study's docs page from its JSON (``data``: the ledger): the claim, the setup, the tables, the command,
     the samples, the search log folded."""
@@ -530,6 +542,10 @@ def page_text(data: dict[str, Any]) -> str:
         shown = re.sub(r"\d+\.\d{5,}", lambda m: f"{float(m.group()):.4g}", r0["description"])
         if a == "hf-best":
             shown = "`transformers.Trainer` at the search's best point: " + describe(data["search"]["best"])
+        elif a.startswith("fasttrain"):
+            shown = recipe_words(next(r for r in runs if r["arm"] == "fasttrain")["description"]) + (
+                " With `budget_aware: true`, which sets the optimizer's settings for the run's length"
+                if a == "fasttrain-budget" else "")
         lines.append(f"- `{a}`: {shown}.")
     lines += ["", "Times are training seconds, evaluation excluded, one run at a time with 1 torch thread on a "
               "2-core x86_64 CPU. They compare only within this run. Other jobs shared the machine and its load "
@@ -568,7 +584,8 @@ def page_text(data: dict[str, Any]) -> str:
     not_run = data.get("not_run") or []
     if not_run:
         lines += ["Not run in the time given: " + ", ".join(f"`{a}` seed {s}" for a, s in not_run) + ".", ""]
-    lines += [f"Command: `{data['command']}`; raw table: [results/nanogpt.md](../results/nanogpt.md).", ""]
+    lines += [f"Command: `{data['command']}`, where `<input.txt>` is tinyshakespeare's `input.txt` (sha256 "
+              f"`{text['sha256'][:16]}...`). Raw table: [results/nanogpt.md](../results/nanogpt.md).", ""]
     lines += ["## Samples", "", f"Seed 0 of each arm, {SAMPLE_CHARS} characters after a newline, sampling seed "
               f"{SAMPLE_SEED}, temperature {SAMPLE_TEMPERATURE}.", ""]
     for a in arms_:
