@@ -549,7 +549,8 @@ def page_text(data: dict[str, Any]) -> str:
         lines.append(f"- `{a}`: {shown}.")
     lines += ["", "Times are training seconds, evaluation excluded, one run at a time with 1 torch thread on a "
               "2-core x86_64 CPU. They compare only within this run. Other jobs shared the machine and its load "
-              "changed between runs, so a time ratio also carries that change; the characters do not.", ""]
+              "changed between runs, so a time ratio also carries that change; the characters do not. The ms per "
+              "step of each seed show how much.", ""]
 
     def row(a, cols):
         return "| " + " | ".join([f"`{a}`", *cols]) + " |"
@@ -565,11 +566,13 @@ def page_text(data: dict[str, Any]) -> str:
     if "hf-nanogpt" in summary["targets"]:
         lines += ["", f"## To `hf-nanogpt`'s final loss, {summary['targets']['hf-nanogpt']:.4f}", "",
                   "| arm | characters to it | vs `hf-nanogpt` | seconds to it | vs `hf-nanogpt` | seeds reaching "
-                  "| ms per step |", "|---|---|---|---|---|---|---|"]
+                  "| ms per step, by seed |", "|---|---|---|---|---|---|---|"]
         for a, r in arms_.items():
+            by_seed = ", ".join(f"{1000 * x['train_seconds'] / max(x['curve'][-1]['step'], 1):.0f}"
+                                for x in sorted((x for x in runs if x["arm"] == a), key=lambda x: x["seed"]))
             lines.append(row(a, [_cell(r["tokens_to_hf-nanogpt"]), _cell(r["tokens_ratio_hf-nanogpt"]),
                                  _cell(r["seconds_to_hf-nanogpt"]), _cell(r["time_ratio_hf-nanogpt"]),
-                                 f"{r['reached_hf-nanogpt']}/{r['seeds']}", _cell(r["ms_per_step"])]))
+                                 f"{r['reached_hf-nanogpt']}/{r['seeds']}", by_seed]))
     if "hf-best" in summary["targets"]:
         lines += ["", f"## To `hf-best`'s final loss, {summary['targets']['hf-best']:.4f}", "",
                   "| arm | characters to it | vs `hf-best` | seeds reaching |", "|---|---|---|---|"]
