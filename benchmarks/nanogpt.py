@@ -113,7 +113,7 @@ STAGES: list[tuple[str, list[Any]]] = [
     ("warmup", [40, 200]),
     ("wd", [0.0, 0.3]),
 ]
-LR_WALK = 2
+LR_WALK = 3
 
 
 def schedule_options(name: str, steps: int) -> dict[str, Any]:
@@ -409,9 +409,25 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path, peer: 
     plt.close(fig)
 
 
+def arm_runs(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of the four arms, one per (arm, seed): ``hf-best``'s only at the search's best point (a search
+    continued later may have moved it, leaving runs of the earlier best under that name)."""
+    best = (data.get("search") or {}).get("best")
+    keys = set()
+    if best is not None and data.get("setup"):
+        setup = _setup(**data["setup"])
+        arm = arms(setup, hf_best=best)["hf-best"]
+        keys = {settings_key(arm, seed, setup) for seed in range(100)}
+    out = {}
+    for r in data["runs"].values():
+        if r.get("arm") not in ARM_ORDER or (r["arm"] == "hf-best" and keys and r["key"] not in keys):
+            continue
+        out[(r["arm"], r["seed"])] = r
+    return list(out.values())
+
+
 def write_report(ledger: Ledger, out: Path, name: str) -> dict[str, Any]:
-    runs = [r for r in ledger.data["runs"].values() if r.get("arm") in ARM_ORDER]
-    runs = list({(r["arm"], r["seed"]): r for r in runs}.values())
+    runs = arm_runs(ledger.data)
     summary = report(runs)
     search = ledger.data.get("search") or {}
     not_run = ledger.data.get("not_run") or []
@@ -491,7 +507,7 @@ def page_text(data: dict[str, Any]) -> str:
     summary, setup, text = data["summary"], data["setup"], data["text"]
     arms_ = summary["arms"]
     peer = data["peer"]["loss"]
-    runs = list({(r["arm"], r["seed"]): r for r in data["runs"].values() if r.get("arm") in ARM_ORDER}.values())
+    runs = arm_runs(data)
     seeds = {a: r["seeds"] for a, r in arms_.items()}
     lines = ["# nanoGPT on tinyshakespeare", ""]
     lines += ["nanoGPT's README gives a CPU recipe for a character-level GPT on Shakespeare. This study runs that "
