@@ -315,7 +315,11 @@ ARM_ORDER = ("hf-nanogpt", "hf-best", "fasttrain", "fasttrain-budget")
 
 def report(runs: list[dict[str, Any]], peer: float = PEER_LOSS, order=ARM_ORDER) -> dict[str, Any]:
     """Per arm, from its runs' curves: the median final loss, tokens and seconds to the peer's loss, to hf-nanogpt's
-    median final loss and to hf-best's, their ratios, seeds reaching, ms per step (harness ``summarise``)."""
+    median final loss and to hf-best's, their ratios, seeds reaching, ms per step (harness ``summarise``).
+
+    Ratios to the peer's loss divide by hf-nanogpt's median tokens (seconds) to it. Ratios to an arm's own median
+    final loss divide by that arm's whole run (its median characters and training seconds): a complete run is what
+    ends at that loss, while with two seeds the median crossing of the arm itself is "never" (one seed ends above)."""
     from benchmarks._harness.lm import summarise
 
     present = [a for a in order if any(r["arm"] == a for r in runs)]
@@ -343,8 +347,13 @@ def report(runs: list[dict[str, Any]], peer: float = PEER_LOSS, order=ARM_ORDER)
             row[f"tokens_to_{name}"] = t["tokens_to_target"]
             row[f"seconds_to_{name}"] = t["seconds_to_target"]
             row[f"reached_{name}"] = t["reached"]
-            row[f"tokens_ratio_{name}"] = t["tokens_ratio_vs_reference"]
-            row[f"time_ratio_{name}"] = t["time_ratio_vs_reference"]
+            if name == "peer":  # against hf-nanogpt's own characters and seconds to the peer's loss
+                row[f"tokens_ratio_{name}"] = t["tokens_ratio_vs_reference"]
+                row[f"time_ratio_{name}"] = t["time_ratio_vs_reference"]
+            else:  # an arm's own median final loss: against its whole run, which ends there (the median seed's)
+                ref = s["arms"][name]
+                row[f"tokens_ratio_{name}"] = t["tokens_to_target"] / ref["final_tokens"]
+                row[f"time_ratio_{name}"] = t["seconds_to_target"] / ref["train_seconds"]
         out["arms"][a] = row
     return out
 
@@ -501,6 +510,26 @@ def recipe_words(description: str) -> str:
             f"{g['seq_len_warmup_fraction']:.0%} of the run")
 
 
+def back_to_back(runs: list[dict[str, Any]], peer: float = PEER_LOSS):
+    """``(seed, {arm: (seconds to the peer's loss, ratio to hf-nanogpt's, ms per step)})`` for the lowest seed above
+    0 that every arm ran (those runs follow one another in the plan); None when there is none."""
+    from benchmarks._harness.lm import crossing
+
+    by = {(r["arm"], r["seed"]): r for r in runs}
+    present = [a for a in ARM_ORDER if any(r["arm"] == a for r in runs)]
+    for seed in sorted({r["seed"] for r in runs} - {0}):
+        if "hf-nanogpt" in present and all((a, seed) in by for a in present):
+            base = crossing(by[("hf-nanogpt", seed)]["curve"], peer, "seconds")
+            rows = {}
+            for a in present:
+                r = by[(a, seed)]
+                sec = crossing(r["curve"], peer, "seconds")
+                rows[a] = (sec, sec / base if 0 < base < math.inf else math.nan,
+                           1000 * r["train_seconds"] / max(r["curve"][-1]["step"], 1))
+            return seed, rows
+    return None
+
+
 def page_text(data: dict[str, Any]) -> str:
     """The study's docs page from its JSON (``data``: the ledger): the claim, the setup, the tables, the command,
     the samples, the search log folded."""
@@ -526,7 +555,7 @@ def page_text(data: dict[str, Any]) -> str:
             claim.append(f"{name} does not reach nanoGPT's {peer:.4f} within the budget.")
         if "hf-best" in arms_ and arm == "fasttrain":
             claim.append(f"It reaches the searched `hf-best`'s final loss, {summary['targets']['hf-best']:.4f}, in "
-                         f"{_x(r['tokens_ratio_hf-best'], 'its characters', 'fewer')}."
+                         f"{_x(r['tokens_ratio_hf-best'], 'the characters', 'fewer')} of `hf-best`'s run."
                          if math.isfinite(r["tokens_to_hf-best"]) else
                          f"It does not reach the searched `hf-best`'s final loss, {summary['targets']['hf-best']:.4f}.")
     if "hf-nanogpt" in arms_:
@@ -581,6 +610,7 @@ def page_text(data: dict[str, Any]) -> str:
                              _cell(r["ms_per_step"])]))
     if "hf-nanogpt" in summary["targets"]:
         lines += ["", f"## To `hf-nanogpt`'s final loss, {summary['targets']['hf-nanogpt']:.4f}", "",
+                  "The ratios are to `hf-nanogpt`'s whole run, which ends at that loss.", "",
                   "| arm | characters to it | vs `hf-nanogpt` | seconds to it | vs `hf-nanogpt` | seeds reaching "
                   "| ms per step, by seed |", "|---|---|---|---|---|---|---|"]
         for a, r in arms_.items():
@@ -591,10 +621,20 @@ def page_text(data: dict[str, Any]) -> str:
                                  f"{r['reached_hf-nanogpt']}/{r['seeds']}", by_seed]))
     if "hf-best" in summary["targets"]:
         lines += ["", f"## To `hf-best`'s final loss, {summary['targets']['hf-best']:.4f}", "",
+                  "The ratios are to `hf-best`'s whole run, which ends at that loss.", "",
                   "| arm | characters to it | vs `hf-best` | seeds reaching |", "|---|---|---|---|"]
         for a, r in arms_.items():
             lines.append(row(a, [_cell(r["tokens_to_hf-best"]), _cell(r["tokens_ratio_hf-best"]),
                                  f"{r['reached_hf-best']}/{r['seeds']}"]))
+    pairs = back_to_back(runs, peer)
+    if pairs:
+        seed, rows = pairs
+        lines += ["", f"## Seed {seed} of each arm, back to back", "",
+                  f"These runs ran one after another, under about the same load: their training seconds to "
+                  f"{peer:.4f} compare most fairly.", "",
+                  f"| arm | seconds to {peer:.4f} | vs `hf-nanogpt` | ms per step |", "|---|---|---|---|"]
+        for a, (sec, ratio, ms) in rows.items():
+            lines.append(row(a, [_cell(sec), _cell(ratio), _cell(ms)]))
     lines += ["", "Medians over the seeds. A seed that never reaches a loss counts as never, so the median can be "
               "*not reached*. Each crossing is interpolated between the two evaluations around it, one every "
               f"{setup['eval_steps']} steps. The ms per step are training seconds over optimizer steps; the recipe's "
@@ -616,6 +656,12 @@ def page_text(data: dict[str, Any]) -> str:
               f"    From `hf-nanogpt`'s settings, one knob at a time; a value is kept where it lowers the final loss "
               f"by more than {search.get('noise', NOISE)}. `emb`: the embeddings' lr multiplier (with the tied head); "
               "`schedule`: " + "; ".join(f"`{k}` {v}" for k, v in SCHEDULES.items()) + ".", ""]
+    spreads = {a: max(r["final_eval_loss"] for r in runs if r["arm"] == a)
+               - min(r["final_eval_loss"] for r in runs if r["arm"] == a) for a in arms_ if seeds[a] > 1}
+    if spreads:
+        a = max(spreads, key=spreads.get)
+        lines += [f"    Seeds of one setting end up to {spreads[a]:.4f} apart here (`{a}`), more than that margin: "
+                  "a step kept or refused by less is a call within the noise.", ""]
     lines += ["    " + ln for ln in search_markdown(search).splitlines()]
     if search.get("not_run"):
         lines += ["", "    Next point, not run in the time given: " + "; ".join(f"`{p}`" for p in search["not_run"])

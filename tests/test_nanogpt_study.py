@@ -138,8 +138,18 @@ def test_report_reads_tokens_seconds_and_ratios_off_the_curves():
     assert nano["reached_hf-nanogpt"] == 1 and math.isinf(nano["tokens_to_hf-nanogpt"])
     assert out["arms"]["hf-nanogpt"]["reached_hf-best"] == 0 and math.isinf(nano["tokens_to_hf-best"])
     assert fast["tokens_to_hf-best"] == pytest.approx((1000 * 2.2 / 2.5 + 1000 * 2.2 / 2.3) / 2)
+    # against an arm's own final loss the ratio is to its whole run (1000 tokens, 100 s for hf-best)
+    assert fast["tokens_ratio_hf-best"] == pytest.approx(fast["tokens_to_hf-best"] / 1000)
+    assert fast["time_ratio_hf-best"] == pytest.approx(fast["seconds_to_hf-best"] / 100.0)
+    assert fast["tokens_ratio_hf-nanogpt"] == pytest.approx(fast["tokens_to_hf-nanogpt"] / 1000)
+    assert nano["time_ratio_hf-nanogpt"] == math.inf  # its median crossing is "never": one seed ends above
     assert fast["ms_per_step"] == pytest.approx(2100.0) and fast["every_char_loss"] == pytest.approx(1.61)
     assert list(out["arms"]) == ["hf-nanogpt", "hf-best", "fasttrain"]  # the study's order; absent arms left out
+    assert s.back_to_back(runs, peer=2.5) is None  # hf-best has no seed 1
+    seed, rows = s.back_to_back([r for r in runs if r["arm"] != "hf-best"], peer=2.5)
+    assert seed == 1 and set(rows) == {"hf-nanogpt", "fasttrain"}
+    assert rows["fasttrain"][0] == pytest.approx(220.0 * 1.5 / 2.3)  # 4.0 -> 1.7 over 220 s crosses 2.5 there
+    assert rows["fasttrain"][1] == pytest.approx(rows["fasttrain"][0] / (120.0 * 1.5 / 1.8))
     table = s.markdown(out)
     assert "| fasttrain | 2 | 1.6000 | 1.6100 |" in table and "not reached" in table
 
