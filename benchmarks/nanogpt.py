@@ -667,7 +667,7 @@ def page_text(data: dict[str, Any]) -> str:
                   "a step kept or refused by less is a call within the noise.", ""]
     lines += ["    " + ln for ln in search_markdown(search).splitlines()]
     if search.get("not_run"):
-        lines += ["", "    Next point, not run in the time given: " + "; ".join(f"`{p}`" for p in search["not_run"])
+        lines += ["", "    Next point, not run in the time given: " + "; ".join(p.replace(": ", " stage, ") for p in search["not_run"])
                   + "."]
     return "\n".join(lines).rstrip() + "\n"
 
