@@ -259,7 +259,8 @@ def load_saved_run(path: Path, key: str) -> Optional[dict[str, Any]]:
 
 
 def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
-            checkpoint_dir: Optional[Path] = None, train_rows: int = 0) -> dict[str, Any]:
+            checkpoint_dir: Optional[Path] = None, train_rows: int = 0, data_collator=None,
+            finish: Optional[Callable[[Any], dict[str, Any]]] = None) -> dict[str, Any]:
     """Train one arm for one seed; returns its eval curve (step, tokens, train seconds, eval loss).
 
     With ``train_rows`` the final model is also evaluated on that many training rows, spread evenly over the
@@ -269,7 +270,11 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
     With ``checkpoint_dir`` the run saves a checkpoint there at every eval (the latest one kept) and, when
     one is there already (a run killed part way), resumes from it: a long run cut short loses at most one
     eval interval, and one stopped by SIGTERM or Ctrl-C saves the step it reached and raises
-    :class:`~hf_fasttrain.callbacks.TrainingStopped`. The folder is removed once the run has finished."""
+    :class:`~hf_fasttrain.callbacks.TrainingStopped`. The folder is removed once the run has finished.
+
+    ``data_collator`` replaces the causal-LM collator (e.g. rows that carry their own ``shift_labels``);
+    ``finish(trainer)`` is called with the trained trainer and what it returns joins the result (a study's
+    own measurement of the final model)."""
     if arm.run is not None:
         return arm.run(arm, seed, setup, workdir)
     out = checkpoint_dir if checkpoint_dir is not None else workdir / f"{arm.name}-seed{seed}"
@@ -303,7 +308,7 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
         own_optimizer["optimizer_cls_and_kwargs"] = optimizer_cls_and_kwargs_for(arm.optimizer[0], args, **arm.optimizer[1])
     trainer = (FastTrainer if arm.fast else Trainer)(
         model=model, args=args, train_dataset=lm["train"], eval_dataset=lm["validation"],
-        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False), processing_class=tokenizer,
+        data_collator=data_collator or DataCollatorForLanguageModeling(tokenizer, mlm=False), processing_class=tokenizer,
         callbacks=callbacks, **own_optimizer,
     )
     if arm.fast:
@@ -338,6 +343,8 @@ def run_arm(arm: Arm, seed: int, setup: Setup, tokenizer, lm, workdir: Path,
         rows = lm["train"].select(range(0, n, max(1, n // train_rows))[:train_rows])
         result["final_train_loss"] = trainer.evaluate(eval_dataset=rows, metric_key_prefix="train_rows")["train_rows_loss"]
         result["epochs"] = curve[-1]["tokens"] / (n * setup.block_size)
+    if finish is not None:
+        result.update(finish(trainer))
     shutil.rmtree(out, ignore_errors=True)
     if resume:
         result["resumed_from_step"] = int(Path(resume).name.split("-")[-1])

@@ -222,8 +222,8 @@ class DataArguments:
         default=None,
         metadata={"help": "The text to train on: a file, comma list, glob or folder of .parquet, .csv, .tsv, .arrow, "
                   ".json, .jsonl or .txt files (text formats also .gz/.zst), a save_to_disk folder, a folder "
-                  "written by `hf-fasttrain tokenize`, or a Hub dataset name. Default: the embedded corpus (this "
-                  "Python's stdlib sources; works offline)."},
+                  "written by `hf-fasttrain tokenize`, a nanoGPT data folder (train.bin, val.bin, meta.pkl), or a "
+                  "Hub dataset name. Default: the embedded corpus (this Python's stdlib sources; works offline)."},
     )
     dataset_config: Optional[str] = field(default=None, metadata={"help": "Hub dataset config name."})
     dataset_split: Optional[str] = field(
@@ -242,8 +242,9 @@ class DataArguments:
     tokenizer: Optional[str] = field(
         default=None,
         metadata={"help": "A save_pretrained folder, a tokenizer.json file (or a folder holding one), a folder "
-                  "with vocab.json + merges.txt, or a Hub name. Default: a byte-level BPE trained on the train "
-                  "split and cached (see vocab_size); for a `hf-fasttrain tokenize` folder, its own tokenizer."},
+                  "with vocab.json + merges.txt, a Hub name, or 'char' (the characters of a text file, as nanoGPT's "
+                  "shakespeare_char). Default: a byte-level BPE trained on the train split and cached (see "
+                  "vocab_size); for a `hf-fasttrain tokenize` folder or a nanoGPT folder, its own tokenizer."},
     )
     vocab_size: int = field(
         default=8192, metadata={"help": "Vocabulary size of the trained BPE tokenizer (no tokenizer given), an "

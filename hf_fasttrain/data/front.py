@@ -22,6 +22,7 @@ from typing import Any
 
 from transformers import DataCollatorForLanguageModeling
 
+from .chars import WindowCollator
 from .from_args import DataPlan
 from .prepare import prepare_lm_data
 from .sft_sources import prepare_sft_data, sft_collator
@@ -73,7 +74,7 @@ class RunData:
                 self.tokenizer, self.train_set, self.eval_set = (prepared.tokenizer, prepared.lm["train"],
                                                                  prepared.lm["validation"])
                 self.summary = prepared.summary()
-        self.collator = _collator(args, self.tokenizer)
+        self.collator = _collator(args, self.tokenizer, self.train_set)
         return self
 
 
@@ -139,8 +140,11 @@ def prepare_data(data_args, model_args=None, seed: int = 0):
     return prepared.tokenizer, prepared.lm
 
 
-def _collator(data_args, tokenizer):
-    """Pretraining rows: the LM collator; fine-tuning examples: right padding that keeps their labels."""
+def _collator(data_args, tokenizer, train_set=None):
+    """Pretraining rows: the LM collator (nanoGPT windows, which carry their next ids: stacked as they are);
+    fine-tuning examples: right padding that keeps their labels."""
     if data_args.data_format != "text":
         return sft_collator(tokenizer)
+    if "labels" in (getattr(train_set, "column_names", None) or ()):  # character windows carry their next ids
+        return WindowCollator()
     return DataCollatorForLanguageModeling(tokenizer, mlm=False)

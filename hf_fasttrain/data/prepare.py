@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from datasets import DatasetDict
 
+from .chars import CHAR_TOKENIZER, is_nanogpt_folder, load_char_data
 from .corpus import PROSE_CORPUS, load_text_datasets, tokenize_and_chunk
 from .pretokenized import TOKENIZER_DIR, check_manifest, check_out_folder, read_manifest, write_pretokenized
 from .sources import DataError, _source_options, check_text_column, load_source, with_validation
@@ -37,9 +38,12 @@ class PreparedData:
     empty_dropped: int = 0
     pretokenized: bool = False
     manifest: Optional[dict] = field(default=None, repr=False)
+    described: Optional[str] = None  # character data describes itself (hf_fasttrain.data.chars)
 
     def summary(self) -> str:
         """``data c.parquet: 1,998 documents (2 empty dropped) -> 3,220 train rows, 170 validation rows``"""
+        if self.described:
+            return self.described
         rows = f"{len(self.lm['train']):,} train rows, {len(self.lm['validation']):,} validation rows"
         if self.pretokenized:
             return f"data {self.source}: pre-tokenized, {rows}"
@@ -125,9 +129,21 @@ def prepare_lm_data(args, trust_remote_code: bool = False, seed: int = 0) -> Pre
     - a dataset with an ``input_ids`` column (and no text column): its rows as they are; ``--tokenizer``
       is needed (the vocabulary), rows must fit ``block_size`` and ids the vocabulary;
     - text: empty documents dropped (counted), the tokenizer loaded or trained, documents tokenized with
-      EOS appended, concatenated and cut into rows (``datasets.map``, cached).
+      EOS appended, concatenated and cut into rows (``datasets.map``, cached);
+    - a nanoGPT data folder (``train.bin``, ``val.bin``, ``meta.pkl``), or a text file with ``tokenizer: char``:
+      its ids as they are (the characters of the file), cut into nanoGPT's windows (:mod:`hf_fasttrain.data.chars`;
+      ``input_ids`` with their next ids as ``labels``, every position predicting one).
     """
     name = args.dataset or "embedded stdlib corpus"
+    if args.tokenizer == CHAR_TOKENIZER or is_nanogpt_folder(args.dataset):
+        if args.dataset is None:
+            raise DataError("tokenizer", CHAR_TOKENIZER, problem="tokenizer: char reads a text file and no dataset is "
+                            "given", allowed="give the text file with --dataset")
+        tokenizer, lm, summary = load_char_data(args.dataset, args.tokenizer, args.block_size,
+                                                trust_remote_code=trust_remote_code)
+        lm = _limit(lm, args)
+        _require_rows(lm, args)
+        return PreparedData(tokenizer, lm, name, pretokenized=True, described=summary)
     manifest = read_manifest(args.dataset)
     if manifest is not None:
         dd = load_source(args.dataset, trust_remote_code=trust_remote_code)
@@ -171,7 +187,10 @@ def pretokenize(args, out: str, trust_remote_code: bool = False, seed: int = 0,
     """``hf-fasttrain tokenize``: tokenize ``args.dataset`` once (``datasets.map`` over
     ``args.preprocessing_num_workers`` processes, cached) and write the rows to ``out``; returns the manifest."""
     check_out_folder(out)  # before any work
-    if read_manifest(args.dataset) is not None:
+    if args.tokenizer == CHAR_TOKENIZER and not is_nanogpt_folder(args.dataset):
+        raise DataError("tokenizer", CHAR_TOKENIZER, problem="tokenizer: char cuts its rows from the text at each run "
+                        "(no tokenizer work to save)", allowed="train on the text file with --tokenizer char as it is")
+    if read_manifest(args.dataset) is not None or is_nanogpt_folder(args.dataset):
         raise DataError("dataset", args.dataset, problem=f"{args.dataset!r} is already pre-tokenized",
                         allowed="train on it with --dataset, or tokenize the text it came from")
     prepared = prepare_lm_data(args, trust_remote_code=trust_remote_code, seed=seed)

@@ -10,6 +10,8 @@
   split (the rule of ``datasets``), other files are ignored when they are not data (``README.md``);
 - a ``save_to_disk`` folder (a ``Dataset`` or a ``DatasetDict``) -> ``load_from_disk``;
 - a folder written by ``hf-fasttrain tokenize`` (a ``manifest.json`` beside parquet shards) -> parquet;
+- a nanoGPT data folder (``train.bin`` and ``val.bin`` of uint16 ids) is read whole by
+  :mod:`hf_fasttrain.data.chars` (not by ``datasets``): :func:`is_nanogpt_folder` says which folders are;
 - anything else, or any name with ``data_files`` / ``data_dir`` -> ``datasets.load_dataset(name, ...)``
   (a Hub dataset, with ``dataset_config``, ``dataset_revision``, ``dataset_split``).
 
@@ -52,6 +54,8 @@ __all__ = [
     "with_validation",
     "check_text_column",
     "first_non_utf8",
+    "NANOGPT_FILES",
+    "is_nanogpt_folder",
 ]
 
 # extension -> (packaged builder, extra builder kwargs); the text formats may also be compressed
@@ -73,6 +77,7 @@ LOAD_FROM_DISK = "load_from_disk"  # the "builder" of a save_to_disk folder
 MANIFEST = "manifest.json"  # written by `hf-fasttrain tokenize` beside its shards
 PRETOKENIZED_FORMAT = "hf_fasttrain.pretokenized"
 # files a data folder may hold that are not data (a Hub repo's card, a git attribute file, ...)
+NANOGPT_FILES = ("train.bin", "val.bin")  # a nanoGPT data folder: uint16 token ids (prepare.py's format)
 _NOT_DATA = {"readme.md", ".gitattributes", "license", "license.md", "license.txt", "dataset_infos.json"}
 _ALLOWED = ".parquet, .csv, .tsv, .arrow, .json, .jsonl or .txt (text formats also .gz/.zst/.bz2/.xz)"
 
@@ -135,6 +140,14 @@ def _pretokenized_manifest(folder: Path) -> Optional[dict]:
     except (OSError, ValueError):
         return None
     return manifest if isinstance(manifest, dict) and manifest.get("format") == PRETOKENIZED_FORMAT else None
+
+
+def is_nanogpt_folder(path: Union[str, os.PathLike, None]) -> bool:
+    """Whether ``path`` is a nanoGPT data folder: ``train.bin`` and ``val.bin`` in it (``meta.pkl`` optional)."""
+    if not path:
+        return False
+    p = Path(os.path.expanduser(str(path)))
+    return p.is_dir() and all((p / name).is_file() for name in NANOGPT_FILES)
 
 
 def _looks_like_path(part: str) -> bool:
@@ -228,6 +241,10 @@ def resolve_source(
     if len(parts) == 1:
         p = Path(os.path.expanduser(parts[0]))
         if p.is_dir():
+            if is_nanogpt_folder(p):  # prepare_lm_data reads it whole; a stream or fine-tuning cannot
+                raise DataError("dataset", str(p), problem=f"{str(p)!r} is a nanoGPT folder (train.bin, val.bin): "
+                                "token ids read whole", allowed="train on it as pretraining rows (data_format: "
+                                "text, streaming: false)")
             if _is_save_to_disk(p):
                 return Source(LOAD_FROM_DISK, {"dataset_path": str(p.resolve())})
             manifest = _pretokenized_manifest(p)

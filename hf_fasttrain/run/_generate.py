@@ -134,7 +134,9 @@ def _is_checkpoint(path: str) -> bool:
 def generate(model, tokenizer, prompt: str = "", max_new_tokens: int = 50, temperature: float = 1.0,
              top_k: int = 50, seed: int = 0) -> list[int]:
     """The ids of ``max_new_tokens`` tokens sampled after ``prompt`` (greedy with ``temperature`` 0); the same
-    ``seed`` gives the same tokens. An empty prompt starts from the tokenizer's BOS (else EOS) token."""
+    ``seed`` gives the same tokens. An empty prompt starts from the tokenizer's BOS (else EOS) token. Past the
+    model's positions (a GPT-2 of block 64 asked for 200 characters) each token sees the last ``n_positions``
+    tokens, as nanoGPT's sample.py crops its context."""
     import torch
 
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"] if prompt else None
@@ -147,10 +149,33 @@ def generate(model, tokenizer, prompt: str = "", max_new_tokens: int = 50, tempe
     kwargs = dict(do_sample=True, temperature=temperature, top_k=top_k) if sample else dict(do_sample=False)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     torch.manual_seed(seed)
+    positions = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    if positions and ids.shape[1] + max_new_tokens > positions and getattr(model.config, "model_type", "") == "gpt2":
+        return _cropped_sample(model, ids, max_new_tokens, positions, temperature, top_k)
     with torch.no_grad():
         out = model.generate(ids.to(model.device), attention_mask=torch.ones_like(ids).to(model.device),
                              max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=pad,
                              **kwargs)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def _cropped_sample(model, ids, max_new_tokens: int, positions: int, temperature: float, top_k: int) -> list[int]:
+    """Token by token, each from the last ``positions`` tokens (absolute positions cannot go further)."""
+    import torch
+
+    out = ids.to(model.device)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=out[:, -positions:]).logits[:, -1].float()
+            if temperature <= 0:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k:
+                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(torch.softmax(logits, -1), 1)
+            out = torch.cat([out, nxt], dim=1)
     return out[0, ids.shape[1]:].tolist()
 
 

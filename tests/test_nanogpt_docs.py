@@ -1,0 +1,41 @@
+"""The nanoGPT pages against the study's results: the study page is written from benchmarks/results/nanogpt.json
+(every figure on it is the JSON's), and the switch page's figures are the study's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "nanogpt.json"
+
+
+@pytest.fixture(scope="module")
+def data():
+    if not RESULTS.exists():
+        pytest.skip("benchmarks/results/nanogpt.json is not there yet")
+    return json.loads(RESULTS.read_text(encoding="utf-8"))
+
+
+def test_the_study_page_is_the_results(data):
+    from benchmarks import nanogpt
+
+    page = (ROOT / "docs" / "benchmarks" / "nanogpt.md").read_text(encoding="utf-8")
+    assert page == nanogpt.page_text(data), ("docs/benchmarks/nanogpt.md differs from what benchmarks/results/"
+                                            "nanogpt.json gives: python -m benchmarks.nanogpt --report")
+
+
+def test_the_switch_page_quotes_the_study(data):
+    page = (ROOT / "docs" / "coming-from-nanogpt.md").read_text(encoding="utf-8")
+    setup = data["setup"]
+    assert f"({data['text']['vocab']} ids for Shakespeare)" in page
+    assert f"--max_tokens {setup['max_steps'] * setup['batch_size'] * setup['block_size']}" in page
+    assert (f"--n_layer {setup['n_layer']} --n_head {setup['n_head']} --n_embd {setup['n_embd']} --block_size "
+            f"{setup['block_size']} --per_device_train_batch_size {setup['batch_size']}") in page
+
+
+def test_both_pages_are_in_the_nav():
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "Coming from nanoGPT: coming-from-nanogpt.md" in nav and "benchmarks/nanogpt.md" in nav
