@@ -39,3 +39,28 @@ def test_the_switch_page_quotes_the_study(data):
 def test_both_pages_are_in_the_nav():
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     assert "Coming from nanoGPT: coming-from-nanogpt.md" in nav and "benchmarks/nanogpt.md" in nav
+
+
+def _x(ratio: float) -> str:
+    return f"{ratio:.2f}x the characters ({1 / ratio:.1f}x fewer)"
+
+
+def test_the_readme_quotes_the_study(data):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    arms = data["summary"]["arms"]
+    targets = data["summary"]["targets"]
+    assert f"ends at {targets['hf-nanogpt']:.3f}, where nanoGPT's own `train.py` ends at {targets['peer']}" in readme
+    assert f"reaches {targets['peer']} in {_x(arms['fasttrain']['tokens_ratio_peer'])}" in readme
+    assert f"and ends at {arms['fasttrain']['final_eval_loss']:.3f}." in readme
+    assert (f"final loss, {targets['hf-best']:.3f}, in {_x(arms['fasttrain']['tokens_ratio_hf-best'])}") in readme
+    setup = data["setup"]
+    assert f"{setup['max_steps'] * setup['batch_size'] * setup['block_size'] / 1e6:.3f}M characters" in readme
+    assert all(arms[a]["seeds"] == 3 for a in ("hf-nanogpt", "fasttrain")) and "3 seeds" in readme
+
+
+def test_the_benchmarks_summary_quotes_the_study(data):
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    arms, targets = data["summary"]["arms"], data["summary"]["targets"]
+    fast = arms["fasttrain"]
+    assert (f"reaches nanoGPT's {targets['peer']} in {_x(fast['tokens_ratio_peer'])} and hf-best's final loss in "
+            f"{fast['tokens_ratio_hf-best']:.2f}x | {fast['seeds']} |") in page
