@@ -239,3 +239,36 @@ def test_each_rule_s_loss_is_set_beside_its_standard_optimizer_s():
         "At width 512 `adamw-mup`'s lowest loss, 5.787, is above `adamw`'s 5.356 at its own best lr.",
         "At width 512 `muon-mup`'s lowest loss, 4.900, is below `muon`'s 4.954 at its own best lr."]
     assert mod.rule_vs_standard({"adamw": arm(w64=6.0), "adamw-mup": arm(w64=5.9)}) == []
+
+
+def test_the_transfer_card_quotes_the_study():
+    """The card's measured-drift table is the study's JSON (embedded corpus, 1x), cell by cell."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    summary = json.loads((root / "benchmarks/results/transfer.json").read_text(encoding="utf-8"))["summary"]
+    arms = summary["transfer"]["python"]["1"]
+    card = (root / "docs/techniques/transfer.md").read_text(encoding="utf-8")
+    for arm in ("adamw", "adamw-emb", "adamw-mup", "muon", "muon-mup"):
+        x = arms[arm]
+        cells = f"| {x['drift_octaves']:+.2f} | {x['carried_loss_pct']:.2f} | {x['widths']['512']['best_loss']:.3f} |"
+        assert f"| `{arm}` |" in card and cells in card, (arm, cells)
+    assert f"within {abs(arms['adamw-mup']['drift_octaves']):.2f} octave" in card
+    assert f"parameterization's moves {abs(arms['adamw']['drift_octaves']):.2f}" in card
+    assert (f"from {abs(arms['muon']['drift_octaves']):.2f} to {abs(arms['muon-mup']['drift_octaves']):.2f} octave"
+            in card)
+    assert arms["adamw-mup"]["widths"]["512"]["best_loss"] > arms["adamw"]["widths"]["512"]["best_loss"]
+
+
+def test_the_benchmarks_summary_quotes_the_study():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    arms = json.loads((root / "benchmarks/results/transfer.json").read_text(encoding="utf-8"))["summary"]["transfer"][
+        "python"]["1"]
+    page = (root / "docs/benchmarks.md").read_text(encoding="utf-8")
+    d = {a: abs(arms[a]["drift_octaves"]) for a in arms}
+    assert (f"under muP: AdamW's moves {d['adamw-mup']:.2f} octave ({d['adamw']:.2f} standard), Muon's "
+            f"{d['muon-mup']:.2f} ({d['muon']:.2f} as shipped) | {arms['adamw']['widths']['512']['seeds']} |") in page
