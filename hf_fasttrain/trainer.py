@@ -51,7 +51,7 @@ from .throughput import (HOST_BATCH_KEY, CompileCounter, HostBatchCollator, Host
                          device_peak_flops, model_dims, throughput_logs)
 from .data.from_args import DataPlan
 from .wiring import SeqLenWiring, _row_length
-from .run._console import say
+from .console import say
 
 __all__ = ["FastTrainer", "WALL_CLOCK_LOG_KEYS"]
 

@@ -5,7 +5,7 @@ included. ``from .a.b import c`` counts as importing ``a`` (its ``__init__`` run
 is a submodule, ``a.b.c``; a module's own packages (loaded before it) are not counted, and the root package
 counts only where names are taken from it. Layers, bottom to top (a module may import its own layer and those below):
 
-0. leaf: ``_version``, ``_files``, ``_validation`` (standard library only; the one way to refuse a setting)
+0. leaf: ``_version``, ``_files``, ``_validation``, ``console`` (standard library only; the one way to refuse a setting)
 1. cores: pure parts with no Trainer wiring (schedules, optim, data, clipping, precision, the restart
    search core, throughput, the guard core, metrics, hub URIs, run info)
 2. config: ``args`` (FastTrainingArguments builds and checks the cores' configs)
@@ -32,6 +32,7 @@ LAYER_NAMES = ["leaf", "core", "config", "adapter", "top"]
 LAYERS = {
     "_version": LEAF,
     "_files": LEAF,
+    "console": LEAF,  # the run's console line (standard library only)
     "_validation": LEAF,
     # cores
     "schedules": CORE,

@@ -6,6 +6,8 @@ import math
 import os
 from typing import Any, Mapping, Optional
 
+from ..console import say  # noqa: F401  (the recipe's console line; defined below the trainer)
+
 __all__ = ["start_line", "end_summary", "say"]
 
 
@@ -69,14 +71,3 @@ def end_summary(summary: Mapping[str, Any], output_dir: str, facts: Optional[Map
     if merged:
         lines.append(f"  {'merged':<11}{merged}  (the base with the adapter merged in: from_pretrained-ready)")
     return "\n".join(lines)
-
-
-def say(line: str) -> None:
-    """One line on the run's console: stderr, after ``[hf_fasttrain] `` (the recipe's own log lines look the same).
-
-    Printed, not logged: a script that configured no logging (or set it to WARNING) still sees what the run did
-    with its ``output_dir`` (resumed from a checkpoint, or found it complete)."""
-    import sys
-
-    sys.stdout.flush()
-    print(f"[hf_fasttrain] {line}", file=sys.stderr, flush=True)
