@@ -171,9 +171,13 @@ class WindowCollator:
     causal-LM loss takes unshifted (and the Trainer counts as the batch's items). ``labels`` is the same tensor: the
     Trainer computes an eval loss only for batches that carry labels.
 
-    >>> b = WindowCollator()([{"input_ids": [1, 2], "labels": [2, 3]}])
-    >>> b["input_ids"].tolist(), b["shift_labels"].tolist()
-    ([[1, 2]], [[2, 3]])
+    Example:
+        ```python
+        >>> b = WindowCollator()([{"input_ids": [1, 2], "labels": [2, 3]}])
+        >>> b["input_ids"].tolist(), b["shift_labels"].tolist()
+        ([[1, 2]], [[2, 3]])
+
+        ```
     """
 
     def __call__(self, features):
