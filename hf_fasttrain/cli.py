@@ -7,6 +7,7 @@
     hf-fasttrain push-recipe <recipe> --repo <owner>/<repo> [--dry-run] [--run-dir <output_dir>]
     hf-fasttrain restarts --config gpt2_tiny --num-seeds 4 --explore-fraction 0.1 [--<field> <value> ...]
     hf-fasttrain coord-check [--config gpt2_tiny] --widths 64,128,256,512 --parameterization mup
+    hf-fasttrain tune-transfer --config gpt2_tiny --proxy-width 64 --lrs 4e-3,8e-3,1.6e-2 [--<field> <value> ...]
     hf-fasttrain version
 """
 
@@ -43,6 +44,9 @@ commands:
   coord-check  the coordinate check: build the model at several widths (fixed head size), train a few steps,
                print each layer's activation-change and update RMS against width; exit 0 when flat, 1 when not
                (--config, --widths, --parameterization, --optimizer, --lr, --steps, --output_dir; see --help)
+  tune-transfer tune small, train big: search --lrs on a narrow proxy (--proxy-width, the same head size;
+               successive halving over --rungs), then train the full model at the winner; with
+               optimizer_kwargs parameterization mup the proxy is the base width (see --help)
   version      print the package version
 """
 
@@ -322,6 +326,122 @@ def _run_restarts(model_args, data_args, training_args, debug: bool = False) -> 
         with open(os.path.join(training_args.output_dir, SUMMARY_MD), encoding="utf-8") as f:
             print(f.read(), end="")
     return 0 if summary["winner"] else 1
+
+
+TUNE_FLAGS = {"proxy-width": "the proxy's width: a multiple of the model's head size, at most its width; under "
+               "parameterization mup it becomes base_width (required)",
+               "lrs": "comma-separated peak learning rates searched on the proxy, at least 2, e.g. 4e-3,8e-3,1.6e-2 "
+               "(required)",
+               "rungs": "successive-halving rungs over the proxy's run (default 2; 1 trains every lr to the end)",
+               "keep-fraction": "the fraction of lrs kept at each rung (default 0.5)"}
+
+
+def tune_transfer_help(width: int = 100) -> str:
+    """``hf-fasttrain tune-transfer --help``: its own flags; the training options are ``train --help``'s."""
+    from .config._options import wrap_row
+
+    lines = ["usage: hf-fasttrain tune-transfer --proxy-width W --lrs LR,LR[,...] [--rungs N] [--keep-fraction F]",
+             "                                  [--config RECIPE] [--<training option> VALUE ...]", ""]
+    lines += textwrap.wrap(
+        "Tune small, train big: build the recipe's model at --proxy-width (the same depth and head size, fewer "
+        "heads), train it once per lr of --lrs on the same seeds with successive halving, then train the full model "
+        "at the winning lr in --output_dir. With optimizer_kwargs {\"parameterization\": \"mup\"} the proxy is the "
+        "base width, so its lr carries; without it the lr is carried as found. The search lives in "
+        "<output_dir>/proxy-w<W>/; the run's run_info.json and proxy_search.json name it. Rerun the same command "
+        "to resume either stage.", width) + ["", "search options:"]
+    for name, text in TUNE_FLAGS.items():
+        lines += wrap_row(f"  --{name}", text, 34, width)
+    lines += ["", "training options: the recipe's, as in `hf-fasttrain train --help`",
+              "(--config, --max_steps, --output_dir, ...). Without --config: gpt2_small on a GPU, gpt2_tiny on CPU."]
+    return "\n".join(lines) + "\n"
+
+
+def _split_flags(argv: Sequence[str], names: Sequence[str]) -> tuple[dict, list[str]]:
+    """Pull ``--name value`` / ``--name=value`` for each of ``names`` out of ``argv``: (values, the rest)."""
+    from ._validation import ConfigError
+
+    values, rest, i = {}, [], 0
+    argv = list(argv)
+    while i < len(argv):
+        key, eq, value = argv[i].partition("=")
+        if key.startswith("--") and key[2:] in names:
+            if not eq:
+                if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                    raise ConfigError(key[2:], None, "a value after the flag")
+                value, i = argv[i + 1], i + 1
+            values[key[2:]] = value
+        else:
+            rest.append(argv[i])
+        i += 1
+    return values, rest
+
+
+def _tune_transfer(argv: Sequence[str]) -> int:
+    """``hf-fasttrain tune-transfer``: the proxy search, then the target run; one line and exit 2 for a refusal."""
+    if any(a in ("-h", "--help", "--help-all") for a in argv):
+        print(tune_transfer_help(), end="")
+        return 0
+    from ._validation import ConfigError
+
+    debug, argv = _debug(argv)
+    try:
+        values, args = _split_flags(argv, tuple(TUNE_FLAGS))
+        if "proxy-width" not in values or "lrs" not in values:
+            missing = "proxy-width" if "proxy-width" not in values else "lrs"
+            raise ConfigError(missing, None, "required: " + TUNE_FLAGS[missing].split(" (required)")[0])
+        try:
+            proxy_width = int(values["proxy-width"])
+        except ValueError:
+            raise ConfigError("proxy-width", values["proxy-width"], "an integer, e.g. 64") from None
+        try:
+            lrs = [float(x) for x in values["lrs"].split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError("lrs", values["lrs"], "comma-separated numbers, e.g. 4e-3,8e-3,1.6e-2") from None
+        try:
+            rungs = int(values.get("rungs", 2))
+        except ValueError:
+            raise ConfigError("rungs", values["rungs"], "an integer >= 1") from None
+        if rungs < 1:
+            raise ConfigError("rungs", rungs, "an integer >= 1")
+        try:
+            keep = float(values.get("keep-fraction", 0.5))
+        except ValueError:
+            raise ConfigError("keep-fraction", values["keep-fraction"], "a number in (0, 1)") from None
+        if not 0 < keep < 1:
+            raise ConfigError("keep-fraction", keep, "a number in (0, 1)")
+        from .config._options import preflight
+        from .config.recipes import parse_config
+        from .run.tune_transfer import check_tune_args
+
+        args = with_default_recipe(args)
+        preflight(args)
+        model_args, data_args, training_args = parse_config(args)
+        check_tune_args(model_args, training_args, proxy_width, lrs)
+        made = check_output_dir(training_args.output_dir)
+    except Exception as exc:
+        if debug or not _is_config_error(exc):
+            raise
+        print(f"error: {recipe_origin(said(exc), argv)}", file=sys.stderr)
+        return 2
+    from .run.tune_transfer import tune_and_train
+
+    try:
+        result = tune_and_train(model_args, data_args, training_args, proxy_width, lrs, rungs=rungs,
+                                keep_fraction=keep)
+    except ConfigError as exc:
+        if training_args.process_index == 0:
+            remove_made_folders(training_args.output_dir, made)
+        if debug:
+            raise
+        print(f"error: {said(exc)}", file=sys.stderr)
+        return 2
+    record = result["transfer"]
+    if _is_main_process():
+        print(f"tune-transfer: lr {record['learning_rate']:g} from the proxy at width {record['proxy_width']} "
+              f"({len(record['lrs'])} lrs, {record['proxy_search']}); the width-{record['target_width']} run in "
+              f"{training_args.output_dir}: eval_loss {result['metrics'].get('eval_loss', float('nan')):.4f}")
+    _close_process_group()
+    return 0
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Optional[argparse.Namespace]:
@@ -653,7 +773,8 @@ def _generate(argv: Sequence[str]) -> int:
 
 COMMANDS = {"train": _train, "generate": _generate, "tokenize": _parsed_command(_tokenize_parser, _tokenize),
             "recipes": _recipes, "push-recipe": _parsed_command(_push_parser, _push_recipe), "restarts": _restarts,
-            "coord-check": _parsed_command(_coord_check_parser, _coord_check), "version": _version}
+            "coord-check": _parsed_command(_coord_check_parser, _coord_check), "tune-transfer": _tune_transfer,
+            "version": _version}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -532,6 +532,9 @@ CLI_COMMANDS = [
      "Upload a recipe with a model card ([Recipes and the Hub](techniques/recipes-and-hub.md))."),
     ("hf-fasttrain coord-check --help", ["coord-check", "--help"],
      "The coordinate check of a parameterization on your model ([Transfer](techniques/transfer.md))."),
+    ("hf-fasttrain tune-transfer --help", ["tune-transfer", "--help"],
+     "Tune small, train big: an lr search on a narrow proxy, then the full model at the winner "
+     "([Transfer](techniques/transfer.md#tune-small-train-big))."),
     ("hf-fasttrain version", ["version"], "The package version."),
 ]
 CLI_INTRO = """# Command line

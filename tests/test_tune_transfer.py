@@ -75,3 +75,51 @@ def test_the_proxy_search_picks_the_lr_and_the_target_record_names_it(tmp_path):
     # called again: the search and the target are complete; nothing trains, the same record
     again = tune_and_train(model_args, data_args, training_args, 16, lrs, rungs=2)
     assert again["transfer"] == record
+
+
+def test_the_cli_help_names_every_search_flag(capsys):
+    from hf_fasttrain.cli import TUNE_FLAGS, main
+
+    assert main(["tune-transfer", "--help"]) == 0
+    out = capsys.readouterr().out
+    for name in TUNE_FLAGS:
+        assert f"  --{name}" in out
+    assert "proxy-w<W>" in out and "parameterization" in out
+    assert all(len(line) <= 100 for line in out.splitlines())
+
+
+@pytest.mark.parametrize("flags, field", [
+    (["--lrs", "1e-3,2e-3"], "proxy-width: got None; required"),
+    (["--proxy-width", "16"], "lrs: got None; required"),
+    (["--proxy-width", "sixteen", "--lrs", "1e-3,2e-3"], "proxy-width: got 'sixteen'; an integer"),
+    (["--proxy-width", "16", "--lrs", "1e-3,x"], "lrs: got '1e-3,x'; comma-separated numbers"),
+    (["--proxy-width", "16", "--lrs", "1e-3"], "lrs: got [0.001]; at least 2 different"),
+    (["--proxy-width", "20", "--lrs", "1e-3,2e-3"], "proxy_width: got 20; a multiple of the model's head size 8"),
+    (["--proxy-width", "16", "--lrs", "1e-3,2e-3", "--rungs", "0"], "rungs: got 0; an integer >= 1"),
+    (["--proxy-width", "16", "--lrs", "1e-3,2e-3", "--keep-fraction", "1.5"], "keep-fraction: got 1.5; a number in"),
+])
+def test_the_cli_refuses_in_one_line_and_leaves_no_folder(tmp_path, capsys, flags, field):
+    from hf_fasttrain.cli import main
+
+    out = tmp_path / "t"
+    assert main(["tune-transfer", *TINY, "--output_dir", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and field in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.slow  # three tiny proxy runs and the target
+def test_the_cli_runs_the_search_and_the_target(tmp_path, capsys):
+    from hf_fasttrain.cli import main
+
+    out = tmp_path / "target"
+    assert main(["tune-transfer", *TINY, "--output_dir", str(out), "--proxy-width", "16", "--lrs",
+                 "1e-4,3e-3,3e-2", "--rungs", "1"]) == 0
+    record = json.loads((out / SEARCH_FILE).read_text())
+    losses = {lr: row["final_metric"] for lr, row in record["lrs"].items()}
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses.values())  # rungs 1: every lr to the end
+    assert f"{record['learning_rate']:g}" == min(losses, key=losses.get)
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith(f"tune-transfer: lr {record['learning_rate']:g} from the proxy at width 16 (3 lrs")
+    final = json.loads((out / "metrics.json").read_text())["final_metrics"]["eval_loss"]
+    assert line.endswith(f"eval_loss {final:.4f}")

@@ -22,7 +22,7 @@ from ..runinfo import update_run_info
 from .recipe_restarts import RecipeTrialRunner, train_with_restarts
 from .train import train
 
-__all__ = ["SEARCH_FILE", "proxy_model_args", "tune_and_train"]
+__all__ = ["SEARCH_FILE", "check_tune_args", "proxy_model_args", "tune_and_train"]
 
 SEARCH_FILE = "proxy_search.json"  # in the target's output_dir: the search its settings came from
 
@@ -80,6 +80,23 @@ def _with_base_width(training_args, proxy_width: int, **changes):
     return args
 
 
+def check_tune_args(model_args, training_args, proxy_width: int, lrs: Sequence[float]) -> list[float]:
+    """The search's refusals, each one line, before anything is read or written: ``lrs`` (at least 2 different
+    finite numbers > 0), ``proxy_width`` (a whole number of heads at the model's head size) and a run length in
+    optimizer steps (``max_steps`` > 0, which the proxy's rungs divide). Returns the lrs as floats."""
+    try:
+        lrs = [float(lr) for lr in lrs]
+    except (TypeError, ValueError):
+        raise ConfigError("lrs", lrs, "at least 2 different peak lrs, each a finite number > 0") from None
+    if len(lrs) < 2 or len(set(lrs)) != len(lrs) or not all(math.isfinite(lr) and lr > 0 for lr in lrs):
+        raise ConfigError("lrs", lrs, "at least 2 different peak lrs, each a finite number > 0")
+    proxy_model_args(model_args, proxy_width)
+    if not training_args.max_steps or training_args.max_steps < 1:
+        raise ConfigError("max_steps", training_args.max_steps, "an integer > 0: the proxy's rungs are steps of "
+                                                               "its run")
+    return lrs
+
+
 def tune_and_train(model_args, data_args, training_args, proxy_width: int, lrs: Sequence[float], rungs: int = 2,
                    keep_fraction: float = 0.5, proxy_dir: Optional[str] = None,
                    callbacks: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
@@ -101,9 +118,7 @@ def tune_and_train(model_args, data_args, training_args, proxy_width: int, lrs: 
     Returns:
         `dict`: ``{"transfer": the record, "metrics": the target's final eval metrics}``.
     """
-    lrs = [float(lr) for lr in lrs]
-    if len(lrs) < 2 or len(set(lrs)) != len(lrs) or not all(math.isfinite(lr) and lr > 0 for lr in lrs):
-        raise ConfigError("lrs", lrs, "at least 2 different peak lrs, each a finite number > 0")
+    lrs = check_tune_args(model_args, training_args, proxy_width, lrs)
     proxy = proxy_model_args(model_args, proxy_width)
     out = training_args.output_dir
     proxy_dir = proxy_dir or os.path.join(out, f"proxy-w{proxy_width}")
