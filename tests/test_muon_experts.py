@@ -235,6 +235,23 @@ def test_routing_table_of_moe_families(family):
     assert set(routing.values()) == {"muon", "muon_experts", "adamw"}
 
 
+def test_gpt_oss_per_expert_biases_take_the_bias_role():
+    from hf_fasttrain.optim.groups import param_roles, regroup
+
+    model = _tiny("gpt_oss")
+    roles = param_roles(model)
+    names = [n for n in roles if n.startswith("model.layers.0.mlp.experts.")]
+    assert {n: roles[n] for n in names} == {
+        "model.layers.0.mlp.experts.gate_up_proj": "matrix", "model.layers.0.mlp.experts.gate_up_proj_bias": "bias",
+        "model.layers.0.mlp.experts.down_proj": "matrix", "model.layers.0.mlp.experts.down_proj_bias": "bias"}
+    params = dict(model.named_parameters())
+    groups = regroup([{"params": list(params.items()), "weight_decay": 0.1}], model, lr=1e-3,
+                     lr_multipliers={"bias": 0.5}, weight_decay_on="matrices")
+    bias = params["model.layers.0.mlp.experts.gate_up_proj_bias"]
+    group = next(g for g in groups if any(p is bias for _, p in g["params"]))
+    assert (group["lr"], group["weight_decay"]) == (5e-4, 0.0)
+
+
 def test_expert_layouts_of_the_families():
     # GPT-OSS stores experts x in x out with gate and up interleaved; the others experts x out x in, [gate; up]
     assert expert_layouts(_tiny("gpt_oss"))["model.layers.0.mlp.experts.gate_up_proj"] == ExpertLayout(True, "interleaved")
@@ -523,6 +540,10 @@ def _check_family(family, model) -> list[str]:
             per_expert = rule == "experts" or (rule == "matrix" and re.search(r"experts\.\w*\d+\.", name))
             if not per_expert:
                 wrong.append(f"expert tensor {name} {shapes[name]}: {route}/{rule}")
+        if rule == "expert vector" and roles[name] != ("bias" if name.endswith("bias") else "norm"):
+            # a per-expert bias or norm stored 2-D: AdamW, and the bias / norm role for lr_multipliers, weight
+            # decay and muP (never the matrix role's lr / m)
+            wrong.append(f"expert vector {name} {shapes[name]}: role {roles[name]}")
         if rule == "unrecognised" and not _NOT_EXPERTS.search(name):
             wrong.append(f"unrecognised {name} {shapes[name]}")
     if not any(rule == "router" for _, rule in table.values()):

@@ -9,7 +9,8 @@ matrices only):
 - ``head``: the output embeddings' weight when it is its own tensor (an untied LM head).
 - ``norm``: the parameters of normalisation layers (LayerNorm, RMSNorm, ...) and any other scalar or
   vector that is not a bias.
-- ``bias``: the bias vectors of linear layers (the head's included).
+- ``bias``: the bias vectors of linear layers (the head's included), and per-expert biases stored as one 2-D
+  tensor (GPT-OSS's ``gate_up_proj_bias``: one row per expert).
 - ``matrix``: every other tensor of two or more dimensions (attention and MLP weights, LoRA's factors,
   mixture-of-experts expert tensors).
 - ``router``: the weights of mixture-of-experts routers (`hf_fasttrain.optim.routing`: one row per expert);
@@ -48,6 +49,7 @@ from typing import Any, Mapping, Optional
 from torch import nn
 
 from .._validation import ConfigError
+from .experts import expert_layouts, moe_blocks
 from .routing import _router_params, _wrapped_modules
 
 __all__ = ["ROLES", "WEIGHT_DECAY_ON", "PARAMETERIZATIONS", "WIDTH_FIELDS", "param_roles", "check_group_options",
@@ -101,6 +103,12 @@ def param_roles(model: nn.Module) -> dict[str, str]:
         head.update(id(p) for p in part.parameters(recurse=False) if p.ndim >= 2)
     norm = {id(p) for m in model.modules() if _is_norm(m) for p in m.parameters(recurse=False)}
     router = _router_params(model)
+    # per-expert vectors stored as one 2-D tensor (GPT-OSS's gate_up_proj_bias: experts x width): a bias or a
+    # norm per expert, not a matrix (Muon's routing sends them to AdamW by the same rule)
+    layouts = expert_layouts(model)
+    expert_vectors = {id(p) for _, _, m, _ in moe_blocks(model) if not isinstance(m, (nn.ModuleList, nn.ModuleDict))
+                      for n, p in m.named_parameters() if p.ndim == 2}
+    expert_vectors -= {id(p) for name, p in model.named_parameters() if name in layouts}
 
     roles = {}
     for name, p in model.named_parameters():
@@ -112,8 +120,10 @@ def param_roles(model: nn.Module) -> dict[str, str]:
             roles[name] = "head"
         elif id(p) in norm or (p.ndim <= 1 and not name.endswith("bias")):
             roles[name] = "norm"
-        elif p.ndim <= 1:
+        elif p.ndim <= 1 or (id(p) in expert_vectors and name.endswith("bias")):
             roles[name] = "bias"
+        elif id(p) in expert_vectors:
+            roles[name] = "norm"
         elif id(p) in router:
             roles[name] = "router"
         else:
