@@ -96,6 +96,8 @@ def build_model(model_args: "ModelArguments", tokenizer, block_size: int, optimi
         pad_token_id=tokenizer.pad_token_id,
     )
     model = AutoModelForCausalLM.from_config(config, attn_implementation=model_args.attn_implementation)
+    if getattr(model, "loss_type", "") is None:  # GPT2LMHeadModel: the causal-LM loss it uses anyway, named
+        model.loss_type = "ForCausalLM"
     from .transfer import transfer_options, mup_init_
 
     transfer = transfer_options(optimizer_kwargs)

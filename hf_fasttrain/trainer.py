@@ -133,6 +133,11 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
     def __init__(self, *args, run_config: Optional[dict[str, Any]] = None, data_plan: Optional[DataPlan] = None,
                  **kwargs):
         super().__init__(*args, **kwargs)
+        # transformers names no loss for a class whose name ends in neither ForCausalLM nor another task
+        # (GPT2LMHeadModel): it warns "loss_type=None ... unrecognized" and uses ForCausalLM's. Naming that same
+        # loss keeps the computation and drops the warning.
+        if getattr(self.model, "loss_type", "") is None and not hasattr(self.model, "_loss_function"):
+            self.model.loss_type = "ForCausalLM"
         self.run_config = dict(run_config or {})
         self._data_plan = data_plan  # the recipe's (rows, steps, tokens), else worked out from the training set
         opt = self._option

@@ -482,3 +482,30 @@ class _StepsTaken(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.taken.append(state.global_step)
+
+
+def test_gpt2_lm_head_model_gets_its_loss_named_and_the_same_loss(tmp_path, caplog):
+    """GPT2LMHeadModel's class name names no loss, so transformers warns `loss_type=None` and uses ForCausalLM's;
+    FastTrainer names that loss: the warning is gone, the loss is the Trainer's to the last bit."""
+    from transformers.utils import logging as hf_logging
+
+    batch = {"input_ids": torch.arange(32).reshape(2, 16) % 64}
+    batch["labels"] = batch["input_ids"].clone()
+    model, plain = make_tiny_gpt2(), make_tiny_gpt2()
+    FastTrainer(model=model, args=TrainingArguments(str(tmp_path), **QUIET))
+    assert (model.loss_type, plain.loss_type) == ("ForCausalLM", None)
+
+    def warned(m):
+        logging.Logger.warning_once.cache_clear()  # transformers warns once per process
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            loss = m(**batch).loss
+        return loss, [r for r in caplog.records if "loss_type=None" in r.getMessage()]
+
+    hf_logging.enable_propagation()
+    try:
+        (got, fast_warnings), (expected, plain_warnings) = warned(model), warned(plain)
+    finally:
+        hf_logging.disable_propagation()
+    assert torch.equal(got, expected)
+    assert fast_warnings == [] and len(plain_warnings) == 1
