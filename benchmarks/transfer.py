@@ -540,10 +540,15 @@ def page_block(data: dict[str, Any]) -> str:
     tuned = summary.get("tune_and_train") or {}
     if tuned:
         parts.append("## Tune small, train big")
+        parts.append("The target run goes through the recipe's code (`hf_fasttrain.run.train`), whose model draw "
+                     "differs from the study's at the same seed; its lr walk runs through that same code.")
         rows = [[t["arm"], t["proxy_width"], t["width"], f"{t['search']['learning_rate']:.3g}",
-                 f"{t['final_eval_loss']:.4f}", fmt(t.get("loss_above_study_best_pct"), 3)] for t in tuned.values()]
+                 f"{t['final_eval_loss']:.4f}", _pct(t.get("loss_above_study_best_pct")),
+                 ", ".join(f"{lr}: {v:.4f}" for lr, v in t["walk"].items()) if t.get("walk") else "not run",
+                 _pct(t.get("loss_above_walk_best_pct"))] for t in tuned.values()]
         parts.append(_md(["arm", "searched at width", "trained at width", "lr", "final eval loss",
-                          "% above the study's best there"], rows))
+                          "% above the study's best there", "its lr walk: final eval loss",
+                          "% above the walk's best"], rows))
     parts.append("## Not run\n\n" + "\n".join(f"- {line}" for line in not_run(data)))
     for corpus, by_length in summary["transfer"].items():
         for length, arms in by_length.items():
@@ -551,6 +556,11 @@ def page_block(data: dict[str, Any]) -> str:
                          + _indent(search_log(arms)))
     parts.append("??? note \"Commands\"\n" + _indent("\n".join(f"`{c}`\n" for c in summary.get("commands", []))))
     return "\n\n".join(parts)
+
+
+def _pct(x: Optional[float]) -> str:
+    """A percentage as the page states it: two decimals, signed; "n/a" where it was not measured."""
+    return "n/a" if x is None else f"{x:+.2f}"
 
 
 def write_page(data: dict[str, Any], page: Path) -> None:
@@ -707,6 +717,9 @@ def make_tune_parser() -> argparse.ArgumentParser:
     p.add_argument("--rungs", type=int, default=2, help="successive-halving rungs of the proxy's run")
     p.add_argument("--steps", type=int, default=STEPS, help="optimizer steps of both runs (8 rows x 64 tokens)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--walk", type=int, default=0, help="also train the target at the winner's lr x 2^-k and x 2^k "
+                   "for k = 1..WALK, through the same code and seed, in <runs>/walk-lr<lr>/: the lr walk the carried "
+                   "lr is judged against (default 0: none)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--quick", action="store_true", help="tiny smoke setup (head size 8, 12 steps)")
     p.add_argument("--runs", default="runs/transfer-tune", help="the runs' folder (the target's output_dir)")
@@ -743,6 +756,20 @@ def tune_and_train_main(argv: list[str]) -> dict[str, Any]:
               "tokens": steps * setup.tokens_per_step, "search": result["transfer"],
               "final_eval_loss": result["metrics"]["eval_loss"],
               "command": display_command("python -m benchmarks.transfer tune-and-train", argv)}
+    if ns.walk > 0:  # the target's own lr walk: the same code, data and seed as the target run, other lrs
+        from hf_fasttrain.run.train import train
+        from hf_fasttrain.run.tune_transfer import _with_base_width
+
+        best = result["transfer"]["learning_rate"]
+        walk = {f"{best:g}": record["final_eval_loss"]}
+        for k in [k for j in range(1, ns.walk + 1) for k in (-j, j)]:
+            lr = best * 2.0 ** k
+            args = _with_base_width(training_args, ns.proxy_width, learning_rate=lr,
+                                    output_dir=str(out / f"walk-lr{lr:g}"))
+            walk[f"{lr:g}"] = train(setup.model_args(), data_args, args)["eval_loss"]
+        record["walk"] = dict(sorted(walk.items(), key=lambda kv: float(kv[0])))
+        record["walk_best_loss"] = min(walk.values())
+        record["loss_above_walk_best_pct"] = 100 * (record["final_eval_loss"] / record["walk_best_loss"] - 1)
     # beside the study's grid at the target width (same arm, corpus and length), where it ran
     ledger = Ledger(Path(ns.out) / f"{ns.name}.json")
     grid = grid_losses(r for r in ledger.data["runs"].values()
@@ -755,7 +782,9 @@ def tune_and_train_main(argv: list[str]) -> dict[str, Any]:
     ledger.save()
     print(f"[transfer] tune-and-train {ns.arm}: lr {record['search']['learning_rate']:g} from width "
           f"{ns.proxy_width}, width {ns.width} ends at {record['final_eval_loss']:.4f}"
-          + (f" ({record['loss_above_study_best_pct']:+.2f}% against the study's best there)" if grid else ""))
+          + (f" ({record['loss_above_study_best_pct']:+.2f}% against the study's best there)" if grid else "")
+          + (f"; {record['loss_above_walk_best_pct']:+.2f}% against the best of its own lr walk "
+             f"({', '.join(f'{lr}: {v:.4f}' for lr, v in record['walk'].items())})" if "walk" in record else ""))
     return record
 
 

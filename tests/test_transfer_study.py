@@ -195,7 +195,7 @@ def test_tune_and_train_command_records_the_search_beside_the_study(tmp_path):
     mod = tr()
     runs = tmp_path / "runs"
     record = mod.main(["tune-and-train", "--quick", "--arm", "adamw", "--proxy-width", "16", "--width", "32",
-                       "--lrs", "1e-3,1.6e-2,6.4e-2", "--runs", str(runs), "--out", str(tmp_path)])
+                       "--lrs", "1e-3,1.6e-2,6.4e-2", "--runs", str(runs), "--out", str(tmp_path), "--walk", "1"])
     search = record["search"]
     finished = {lr: row["final_metric"] for lr, row in search["lrs"].items() if row["final_metric"] is not None}
     assert search["learning_rate"] == float(min(finished, key=finished.get))
@@ -206,6 +206,15 @@ def test_tune_and_train_command_records_the_search_beside_the_study(tmp_path):
     saved = json.loads((tmp_path / "transfer.json").read_text())["tune_and_train"]
     assert saved["adamw@16->32x12"]["final_eval_loss"] == record["final_eval_loss"]
     assert record["final_eval_loss"] == json.loads((runs / "metrics.json").read_text())["final_metrics"]["eval_loss"]
+    # the walk: the winner's lr / 2 and x 2 through the same code, each its own run folder
+    lr = search["learning_rate"]
+    assert list(record["walk"]) == [f"{lr / 2:g}", f"{lr:g}", f"{lr * 2:g}"]
+    assert record["walk"][f"{lr:g}"] == record["final_eval_loss"]
+    for other in (lr / 2, lr * 2):
+        final = json.loads((runs / f"walk-lr{other:g}" / "metrics.json").read_text())["final_metrics"]["eval_loss"]
+        assert record["walk"][f"{other:g}"] == final
+    assert record["loss_above_walk_best_pct"] == pytest.approx(
+        100 * (record["final_eval_loss"] / min(record["walk"].values()) - 1))
 
 
 def test_the_noise_of_one_seed_is_read_at_the_base_width():
