@@ -353,8 +353,28 @@ def length_table(arms: dict[str, Any]) -> str:
     for arm, by_width in arms.items():
         for w, row in by_width.items():
             pts = ", ".join(f"{int(t):,}: {lr:.3g}" for t, lr in row["best_lr_by_tokens"].items())
-            rows.append([arm, w, pts, fmt(row["exponent"], 3)])
+            rows.append([arm, w, pts, "n/a" if row["exponent"] is None else f"{row['exponent']:+.2f}"])
     return _md(["arm", "width", "tokens per run: best lr", "exponent k (lr ~ tokens^k)"], rows)
+
+
+def length_findings(arms: dict[str, Any]) -> list[str]:
+    """One sentence per arm: its exponent at each width, and whether the best lr moves one way with the tokens."""
+    lines = []
+    for arm, by_width in arms.items():
+        ks = ", ".join(("n/a" if row["exponent"] is None else f"{row['exponent']:+.2f}") + f" at width {w}"
+                       for w, row in by_width.items())
+        steps = [math.copysign(1, b - a) for row in by_width.values() if len(row["best_lr_by_tokens"]) >= 3
+                 for a, b in zip(list(row["best_lr_by_tokens"].values()), list(row["best_lr_by_tokens"].values())[1:])]
+        if steps and all(x < 0 for x in steps):
+            trend = "its best lr falls at every longer run"
+        elif steps and all(x > 0 for x in steps):
+            trend = "its best lr rises at every longer run"
+        elif steps:
+            trend = "its best lr does not move one way with the tokens, so this grid fixes no exponent"
+        else:
+            trend = "two lengths only"
+        lines.append(f"`{arm}`: k = {ks}; {trend}.")
+    return lines
 
 
 def _tokens(arms: dict[str, Any]) -> int:
@@ -535,7 +555,8 @@ def page_block(data: dict[str, Any]) -> str:
     lengths = summary["run_length"]
     for corpus, arms in lengths.items():
         parts.append(f"## Run length ({CORPUS_TITLES.get(corpus, corpus)})")
-        parts.append("The best lr at each run length; k is the slope of log2 lr against log2 tokens.")
+        parts.append("The best lr at each run length; k is the slope of log2 lr against log2 tokens.\n"
+                     + "\n".join(length_findings(arms)))
         parts.append(length_table(arms))
     tuned = summary.get("tune_and_train") or {}
     if tuned:
