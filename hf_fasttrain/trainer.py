@@ -26,7 +26,7 @@ from transformers import Trainer
 from .config.args import fast_option
 from .config.plan import PLAN_FILE, RunPlan
 from ._files import atomic_write_text
-from .config.budget import apply_budget_settings, describe_budget, non_embedding_parameters, run_tokens
+from .config.budget import describe_budget, non_embedding_parameters
 from .callbacks.averaging import AVERAGE_FILE, WeightAveragingCallback
 from .callbacks.run_record import WALL_CLOCK_LOG_KEYS, RunRecorderCallback
 from .callbacks.clipping import ClipStatsWindow
@@ -136,17 +136,14 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self.run_config = dict(run_config or {})
         self._data_plan = data_plan  # the recipe's (rows, steps, tokens), else worked out from the training set
         opt = self._option
-        # the run's options as given, before budget_aware fills in its settings: what a checkpoint records and a
-        # rerun is compared with (hf_fasttrain._resume_identity)
+        # the run's options as given (budget_aware's settings are the plan's, not the arguments'): what a checkpoint
+        # records and a rerun is compared with (hf_fasttrain._resume_identity)
         self.run_options: dict[str, Any] = {**self.run_config, **training_config(self.args)}
         # the recipe's decision about output_dir (hf_fasttrain.run._resume.resume_plan), for its train() call to say
         self.resume_decision: Optional[ResumePlan] = None
-        self.budget: Optional[dict[str, Any]] = None
-        if opt("budget_aware"):  # before anything reads the schedule or the optimizer's settings
-            self.budget = self._apply_budget_settings()
         self._apply_transfer()  # muP's output multiplier on the head, before any forward
-        # the run's plan: each technique's spec and the run's length, built once from the arguments as they now are
-        # (a token budget's optimizer steps set as max_steps); every part below takes its spec from it
+        # the run's plan: each technique's spec and the run's length, built once from the arguments (a token budget's
+        # optimizer steps set as max_steps), then budget_aware's step; every part below takes its spec from it
         self.plan: RunPlan = self._make_plan()
         pad_id = getattr(self.processing_class, "pad_token_id", None)
         self.throughput = ThroughputMeter(pad_token_id=pad_id)
@@ -161,11 +158,11 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self._compile_counter: Optional[CompileCounter] = None  # set by train() with torch_compile
         self._dims: Optional[tuple[int, int, int]] = None
         self.token_progress: Optional[TokenProgress] = None  # set by create_scheduler (schedule_unit='tokens')
-        if (opt("lr_decay") and opt("schedule_unit") == "tokens" and opt("stop_at_token_budget")
-                and opt("schedule_total_tokens")):
+        schedule = self.plan.schedule
+        if schedule is not None and schedule.unit == "tokens" and opt("stop_at_token_budget") and schedule.total_tokens:
             # the lr is at its floor past the budget: stop there instead of training on to max_steps
             self.add_callback(TokenBudgetStopCallback(
-                opt("schedule_total_tokens"),
+                schedule.total_tokens,
                 lambda: self.token_progress.tokens_seen if self.token_progress is not None else None))
         # stability: guard and value/AGC clipping as callbacks; the mixin hands them the loss
         # and merges their stats into the logs; norm-mode stats come from _clip_grad_norm below
@@ -221,24 +218,27 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             return None
 
     def _make_plan(self) -> RunPlan:
-        """The run's :class:`~hf_fasttrain.config.plan.RunPlan` for the arguments as they are now."""
-        return RunPlan.from_args(self.args, data=self._data_plan, row_length=self._row_tokens(),
+        """The run's :class:`~hf_fasttrain.config.plan.RunPlan` for the arguments as they are now; with
+        ``budget_aware``, the plan of the settings measured best for its length
+        (:meth:`~hf_fasttrain.config.plan.RunPlan.with_budget`), logged in one line."""
+        plan = RunPlan.from_args(self.args, data=self._data_plan, row_length=self._row_tokens(),
                                  streaming=self.stream_position is not None if hasattr(self, "stream_position")
-                                 else isinstance(self.train_dataset, TokenStream), budget=self.budget)
+                                 else isinstance(self.train_dataset, TokenStream))
+        if self._option("budget_aware"):  # before anything reads the schedule or the optimizer's settings
+            plan = plan.with_budget(self.args, lambda: non_embedding_parameters(self.model))
+            logger.info(describe_budget(plan.budget))
+        return plan
+
+    @property
+    def budget(self) -> Optional[dict[str, Any]]:
+        """What ``budget_aware`` chose for this run (the plan's), or None when it is off."""
+        return self.plan.budget
 
     def _hp_search_setup(self, trial):
         """The Trainer's (a trial's settings set on the arguments), then the plan of those arguments."""
         super()._hp_search_setup(trial)
         if self.hp_search_backend is not None and trial is not None:
             self.plan = self._make_plan()
-
-    def _apply_budget_settings(self) -> dict[str, Any]:
-        """``budget_aware``: the measured settings for this run's tokens per non-embedding parameter replace the
-        given ones (:func:`hf_fasttrain.config.budget.apply_budget_settings`); returns what was chosen."""
-        applied = apply_budget_settings(self.args, run_tokens(self.args, self._row_tokens()),
-                                        non_embedding_parameters(self.model))
-        logger.info(describe_budget(applied))
-        return applied
 
     def _replace_jit_checkpoint(self) -> None:
         """The Trainer's own JIT checkpoint (``enable_jit_checkpoint``) is what GracefulStopCallback extends: drop
@@ -272,7 +272,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         else:
             loader = self.seqlen.train_dataloader() if self.seqlen is not None else None
             loader = loader if loader is not None else super().get_train_dataloader()
-        if self.run_record or (self._option("lr_decay") and self._option("schedule_unit") == "tokens"):
+        if self.run_record or (self.plan.schedule is not None and self.plan.schedule.unit == "tokens"):
             _collate_with_host_batch(loader)  # tokens counted on the host (see _count_tokens)
         return loader
 
@@ -445,8 +445,14 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         """``args.optimizer`` set: its spec, built from the args once (hf_fasttrain.optim.spec); else the Trainer's
         ``optim``. Refuses (one line, before training) an optimizer that would not give its update under this run's
         sharding (e.g. Muon under DeepSpeed ZeRO); under FSDP2 the model is not sharded yet here."""
-        if self._option("optimizer") is None or self.optimizer is not None:
+        if self.optimizer is not None:
             return super().create_optimizer(model)
+        if self._option("optimizer") is None:  # the Trainer's optim, with budget_aware's weight decay and betas
+            args, self.args = self.args, self.plan.arguments(self.args)
+            try:
+                return super().create_optimizer(model)
+            finally:
+                self.args = args
         self._apply_transfer()  # again, for a model made by model_init after __init__ (a no-op otherwise)
         self.plan = self.plan.with_optimizer_steps(self.args, self.state.max_steps)  # an epoch-based run's, now known
         spec = self.plan.optimizer
@@ -552,7 +558,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             where = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else "its last checkpoint"
             say(decision.describe(name) if said else f"resuming {name} from {where}")
         if self.run_record and self.is_world_process_zero():
-            config = {**self.run_config, **training_config(self.args)}
+            config = {**self.run_config, **training_config(self.plan.arguments(self.args))}  # budget_aware's values
             block = (self.run_config.get("data") or {}).get("block_size")
             write_run_record(self.args.output_dir, config, run=run_facts(self.model, self.args, block))
         self._last_log_seconds = None

@@ -62,8 +62,11 @@ def test_dry_run_applies_budget_aware_as_the_trainer_does(tmp_path, capsys, tiny
                           processing_class=tiny_tokenizer)
     applied = trainer.budget["settings"]
     assert set(applied) == {k for k, v in source.items() if v == "budget_aware"}
+    trained = trainer.plan.arguments(trainer.args)  # the values the run trains with and records
     for name in applied:
-        assert printed[name] == getattr(trainer.args, name), name
+        assert printed[name] == getattr(trained, name), name
+    assert (printed["lr_decay"], trainer.args.lr_decay) == ("linear", "cosine")  # the arguments stay as given
+    assert trainer.plan.schedule.decay == "linear"
     assert printed["weight_decay"] != 0.5 and source["learning_rate"] == "flag"  # replaced; the lr stays the user's
 
 

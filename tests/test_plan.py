@@ -36,8 +36,9 @@ def _count_constructions(monkeypatch) -> dict:
 @pytest.mark.slow
 def test_each_spec_is_built_once_per_run_and_every_part_takes_the_plans(tiny_lm, tiny_tokenizer, tmp_path,
                                                                           monkeypatch):
-    args = tiny_args(tmp_path, **OPTIONS)  # the arguments' own checks come first, before the run
     made = _count_constructions(monkeypatch)
+    args = tiny_args(tmp_path, **OPTIONS)  # the arguments' own checks build each spec; the run takes those
+    assert made == {"OptimizerSpec": 1, "ScheduleSpec": 1, "AveragingSpec": 1, "GuardConfig": 1}
     trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"],
                           processing_class=tiny_tokenizer,
                           data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False))

@@ -85,14 +85,15 @@ class _Vocabulary:
         return self.size
 
 
-def apply_budget(model_args, data_args, training_args) -> list[str]:
-    """Apply ``budget_aware``'s settings to ``training_args`` as a run does (the run's rows are the data's
-    ``block_size``); returns the fields set."""
-    from ..config.budget import apply_budget_settings, run_tokens
+def run_plan(model_args, data_args, training_args, data_plan):
+    """The run's plan as a run makes it (:class:`~hf_fasttrain.config.plan.RunPlan` of its data plan), with
+    ``budget_aware``'s step when it is on (the model counted on the meta device, once the run's length is known)."""
+    from ..config.plan import RunPlan
 
-    tokens = run_tokens(training_args, data_args.block_size)  # refuses (one line) before the model is built
-    return list(apply_budget_settings(training_args, tokens, _non_embedding_parameters(model_args, data_args))
-                ["settings"])
+    plan = RunPlan.from_args(training_args, data=data_plan)
+    if training_args.budget_aware:  # refuses (one line) before the model is built when the length is unknown
+        plan = plan.with_budget(training_args, lambda: _non_embedding_parameters(model_args, data_args))
+    return plan
 
 
 def _field_defaults() -> dict[str, Any]:
@@ -185,6 +186,6 @@ def dry_run(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
     data = run_data(data_args, model_args, training_args)
     if not training_args.overwrite_output_dir:  # which discards the old run: nothing to compare, nothing deleted
         resume_plan(training_args, resolved_config(model_args, data.args, training_args), data.plan)
-    budget = apply_budget(model_args, data_args, training_args) if training_args.budget_aware else []
-    config = resolved_config(model_args, data.args, training_args)
-    return config, option_sources(config, argv, budget)
+    plan = run_plan(model_args, data_args, training_args, data.plan)
+    config = resolved_config(model_args, data.args, plan.arguments(training_args))  # budget_aware's values
+    return config, option_sources(config, argv, list(plan.budget["settings"]) if plan.budget else [])
