@@ -43,7 +43,7 @@ from .optim import detect_sharding
 from .optim.groups import param_roles
 from .optim.lr_logs import logged_learning_rate, lr_logs
 from .stability.precision import logger as precision_logger
-from ._resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
+from ._resume_identity import PLAN_CADENCES, ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress
 from .transfer import apply_transfer, check_config_mup
@@ -551,7 +551,11 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                 return self._finished_output(decision.checkpoint)
             resume_from_checkpoint = decision.checkpoint
         if decision is not None and decision.checkpoint and decision.checkpoint == resume_from_checkpoint:
-            self._check_plan(decision.checkpoint)  # a resume the run chose itself: its plan must be the checkpoint's
+            # a resume the run chose itself: its plan is compared with the checkpoint's; what changed of the run's
+            # length is said with the options applied (the cadences are options already)
+            applied = [c for c in self._check_plan(decision.checkpoint)
+                       if c.name.rsplit(".", 1)[-1] not in PLAN_CADENCES]
+            decision.applied = [*decision.applied, *applied]
         if resume_from_checkpoint and trial is None and self.run_record and self.is_world_process_zero():
             # one visible line, whatever the script's logging: where this run continues from
             said = decision is not None and decision.checkpoint == resume_from_checkpoint
@@ -595,28 +599,15 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             update_run_info(self.args.output_dir, self._compile_counter.stats())
         return output
 
-    def _check_plan(self, checkpoint: str) -> None:
-        """Refuse (one line, before training) to resume ``checkpoint`` when its plan (:data:`PLAN_FILE`) differs
-        from this run's in a technique's spec although the options agree: settings derived from them (a
-        ``budget_aware`` table, a default) changed since it was written. A checkpoint without a plan passes."""
-        from ._files import read_json_dict
-        from ._resume_identity import Change, RunOptionsChanged
+    def _check_plan(self, checkpoint: str) -> list:
+        """Compare ``checkpoint``'s plan with this run's, field by field
+        (:func:`hf_fasttrain._resume_identity.check_resumed_plan`): refused in one line, before training, where a
+        technique's spec differs although the options agree (a ``budget_aware`` table, a default changed since it
+        was written) or where the run's global batch, row length or sequence-length warmup differ (another number of
+        processes); returns the changes applied (the cadences; the run's length where nothing is laid out over it)."""
+        from ._resume_identity import check_resumed_plan
 
-        saved = (read_json_dict(os.path.join(checkpoint, PLAN_FILE)) or {}).get("plan")
-        if not isinstance(saved, dict):
-            return
-        now = json.loads(json.dumps(self.plan.as_dict(), default=str))
-        changes = []
-        for section in ("optimizer", "schedule", "averaging", "guard", "budget"):
-            old, new = saved.get(section), now.get(section)
-            if isinstance(old, dict) and isinstance(new, dict):
-                changes += [Change(f"plan.{section}.{k}", old.get(k), new.get(k)) for k in dict.fromkeys([*old, *new])
-                            if old.get(k) != new.get(k)]
-            elif old != new:
-                changes.append(Change(f"plan.{section}", old, new))
-        if changes:
-            raise RunOptionsChanged(self.args.output_dir, checkpoint, changes,
-                                    "settings derived from the options differ from those it was trained with")
+        return check_resumed_plan(checkpoint, self.plan.as_dict(), self.run_options, self.args.output_dir)
 
     def _finished_output(self, checkpoint: str):
         """What ``train()`` returns for a run already complete at ``checkpoint``: its state, no training."""

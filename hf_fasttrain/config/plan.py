@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Union
 
+from .._resume_identity import PLAN_FILE  # {"plan": RunPlan.as_dict()} in every checkpoint (with the run record on)
 from ..data.from_args import DataPlan
 from ..data.seqlen import SeqLenWarmup
 from ..optim.spec import OptimizerSpec
@@ -36,8 +37,6 @@ from .args import FastOptions, built_spec, fast_option
 
 __all__ = ["PLAN_FILE", "RunLength", "RunPlan"]
 
-# In every checkpoint FastTrainer writes with the run record on: {"plan": RunPlan.as_dict()}
-PLAN_FILE = "run_plan.json"
 
 
 @dataclass(frozen=True)
