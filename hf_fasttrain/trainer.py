@@ -210,8 +210,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             return None
         names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]
         if not (isinstance(getattr(data, "row_length", None), int) or hasattr(data, "__getitem__")
-                or self._option("max_tokens") is not None):  # an iterable set: read its first row only for a budget
-            return None
+                or self._option("max_tokens") is not None or self._option("seq_len_warmup_min") is not None):
+            return None  # an iterable set: its first row is read only for a budget or a sequence-length warmup
         try:
             return _row_length(data, names[0])
         except (KeyError, IndexError, TypeError, StopIteration):  # rows without input_ids
@@ -375,9 +375,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         With sequence-length warmup counted in tokens, the schedule spans the run's full-length steps and
         advances with the tokens trained on, reaching its end at the run's last step."""
         if self.plan.length.schedule_steps is not None:  # the run's length is the plan's
-            num_training_steps = self.plan.length.schedule_steps
-        elif self.seqlen is not None:  # an epoch-based run: the Trainer's count, in the wiring's unit
-            num_training_steps = self.seqlen.schedule_steps(num_training_steps)
+            num_training_steps = self.plan.length.schedule_steps  # (an epoch-based run's: the Trainer's count)
         spec = self.plan.schedule
         if spec is None:
             scheduler = super().create_scheduler(num_training_steps, optimizer)
