@@ -392,7 +392,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             total = spec.total_tokens
             if not total and self.seqlen is not None and self.seqlen.count_tokens:  # the run's tokens, short rows too
                 total = self.seqlen.schedule_tokens()
-            self.token_progress = TokenProgress(total or self._default_total_tokens(num_training_steps))
+            total = total or self._default_total_tokens(num_training_steps)
+            self.token_progress = TokenProgress(total)
         self.lr_scheduler = spec.build(optimizer if optimizer is not None else self.optimizer, num_training_steps,
                                        self.token_progress)
         self._created_lr_scheduler = True  # as Trainer.create_scheduler: rebuilt on the next train()
