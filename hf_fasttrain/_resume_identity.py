@@ -27,12 +27,15 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from ._files import atomic_write_text, last_complete_checkpoint, read_json_dict as _read_json
 from ._validation import ConfigError
 
-__all__ = ["OPTIONS_FILE", "DISCARD_FLAG", "MAY_CHANGE_ON_RESUME", "LENGTH_FIELDS", "Change", "flat_options",
-           "option_changes", "length_blocker", "split_changes", "RunOptionsChanged", "read_recorded_options",
+__all__ = ["OPTIONS_FILE", "PLAN_FILE", "DISCARD_FLAG", "MAY_CHANGE_ON_RESUME", "LENGTH_FIELDS", "Change", "flat_options",
+           "option_changes", "length_blocker", "split_changes", "PLAN_CADENCES", "PLAN_LENGTHS", "PLAN_FIXED",
+           "plan_changes", "check_resumed_plan", "RunOptionsChanged", "read_recorded_options",
            "write_options", "ResumePlan", "plan_resume", "discard_previous_run"]
 
 # In every checkpoint: {"options": <the run's options, config.yaml's shape>}
 OPTIONS_FILE = "run_options.json"
+# In every checkpoint FastTrainer writes with the run record on: {"plan": RunPlan.as_dict()}
+PLAN_FILE = "run_plan.json"
 # the one flag that discards the old run in output_dir instead of resuming it
 DISCARD_FLAG = "overwrite_output_dir"
 
@@ -196,6 +199,73 @@ def split_changes(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> tu
                 continue
         (applied if change.name in MAY_CHANGE_ON_RESUME else refused).append(change)
     return applied, refused, why
+
+
+# A plan's length fields (hf_fasttrain.config.plan.RunLength) and what a resume does when one differs from the
+# checkpoint's plan: the cadences are applied; the run's length follows length_blocker; the rest is refused, why.
+PLAN_CADENCES = ("logging_steps", "eval_steps", "save_steps")
+PLAN_LENGTHS = ("optimizer_steps", "schedule_steps", "tokens", "max_tokens")
+PLAN_FIXED = {
+    "global_batch": "the rows per optimizer step (per-device batch x accumulation x processes) are the run's: "
+                    "resume with the processes, per_device_train_batch_size and gradient_accumulation_steps it was "
+                    "trained with",
+    "row_length": "the tokens per row are the run's: resume with its block_size",
+    "seq_len_warmup": "the sequence-length warmup is the run's: resume with its seq_len_warmup_* options",
+}
+_DERIVED = "settings derived from the options differ from those it was trained with"
+
+
+def plan_changes(saved: Mapping[str, Any], current: Mapping[str, Any],
+                 options: Mapping[str, Any]) -> tuple[list[Change], list[Change], Optional[str]]:
+    """``(applied, refused, why)`` between a checkpoint's plan and this run's (``RunPlan.as_dict`` values), field by
+    field. The technique specs must agree (a ``budget_aware`` table or a default changed since: refused); of the
+    run's length (``plan.length``) the cadences are applied, the optimizer steps, schedule steps and tokens follow
+    the rule for ``max_steps`` (:func:`length_blocker` of ``options``), and the global batch, row length and
+    sequence-length warmup are refused. ``why`` joins the reasons of the refused ones."""
+    applied: list[Change] = []
+    refused: list[Change] = []
+    whys: list[str] = []
+
+    def refuse(change: Change, why: str) -> None:
+        refused.append(change)
+        if why not in whys:
+            whys.append(why)
+
+    for section in ("optimizer", "schedule", "averaging", "guard", "budget"):
+        old, new = saved.get(section), current.get(section)
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            for k in dict.fromkeys([*old, *new]):
+                if old.get(k) != new.get(k):
+                    refuse(Change(f"plan.{section}.{k}", old.get(k), new.get(k)), _DERIVED)
+        elif old != new:
+            refuse(Change(f"plan.{section}", old, new), _DERIVED)
+    old_length, new_length = saved.get("length"), current.get("length")
+    if isinstance(old_length, Mapping) and isinstance(new_length, Mapping):
+        blocker = length_blocker(options)
+        for k in new_length:
+            if k not in old_length or _same(old_length[k], new_length[k]):
+                continue  # a field the checkpoint's plan lacks (an older version) is no evidence either way
+            change = Change(f"plan.length.{k}", old_length[k], new_length[k])
+            if k in PLAN_CADENCES or (k in PLAN_LENGTHS and blocker is None):
+                applied.append(change)
+            else:
+                refuse(change, PLAN_FIXED.get(k) or blocker or _DERIVED)
+    return applied, refused, "; ".join(whys) or None
+
+
+def check_resumed_plan(checkpoint: str, plan: Mapping[str, Any], options: Mapping[str, Any],
+                       output_dir: str) -> list[Change]:
+    """Compare ``checkpoint``'s plan (:data:`PLAN_FILE`) with the resuming run's ``plan`` (``RunPlan.as_dict``)
+    by :func:`plan_changes`: raises :class:`RunOptionsChanged` (one line) for a refused change, else returns the
+    changes applied. A checkpoint without a plan (an older version) passes. ``FastTrainer.train()`` and
+    ``--dry_run`` take this one decision."""
+    saved = (_read_json(os.path.join(checkpoint, PLAN_FILE)) or {}).get("plan")
+    if not isinstance(saved, dict):
+        return []
+    applied, refused, why = plan_changes(saved, json.loads(json.dumps(dict(plan), default=str)), options)
+    if refused:
+        raise RunOptionsChanged(output_dir, checkpoint, refused, why)
+    return applied
 
 
 class RunOptionsChanged(ConfigError):

@@ -26,7 +26,7 @@ from transformers import Trainer
 from .config.args import fast_option
 from .config.plan import PLAN_FILE, RunPlan
 from ._files import atomic_write_text
-from .config.budget import apply_budget_settings, describe_budget, non_embedding_parameters, run_tokens
+from .config.budget import describe_budget, non_embedding_parameters
 from .callbacks.averaging import AVERAGE_FILE, WeightAveragingCallback
 from .callbacks.run_record import WALL_CLOCK_LOG_KEYS, RunRecorderCallback
 from .callbacks.clipping import ClipStatsWindow
@@ -43,7 +43,7 @@ from .optim import detect_sharding
 from .optim.groups import param_roles
 from .optim.lr_logs import logged_learning_rate, lr_logs
 from .stability.precision import logger as precision_logger
-from ._resume_identity import ResumePlan, discard_previous_run, plan_resume, write_options
+from ._resume_identity import PLAN_CADENCES, ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress
 from .transfer import apply_transfer, check_config_mup
@@ -141,17 +141,14 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self.run_config = dict(run_config or {})
         self._data_plan = data_plan  # the recipe's (rows, steps, tokens), else worked out from the training set
         opt = self._option
-        # the run's options as given, before budget_aware fills in its settings: what a checkpoint records and a
-        # rerun is compared with (hf_fasttrain._resume_identity)
+        # the run's options as given (budget_aware's settings are the plan's, not the arguments'): what a checkpoint
+        # records and a rerun is compared with (hf_fasttrain._resume_identity)
         self.run_options: dict[str, Any] = {**self.run_config, **training_config(self.args)}
         # the recipe's decision about output_dir (hf_fasttrain.run._resume.resume_plan), for its train() call to say
         self.resume_decision: Optional[ResumePlan] = None
-        self.budget: Optional[dict[str, Any]] = None
-        if opt("budget_aware"):  # before anything reads the schedule or the optimizer's settings
-            self.budget = self._apply_budget_settings()
         self._apply_transfer()  # muP's output multiplier on the head, before any forward
-        # the run's plan: each technique's spec and the run's length, built once from the arguments as they now are
-        # (a token budget's optimizer steps set as max_steps); every part below takes its spec from it
+        # the run's plan: each technique's spec and the run's length, built once from the arguments (a token budget's
+        # optimizer steps set as max_steps), then budget_aware's step; every part below takes its spec from it
         self.plan: RunPlan = self._make_plan()
         pad_id = getattr(self.processing_class, "pad_token_id", None)
         self.throughput = ThroughputMeter(pad_token_id=pad_id)
@@ -166,11 +163,11 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self._compile_counter: Optional[CompileCounter] = None  # set by train() with torch_compile
         self._dims: Optional[tuple[int, int, int]] = None
         self.token_progress: Optional[TokenProgress] = None  # set by create_scheduler (schedule_unit='tokens')
-        if (opt("lr_decay") and opt("schedule_unit") == "tokens" and opt("stop_at_token_budget")
-                and opt("schedule_total_tokens")):
+        schedule = self.plan.schedule
+        if schedule is not None and schedule.unit == "tokens" and opt("stop_at_token_budget") and schedule.total_tokens:
             # the lr is at its floor past the budget: stop there instead of training on to max_steps
             self.add_callback(TokenBudgetStopCallback(
-                opt("schedule_total_tokens"),
+                schedule.total_tokens,
                 lambda: self.token_progress.tokens_seen if self.token_progress is not None else None))
         # stability: guard and value/AGC clipping as callbacks; the mixin hands them the loss
         # and merges their stats into the logs; norm-mode stats come from _clip_grad_norm below
@@ -218,32 +215,35 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             return None
         names = getattr(self.processing_class, "model_input_names", None) or ["input_ids"]
         if not (isinstance(getattr(data, "row_length", None), int) or hasattr(data, "__getitem__")
-                or self._option("max_tokens") is not None):  # an iterable set: read its first row only for a budget
-            return None
+                or self._option("max_tokens") is not None or self._option("seq_len_warmup_min") is not None):
+            return None  # an iterable set: its first row is read only for a budget or a sequence-length warmup
         try:
             return _row_length(data, names[0])
         except (KeyError, IndexError, TypeError, StopIteration):  # rows without input_ids
             return None
 
     def _make_plan(self) -> RunPlan:
-        """The run's :class:`~hf_fasttrain.config.plan.RunPlan` for the arguments as they are now."""
-        return RunPlan.from_args(self.args, data=self._data_plan, row_length=self._row_tokens(),
+        """The run's :class:`~hf_fasttrain.config.plan.RunPlan` for the arguments as they are now; with
+        ``budget_aware``, the plan of the settings measured best for its length
+        (:meth:`~hf_fasttrain.config.plan.RunPlan.with_budget`), logged in one line."""
+        plan = RunPlan.from_args(self.args, data=self._data_plan, row_length=self._row_tokens(),
                                  streaming=self.stream_position is not None if hasattr(self, "stream_position")
-                                 else isinstance(self.train_dataset, TokenStream), budget=self.budget)
+                                 else isinstance(self.train_dataset, TokenStream))
+        if self._option("budget_aware"):  # before anything reads the schedule or the optimizer's settings
+            plan = plan.with_budget(self.args, lambda: non_embedding_parameters(self.model))
+            logger.info(describe_budget(plan.budget))
+        return plan
+
+    @property
+    def budget(self) -> Optional[dict[str, Any]]:
+        """What ``budget_aware`` chose for this run (the plan's), or None when it is off."""
+        return self.plan.budget
 
     def _hp_search_setup(self, trial):
         """The Trainer's (a trial's settings set on the arguments), then the plan of those arguments."""
         super()._hp_search_setup(trial)
         if self.hp_search_backend is not None and trial is not None:
             self.plan = self._make_plan()
-
-    def _apply_budget_settings(self) -> dict[str, Any]:
-        """``budget_aware``: the measured settings for this run's tokens per non-embedding parameter replace the
-        given ones (:func:`hf_fasttrain.config.budget.apply_budget_settings`); returns what was chosen."""
-        applied = apply_budget_settings(self.args, run_tokens(self.args, self._row_tokens()),
-                                        non_embedding_parameters(self.model))
-        logger.info(describe_budget(applied))
-        return applied
 
     def _replace_jit_checkpoint(self) -> None:
         """The Trainer's own JIT checkpoint (``enable_jit_checkpoint``) is what GracefulStopCallback extends: drop
@@ -277,7 +277,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         else:
             loader = self.seqlen.train_dataloader() if self.seqlen is not None else None
             loader = loader if loader is not None else super().get_train_dataloader()
-        if self.run_record or (self._option("lr_decay") and self._option("schedule_unit") == "tokens"):
+        if self.run_record or (self.plan.schedule is not None and self.plan.schedule.unit == "tokens"):
             _collate_with_host_batch(loader)  # tokens counted on the host (see _count_tokens)
         return loader
 
@@ -380,9 +380,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         With sequence-length warmup counted in tokens, the schedule spans the run's full-length steps and
         advances with the tokens trained on, reaching its end at the run's last step."""
         if self.plan.length.schedule_steps is not None:  # the run's length is the plan's
-            num_training_steps = self.plan.length.schedule_steps
-        elif self.seqlen is not None:  # an epoch-based run: the Trainer's count, in the wiring's unit
-            num_training_steps = self.seqlen.schedule_steps(num_training_steps)
+            num_training_steps = self.plan.length.schedule_steps  # (an epoch-based run's: the Trainer's count)
         spec = self.plan.schedule
         if spec is None:
             scheduler = super().create_scheduler(num_training_steps, optimizer)
@@ -399,7 +397,8 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             total = spec.total_tokens
             if not total and self.seqlen is not None and self.seqlen.count_tokens:  # the run's tokens, short rows too
                 total = self.seqlen.schedule_tokens()
-            self.token_progress = TokenProgress(total or self._default_total_tokens(num_training_steps))
+            total = total or self._default_total_tokens(num_training_steps)
+            self.token_progress = TokenProgress(total)
         self.lr_scheduler = spec.build(optimizer if optimizer is not None else self.optimizer, num_training_steps,
                                        self.token_progress)
         self._created_lr_scheduler = True  # as Trainer.create_scheduler: rebuilt on the next train()
@@ -450,8 +449,14 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         """``args.optimizer`` set: its spec, built from the args once (hf_fasttrain.optim.spec); else the Trainer's
         ``optim``. Refuses (one line, before training) an optimizer that would not give its update under this run's
         sharding (e.g. Muon under DeepSpeed ZeRO); under FSDP2 the model is not sharded yet here."""
-        if self._option("optimizer") is None or self.optimizer is not None:
+        if self.optimizer is not None:
             return super().create_optimizer(model)
+        if self._option("optimizer") is None:  # the Trainer's optim, with budget_aware's weight decay and betas
+            args, self.args = self.args, self.plan.arguments(self.args)
+            try:
+                return super().create_optimizer(model)
+            finally:
+                self.args = args
         self._apply_transfer()  # again, for a model made by model_init after __init__ (a no-op otherwise)
         self.plan = self.plan.with_optimizer_steps(self.args, self.state.max_steps)  # an epoch-based run's, now known
         spec = self.plan.optimizer
@@ -550,14 +555,18 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
                 return self._finished_output(decision.checkpoint)
             resume_from_checkpoint = decision.checkpoint
         if decision is not None and decision.checkpoint and decision.checkpoint == resume_from_checkpoint:
-            self._check_plan(decision.checkpoint)  # a resume the run chose itself: its plan must be the checkpoint's
+            # a resume the run chose itself: its plan is compared with the checkpoint's; what changed of the run's
+            # length is said with the options applied (the cadences are options already)
+            applied = [c for c in self._check_plan(decision.checkpoint)
+                       if c.name.rsplit(".", 1)[-1] not in PLAN_CADENCES]
+            decision.applied = [*decision.applied, *applied]
         if resume_from_checkpoint and trial is None and self.run_record and self.is_world_process_zero():
             # one visible line, whatever the script's logging: where this run continues from
             said = decision is not None and decision.checkpoint == resume_from_checkpoint
             where = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else "its last checkpoint"
             say(decision.describe(name) if said else f"resuming {name} from {where}")
         if self.run_record and self.is_world_process_zero():
-            config = {**self.run_config, **training_config(self.args)}
+            config = {**self.run_config, **training_config(self.plan.arguments(self.args))}  # budget_aware's values
             block = (self.run_config.get("data") or {}).get("block_size")
             write_run_record(self.args.output_dir, config, run=run_facts(self.model, self.args, block))
         self._last_log_seconds = None
@@ -594,28 +603,15 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
             update_run_info(self.args.output_dir, self._compile_counter.stats())
         return output
 
-    def _check_plan(self, checkpoint: str) -> None:
-        """Refuse (one line, before training) to resume ``checkpoint`` when its plan (:data:`PLAN_FILE`) differs
-        from this run's in a technique's spec although the options agree: settings derived from them (a
-        ``budget_aware`` table, a default) changed since it was written. A checkpoint without a plan passes."""
-        from ._files import read_json_dict
-        from ._resume_identity import Change, RunOptionsChanged
+    def _check_plan(self, checkpoint: str) -> list:
+        """Compare ``checkpoint``'s plan with this run's, field by field
+        (:func:`hf_fasttrain._resume_identity.check_resumed_plan`): refused in one line, before training, where a
+        technique's spec differs although the options agree (a ``budget_aware`` table, a default changed since it
+        was written) or where the run's global batch, row length or sequence-length warmup differ (another number of
+        processes); returns the changes applied (the cadences; the run's length where nothing is laid out over it)."""
+        from ._resume_identity import check_resumed_plan
 
-        saved = (read_json_dict(os.path.join(checkpoint, PLAN_FILE)) or {}).get("plan")
-        if not isinstance(saved, dict):
-            return
-        now = json.loads(json.dumps(self.plan.as_dict(), default=str))
-        changes = []
-        for section in ("optimizer", "schedule", "averaging", "guard", "budget"):
-            old, new = saved.get(section), now.get(section)
-            if isinstance(old, dict) and isinstance(new, dict):
-                changes += [Change(f"plan.{section}.{k}", old.get(k), new.get(k)) for k in dict.fromkeys([*old, *new])
-                            if old.get(k) != new.get(k)]
-            elif old != new:
-                changes.append(Change(f"plan.{section}", old, new))
-        if changes:
-            raise RunOptionsChanged(self.args.output_dir, checkpoint, changes,
-                                    "settings derived from the options differ from those it was trained with")
+        return check_resumed_plan(checkpoint, self.plan.as_dict(), self.run_options, self.args.output_dir)
 
     def _finished_output(self, checkpoint: str):
         """What ``train()`` returns for a run already complete at ``checkpoint``: its state, no training."""

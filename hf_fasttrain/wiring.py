@@ -32,8 +32,7 @@ from typing import Optional
 from ._validation import ConfigError
 from .config.args import FastOptions
 from .callbacks.seqlen import CurriculumCallback, SeqLenWarmupCallback, batch_sampler_dataloader
-from .data.from_args import (batching_options, budget_row_tokens, schedule_length, seq_len_warmup_from_args,
-                              seqlen_enabled)
+from .data.from_args import batching_options, seqlen_enabled
 from .data.packing import PackedBatchSampler, PackedRowsCollator
 from .data.samplers import CurriculumBatchSampler, LengthGroupedBatchSampler, get_lengths
 from .data.seqlen import SeqLenWarmupCollator
@@ -67,13 +66,18 @@ def _fail(name, value, allowed: str) -> None:
 class SeqLenWiring:
     """The sequence-length parts of one FastTrainer, built from its args and training set.
 
+    Everything laid out over the run (the curriculum's and the batch-size warmup's share of it, the
+    sequence-length warmup, the tokens a schedule counted in tokens spans) reads the run's length from the
+    trainer's plan (``trainer.plan.length``, :class:`~hf_fasttrain.config.plan.RunLength`).
+
     Args:
-        trainer: the FastTrainer (its ``args``, ``train_dataset``, ``data_collator``,
+        trainer: the FastTrainer (its ``args``, ``plan``, ``train_dataset``, ``data_collator``,
             ``processing_class`` are read once, at construction).
     """
 
     def __init__(self, trainer):
         self.trainer = trainer
+        self.length = trainer.plan.length
         args = self.args = FastOptions(trainer.args)
         self.grad_accum = args.gradient_accumulation_steps
         self.rows = args.per_device_train_batch_size
@@ -135,7 +139,7 @@ class SeqLenWiring:
         if args.curriculum_min_length is not None:
             sampler = CurriculumBatchSampler(
                 lengths, self.rows, min_length=args.curriculum_min_length,
-                curriculum_batches=round(args.curriculum_fraction * args.max_steps * self.grad_accum),
+                curriculum_batches=round(args.curriculum_fraction * self.length.optimizer_steps * self.grad_accum),
                 max_length=args.curriculum_max_length, pacing=args.curriculum_pacing,
                 num_stages=args.curriculum_stages, drop_last=args.dataloader_drop_last, **shard,
             )
@@ -168,7 +172,7 @@ class SeqLenWiring:
             if args.batch_warmup_min_tokens > max_tokens:
                 _fail("batch_warmup_min_tokens", args.batch_warmup_min_tokens,
                       f"must be <= the full micro-batch's {max_tokens} tokens ({self.rows} rows x {longest})")
-        warmup_steps = round(args.batch_warmup_fraction * args.max_steps)
+        warmup_steps = round(args.batch_warmup_fraction * self.length.optimizer_steps)
         warmup_tokens = warmup_steps * self.grad_accum * max_tokens * max(args.world_size, 1)
         if warmup_tokens > int(lengths.sum()):
             _fail("batch_warmup_fraction", args.batch_warmup_fraction,
@@ -180,20 +184,12 @@ class SeqLenWiring:
         )
 
     def _warmup(self, args, dataset, data_collator) -> SeqLenWarmupCollator:
-        full = self.row_length = _row_length(dataset, self.input_name)
-        if args.seq_len_warmup_min > full:
+        """The collator that cuts each batch to the plan's sequence-length warmup (``plan.length.seq_len_warmup``)."""
+        warmup = self.length.seq_len_warmup
+        if warmup is None:  # the plan found no token rows to lay a warmup over
             _fail("seq_len_warmup_min", args.seq_len_warmup_min,
-                  f"is above the training length {full} (the length of the training rows)")
-        try:
-            warmup = seq_len_warmup_from_args(args, full)
-        except ConfigError as err:
-            if type(err) is not ConfigError:
-                raise
-            raise err.renamed({
-                "min_seq_len": "seq_len_warmup_min", "pacing": "seq_len_warmup_pacing",
-                "num_stages": "seq_len_warmup_stages", "mode": "seq_len_warmup_mode",
-                "multiple": "seq_len_warmup_multiple",
-            }) from None
+                  f"needs training rows of {self.input_name!r} token ids (a length to warm up to); these rows have none")
+        self.row_length = warmup.max_seq_len
         pad = self.pad_token_id if self.pad_token_id is not None else 0
         return SeqLenWarmupCollator(data_collator, warmup, pad_token_id=pad)
 
@@ -218,11 +214,13 @@ class SeqLenWiring:
                 f"seq_len_warmup_count_tokens=True needs a LambdaLR schedule; lr_scheduler_type="
                 f"{self.trainer.args.lr_scheduler_type!r} gives {type(scheduler).__name__} (set it to false)"
             )
-        warmup, ga, args = self.cutter.warmup, self.grad_accum, self.args
-        # progress in tokens, as full-length steps of the schedule: at the run's last step (max_steps, or the step
-        # that completes max_tokens) the schedule is at its end, the floor
-        length = schedule_length(args, warmup.max_seq_len)
-        total = budget_row_tokens(args) or warmup.cumulative_tokens(args.max_steps * ga, 1)
+        warmup, ga, run = self.cutter.warmup, self.grad_accum, self.length
+        # progress in tokens, as full-length steps of the schedule: at the run's last step (its optimizer steps, or
+        # the step that completes max_tokens) the schedule is at its end, the floor. Counted per row slot.
+        length = run.schedule_steps
+        slots = run.global_batch // ga  # rows per micro-batch over all processes
+        total = (-(-run.max_tokens // slots) if run.max_tokens is not None
+                 else warmup.cumulative_tokens(run.optimizer_steps * ga, 1))
 
         def in_tokens(fn):
             return lambda step: fn(length * min(warmup.cumulative_tokens(step * ga, 1) / total, 1.0))
@@ -231,17 +229,6 @@ class SeqLenWiring:
         scheduler.lr_lambdas = [in_tokens(fn) for fn in lambdas]
 
     def schedule_tokens(self) -> int:
-        """Tokens (all processes) a schedule counted in tokens spans: ``max_tokens``, or those of the run's
-        ``max_steps`` steps with their short early rows."""
-        args = self.args
-        if args.max_tokens is not None:
-            return args.max_tokens
-        return self.cutter.warmup.cumulative_tokens(args.max_steps * self.grad_accum,
-                                                    self.rows * max(args.world_size, 1))
-
-    def schedule_steps(self, num_training_steps: int) -> int:
-        """The steps the LR schedule is built for: counting tokens, the full-length steps of the run's tokens
-        (:func:`~hf_fasttrain.data.from_args.schedule_length`), else the Trainer's."""
-        if self.count_tokens:
-            return schedule_length(self.args, self.cutter.warmup.max_seq_len)
-        return num_training_steps
+        """Tokens (all processes) a schedule counted in tokens spans: the plan's ``max_tokens``, or the tokens of
+        its optimizer steps with their short early rows."""
+        return self.length.max_tokens if self.length.max_tokens is not None else self.length.tokens

@@ -285,11 +285,20 @@ def test_fasttrainer_budget_aware_sets_the_regimes_settings(tmp_path, tiny_lm, t
     assert trainer.args.learning_rate == 3e-3  # tiny_args' lr
     assert trainer.budget["regime"] == regime and trainer.budget["tokens_per_param"] == pytest.approx(tpp)
     settings = budget_settings(tpp, "muon")["settings"]
+    # the arguments stay as given; the plan's specs carry the measured settings, and so does the run's record
+    assert (args.lr_decay, args.min_lr_ratio, args.weight_decay, args.adam_beta2) == ("cosine", 0.5, 0.3, 0.999)
+    assert args.optimizer_kwargs == {"ns_steps": 4, "normuon_beta2": 0.5}
+    schedule, spec = trainer.plan.schedule, trainer.plan.optimizer
+    assert (schedule.decay, schedule.min_lr_ratio, schedule.decay_fraction) == (
+        settings["lr_decay"], settings["min_lr_ratio"], settings["decay_fraction"])
+    assert spec.weight_decay == settings["weight_decay"] and spec.lr == 3e-3
+    recorded = trainer.plan.arguments(args)
     for name, value in settings.items():
         if name != "optimizer_kwargs":
-            assert getattr(trainer.args, name) == value, name
+            assert getattr(recorded, name) == value, name
     # the optimizer's own options: the measured one replaces the given one of its name, the rest stay
-    assert trainer.args.optimizer_kwargs == {"ns_steps": 4, **settings["optimizer_kwargs"]}
+    assert recorded.optimizer_kwargs == {"ns_steps": 4, **settings["optimizer_kwargs"]}
+    assert {k: spec.options[k] for k in recorded.optimizer_kwargs} == {"ns_steps": 4, **settings["optimizer_kwargs"]}
     optimizer = trainer.create_optimizer()
     muon_groups = [g for g in optimizer.param_groups if "ns_steps" in g]
     assert muon_groups and all(g["ns_steps"] == 4 for g in muon_groups)
@@ -317,7 +326,8 @@ def test_budget_aware_keeps_a_given_muon_lr(tmp_path, tiny_lm, tiny_tokenizer, c
     with caplog.at_level("INFO", logger="hf_fasttrain.trainer"):
         trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"])
     assert trainer.budget["regime"] == "long"
-    assert "adamw_lr_ratio" not in trainer.args.optimizer_kwargs and trainer.args.optimizer_kwargs["cautious_wd"]
+    assert trainer.args.optimizer_kwargs == {"muon_lr": 2e-2}  # as given: the plan carries the measured options
+    assert "adamw_lr_ratio" not in trainer.plan.optimizer.options and trainer.plan.optimizer.options["cautious_wd"]
     assert "not applied: adamw_lr_ratio (muon_lr given: the lrs stay yours)" in caplog.text
     lrs = {g["use_muon"]: g["lr"] for g in trainer.create_optimizer().param_groups}
     assert lrs == {True: 2e-2, False: 3e-3}
@@ -357,12 +367,15 @@ def test_budget_aware_short_adamw_runs_take_the_embeddings_lr_measured_with_the_
     assert trainer.budget["regime"] == "short"
     assert budget_settings(1.0, "adamw")["settings"]["optimizer_kwargs"] == {"lr_multipliers": {"embedding": 16.0}}
     if optimizer == "adamw":
-        assert trainer.args.optimizer_kwargs == {"weight_decay_on": "matrices", "lr_multipliers": {"embedding": 16.0}}
+        assert trainer.args.optimizer_kwargs == {"weight_decay_on": "matrices"}  # as given
+        assert trainer.plan.arguments(trainer.args).optimizer_kwargs == {"weight_decay_on": "matrices",
+                                                                         "lr_multipliers": {"embedding": 16.0}}
         lrs = {g["lr_group"]: g["lr"] for g in trainer.create_optimizer().param_groups}
         assert lrs == {"embedding": pytest.approx(16 * 3e-3), "matrix": 3e-3, "norm": 3e-3, "bias": 3e-3}
         assert "not applied" not in caplog.text
     else:
-        assert trainer.args.optimizer_kwargs == ({"weight_decay_on": "matrices"} if optimizer else None)
+        assert trainer.plan.arguments(trainer.args).optimizer_kwargs == (
+            {"weight_decay_on": "matrices"} if optimizer else None)
         who = "the Trainer optim" if optimizer is None else "'lion'"
         assert f"not applied: lr_multipliers (measured with optimizer 'adamw'; {who} keeps its own)" in caplog.text
 
@@ -387,19 +400,66 @@ def test_run_tokens_unknown_is_one_line(tmp_path, given, row):
 
 
 @pytest.mark.parametrize("optimizer, kwargs_set", [("adamw", True), ("lion", False)])
-def test_apply_budget_settings_sets_and_reports_the_same_fields(tmp_path, optimizer, kwargs_set):
-    """What apply_budget_settings reports as set is what it set: a short AdamW run takes the embeddings' lr; lion
-    keeps its own options, and says so, and reports no optimizer_kwargs (the trainer and --dry_run read this)."""
-    from hf_fasttrain.config.budget import apply_budget_settings, describe_budget
+def test_the_budget_step_takes_a_plan_to_a_plan_and_reports_what_it_chose(tmp_path, optimizer, kwargs_set):
+    """RunPlan.with_budget: a plan in, a plan out whose specs carry what it reports as chosen; the arguments stay
+    as given. A short AdamW run takes the embeddings' lr; lion keeps its own options, says so, and reports no
+    optimizer_kwargs (the trainer and --dry_run read this)."""
+    from hf_fasttrain.config.budget import describe_budget
+    from hf_fasttrain.config.plan import RunPlan
 
     args = tiny_args(tmp_path, max_steps=2, lr_decay="cosine", optimizer=optimizer)
-    applied = apply_budget_settings(args, tokens=1000, non_embedding_params=1000)  # 1 token per parameter: short
+    plan = RunPlan.from_args(args, row_length=32)
+    assert plan.length.tokens == 2 * 8 * 32 == 512
+    budgeted = plan.with_budget(args, 512)  # 1 token per parameter: the short row
+    applied = budgeted.budget
     table = budget_settings(1.0, "adamw")["settings"]
     assert applied["regime"] == "short" and applied["tokens_per_param"] == 1.0
     assert ("optimizer_kwargs" in applied["settings"]) == kwargs_set
     assert set(applied["settings"]) == set(table) - ({"optimizer_kwargs"} if not kwargs_set else set())
-    assert args.lr_decay == table["lr_decay"]
-    assert args.optimizer_kwargs == ({"lr_multipliers": {"embedding": 16.0}} if kwargs_set else {})
+    assert (args.lr_decay, args.weight_decay, args.optimizer_kwargs) == ("cosine", 0.0, {})  # as given
+    assert plan.schedule.decay == "cosine" and plan.budget is None  # the plan it started from is unchanged
+    assert (budgeted.schedule.decay, budgeted.schedule.decay_fraction, budgeted.optimizer.weight_decay) == (
+        table["lr_decay"], table["decay_fraction"], table["weight_decay"]) == ("linear", 0.2, 0.1)
+    assert budgeted.length == plan.length and budgeted.averaging == plan.averaging
+    assert budgeted.optimizer.options.get("lr_multipliers") == ({"embedding": 16.0} if kwargs_set else None)
+    assert budgeted.arguments(args).optimizer_kwargs == ({"lr_multipliers": {"embedding": 16.0}} if kwargs_set
+                                                         else {})
     line = describe_budget(applied)
     assert line.startswith("budget_aware: 1.0 tokens per non-embedding parameter -> the short-run settings ")
     assert ("not applied: lr_multipliers (measured with optimizer 'adamw'; 'lion' keeps its own)" in line) != kwargs_set
+
+
+@pytest.mark.parametrize("optimizer", [None, "adamw"])
+def test_a_budget_aware_run_trains_and_records_as_the_same_settings_given(tmp_path, tiny_lm, tiny_tokenizer,
+                                                                           optimizer):
+    """budget_aware's plan trains the run the settings it chose would train given by hand: the same lrs at every
+    step, the same weight decay and betas in each group, the same losses; config.yaml records those settings while
+    the arguments (and the options a rerun is compared with) stay as given. The Trainer's own optim included."""
+    import yaml
+    from transformers import DataCollatorForLanguageModeling
+
+    def run(name, **options):
+        args = tiny_args(tmp_path / name, **{"max_steps": 4, "warmup_steps": 1, "optimizer": optimizer,
+                                             "weight_decay": 0.5, **options})
+        trainer = FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"],
+                              processing_class=tiny_tokenizer,
+                              data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False))
+        trainer.train()
+        groups = [(g["weight_decay"], tuple(g["betas"])) for g in trainer.optimizer.param_groups]
+        history = [(h["learning_rate"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
+        return trainer, groups, history
+
+    budgeted, groups, history = run("budget", budget_aware=True, lr_decay="cosine")
+    chosen = budgeted.budget["values"]
+    assert budgeted.budget["regime"] == "short" and chosen["lr_decay"] == "linear" and chosen["weight_decay"] == 0.1
+    assert set(chosen) == ({"lr_decay", "min_lr_ratio", "decay_fraction", "weight_decay", "adam_beta2"}
+                           | ({"optimizer_kwargs"} if optimizer else set()))
+    given, given_groups, given_history = run("given", **chosen)
+    assert groups == given_groups and {wd for wd, _ in groups} >= {0.1}
+    assert history == given_history and len(history) == 4
+    # the measured linear decay over the last 20%: flat through step 3 (the user's cosine would be at 2.25e-3, 7.5e-4)
+    assert [lr for lr, _ in history] == [0.0, 3e-3, 3e-3, 3e-3]
+    recorded = yaml.safe_load((tmp_path / "budget" / "config.yaml").read_text())
+    assert {k: recorded[k] for k in chosen} == {k: yaml.safe_load(yaml.safe_dump(v)) for k, v in chosen.items()}
+    assert (budgeted.args.lr_decay, budgeted.args.weight_decay) == ("cosine", 0.5)
+    assert (budgeted.run_options["lr_decay"], budgeted.run_options["weight_decay"]) == ("cosine", 0.5)

@@ -62,8 +62,11 @@ def test_dry_run_applies_budget_aware_as_the_trainer_does(tmp_path, capsys, tiny
                           processing_class=tiny_tokenizer)
     applied = trainer.budget["settings"]
     assert set(applied) == {k for k, v in source.items() if v == "budget_aware"}
+    trained = trainer.plan.arguments(trainer.args)  # the values the run trains with and records
     for name in applied:
-        assert printed[name] == getattr(trainer.args, name), name
+        assert printed[name] == getattr(trained, name), name
+    assert (printed["lr_decay"], trainer.args.lr_decay) == ("linear", "cosine")  # the arguments stay as given
+    assert trainer.plan.schedule.decay == "linear"
     assert printed["weight_decay"] != 0.5 and source["learning_rate"] == "flag"  # replaced; the lr stays the user's
 
 
@@ -136,3 +139,36 @@ def test_dry_run_labels_a_length_replaced_by_the_other_unit_as_derived(tmp_path,
     printed = yaml.safe_load(text)  # the recipe's max_tokens: its optimizer steps, as the run records them
     assert source["max_tokens"] == "recipe" and printed["max_tokens"] == 614400
     assert printed["max_steps"] == 343 and source["max_steps"] == "derived"
+
+
+def test_dry_run_compares_the_plan_as_the_run_does_and_refuses_another_global_batch(tmp_path, capsys):
+    """A checkpoint trained with twice the rows per step (two processes, say) is refused in one line naming the
+    plan's field, its old and new value and what is allowed; the same plan resumes."""
+    import json
+
+    from hf_fasttrain._resume_identity import PLAN_FILE
+    from hf_fasttrain.cli import run_recipe
+    from hf_fasttrain.config.recipes import parse_config
+    from hf_fasttrain.data.front import run_data
+    from hf_fasttrain.run._dry_run import run_plan
+
+    out = tmp_path / "run"
+    argv = [*RECIPE, "--output_dir", str(out)]
+    _checkpointed(out, 4, RECIPE)
+    model_args, data_args, args = parse_config(argv)
+    plan = run_plan(model_args, data_args, args, run_data(data_args, model_args, args).plan).as_dict()
+    plan = json.loads(json.dumps(plan, default=str))
+    batch = plan["length"]["global_batch"]
+    assert batch == args.per_device_train_batch_size * args.gradient_accumulation_steps
+    (out / "checkpoint-4" / PLAN_FILE).write_text(json.dumps({"plan": plan}))
+    assert run_recipe([*argv, "--dry_run"]) == 0  # the same plan: the run resumes
+    capsys.readouterr()
+    plan["length"]["global_batch"] = 2 * batch
+    (out / "checkpoint-4" / PLAN_FILE).write_text(json.dumps({"plan": plan}))
+    assert run_recipe([*argv, "--dry_run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and (
+        f"holds a run (checkpoint-4) trained with other options: plan.length.global_batch {2 * batch} -> {batch} "
+        "(the rows per optimizer step (per-device batch x accumulation x processes) are the run's: resume with the "
+        "processes, per_device_train_batch_size and gradient_accumulation_steps it was trained with); use a new "
+        "--output_dir") in err, err

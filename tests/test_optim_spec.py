@@ -57,18 +57,20 @@ def test_from_args_reads_what_a_trainer_run_gives(args, steps, expected):
     assert trainer_optimizer_kwargs(args, num_training_steps=steps) == expected
 
 
-def test_from_args_carries_budget_awares_options(tmp_path):
-    """budget_aware writes its measured options into the args; the spec made after it carries them."""
+def test_the_budget_plans_optimizer_spec_carries_budget_awares_options(tmp_path):
+    """budget_aware's plan step builds the spec from the measured options merged into the given ones; the
+    arguments keep theirs."""
     from conftest import tiny_args
 
-    from hf_fasttrain.config.budget import apply_budget_settings
+    from hf_fasttrain.config.plan import RunPlan
 
     args = tiny_args(tmp_path, max_steps=2, lr_decay="cosine", optimizer="adamw",
                      optimizer_kwargs={"weight_decay_on": "matrices"})
-    apply_budget_settings(args, tokens=1000, non_embedding_params=1000)  # 1 token per parameter: the short row
-    spec = OptimizerSpec.from_args(args)
+    plan = RunPlan.from_args(args, row_length=32).with_budget(args, 512)  # 1 token per parameter: the short row
+    spec = plan.optimizer
     assert spec.options["lr_multipliers"] == {"embedding": 16.0}
     assert spec.options["weight_decay_on"] == "matrices"  # the user's own option stays
+    assert args.optimizer_kwargs == {"weight_decay_on": "matrices"}
 
 
 @pytest.fixture

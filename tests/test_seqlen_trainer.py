@@ -121,7 +121,7 @@ def test_seq_len_warmup_rechunk_and_step_counted(tiny_lm, tiny_tokenizer, tmp_pa
     assert [e["num_input_tokens_seen"] for e in logs] == [64, 128, 192, 256]
     off = _fast_trainer(tiny_tokenizer, tiny_lm["train"], tiny_args(
         tmp_path / "s", max_steps=6, seq_len_warmup_min=8, seq_len_warmup_count_tokens=False))
-    assert off.seqlen.schedule_steps(6) == 6 and not off.seqlen.count_tokens
+    assert off.plan.length.schedule_steps == 6 and not off.seqlen.count_tokens  # counted in optimizer steps
 
 
 @pytest.mark.parametrize("schedule", [dict(lr_scheduler_type="linear"), dict(lr_decay="linear"),
@@ -202,3 +202,19 @@ def test_token_counted_warmup_with_hf_fasttrain_schedules(schedule, tiny_lm, tin
     logs = _train_logs(trainer)
     expected_lr = [3e-3 * (1 - e / 6) for e in (0, 0.25, 0.75, 1.5, 2.5, 3.5, 4.5, 5.5)]
     assert [e["learning_rate"] for e in logs] == pytest.approx(expected_lr, rel=1e-6)
+
+
+def test_the_wiring_reads_the_plans_length(tiny_lm, tiny_tokenizer, tmp_path):
+    """The sequence-length warmup the batches are cut to is the plan's, and so are the tokens and steps a schedule
+    counted in tokens spans: a run given in tokens (max_steps -1) and one given in steps."""
+    kw = dict(max_tokens=6 * 4 * 32, max_steps=-1, per_device_train_batch_size=4, seq_len_warmup_min=8,
+              seq_len_warmup_fraction=0.5)
+    trainer = _fast_trainer(tiny_tokenizer, tiny_lm["train"], tiny_args(tmp_path / "t", **kw))
+    length = trainer.plan.length
+    assert trainer.seqlen.cutter.warmup is length.seq_len_warmup and trainer.seqlen.count_tokens
+    assert (length.optimizer_steps, length.schedule_steps, length.max_tokens, length.tokens) == (8, 6, 768, 832)
+    assert trainer.seqlen.schedule_tokens() == 768
+    steps = _fast_trainer(tiny_tokenizer, tiny_lm["train"], tiny_args(
+        tmp_path / "s", max_steps=6, per_device_train_batch_size=4, seq_len_warmup_min=8, seq_len_warmup_fraction=0.5))
+    assert steps.seqlen.cutter.warmup is steps.plan.length.seq_len_warmup
+    assert steps.seqlen.schedule_tokens() == steps.plan.length.tokens == 4 * (8 + 16 + 24 + 3 * 32) == 576

@@ -26,7 +26,8 @@ from ..stability.guard import GuardConfig, check_stability_sharding
 from ._model_data_args import DataArguments, ModelArguments
 from ..restarts.config import restart_config_from_args
 
-__all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigError", "fast_option", "FastOptions"]
+__all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigError", "fast_option", "FastOptions",
+           "SPEC_KINDS", "built_spec"]
 
 
 @dataclass
@@ -444,25 +445,27 @@ class FastTrainingArguments(TrainingArguments):
         restart_config_from_args(self)  # raises naming the restart_* field
         # stability: the names are the guard's; the numbers are in the range table
         _check(self.clip_mode in CLIP_MODES, "clip_mode", self.clip_mode, f"allowed: {', '.join(CLIP_MODES)}")
-        GuardConfig.from_training_args(self)  # the guard's own checks (choices, relations), naming the guard_* field
-        # weight averaging: the names and ranges are the core's (hf_fasttrain.stability.averaging)
-        from ..stability.averaging import AveragingSpec
-
-        AveragingSpec.from_args(self)
+        built_spec(self, "guard")  # the guard's own checks (choices, relations), naming the guard_* field
+        built_spec(self, "averaging")  # weight averaging: the names and ranges are the core's (stability.averaging)
         _check(isinstance(self.ema_warmup, bool), "ema_warmup", self.ema_warmup, "must be true or false")
         self._resolve_precision()  # before the Trainer's own checks (bf16 on CPU needs use_cpu)
         check_seqlen_args(self)
         from ..optim.options import check_optimizer_args  # torch's optimizers load only when arguments are built
 
-        check_optimizer_args(self)  # the optimizer's name and options
+        # the optimizer's name and options; its spec is the one the run's plan takes (built_spec)
+        check_optimizer_args(self, spec=lambda args: built_spec(args, "optimizer", _known_steps(args)))
         check_stability_sharding(self)  # the guard and value/AGC clipping need whole gradients
         super().__post_init__()
         self._check_lr_schedule()
 
+    def __getstate__(self):
+        """The fields and the precision choice; the specs built from them (:func:`built_spec`) stay behind."""
+        state = dict(self.__dict__)
+        state.pop("_built_specs", None)
+        return state
+
     def _check_lr_schedule(self) -> None:
         from transformers.trainer_utils import SchedulerType
-
-        from ..schedules import ScheduleSpec
 
         if isinstance(self.lr_decay, str) and self.lr_decay.lower() in ("none", "null", ""):
             self.lr_decay = None
@@ -479,7 +482,7 @@ class FastTrainingArguments(TrainingArguments):
                f"default 'linear' (then unused), or set lr_decay=None to use the Trainer's schedule")
         _check(not self.lr_scheduler_kwargs, "lr_scheduler_kwargs", self.lr_scheduler_kwargs,
                f"not used with lr_decay={self.lr_decay!r}; use min_lr / min_lr_ratio / decay_fraction")
-        spec = ScheduleSpec.from_args(self)  # the schedule's own checks, naming the option
+        spec = built_spec(self, "schedule")  # the schedule's own checks, naming the option
         if self.min_lr is not None:
             _check(self.min_lr <= self.learning_rate, "min_lr", self.min_lr,
                    f"must be <= learning_rate={self.learning_rate} (the peak); or use min_lr_ratio")
@@ -505,6 +508,74 @@ class FastTrainingArguments(TrainingArguments):
         self.precision_choice = dataclasses.replace(choice, reason=f"{choice.reason} [from {source}]")
         if choice.warning:
             precision_logger.warning(choice.warning)
+
+
+def _known_steps(args) -> Optional[int]:
+    """The run's optimizer steps as the arguments give them (``max_steps``), or None (an epoch-based run)."""
+    steps = getattr(args, "max_steps", -1)
+    return steps if isinstance(steps, int) and steps > 0 else None
+
+
+# the fields ScheduleSpec.from_args reads, in its order
+_SCHEDULE_FIELDS = ("lr_decay", "warmup_steps", "warmup_start_factor", "min_lr", "min_lr_ratio", "decay_fraction",
+                    "schedule_unit", "schedule_total_tokens")
+
+
+def _spec_inputs(args, kind: str, steps: Optional[int]):
+    """Everything the spec of ``kind`` is built from, as comparable values (two equal inputs give equal specs)."""
+    if kind == "schedule":
+        return tuple(getattr(args, name) for name in _SCHEDULE_FIELDS)
+    if kind == "averaging":
+        from ..stability.averaging import ARGS_FIELDS
+
+        return tuple(getattr(args, name, None) for name in (*ARGS_FIELDS.values(), "ema_warmup"))
+    if kind == "guard":
+        from ..stability.guard import _ARGS_FIELDS
+
+        return tuple(getattr(args, f"guard_{name}", None) for name in _ARGS_FIELDS)
+    from ..optim.options import parse_optimizer_kwargs
+    from ..optim.spec import run_kwargs
+
+    name = args.optimizer
+    return name, run_kwargs(name, args, steps), parse_optimizer_kwargs(name, args.optimizer_kwargs)
+
+
+def _build_spec(args, kind: str, steps: Optional[int]):
+    if kind == "schedule":
+        from ..schedules import ScheduleSpec
+
+        return ScheduleSpec.from_args(args)
+    if kind == "averaging":
+        from ..stability.averaging import AveragingSpec
+
+        return AveragingSpec.from_args(args)
+    if kind == "guard":
+        return GuardConfig.from_training_args(args)
+    from ..optim.spec import OptimizerSpec
+
+    return OptimizerSpec.from_args(args, num_training_steps=steps)
+
+
+SPEC_KINDS = ("optimizer", "schedule", "averaging", "guard")
+
+
+def built_spec(args, kind: str, steps: Optional[int] = None):
+    """The spec of technique ``kind`` (one of :data:`SPEC_KINDS`) for ``args``, built once: the arguments' own
+    checks build it, the run's plan (:class:`~hf_fasttrain.config.plan.RunPlan`) takes that one. A spec is built
+    again only from other inputs (a field set since, a token budget's optimizer steps). ``steps``: the run's
+    optimizer steps (AdEMAMix's warmup spans them). Kept on a ``FastTrainingArguments`` object (``FastOptions``
+    views share their arguments'), never saved with it; other arguments get a new spec each call."""
+    owner = args._args if isinstance(args, FastOptions) else args
+    if not isinstance(owner, FastTrainingArguments):  # a Trainer's own arguments: nothing checked them before
+        return _build_spec(args, kind, steps)
+    inputs = repr(_spec_inputs(args, kind, steps))  # repr: 1 and 1.0, True and 1 are other inputs
+    memo = owner.__dict__.setdefault("_built_specs", [])
+    for k, given, spec in memo:
+        if k == kind and given == inputs:
+            return spec
+    spec = _build_spec(args, kind, steps)
+    memo.append((kind, inputs, spec))
+    return spec
 
 
 # What an option reads as on arguments of another class (a plain TrainingArguments, TRL's configs): its default,

@@ -31,7 +31,8 @@ from .._validation import ConfigError
 
 __all__ = ["tokens_per_parameter", "non_embedding_parameters", "BudgetRegime", "REGIMES", "budget_settings",
            "merge_optimizer_kwargs", "LONGEST_MEASURED", "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check",
-           "MEASURED_OPTIMIZERS", "run_tokens", "apply_budget_settings", "describe_budget"]
+           "MEASURED_OPTIMIZERS", "run_tokens", "length_tokens", "choose_budget_settings", "budget_arguments",
+           "describe_budget"]
 
 
 def tokens_per_parameter(tokens: float, non_embedding_parameters: int) -> float:
@@ -207,29 +208,39 @@ MEASURED_OPTIMIZERS = ("adamw", "muon")
 def run_tokens(args, row_length: Optional[int]) -> int:
     """A run's length in tokens, as ``budget_aware`` counts it: ``schedule_total_tokens`` (or ``max_tokens``) when
     given, else max_steps x global batch x ``row_length`` (the tokens in one row)."""
-    tokens = getattr(args, "schedule_total_tokens", None) or getattr(args, "max_tokens", None)
-    if tokens:
-        return tokens
-    if row_length is None or args.max_steps <= 0:
+    steps = args.max_steps if args.max_steps > 0 else None
+    return length_tokens(getattr(args, "schedule_total_tokens", None), getattr(args, "max_tokens", None), steps,
+                         args.per_device_train_batch_size * args.gradient_accumulation_steps * max(args.world_size, 1),
+                         row_length)
+
+
+def length_tokens(schedule_total_tokens: Optional[int], max_tokens: Optional[int], optimizer_steps: Optional[int],
+                  global_batch: int, row_length: Optional[int]) -> int:
+    """The tokens ``budget_aware`` reads a run's length as, from its length (a plan's ``RunLength``): the
+    schedule's token total or the token budget when given, else optimizer steps x global batch x row length."""
+    if schedule_total_tokens or max_tokens:
+        return schedule_total_tokens or max_tokens
+    if row_length is None or optimizer_steps is None:
         raise ConfigError("budget_aware", True, allowed="needs the run's tokens: max_steps and rows of a known "
                           "length (input_ids rows, or block_size), or schedule_unit='tokens' with "
                           "schedule_total_tokens")
-    return (args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
-            * max(args.world_size, 1) * row_length)
+    return optimizer_steps * global_batch * row_length
 
 
-def apply_budget_settings(args, tokens: int, non_embedding_params: int) -> dict[str, Any]:
-    """``budget_aware``: set on ``args`` the settings measured best for ``tokens`` over ``non_embedding_params``
-    (:func:`budget_settings`). The optimizer's own options merge into the given ones by name
-    (:func:`merge_optimizer_kwargs`), and only for an optimizer they were measured with
-    (:data:`MEASURED_OPTIMIZERS`). Returns :func:`budget_settings`' dict with ``settings`` narrowed to what was
-    set, ``tokens_per_param`` and ``not_applied`` (each option left out, with why)."""
+def choose_budget_settings(args, tokens: int, non_embedding_params: int) -> dict[str, Any]:
+    """``budget_aware``'s choice for a run with ``args`` of ``tokens`` over ``non_embedding_params``: the settings
+    measured best (:func:`budget_settings`), the arguments untouched. The optimizer's own options merge into the
+    given ones by name (:func:`merge_optimizer_kwargs`), and only for an optimizer they were measured with
+    (:data:`MEASURED_OPTIMIZERS`). Returns :func:`budget_settings`' dict with ``settings`` narrowed to what the
+    run takes (the table's values), ``values`` (each field as the run reads it: optimizer options merged),
+    ``tokens_per_param`` and ``not_applied`` (each option left out, with why)."""
     from ..optim import parse_optimizer_kwargs
 
     optimizer = getattr(args, "optimizer", None)
     tpp = tokens_per_parameter(tokens, non_embedding_params)
     chosen = budget_settings(tpp, optimizer or "adamw")
     applied: dict[str, Any] = {}
+    values: dict[str, Any] = {}
     not_applied: list[str] = []
     for name, value in chosen["settings"].items():
         if name == "optimizer_kwargs":
@@ -240,14 +251,22 @@ def apply_budget_settings(args, tokens: int, non_embedding_params: int) -> dict[
             given = parse_optimizer_kwargs(optimizer, args.optimizer_kwargs)
             value, skipped = merge_optimizer_kwargs(given, value)
             not_applied += skipped
-        setattr(args, name, value)
+        values[name] = value
         applied[name] = chosen["settings"][name]
-    args._check_lr_schedule()  # the chosen schedule must fit this run (warmup, cooldown)
-    return {**chosen, "settings": applied, "tokens_per_param": tpp, "not_applied": not_applied}
+    return {**chosen, "settings": applied, "values": values, "tokens_per_param": tpp, "not_applied": not_applied}
+
+
+def budget_arguments(args, values: dict[str, Any]):
+    """A copy of ``args`` with ``budget_aware``'s ``values`` (:func:`choose_budget_settings`) in place of the
+    given ones: what the run's record shows and the Trainer's own optimizer reads. ``args`` stay as given."""
+    view = copy.copy(args)
+    for name, value in values.items():
+        setattr(view, name, copy.deepcopy(value))
+    return view
 
 
 def describe_budget(applied: dict[str, Any]) -> str:
-    """One line for the log: what :func:`apply_budget_settings` chose, from which measurement, and what it left."""
+    """One line for the log: what :func:`choose_budget_settings` chose, from which measurement, and what it left."""
     settings = ", ".join(f"{k}={v}" for k, v in applied["settings"].items())
     hint = ""
     if applied["lr_factor"]:  # the lr stays the user's; the line says how far the measured best moved

@@ -1,11 +1,12 @@
 """The run's plan: every technique's spec and the run's length, worked out once from the arguments.
 
 A :class:`RunPlan` is built once per run (``FastTrainer`` builds it from its arguments, the recipe hands it its data
-plan), after the arguments have taken their final values (``budget_aware``'s settings, the optimizer steps of a
-token budget). Every part then takes its spec from it: the optimizer (``plan.optimizer.build``), the lr schedule
-(``plan.schedule.build(..., plan.length.schedule_steps)``), the weight average, the divergence guard. Everything
-that spans the run reads :attr:`RunPlan.length`. A checkpoint stores :meth:`RunPlan.as_dict` beside the run's
-options (:data:`PLAN_FILE`).
+plan); each spec in it is the one the arguments' own checks built (:func:`~hf_fasttrain.config.args.built_spec`).
+``budget_aware`` is a step from plan to plan (:meth:`RunPlan.with_budget`): the optimizer and schedule specs of
+the measured settings replace the given ones, and the arguments stay as given. Every part then takes its spec from
+the plan: the optimizer (``plan.optimizer.build``), the lr schedule (``plan.schedule.build(...,
+plan.length.schedule_steps)``), the weight average, the divergence guard. Everything that spans the run reads
+:attr:`RunPlan.length`. A checkpoint stores :meth:`RunPlan.as_dict` beside the run's options (:data:`PLAN_FILE`).
 
 Example:
     >>> from hf_fasttrain import FastTrainingArguments
@@ -23,20 +24,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
+from .._resume_identity import PLAN_FILE  # {"plan": RunPlan.as_dict()} in every checkpoint (with the run record on)
 from ..data.from_args import DataPlan
 from ..data.seqlen import SeqLenWarmup
 from ..optim.spec import OptimizerSpec
 from ..schedules import ScheduleSpec
 from ..stability.averaging import AveragingSpec
 from ..stability.guard import GuardConfig
-from .args import FastOptions, fast_option
+from .args import FastOptions, built_spec, fast_option
 
 __all__ = ["PLAN_FILE", "RunLength", "RunPlan"]
 
-# In every checkpoint FastTrainer writes with the run record on: {"plan": RunPlan.as_dict()}
-PLAN_FILE = "run_plan.json"
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,8 @@ class RunPlan:
     averaging: Optional[AveragingSpec] = None
     guard: Optional[GuardConfig] = None
     budget: Optional[dict] = field(default=None, compare=False)
-    """What ``budget_aware`` chose (:func:`hf_fasttrain.config.budget.apply_budget_settings`), when it is on."""
+    """What ``budget_aware`` chose (:func:`hf_fasttrain.config.budget.choose_budget_settings`), when it is on
+    (:meth:`with_budget`)."""
 
     @classmethod
     def from_args(cls, args: Any, data: Optional[DataPlan] = None, row_length: Optional[int] = None,
@@ -94,7 +95,8 @@ class RunPlan:
         """The plan of a run with these arguments (a ``FastTrainingArguments``, or any Trainer arguments, whose
         package options read as their defaults). ``data``: the run's data plan (the recipe's); without it one is
         made for rows of ``row_length`` tokens (with a token budget it sets ``args.max_steps`` to its steps, as
-        :meth:`~hf_fasttrain.data.from_args.DataPlan.from_args` does). Each spec is built here, once."""
+        :meth:`~hf_fasttrain.data.from_args.DataPlan.from_args` does). Each spec is the one the arguments' checks
+        built (:func:`~hf_fasttrain.config.args.built_spec`), else built here, once."""
         options = FastOptions(args)
         if data is None:
             data = DataPlan.from_args(SimpleNamespace(block_size=row_length, streaming=streaming),
@@ -114,22 +116,47 @@ class RunPlan:
             seq_len_warmup=warmup,
         )
         name = fast_option(args, "optimizer")
-        averaging = AveragingSpec.from_args(options)
-        return cls(
-            length=length,
-            optimizer=OptimizerSpec.from_args(args, num_training_steps=steps) if name is not None else None,
-            schedule=ScheduleSpec.from_args(options),
-            averaging=None if averaging.mode == "none" else averaging,
-            guard=GuardConfig.from_training_args(options) if fast_option(args, "divergence_guard") else None,
-            budget=budget,
-        )
+        averaging: AveragingSpec = built_spec(options, "averaging")
+        schedule: Optional[ScheduleSpec] = built_spec(options, "schedule")
+        optimizer: Optional[OptimizerSpec] = built_spec(args, "optimizer", steps) if name is not None else None
+        guard: Optional[GuardConfig] = built_spec(options, "guard") if fast_option(args, "divergence_guard") else None
+        return cls(length=length, optimizer=optimizer, schedule=schedule,
+                   averaging=None if averaging.mode == "none" else averaging, guard=guard, budget=budget)
+
+    def with_budget(self, args: Any, non_embedding_params: Union[int, Callable[[], int]]) -> "RunPlan":
+        """``budget_aware``: this plan with the settings measured best for its length (``plan.length``: the
+        schedule's token total, the token budget, else its optimizer steps x global batch x row length) over
+        ``non_embedding_params`` (a count, or a function counting them: called once the length is known to be
+        enough). The optimizer and schedule specs are those of the measured settings; ``budget`` says what was
+        chosen (:func:`~hf_fasttrain.config.budget.choose_budget_settings`). ``args`` stay as given; a bad fit
+        (a warmup longer than the chosen schedule allows) is refused in one line."""
+        from .budget import budget_arguments, choose_budget_settings, length_tokens
+
+        n = self.length
+        tokens = length_tokens(fast_option(args, "schedule_total_tokens"), n.max_tokens, n.optimizer_steps,
+                               n.global_batch, n.row_length)
+        count = non_embedding_params() if callable(non_embedding_params) else non_embedding_params
+        chosen = choose_budget_settings(args, tokens, count)
+        view = budget_arguments(args, chosen["values"])
+        view._check_lr_schedule()  # the chosen schedule must fit this run (warmup, cooldown); builds its spec
+        optimizer = (built_spec(view, "optimizer", n.optimizer_steps) if self.optimizer is not None else None)
+        return dataclasses.replace(self, optimizer=optimizer, schedule=built_spec(view, "schedule"), budget=chosen)
+
+    def arguments(self, args: Any) -> Any:
+        """``args`` as this plan trains with them: a copy holding ``budget_aware``'s values when it chose any
+        (what ``config.yaml`` records, what the Trainer's own optimizer reads), else ``args`` themselves."""
+        if not self.budget:
+            return args
+        from .budget import budget_arguments
+
+        return budget_arguments(args, self.budget["values"])
 
     def with_optimizer_steps(self, args: Any, steps: int) -> "RunPlan":
         """This plan for an epoch-based run once the Trainer knows its optimizer steps (AdEMAMix's warmup spans
         them); the plan itself when it knew them already."""
         if self.length.optimizer_steps is not None or self.optimizer is None or not steps or steps <= 0:
             return self
-        return dataclasses.replace(self, optimizer=OptimizerSpec.from_args(args, num_training_steps=steps))
+        return dataclasses.replace(self, optimizer=built_spec(self.arguments(args), "optimizer", steps))
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as JSON-ready values: what a checkpoint stores (:data:`PLAN_FILE`)."""

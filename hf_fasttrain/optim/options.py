@@ -11,7 +11,7 @@ from YAML or a CLI JSON string; `check_optimizer_args` validates `optimizer` / `
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .registry import OptimizerFactory, get_optimizer_factory
 from .sharding import detect_sharding
@@ -110,9 +110,10 @@ def trainer_optimizer_kwargs(args: Any, num_training_steps: Optional[int] = None
     return OptimizerSpec.from_args(args, num_training_steps).kwargs
 
 
-def check_optimizer_args(args: Any) -> None:
+def check_optimizer_args(args: Any, spec: Optional[Callable[[Any], Any]] = None) -> None:
     """Validate ``optimizer`` / ``optimizer_kwargs`` of ``FastTrainingArguments`` now: a bad name or value fails
-    before any training. Parses ``args.optimizer_kwargs`` in place (JSON, "1e-5")."""
+    before any training. Parses ``args.optimizer_kwargs`` in place (JSON, "1e-5"). ``spec``: how the spec checked
+    is made from the arguments (default ``OptimizerSpec.from_args``; the arguments pass the one their run keeps)."""
     import dataclasses
 
     from transformers import TrainingArguments
@@ -132,4 +133,4 @@ def check_optimizer_args(args: Any) -> None:
     check(not args.optim_args, "optim_args", args.optim_args,
           f"applies to `optim` only; give options of optimizer={args.optimizer!r} in `optimizer_kwargs`")
     args.optimizer_kwargs = parse_optimizer_kwargs(args.optimizer, args.optimizer_kwargs)
-    OptimizerSpec.from_args(args).validate()  # every value, under the launcher's sharding; nothing is built
+    (spec or OptimizerSpec.from_args)(args).validate()  # every value, under the launcher's sharding; nothing is built

@@ -10,8 +10,9 @@ printed as YAML, the mapping a run saves as ``config.yaml``, each option followe
     lr_decay: cosine  # budget_aware
 
 The run's own checks come first, as in the run: its data plan (a token budget sets ``max_steps``) and the
-comparison with a checkpoint already in ``output_dir``, so a rerun the run would refuse (a changed lr, a longer
-``max_steps`` where the schedule spans the run) is refused here in the same line. Nothing is written: no
+comparison with a checkpoint already in ``output_dir``, its options and then its plan field by field, so a rerun
+the run would refuse (a changed lr, a longer ``max_steps`` where the schedule spans the run, another global batch)
+is refused here in the same line. Nothing is written: no
 output_dir, no tokenizer, no data is read.
 """
 
@@ -85,14 +86,15 @@ class _Vocabulary:
         return self.size
 
 
-def apply_budget(model_args, data_args, training_args) -> list[str]:
-    """Apply ``budget_aware``'s settings to ``training_args`` as a run does (the run's rows are the data's
-    ``block_size``); returns the fields set."""
-    from ..config.budget import apply_budget_settings, run_tokens
+def run_plan(model_args, data_args, training_args, data_plan):
+    """The run's plan as a run makes it (:class:`~hf_fasttrain.config.plan.RunPlan` of its data plan), with
+    ``budget_aware``'s step when it is on (the model counted on the meta device, once the run's length is known)."""
+    from ..config.plan import RunPlan
 
-    tokens = run_tokens(training_args, data_args.block_size)  # refuses (one line) before the model is built
-    return list(apply_budget_settings(training_args, tokens, _non_embedding_parameters(model_args, data_args))
-                ["settings"])
+    plan = RunPlan.from_args(training_args, data=data_plan)
+    if training_args.budget_aware:  # refuses (one line) before the model is built when the length is unknown
+        plan = plan.with_budget(training_args, lambda: _non_embedding_parameters(model_args, data_args))
+    return plan
 
 
 def _field_defaults() -> dict[str, Any]:
@@ -175,6 +177,7 @@ def render(config: Mapping[str, Any], sources: Mapping[str, str]) -> str:
 def dry_run(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """Resolve and validate the options of ``argv`` (without ``--dry_run``) as a run would; returns the config a
     run saves (``config.yaml``) and each option's source. Writes nothing."""
+    from .._resume_identity import check_resumed_plan
     from ..config.recipes import parse_config, resolved_config
     from ..data.front import run_data
     from ._resume import resume_plan
@@ -183,8 +186,12 @@ def dry_run(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
     # the run's own steps before any work: its data plan (a token budget sets max_steps) and the comparison with
     # a checkpoint in output_dir (a rerun the run refuses is refused here, in the same line)
     data = run_data(data_args, model_args, training_args)
+    options = resolved_config(model_args, data.args, training_args)
+    decision = None
     if not training_args.overwrite_output_dir:  # which discards the old run: nothing to compare, nothing deleted
-        resume_plan(training_args, resolved_config(model_args, data.args, training_args), data.plan)
-    budget = apply_budget(model_args, data_args, training_args) if training_args.budget_aware else []
-    config = resolved_config(model_args, data.args, training_args)
-    return config, option_sources(config, argv, budget)
+        decision = resume_plan(training_args, options, data.plan)
+    plan = run_plan(model_args, data_args, training_args, data.plan)
+    if decision is not None and decision.checkpoint:  # the run's plan against the checkpoint's, as the run compares
+        check_resumed_plan(decision.checkpoint, plan.as_dict(), options, training_args.output_dir)
+    config = resolved_config(model_args, data.args, plan.arguments(training_args))  # budget_aware's values
+    return config, option_sources(config, argv, list(plan.budget["settings"]) if plan.budget else [])
