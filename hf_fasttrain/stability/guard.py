@@ -40,7 +40,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Union
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = [
     "ROLLBACK_MODES",
@@ -264,7 +264,7 @@ def check_stability_sharding(args: Any) -> None:
     """The guard and value/AGC clipping need whole gradients: refuse FSDP and DeepSpeed in ``args``
     (``divergence_guard``, ``clip_mode``) when the arguments are built, before any data work (the callbacks would
     otherwise raise at on_train_begin, after the data is prepared)."""
-    from .._validation import check
+    from ..validation import check
     from ..optim.sharding import detect_sharding
 
     mode = detect_sharding(args=args)
