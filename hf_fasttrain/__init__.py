@@ -20,8 +20,8 @@ _LAZY = {
     # the trainer and its config
     "FastTrainer": ".trainer",
     "FastTrainingArguments": ".config.args",
-    "ModelArguments": ".config._model_data_args",
-    "DataArguments": ".config._model_data_args",
+    "ModelArguments": ".config.model_data_args",
+    "DataArguments": ".config.model_data_args",
     # one entry point per technique, for any transformers.Trainer
     "optimizer_cls_and_kwargs_for": ".optim",  # optimizers: Trainer(..., optimizer_cls_and_kwargs=...)
     "LRScheduleCallback": ".callbacks",  # lr schedules
@@ -73,7 +73,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the eager imports
         apply_batch_sampler,
         apply_seq_len_warmup,
     )
-    from .config._model_data_args import DataArguments, ModelArguments  # noqa: F401
+    from .config.model_data_args import DataArguments, ModelArguments  # noqa: F401
     from .optim import optimizer_cls_and_kwargs_for  # noqa: F401
     from .restarts import RestartConfig, RestartOrchestrator  # noqa: F401
     from .run.recipe_restarts import train_with_restarts  # noqa: F401

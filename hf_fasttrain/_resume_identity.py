@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from ._files import atomic_write_text, last_complete_checkpoint, read_json_dict as _read_json
-from ._validation import ConfigError
+from .validation import ConfigError
 
 __all__ = ["OPTIONS_FILE", "PLAN_FILE", "DISCARD_FLAG", "MAY_CHANGE_ON_RESUME", "LENGTH_FIELDS", "Change", "flat_options",
            "option_changes", "length_blocker", "split_changes", "PLAN_CADENCES", "PLAN_LENGTHS", "PLAN_FIXED",

@@ -20,8 +20,8 @@ import sys
 import textwrap
 from typing import Callable, Optional, Sequence
 
-from .config._options import config_source as _config_source
-from ._validation import check_output_dir, remove_made_folders
+from .config.options import config_source as _config_source
+from .validation import check_output_dir, remove_made_folders
 
 __all__ = ["main"]
 
@@ -77,7 +77,7 @@ def with_default_recipe(argv: Sequence[str]) -> list[str]:
         return argv
     import torch
 
-    from .config._options import default_recipe_dirs, find_recipes
+    from .config.options import default_recipe_dirs, find_recipes
 
     bundled = ", ".join(find_recipes(default_recipe_dirs()))
     if torch.cuda.is_available():
@@ -95,10 +95,10 @@ def with_default_recipe(argv: Sequence[str]) -> list[str]:
 
 
 def _print_help(argv: Sequence[str], full: bool = False) -> int:
-    from .config._options import _load_local_recipe, render_help
+    from .config.options import load_local_recipe, render_help
 
     source = _config_source(argv)
-    recipe = _load_local_recipe(source) if source else None
+    recipe = load_local_recipe(source) if source else None
     if full and source and recipe is None:  # a Hub recipe: the parser's help with the recipe's values
         return -1
     text = render_help(RECIPE_DESCRIPTION, recipe, recipe_name=source if recipe is not None else None, full=full)
@@ -128,10 +128,10 @@ def recipe_origin(message: str, argv: Sequence[str]) -> str:
     given = {a.split("=", 1)[0][2:].replace("-", "_") for a in argv if a.startswith("--")}
     if field in given:
         return message
-    from .config._options import _load_local_recipe
+    from .config.options import load_local_recipe
 
     try:
-        recipe = _load_local_recipe(source) or {}
+        recipe = load_local_recipe(source) or {}
     except ValueError:
         return message
     values = {k: v for k, v in recipe.items() if k not in ("model", "data")}
@@ -148,7 +148,7 @@ def said(exc: BaseException) -> str:
     """A refusal in the command line's words: an optimizer's own option (an ``OptionError``, which carries the
     optimizer's name as ``owner``) is set there through ``optimizer_kwargs``, so it is named
     ``optimizer_kwargs.<field>``."""
-    from ._validation import ConfigError
+    from .validation import ConfigError
 
     if isinstance(exc, ConfigError) and getattr(exc, "owner", None) and "." not in exc.field:
         return f"optimizer_kwargs.{exc}"  # the message starts with the field
@@ -185,14 +185,14 @@ def run_recipe(argv: Sequence[str]) -> int:
                 parser.set_defaults(**sections[None], **sections["model"], **sections["data"])
             parser.print_help()
             return 0
-        from .config._options import preflight
+        from .config.options import preflight
 
         dry = "--dry_run" in argv
         argv = [a for a in argv if a != "--dry_run"]
         preflight(argv)  # unknown flags / keys, duplicate keys, ranges: before torch is imported
         argv = with_default_recipe(argv)
         if dry:  # the resolved options and their sources; nothing is written
-            from .run._dry_run import dry_run, render
+            from .run.dry_run import dry_run, render
 
             print(render(*dry_run(argv)), end="")
             return 0
@@ -208,7 +208,7 @@ def run_recipe(argv: Sequence[str]) -> int:
     if training_args.restart_num_seeds > 1:  # random restart: explore N seeds, continue the best
         return _run_restarts(model_args, data_args, training_args)
     from .run import train as run
-    from ._validation import ConfigError
+    from .validation import ConfigError
     from .stability.snapshots import NoSpaceError
 
     try:
@@ -262,7 +262,7 @@ RESTART_FLAGS = ("num-seeds", "explore-fraction", "rungs", "keep-fraction", "met
 def restarts_help(width: int = 100) -> str:
     """``hf-fasttrain restarts --help``: the search's own flags, with their defaults; the training options
     are ``hf-fasttrain train --help``'s. Read from the sources, like ``train --help`` (no torch import)."""
-    from .config._options import _fmt_default, _first_sentence, load_schema, wrap_row
+    from .config.options import format_default, first_sentence, load_schema, wrap_row
 
     schema = load_schema() or {}
     col = 34
@@ -275,8 +275,8 @@ def restarts_help(width: int = 100) -> str:
         "command is run again.", width) + ["", "search options (each also --restart_<name>, and a recipe key restart_<name>):"]
     for name in RESTART_FLAGS:
         opt = schema.get("restart_" + name.replace("-", "_"))
-        default = f" [{_fmt_default(opt.default)}]" if opt and _fmt_default(opt.default) else ""
-        text = _first_sentence(opt.help.removeprefix("Random restart: ")) if opt else ""
+        default = f" [{format_default(opt.default)}]" if opt and format_default(opt.default) else ""
+        text = first_sentence(opt.help.removeprefix("Random restart: ")) if opt else ""
         lines += wrap_row(f"  --{name}", f"{text}{default}", col, width)
     lines += ["", "training options: the recipe's, as in `hf-fasttrain train --help` (--config, --max_steps, "
               "--output_dir, ...).",
@@ -338,7 +338,7 @@ TUNE_FLAGS = {"proxy-width": "the proxy's width: a multiple of the model's head 
 
 def tune_transfer_help(width: int = 100) -> str:
     """``hf-fasttrain tune-transfer --help``: its own flags; the training options are ``train --help``'s."""
-    from .config._options import wrap_row
+    from .config.options import wrap_row
 
     lines = ["usage: hf-fasttrain tune-transfer --proxy-width W --lrs LR,LR[,...] [--rungs N] [--keep-fraction F]",
              "                                  [--config RECIPE] [--<training option> VALUE ...]", ""]
@@ -358,7 +358,7 @@ def tune_transfer_help(width: int = 100) -> str:
 
 def _split_flags(argv: Sequence[str], names: Sequence[str]) -> tuple[dict, list[str]]:
     """Pull ``--name value`` / ``--name=value`` for each of ``names`` out of ``argv``: (values, the rest)."""
-    from ._validation import ConfigError
+    from .validation import ConfigError
 
     values, rest, i = {}, [], 0
     argv = list(argv)
@@ -381,7 +381,7 @@ def _tune_transfer(argv: Sequence[str]) -> int:
     if any(a in ("-h", "--help", "--help-all") for a in argv):
         print(tune_transfer_help(), end="")
         return 0
-    from ._validation import ConfigError
+    from .validation import ConfigError
 
     debug, argv = _debug(argv)
     try:
@@ -409,7 +409,7 @@ def _tune_transfer(argv: Sequence[str]) -> int:
             raise ConfigError("keep-fraction", values["keep-fraction"], "a number in (0, 1)") from None
         if not 0 < keep < 1:
             raise ConfigError("keep-fraction", keep, "a number in (0, 1)")
-        from .config._options import preflight
+        from .config.options import preflight
         from .config.recipes import parse_config
         from .run.tune_transfer import check_tune_args
 
@@ -447,7 +447,7 @@ def _tune_transfer(argv: Sequence[str]) -> int:
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Optional[argparse.Namespace]:
     """``parser.parse_args(argv)``, its mistakes printed as one line (``error: <field>: <what is wrong>; <what is
     allowed>``) instead of the usage: None then (the command exits 2)."""
-    from ._validation import ConfigError, argparse_error
+    from .validation import ConfigError, argparse_error
 
     flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
 
@@ -464,7 +464,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Optional[arg
 
 def _run_option_help(name: str) -> str:
     """The help text of a run's option (DataArguments, ModelArguments), for a command that takes the same option."""
-    from .config._options import load_schema
+    from .config.options import load_schema
 
     schema = load_schema()
     return schema[name].help if schema is not None and name in schema else name.replace("_", " ")
@@ -586,7 +586,7 @@ def _coord_check_parser() -> argparse.ArgumentParser:
 def _recipe_model(sections: dict, overrides: dict):
     """The coordinate check's model from a validated recipe: its family, depth, head size, grouped-query and MLP
     ratios and ``model_config``, and its data section's vocabulary and block size; `overrides` (flags) win."""
-    from .config._model_data_args import SIZE_ALIASES
+    from .config.model_data_args import SIZE_ALIASES
     from .transfer.coord_check import CoordCheckModel
 
     model = {SIZE_ALIASES.get(k, k): v for k, v in (sections.get("model") or {}).items()}
@@ -607,7 +607,7 @@ def _recipe_model(sections: dict, overrides: dict):
 def _coord_check(args: argparse.Namespace, debug: bool) -> int:
     """``hf-fasttrain coord-check``: the table and the verdict; exit 0 flat, 1 not flat, 2 a refused option."""
     try:
-        from ._validation import ConfigError
+        from .validation import ConfigError
         from .optim.spec import parse_optimizer_kwargs
         from .transfer.coord_check import CoordCheckModel, coord_check
 
@@ -693,7 +693,7 @@ def _recipes(argv: Sequence[str]) -> int:
     parser = _recipes_parser()
     if _parse(parser, argv) is None:
         return 2
-    from .config._options import default_recipe_dirs, find_recipes
+    from .config.options import default_recipe_dirs, find_recipes
 
     names = find_recipes(default_recipe_dirs())
     width = max((len(n) for n in names), default=0)
@@ -729,7 +729,7 @@ def _push_parser() -> argparse.ArgumentParser:
 
 
 def _push_recipe(args: argparse.Namespace, debug: bool) -> int:
-    from ._validation import check_ranges
+    from .validation import check_ranges
     from .config.args import DataArguments, ModelArguments
     from .run.push import push_recipe
     from .config.recipes import load_recipe, recipe_path, validate_recipe
@@ -766,7 +766,7 @@ def _push_recipe(args: argparse.Namespace, debug: bool) -> int:
 
 
 def _generate(argv: Sequence[str]) -> int:
-    from .run._generate import main as generate_main
+    from .run.generate import main as generate_main
 
     return generate_main(argv)
 
@@ -784,7 +784,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
-        from ._validation import unknown_name
+        from .validation import unknown_name
 
         print(f"error: {unknown_name('command', cmd, COMMANDS)}", file=sys.stderr)
         return 2

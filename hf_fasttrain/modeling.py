@@ -10,7 +10,7 @@ import inspect
 
 from typing import TYPE_CHECKING
 
-from ._validation import ConfigError
+from .validation import ConfigError
 from .config.decoders import (  # noqa: F401  (re-exported: the model-building names in one place)
     GATED_MLP_FAMILIES,
     check_model_config,
@@ -20,7 +20,7 @@ from .config.decoders import (  # noqa: F401  (re-exported: the model-building n
 )
 
 if TYPE_CHECKING:
-    from .config._model_data_args import ModelArguments
+    from .config.model_data_args import ModelArguments
 
 __all__ = ["build_model", "apply_lora", "merge_lora", "decoder_config", "default_intermediate_size", "check_model_type", "check_model_config",
            "GATED_MLP_FAMILIES", "is_causal_lm"]

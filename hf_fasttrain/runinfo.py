@@ -24,6 +24,7 @@ __all__ = [
     "training_config",
     "overridden_fields",
     "run_facts",
+    "plain_value",
 ]
 
 
@@ -139,13 +140,13 @@ def update_run_info(output_dir: str | Path, facts: Mapping[str, Any]) -> None:
     atomic_write_text(path, json.dumps(info, indent=2))
 
 
-def _plain(v: Any) -> Any:
+def plain_value(v: Any) -> Any:
     if isinstance(v, (str, int, float, bool)) or v is None:
         return v
     if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
+        return [plain_value(x) for x in v]
     if isinstance(v, dict):
-        return {str(k): _plain(x) for k, x in v.items()}
+        return {str(k): plain_value(x) for k, x in v.items()}
     return str(v)
 
 
@@ -167,7 +168,7 @@ def overridden_fields(args) -> tuple[str, ...]:
 def training_config(args) -> dict[str, Any]:
     """``TrainingArguments.to_dict()`` as plain YAML-able values, without masked secrets (``<HUB_TOKEN>``)
     and without the Trainer fields that the package's options replace (:func:`overridden_fields`)."""
-    d = {k: _plain(v) for k, v in args.to_dict().items()}
+    d = {k: plain_value(v) for k, v in args.to_dict().items()}
     drop = set(overridden_fields(args))
     return {k: v for k, v in d.items()
             if k not in drop and not (k.endswith("_token") and v == f"<{k.upper()}>")}

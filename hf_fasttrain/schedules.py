@@ -50,7 +50,7 @@ from typing import Callable, Literal, Mapping, Sequence
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from ._validation import ConfigError
+from .validation import ConfigError
 
 __all__ = [
     "ScheduleSpec", "make_scheduler", "ScheduleLR", "TokenProgress", "lr_factor", "resolve_warmup_steps",

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ._validation import ConfigError
+from .validation import ConfigError
 from .config.args import FastOptions
 from .callbacks.seqlen import CurriculumCallback, SeqLenWarmupCallback, batch_sampler_dataloader
 from .data.from_args import batching_options, seqlen_enabled
@@ -58,7 +58,7 @@ def _row_length(dataset, column: str) -> int:
 
 
 def _fail(name, value, allowed: str) -> None:
-    from ._validation import ConfigError
+    from .validation import ConfigError
 
     raise ConfigError(name, value, allowed)
 

@@ -105,6 +105,23 @@ def tiny_gpt2(tiny_tokenizer):
     return make_tiny_gpt2(len(tiny_tokenizer))
 
 
+def make_tiny_trainer(tok, lm, args, model=None, cls=None, **kw):
+    """The one tiny trainer of the suite: ``cls`` (`FastTrainer` unless given) on ``lm["train"]`` with a causal-LM
+    collator and ``tok`` as its processing class.
+
+    ``model`` defaults to `make_tiny_gpt2` over ``tok``'s vocabulary (none with a ``model_init``); ``kw`` goes to
+    the trainer (``eval_dataset``, ``callbacks``, ``compute_metrics``, ...).
+    """
+    from transformers import DataCollatorForLanguageModeling
+
+    if cls is None:
+        from hf_fasttrain import FastTrainer as cls
+    if model is None and "model_init" not in kw:
+        model = make_tiny_gpt2(len(tok))
+    return cls(model=model, args=args, train_dataset=lm["train"], processing_class=tok,
+               data_collator=DataCollatorForLanguageModeling(tok, mlm=False), **kw)
+
+
 def tiny_args(output_dir, **overrides):
     """FastTrainingArguments for a few CPU steps, logging every step, no checkpoints unless asked."""
     from hf_fasttrain import FastTrainingArguments

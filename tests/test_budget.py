@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hf_fasttrain import FastTrainer
-from hf_fasttrain._validation import ConfigError
+from hf_fasttrain.validation import ConfigError
 from hf_fasttrain.config.budget import (MEASURED_BEST_LR, REGIMES, budget_settings, learning_rate_law_check,
                                  merge_optimizer_kwargs, non_embedding_parameters, predict_learning_rate,
                                  tokens_per_parameter)

@@ -177,7 +177,7 @@ def test_generate_past_the_block_crops_the_context():
     """A GPT-2 of 8 positions writes 20 tokens: each from the last 8 (nanoGPT's sample.py), greedy = argmax of that."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from hf_fasttrain.run._generate import generate
+    from hf_fasttrain.run.generate import generate
 
     tok = char_tokenizer(sorted(set(TEXT)))
     torch.manual_seed(0)

@@ -18,7 +18,7 @@ SCRIPT = str(ROOT / "recipes" / "gpt2_small.py")
 
 # -- help ------------------------------------------------------------------------------------------
 def test_short_help_starts_with_the_headline_options_and_shows_every_value():
-    from hf_fasttrain.config._options import _load_local_recipe, choices, load_schema, render_help
+    from hf_fasttrain.config.options import load_local_recipe, choices, load_schema, render_help
 
     text = render_help("Pretrain a causal language model.")
     lines = text.splitlines()
@@ -55,7 +55,7 @@ def test_short_help_starts_with_the_headline_options_and_shows_every_value():
     assert max(len(line) for line in lines) <= 100
 
     # with a recipe, its values are the defaults shown
-    tiny = render_help("d", _load_local_recipe("gpt2_tiny"), recipe_name="gpt2_tiny")
+    tiny = render_help("d", load_local_recipe("gpt2_tiny"), recipe_name="gpt2_tiny")
     row = {name: block[0] for name, block in _option_blocks(tiny.splitlines()).items()}
     assert row["--optimizer"].endswith("[muon]") and row["--learning_rate"].endswith("[0.016]")
     assert row["--n_layer"].endswith("[2]")  # (the recipe gives its length as max_tokens: max_steps shows -1)
@@ -82,7 +82,7 @@ def _option_blocks(lines):
 
 def test_short_help_shows_each_first_sentence_whole():
     """One row an option: its first sentence whole (wrapped), never cut mid-phrase."""
-    from hf_fasttrain.config._options import _first_sentence, load_schema, render_help
+    from hf_fasttrain.config.options import first_sentence, load_schema, render_help
 
     text = render_help("Pretrain a causal language model.")
     assert not [ln for ln in text.splitlines() if ln.rstrip().endswith("...")]
@@ -90,7 +90,7 @@ def test_short_help_shows_each_first_sentence_whole():
     for opt in load_schema().values():
         if not opt.trainer and opt.help:
             shown = blocks[f"--{opt.name}"][0]
-            assert shown.startswith(" ".join(_first_sentence(opt.help).split())), opt.name
+            assert shown.startswith(" ".join(first_sentence(opt.help).split())), opt.name
             opened, closed = (sum(shown.count(c) for c in cs) for cs in ("([{", ")]}"))
             assert opened == closed, opt.name  # nothing cut inside brackets ("in (0, 1]" is one pair)
     assert blocks["--vocab_size"][0].startswith("Vocabulary size of the trained BPE tokenizer (no tokenizer given), "
@@ -102,7 +102,7 @@ def test_every_option_of_every_command_has_help():
 
     from hf_fasttrain.cli import _push_parser, _recipes_parser, _tokenize_parser
     from hf_fasttrain.config.recipes import make_parser
-    from hf_fasttrain.run._generate import make_parser as generate_parser
+    from hf_fasttrain.run.generate import make_parser as generate_parser
 
     parsers = {"train": make_parser(), "tokenize": _tokenize_parser(), "push-recipe": _push_parser(),
                "recipes": _recipes_parser(), "generate": generate_parser()}

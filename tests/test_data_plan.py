@@ -65,7 +65,7 @@ def test_plan_table_agrees_with_the_pure_functions(overrides, steps, length, tok
 
 
 def test_plan_refuses_before_any_data_is_read():
-    from hf_fasttrain._validation import ConfigError
+    from hf_fasttrain.validation import ConfigError
 
     rows = SimpleNamespace(block_size=32, streaming=False)
     with pytest.raises(ConfigError) as err:  # the same refusal as resolve_max_steps

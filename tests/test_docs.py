@@ -291,7 +291,7 @@ def test_recipe_blocks_validate():
 
 # The branches whose documentation waits in needs/until regions, by the name that shows they are merged.
 PENDING = {
-    "hf_fasttrain._validation": "cli",
+    "hf_fasttrain.validation": "cli",
     "hf_fasttrain.wiring": "dropin",
     "hf_fasttrain.stability.guard": "guard",
     "hf_fasttrain.run.push": "reshape",
@@ -1255,7 +1255,7 @@ def _overhead(variant: str) -> str:
 
 
 def _bundled_recipes() -> str:
-    from hf_fasttrain.config._options import default_recipe_dirs, find_recipes
+    from hf_fasttrain.config.options import default_recipe_dirs, find_recipes
 
     return ", ".join(find_recipes(default_recipe_dirs()))
 

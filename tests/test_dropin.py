@@ -26,7 +26,7 @@ from hf_fasttrain.callbacks import RunRecorderCallback
 from hf_fasttrain.callbacks.run_record import RECORD_FILE
 from hf_fasttrain.throughput import BatchCount, ThroughputMeter, count_batch, count_tokens
 
-from conftest import StopAt, make_tiny_gpt2
+from conftest import StopAt, make_tiny_gpt2, make_tiny_trainer
 
 QUIET = dict(report_to="none", use_cpu=True, disable_tqdm=True, seed=0, dataloader_num_workers=0)
 TRAINER_WALL_CLOCK = ("train_runtime", "train_samples_per_second", "train_steps_per_second",
@@ -222,9 +222,7 @@ def test_fast_trainer_without_args_is_trainer_without_args(tiny_tokenizer, tmp_p
 
 # --- neutral mode == Trainer --------------------------------------------------------------------------
 def _gpt2_trainer(cls, args, tok, lm, **kw):
-    return cls(model=make_tiny_gpt2(len(tok)), args=args, train_dataset=lm["train"],
-               eval_dataset=lm["validation"].select(range(16)),
-               data_collator=DataCollatorForLanguageModeling(tok, mlm=False), processing_class=tok, **kw)
+    return make_tiny_trainer(tok, lm, args, cls=cls, eval_dataset=lm["validation"].select(range(16)), **kw)
 
 
 def _neutral_args(cls, out, **kw):
@@ -396,7 +394,7 @@ def test_stability_mixin_with_plain_arguments(tiny_lm, tiny_tokenizer, tmp_path)
 
 def test_data_holds_no_trainer_wiring():
     """data/ is a core: no import of callbacks, args, the wiring or the trainer, not even inside a function. The
-    modules above it that it may import are the leaves _validation (ConfigError, the one-line refusal) and
+    modules above it that it may import are the leaves validation (ConfigError, the one-line refusal) and
     _version (written into a pre-tokenized folder's manifest), which import nothing of the package."""
     import ast
 
@@ -406,7 +404,7 @@ def test_data_holds_no_trainer_wiring():
 
     for path in Path(data.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level >= 2 and node.module not in ("_validation", "_version"):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2 and node.module not in ("validation", "_version"):
                 assert False, f"{path.name} imports {'.' * node.level}{node.module} from above data/"
     assert not hasattr(data, "batch_sampler_dataloader")
 

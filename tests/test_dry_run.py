@@ -150,7 +150,7 @@ def test_dry_run_compares_the_plan_as_the_run_does_and_refuses_another_global_ba
     from hf_fasttrain.cli import run_recipe
     from hf_fasttrain.config.recipes import parse_config
     from hf_fasttrain.data.front import run_data
-    from hf_fasttrain.run._dry_run import run_plan
+    from hf_fasttrain.run.dry_run import run_plan
 
     out = tmp_path / "run"
     argv = [*RECIPE, "--output_dir", str(out)]

@@ -7,12 +7,11 @@ import math
 
 import numpy as np
 import pytest
-from transformers import DataCollatorForLanguageModeling, EvalPrediction, TrainerCallback
+from transformers import EvalPrediction, TrainerCallback
 
-from hf_fasttrain import FastTrainer
 from hf_fasttrain.metrics import make_compute_metrics, preprocess_logits_for_metrics
 
-from conftest import make_tiny_gpt2, tiny_args
+from conftest import make_tiny_trainer, tiny_args
 
 
 class _Logs(TrainerCallback):
@@ -27,9 +26,7 @@ class _Logs(TrainerCallback):
 
 def _trainer(lm, tok, out, run_record=True, **kw):
     args = tiny_args(out, max_steps=4, logging_steps=2, eval_strategy="steps", eval_steps=2, run_record=run_record)
-    return FastTrainer(model=make_tiny_gpt2(len(tok)), args=args, train_dataset=lm["train"],
-                       eval_dataset=lm["validation"].select(range(16)),
-                       data_collator=DataCollatorForLanguageModeling(tok, mlm=False), processing_class=tok, **kw)
+    return make_tiny_trainer(tok, lm, args, eval_dataset=lm["validation"].select(range(16)), **kw)
 
 
 def test_every_logged_evaluation_has_perplexity_and_accuracy(tiny_lm, tiny_tokenizer, tmp_path):

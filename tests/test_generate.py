@@ -34,7 +34,7 @@ def _same_weights(a, b) -> bool:
 
 
 def test_generate_loads_the_weights_it_says_and_is_deterministic_for_a_seed(run_dir, tiny_tokenizer):
-    from hf_fasttrain.run._generate import generate, load_run_model
+    from hf_fasttrain.run.generate import generate, load_run_model
 
     model, tok, what = load_run_model(str(run_dir))
     assert what == "the final model, the run's weight average (ema)"
@@ -56,7 +56,7 @@ def test_generate_loads_the_weights_it_says_and_is_deterministic_for_a_seed(run_
 
 
 def test_weights_iterate_on_a_runs_folder_loads_its_last_checkpoints_own_weights(run_dir, tiny_tokenizer, tmp_path):
-    from hf_fasttrain.run._generate import load_run_model
+    from hf_fasttrain.run.generate import load_run_model
 
     # checkpoint-10 is the last (by step, not by name: checkpoint-2 sorts after it as text)
     make_tiny_gpt2(len(tiny_tokenizer), seed=4).save_pretrained(run_dir / "checkpoint-10")
@@ -125,7 +125,7 @@ def test_generate_refusals_are_one_line_and_exit_2(case, run_dir, tmp_path, caps
 def test_generate_samples_from_the_tiny_recipe_run(tmp_path, capsys):
     """The tiny recipe trained in-process, then sampled: tokens of the run's own vocabulary, the same for a seed."""
     from hf_fasttrain.run import train as run
-    from hf_fasttrain.run._generate import generate, load_run_model
+    from hf_fasttrain.run.generate import generate, load_run_model
     from hf_fasttrain.config.recipes import parse_config
 
     out = tmp_path / "run"

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 
-from hf_fasttrain import FastTrainer, GracefulStopCallback
+from hf_fasttrain import GracefulStopCallback
 from hf_fasttrain.callbacks.graceful_stop import (
     SignalStopManager,
     TrainingStopped,
@@ -29,7 +29,7 @@ from hf_fasttrain.callbacks.graceful_stop import (
 from hf_fasttrain.callbacks.averaging import AVERAGE_FILE
 from hf_fasttrain.callbacks.run_record import RECORD_FILE
 
-from conftest import make_tiny_gpt2, tiny_args
+from conftest import make_tiny_gpt2, make_tiny_trainer, tiny_args
 
 ROOT = Path(__file__).resolve().parent.parent
 INJECT = str(ROOT / "tests" / "_inject.py")
@@ -91,9 +91,8 @@ def _trainer(out, tok, lm, callbacks=(), **overrides):
     kw = dict(max_steps=8, save_strategy="steps", save_steps=3, eval_strategy="steps", eval_steps=4,
               weight_averaging="ema", ema_decay=0.9, divergence_guard=True, guard_snapshot_every=3, auto_resume=True)
     kw.update(overrides)
-    return FastTrainer(model=make_tiny_gpt2(len(tok)), args=tiny_args(out, **kw), train_dataset=lm["train"],
-                       eval_dataset=lm["validation"].select(range(16)), processing_class=tok,
-                       data_collator=DataCollatorForLanguageModeling(tok, mlm=False), callbacks=list(callbacks))
+    return make_tiny_trainer(tok, lm, tiny_args(out, **kw), eval_dataset=lm["validation"].select(range(16)),
+                             callbacks=list(callbacks))
 
 
 def _losses(history):

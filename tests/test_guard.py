@@ -231,7 +231,7 @@ def test_is_no_space_error(exc, expected):
                                         ({"ACCELERATE_USE_DEEPSPEED": "true"}, "DeepSpeed ZeRO")])
 def test_guard_and_value_clipping_refused_under_sharding_before_any_work(monkeypatch, tmp_path, env, shown):
     from hf_fasttrain import FastTrainingArguments
-    from hf_fasttrain._validation import ConfigError
+    from hf_fasttrain.validation import ConfigError
 
     for k, v in env.items():
         monkeypatch.setenv(k, v)

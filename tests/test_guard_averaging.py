@@ -22,6 +22,8 @@ from hf_fasttrain.callbacks import DivergenceGuardCallback, StabilityTrainerMixi
 from hf_fasttrain.stability.snapshots import checkpoint_bytes, load_checkpoint_state, take_snapshot
 from hf_fasttrain.stability.trainables import trainable_bytes, trainable_parameters
 
+from conftest import make_tiny_gpt2
+
 peft = pytest.importorskip("peft")
 
 V, T, BS, STEPS, BAD, GOOD = 64, 16, 8, 10, 6, 4
@@ -40,9 +42,7 @@ def _one_thread_quiet():
 
 
 def tiny_model(lora: bool, width: int = 32):
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_positions=T, n_embd=width, n_layer=2, n_head=2, resid_pdrop=0.0,
-                                       embd_pdrop=0.0, attn_pdrop=0.0))
+    model = make_tiny_gpt2(V, T, n_embd=width)
     if lora:
         config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True,
                                  lora_dropout=0.0)

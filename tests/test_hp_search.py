@@ -8,11 +8,9 @@ FastTrainer with the same settings logs. Needs optuna (the ``test`` extra).
 """
 
 import pytest
-from transformers import DataCollatorForLanguageModeling, TrainerCallback
+from transformers import TrainerCallback
 
-from hf_fasttrain import FastTrainer
-
-from conftest import make_tiny_gpt2, tiny_args
+from conftest import make_tiny_gpt2, make_tiny_trainer, tiny_args
 
 optuna = pytest.importorskip("optuna")
 
@@ -51,10 +49,8 @@ def _values(log):
 
 
 def _trainer(tokenizer, lm, args, **kw):
-    return FastTrainer(model_init=lambda trial=None: make_tiny_gpt2(len(tokenizer)), args=args,
-                       train_dataset=lm["train"], eval_dataset=lm["validation"],
-                       data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
-                       processing_class=tokenizer, **kw)
+    return make_tiny_trainer(tokenizer, lm, args, model_init=lambda trial=None: make_tiny_gpt2(len(tokenizer)),
+                             eval_dataset=lm["validation"], **kw)
 
 
 def test_each_search_trial_equals_a_fresh_fasttrainer_run(tiny_lm, tiny_tokenizer, tmp_path):

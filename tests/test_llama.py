@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from transformers import DataCollatorForLanguageModeling, DataCollatorWithFlattening
+from transformers import DataCollatorWithFlattening
 
 from hf_fasttrain import FastTrainer, ModelArguments
 from hf_fasttrain.callbacks.stability import DivergenceGuardCallback
@@ -18,7 +18,7 @@ from hf_fasttrain.config.recipes import bundled_recipes, load_recipe, parse_conf
 from hf_fasttrain.throughput import flops_per_token
 from hf_fasttrain.throughput import model_dims as _model_dims
 
-from conftest import TINY_BLOCK, tiny_args
+from conftest import TINY_BLOCK, make_tiny_trainer, tiny_args
 
 LLAMA = dict(model_type="llama", n_layer=2, n_head=4, n_embd=32, num_key_value_heads=2)
 
@@ -210,8 +210,7 @@ def test_packed_llama_logits_equal_separate_runs():
 
 
 def _trainer(tiny_tokenizer, tiny_lm, args, cls=FastTrainer):
-    return cls(model=tiny_llama(len(tiny_tokenizer)), args=args, train_dataset=tiny_lm["train"],
-               data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False), processing_class=tiny_tokenizer)
+    return make_tiny_trainer(tiny_tokenizer, tiny_lm, args, model=tiny_llama(len(tiny_tokenizer)), cls=cls)
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from conftest import TINY_BLOCK, TINY_FILES, make_tiny_gpt2, tiny_args
 peft = pytest.importorskip("peft")
 
 from hf_fasttrain import DataArguments, ModelArguments  # noqa: E402
-from hf_fasttrain._validation import ConfigError  # noqa: E402
+from hf_fasttrain.validation import ConfigError  # noqa: E402
 from hf_fasttrain.config.recipes import load_recipe, parse_config, resolved_config, validate_recipe  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel, get_scheduler
+from transformers import get_scheduler
 
 from hf_fasttrain.optim import (
     OPTIMIZERS,
@@ -26,6 +26,8 @@ from hf_fasttrain.optim import (
     optimizer_cls_and_kwargs_for,
     parse_optimizer_kwargs,
 )
+
+from conftest import make_tiny_gpt2
 
 # ---------------------------------------------------------------------------------------------
 # A small problem: params of several shapes, gradient g = 2 (theta - target) + noise_t.
@@ -441,13 +443,7 @@ def test_low_precision_params_keep_fp32_state(name):
 
 
 def _tiny_gpt2(seed=0, vocab=64):
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=vocab, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,  # no dropout: runs are functions of the seed
-        bos_token_id=0, eos_token_id=0,
-    )
-    return GPT2LMHeadModel(config)
+    return make_tiny_gpt2(vocab, 32, seed=seed)  # no dropout: runs are functions of the seed
 
 
 def test_muon_routes_every_gpt2_param_to_exactly_one_group():
@@ -890,14 +886,9 @@ def test_recipe_and_command_line_set_the_optimizer(tmp_path):
 
 
 def _fast_trainer(model, lm, tok, args):
-    from transformers import DataCollatorForLanguageModeling
+    from conftest import make_tiny_trainer
 
-    from hf_fasttrain import FastTrainer
-
-    return FastTrainer(
-        model=model, args=args, train_dataset=lm["train"], eval_dataset=lm["validation"],
-        data_collator=DataCollatorForLanguageModeling(tok, mlm=False), processing_class=tok,
-    )
+    return make_tiny_trainer(tok, lm, args, model=model, eval_dataset=lm["validation"])
 
 
 FAST_LR = {"adamw": 3e-3, "lion": 3e-3, "ademamix": 3e-3, "soap": 1e-2, "muon": 3e-3}

@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_fasttrain.optim import (
     AdEMAMix,
@@ -21,11 +20,11 @@ from hf_fasttrain.optim import (
 )
 from hf_fasttrain.optim._common import cautious_
 
+from conftest import make_tiny_gpt2
+
 
 def _tiny_gpt2(seed=0):
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return make_tiny_gpt2(64, 32, seed=seed)
 
 
 def _set_grads(params, seed):

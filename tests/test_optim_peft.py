@@ -4,9 +4,11 @@ trainable copy (peft's `ModulesToSaveWrapper`), LoRA's lora_A / lora_B by Muon; 
 import pytest
 import torch
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_fasttrain.optim import create_optimizer, muon_routing
+
+from conftest import make_tiny_gpt2
 
 peft = pytest.importorskip("peft")
 
@@ -16,12 +18,10 @@ LLAMA_LORA = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_
 
 
 def _tiny_gpt2_lora(modules_to_save):
-    torch.manual_seed(0)
-    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    model = make_tiny_gpt2(64, 16)
     lora = peft.LoraConfig(r=4, target_modules=["c_attn", "c_proj", "c_fc"], modules_to_save=modules_to_save,
                            fan_in_fan_out=True)  # GPT-2's Conv1D stores weights as in x out
-    return peft.get_peft_model(GPT2LMHeadModel(config), lora)
+    return peft.get_peft_model(model, lora)
 
 
 def _tiny_llama_lora(modules_to_save):

@@ -16,6 +16,8 @@ from torch import nn
 from hf_fasttrain.optim import OPTIMIZERS, check_optimizer_options, create_optimizer, trainer_optimizer_kwargs
 from hf_fasttrain.optim.spec import OPTIMIZER_NAMES, OptimizerSpec
 
+from conftest import make_tiny_gpt2
+
 
 def _args(optimizer, optimizer_kwargs=None, **given):
     fields = dict(learning_rate=1e-3, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8)
@@ -180,10 +182,7 @@ def test_fast_training_arguments_refuse_a_bad_value_without_a_probe(tmp_path, mo
 
 
 def _tiny_gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    return make_tiny_gpt2(64, 16, n_embd=16, n_layer=1)
 
 
 def _groups(optimizer):

@@ -66,12 +66,12 @@ def test_progress_doctests():
 
 # -- the command line --------------------------------------------------------------------------------
 def test_help_shows_first_sentences_whole_and_never_inside_a_value_list():
-    import hf_fasttrain.config._options as options
-    from hf_fasttrain.config._options import _first_sentence, render_help
+    import hf_fasttrain.config.options as options
+    from hf_fasttrain.config.options import first_sentence, render_help
 
     assert doctest.testmod(options).failed == 0
     text = "Optimizer from hf_fasttrain.optim: 'adamw', 'lion', 'ademamix', 'soap', 'muon'. Then more."
-    assert _first_sentence(text) == "Optimizer from hf_fasttrain.optim: 'adamw', 'lion', 'ademamix', 'soap', 'muon'"
+    assert first_sentence(text) == "Optimizer from hf_fasttrain.optim: 'adamw', 'lion', 'ademamix', 'soap', 'muon'"
     for line in render_help("d").splitlines():
         assert not line.rstrip().endswith("...") and len(line) <= 100, line
 

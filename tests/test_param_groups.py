@@ -9,7 +9,7 @@ from transformers import (DataCollatorForLanguageModeling, GPTNeoXConfig, GPTNeo
 
 from conftest import make_tiny_gpt2, tiny_args
 from hf_fasttrain import FastTrainer
-from hf_fasttrain._validation import ConfigError
+from hf_fasttrain.validation import ConfigError
 from hf_fasttrain.optim import create_optimizer, optimizer_cls_and_kwargs_for, parse_optimizer_kwargs
 from hf_fasttrain.optim.groups import check_group_options, param_roles, regroup
 

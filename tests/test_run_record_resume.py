@@ -14,11 +14,13 @@ import types
 import pytest
 import torch
 from datasets import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import Trainer, TrainingArguments
 
 from hf_fasttrain.callbacks import RunRecorderCallback
 from hf_fasttrain.callbacks import run_record
 from hf_fasttrain.callbacks.run_record import RECORD_FILE, read_saved_seconds
+
+from conftest import make_tiny_gpt2
 
 STEPS, SAVE_AT, BS, T = 4, 2, 4, 16
 
@@ -31,8 +33,7 @@ def fake_clock(monkeypatch):
 
 
 def tiny_model():
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=T))
+    return make_tiny_gpt2(64, T)
 
 
 def rows(labels: bool) -> Dataset:

@@ -644,15 +644,9 @@ def test_callback_validates_at_construction():
 
 
 def _fast_trainer(lm, tok, args, seed=0, eval_dataset=None):
-    from transformers import DataCollatorForLanguageModeling
+    from conftest import make_tiny_gpt2, make_tiny_trainer
 
-    from conftest import make_tiny_gpt2
-    from hf_fasttrain import FastTrainer
-
-    return FastTrainer(
-        model=make_tiny_gpt2(len(tok), seed=seed), args=args, train_dataset=lm["train"], eval_dataset=eval_dataset,
-        data_collator=DataCollatorForLanguageModeling(tok, mlm=False), processing_class=tok,
-    )
+    return make_tiny_trainer(tok, lm, args, model=make_tiny_gpt2(len(tok), seed=seed), eval_dataset=eval_dataset)
 
 
 def test_fasttrainer_lr_decay_logs_expected_lrs(tiny_lm, tiny_tokenizer, tmp_path):

@@ -281,7 +281,7 @@ def test_planned_steps_match_the_warmup_the_trainer_builds():
 
 
 def test_max_steps_beside_max_tokens_must_be_their_steps():
-    from hf_fasttrain._validation import ConfigError
+    from hf_fasttrain.validation import ConfigError
     from hf_fasttrain.data.from_args import resolve_max_steps
 
     args = _slw_args(max_steps=-1, max_tokens=192)

@@ -6,12 +6,11 @@ import itertools
 import numpy as np
 import pytest
 from datasets import Dataset
-from transformers import DataCollatorForLanguageModeling
 
-from hf_fasttrain import FastTrainer, FastTrainingArguments
+from hf_fasttrain import FastTrainingArguments
 from hf_fasttrain.trainer import RESUME_HOOK
 
-from conftest import TINY_BLOCK, StopAt, make_tiny_gpt2, tiny_args
+from conftest import TINY_BLOCK, StopAt, make_tiny_trainer, tiny_args
 
 
 def _variable_length_ds(tokenizer, n=48, seed=0):
@@ -24,10 +23,7 @@ def _variable_length_ds(tokenizer, n=48, seed=0):
 
 
 def _fast_trainer(tokenizer, ds, args, **kw):
-    return FastTrainer(
-        model=make_tiny_gpt2(len(tokenizer)), args=args, train_dataset=ds,
-        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False), processing_class=tokenizer, **kw,
-    )
+    return make_tiny_trainer(tokenizer, {"train": ds}, args, **kw)
 
 
 def _train_logs(trainer, **kw):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hf_fasttrain import DataArguments, ModelArguments
-from hf_fasttrain._validation import ConfigError
+from hf_fasttrain.validation import ConfigError
 from hf_fasttrain.data.corpus import is_validation_path
 from hf_fasttrain.data.sft import IGNORE_INDEX
 from hf_fasttrain.data.sft_sources import build_function_corpus, prepare_sft_data, sft_collator

@@ -36,6 +36,8 @@ from hf_fasttrain.callbacks.stability import (
 )
 from hf_fasttrain.config.recipes import parse_config
 
+from conftest import make_tiny_gpt2
+
 V, T, BS = 64, 16, 8
 NAN, GRAD_X1E6, POISON, LOSS_X50, GRAD_X100 = 1, 2, 3, 4, 5
 
@@ -56,11 +58,7 @@ def _one_thread_quiet():
 
 
 def tiny_gpt2() -> GPT2LMHeadModel:
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=V, n_positions=T, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
-    )
-    return GPT2LMHeadModel(config)
+    return make_tiny_gpt2(V, T)
 
 
 def make_rows(num_batches, seed=1, faults=None, drop=()):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from hf_fasttrain._validation import ConfigError
+from hf_fasttrain.validation import ConfigError
 from hf_fasttrain.optim import create_optimizer
 from hf_fasttrain.optim.groups import output_multiplier, param_roles
 from hf_fasttrain.optim.muon import _adjust_lr
@@ -216,7 +216,7 @@ def test_mup_init_is_a_redraw_not_a_rescale():
 
 
 def test_the_package_built_model_gets_mup_init():
-    from hf_fasttrain.config._model_data_args import ModelArguments
+    from hf_fasttrain.config.model_data_args import ModelArguments
     from hf_fasttrain.modeling import build_model
 
     class Vocab:

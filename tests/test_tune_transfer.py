@@ -7,7 +7,7 @@ import math
 import pytest
 
 from hf_fasttrain import ModelArguments
-from hf_fasttrain._validation import ConfigError
+from hf_fasttrain.validation import ConfigError
 from hf_fasttrain.config.recipes import parse_config
 from hf_fasttrain.run.tune_transfer import SEARCH_FILE, proxy_model_args, tune_and_train
 

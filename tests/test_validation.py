@@ -2,7 +2,7 @@
 
 import pytest
 
-from hf_fasttrain._validation import TRAINING_RANGES, ConfigError, check, check_ranges, unknown_name
+from hf_fasttrain.validation import TRAINING_RANGES, ConfigError, check, check_ranges, unknown_name
 
 
 def test_message_style():
@@ -109,7 +109,7 @@ def test_unknown_flag_gets_the_same_did_you_mean_as_an_unknown_key(tmp_path):
 
 # -- the fast path (no torch): the same refusals from the option list read off the sources ----------
 def test_preflight_refuses_what_the_full_validation_refuses(tmp_path):
-    from hf_fasttrain.config._options import load_schema, preflight
+    from hf_fasttrain.config.options import load_schema, preflight
 
     schema = load_schema()
     assert schema is not None and len(schema) > 150
@@ -141,7 +141,7 @@ def test_preflight_refuses_what_the_full_validation_refuses(tmp_path):
 
 
 def test_every_range_checked_field_exists():
-    from hf_fasttrain.config._options import load_schema
+    from hf_fasttrain.config.options import load_schema
 
     schema = load_schema()
     assert set(TRAINING_RANGES) <= set(schema), set(TRAINING_RANGES) - set(schema)

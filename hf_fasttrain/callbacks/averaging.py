@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 from transformers import TrainerCallback
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 from ..stability.averaging import AveragingSpec, WeightAverage, load_average_file, save_average_file
 from ..stability.trainables import trainable_parameters

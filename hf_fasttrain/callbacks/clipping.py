@@ -15,7 +15,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 from ..config.args import fast_option
 from ..stability.clipping import (
     CLIP_MODES,

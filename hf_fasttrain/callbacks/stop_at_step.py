@@ -16,7 +16,7 @@ import os
 
 from transformers import TrainerCallback
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 from ..restarts.state import check_generation
 
 __all__ = ["StopAtStepCallback", "TokenBudgetStopCallback", "StageFenceCallback"]

@@ -1,6 +1,6 @@
 """Recipe files for the command line's fast path: where the bundled recipes are, which file a ``--config`` names,
 and a first read of it (a key written twice in one mapping is refused). No torch, no transformers: the fast path
-(:mod:`hf_fasttrain.config._options`) reads recipes before either is imported; the full path
+(:mod:`hf_fasttrain.config.options`) reads recipes before either is imported; the full path
 (:mod:`hf_fasttrain.config.recipes`) reads them again.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
-__all__ = ["default_recipe_dirs", "find_recipes", "check_duplicate_keys", "config_source"]
+__all__ = ["default_recipe_dirs", "find_recipes", "check_duplicate_keys", "config_source", "load_local_recipe"]
 
 _PKG = Path(__file__).resolve().parent.parent  # the package root
 
@@ -59,7 +59,7 @@ def check_duplicate_keys(text: str, source: str = "<recipe>") -> None:
             stack.extend((n, prefix) for n in node.value)
 
 
-def _load_local_recipe(source: str) -> Optional[dict[str, Any]]:
+def load_local_recipe(source: str) -> Optional[dict[str, Any]]:
     """The raw mapping of a local or bundled recipe; None for hf:// URIs and anything unreadable here
     (the full path reports those)."""
     if source.startswith("hf://"):

@@ -1,6 +1,6 @@
 """The configuration: ``FastTrainingArguments`` (the one object the Trainer sees), and
 :func:`fast_option`, the one way the package reads its options from any Trainer's arguments. The model and
-data sections of a recipe (``ModelArguments``, ``DataArguments``) live in :mod:`hf_fasttrain.config._model_data_args`
+data sections of a recipe (``ModelArguments``, ``DataArguments``) live in :mod:`hf_fasttrain.config.model_data_args`
 and are re-exported here.
 
 Every field carries its ``--help`` text in ``metadata={"help": ...}``; the YAML recipe keys are exactly
@@ -18,12 +18,12 @@ from typing import Optional
 
 from transformers import TrainingArguments
 
-from .._validation import ConfigError, check_ranges
-from .._validation import check as _check
+from ..validation import ConfigError, check_ranges
+from ..validation import check as _check
 from ..stability.clipping import CLIP_MODES
 from ..data.from_args import check_seqlen_args
 from ..stability.guard import GuardConfig, check_stability_sharding
-from ._model_data_args import DataArguments, ModelArguments
+from .model_data_args import DataArguments, ModelArguments
 from ..restarts.config import restart_config_from_args
 
 __all__ = ["ModelArguments", "DataArguments", "FastTrainingArguments", "ConfigError", "fast_option", "FastOptions",
@@ -440,7 +440,7 @@ class FastTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self):
-        # every numeric option's range, in one place (hf_fasttrain._validation), before anything else
+        # every numeric option's range, in one place (hf_fasttrain.validation), before anything else
         check_ranges({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init})
         restart_config_from_args(self)  # raises naming the restart_* field
         # stability: the names are the guard's; the numbers are in the range table
@@ -530,9 +530,9 @@ def _spec_inputs(args, kind: str, steps: Optional[int]):
 
         return tuple(getattr(args, name, None) for name in (*ARGS_FIELDS.values(), "ema_warmup"))
     if kind == "guard":
-        from ..stability.guard import _ARGS_FIELDS
+        from ..stability.guard import GUARD_ARGS_FIELDS
 
-        return tuple(getattr(args, f"guard_{name}", None) for name in _ARGS_FIELDS)
+        return tuple(getattr(args, f"guard_{name}", None) for name in GUARD_ARGS_FIELDS)
     from ..optim.options import parse_optimizer_kwargs
     from ..optim.spec import run_kwargs
 

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = ["tokens_per_parameter", "non_embedding_parameters", "BudgetRegime", "REGIMES", "budget_settings",
            "merge_optimizer_kwargs", "LONGEST_MEASURED", "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check",

@@ -14,7 +14,7 @@ import functools
 import math
 from typing import Any, Mapping, Optional
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = ["decoder_config", "default_intermediate_size", "check_model_type", "check_model_config",
            "GATED_MLP_FAMILIES"]

@@ -39,9 +39,9 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import yaml
 
-from ._model_data_args import PEFT_FIELDS, SIZE_ALIASES, DataArguments, ModelArguments
-from ._options import RECIPE_DEFAULTS, check_duplicate_keys, find_recipes
-from .._validation import ConfigError, unknown_name, unknown_recipe_key
+from .model_data_args import PEFT_FIELDS, SIZE_ALIASES, DataArguments, ModelArguments
+from .options import RECIPE_DEFAULTS, check_duplicate_keys, find_recipes
+from ..validation import ConfigError, unknown_name, unknown_recipe_key
 from .args import FastTrainingArguments
 from ..hub import YAML_SUFFIXES, is_hub_uri, resolve_hub_recipe
 
@@ -380,7 +380,7 @@ def validate_recipe(recipe: Mapping[str, Any]) -> dict[Optional[str], dict[str, 
 
 def _raise_usage_error(message: str):
     """argparse's error(), which prints the 170-line usage and exits, as a one-line ConfigError instead."""
-    from .._validation import argparse_error
+    from ..validation import argparse_error
 
     raise argparse_error(message)
 

@@ -38,7 +38,7 @@ from typing import Callable, Optional
 import datasets
 from datasets import Dataset, DatasetDict
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = [
     "cache_root",
@@ -52,6 +52,9 @@ __all__ = [
     "load_text_datasets",
     "tokenize_and_chunk",
     "tokenize_documents",
+    "cached_build",
+    "atomic_dir",
+    "publish_dir",
 ]
 
 logger = logging.getLogger(__name__)
@@ -104,13 +107,13 @@ def list_stdlib_sources(root: Optional[Path] = None, max_files: Optional[int] = 
     return sorted(rels)
 
 
-def _atomic_dir(final: Path):
+def atomic_dir(final: Path):
     """A temporary sibling directory that the caller fills and then moves into place."""
     final.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
 
 
-def _publish_dir(tmp: Path, final: Path) -> None:
+def publish_dir(tmp: Path, final: Path) -> None:
     try:
         os.replace(tmp, final)
     except OSError:  # another process published it first: keep theirs
@@ -125,7 +128,7 @@ def _stdlib_files(validation_fraction: float, max_files: Optional[int], root: Op
     return root, list_stdlib_sources(root, max_files)
 
 
-def _cached_build(name: str, key: list, build: Callable[[], DatasetDict]) -> DatasetDict:
+def cached_build(name: str, key: list, build: Callable[[], DatasetDict]) -> DatasetDict:
     """``build()``, saved under the cache directory as ``<name>-py<X.Y>-<hash of key>`` (`key`: all that the data
     depends on) and loaded from there, so ``datasets.map`` caches what is computed from it; `build` runs only when
     the cache lacks it."""
@@ -134,9 +137,9 @@ def _cached_build(name: str, key: list, build: Callable[[], DatasetDict]) -> Dat
     if (target / "dataset_dict.json").exists():
         return datasets.load_from_disk(str(target))
     dd = build()
-    tmp = _atomic_dir(target)
+    tmp = atomic_dir(target)
     dd.save_to_disk(str(tmp))
-    _publish_dir(tmp, target)
+    publish_dir(tmp, target)
     return datasets.load_from_disk(str(target))
 
 
@@ -174,7 +177,7 @@ def build_stdlib_corpus(
             f"validation_fraction={validation_fraction} with {n} files leaves a split empty; "
             "use more files or a fraction further from 0 and 1"))
 
-    return _cached_build("stdlib", [_CORPUS_FORMAT, sys.version, str(root), validation_fraction, rels], build)
+    return cached_build("stdlib", [_CORPUS_FORMAT, sys.version, str(root), validation_fraction, rels], build)
 
 
 PROSE_CORPUS = "embedded:prose"  # DataArguments.dataset value of the English-prose corpus
@@ -235,7 +238,7 @@ def build_prose_corpus(
             "choose a fraction (or more documents) that leaves each split one document",
             problem=f"got {validation_fraction}, which leaves a split of the {n} documents empty"))
 
-    return _cached_build("prose", [_PROSE_FORMAT, sys.version, str(root), validation_fraction, rels], build)
+    return cached_build("prose", [_PROSE_FORMAT, sys.version, str(root), validation_fraction, rels], build)
 
 
 def load_text_datasets(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 from .seqlen import PACINGS, SEQ_LEN_MODES, SeqLenWarmup
 
 __all__ = ["PACKING_MODES", "check_seqlen_args", "seqlen_enabled", "batching_options", "seq_len_warmup_from_args",
@@ -23,7 +23,7 @@ PACKING_MODES = ("none", "flatten", "rows")
 
 
 def _fail(name: str, value: Any, allowed: str) -> None:
-    from .._validation import ConfigError
+    from ..validation import ConfigError
 
     raise ConfigError(name, value, allowed)
 

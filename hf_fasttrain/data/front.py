@@ -104,7 +104,7 @@ def check_positions(model_args, data_args) -> None:
     """Rows of ``block_size`` tokens must fit the model's positions: a pretrained base's (its config, read without
     the weights) or ``n_positions`` for a model built from scratch (whose default is the block size). Refused in
     one line before any data is read."""
-    from .._validation import ConfigError
+    from ..validation import ConfigError
 
     block = data_args.block_size
     base = model_args.model_name_or_path

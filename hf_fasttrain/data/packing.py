@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._validation import ConfigError
-from ._plan import Step, StepPlanSettings, _as_lengths, _check_int, _permutation, _shuffle_steps, _split_to_multiple
-from ._plan import _StepPlanBatchSampler
+from ..validation import ConfigError
+from .step_plan import Step, StepPlanSettings, as_lengths, check_int, permutation, shuffle_steps, split_to_multiple
+from .step_plan import StepPlanBatchSampler
 
 __all__ = ["pack_bins", "packed_steps", "PackedBatchSampler", "PackedRowsCollator"]
 
@@ -49,8 +49,8 @@ def pack_bins(lengths: Sequence[int], max_tokens: int, order: Sequence[int] | No
         [[4, 3], [0, 1], [2]]
         ```
     """
-    arr = _as_lengths(lengths)
-    _check_int("max_tokens", max_tokens, 1)
+    arr = as_lengths(lengths)
+    check_int("max_tokens", max_tokens, 1)
     if int(arr.max()) > max_tokens:
         i = int(arr.argmax())
         raise ConfigError(
@@ -103,22 +103,22 @@ def packed_steps(
     4. Deal consecutive batches to ranks, one step at a time, and shuffle the steps (seed, epoch).
     The bin count depends only on the multiset of lengths: the same every epoch.
     """
-    arr = _as_lengths(lengths)
-    _check_int("rows_per_batch", rows_per_batch, 1)
+    arr = as_lengths(lengths)
+    check_int("rows_per_batch", rows_per_batch, 1)
     seed, world_size = settings.seed, settings.world_size
-    perm = _permutation(len(arr), seed, epoch)
+    perm = permutation(len(arr), seed, epoch)
     order = perm[np.argsort(-arr[perm], kind="stable")]
     bins = pack_bins(arr, max_tokens, order=order)
     batches = [bins[k : k + rows_per_batch] for k in range(0, len(bins), rows_per_batch)]
-    batches = _split_to_multiple(
+    batches = split_to_multiple(
         batches, world_size * settings.grad_accum, weight=lambda b: max(len(b), len(b[0])), split=_split_packed
     )
     flat = [[i for b in batch for i in b] for batch in batches]
     steps = [flat[k : k + world_size] for k in range(0, len(flat), world_size)]
-    return _shuffle_steps(steps, seed, epoch)
+    return shuffle_steps(steps, seed, epoch)
 
 
-class PackedBatchSampler(_StepPlanBatchSampler):
+class PackedBatchSampler(StepPlanBatchSampler):
     """Batches of `rows_per_batch` packed rows of at most `max_tokens` tokens each; see `packed_steps`.
 
     Pair it with ``DataCollatorWithFlattening()`` when ``rows_per_batch=1`` (one padding-free row), or
@@ -182,9 +182,9 @@ class PackedRowsCollator:
         return_seq_idx: bool = False,
     ):
         if row_len is not None:
-            _check_int("row_len", row_len, 1)
+            check_int("row_len", row_len, 1)
         if num_rows is not None:
-            _check_int("num_rows", num_rows, 1)
+            check_int("num_rows", num_rows, 1)
         self.row_len = row_len
         self.num_rows = num_rows
         self.pad_token_id = pad_token_id

@@ -19,7 +19,7 @@ from datasets import DatasetDict
 from .chars import CHAR_TOKENIZER, is_nanogpt_folder, load_char_data
 from .corpus import PROSE_CORPUS, load_text_datasets, tokenize_and_chunk
 from .pretokenized import TOKENIZER_DIR, check_manifest, check_out_folder, read_manifest, write_pretokenized
-from .sources import DataError, _source_options, check_text_column, load_source, with_validation
+from .sources import DataError, load_source_options, check_text_column, load_source, with_validation
 from .tokenizer import get_tokenizer, load_tokenizer
 
 __all__ = ["PreparedData", "load_documents", "prepare_lm_data", "pretokenize", "drop_empty_documents"]
@@ -71,7 +71,7 @@ def load_documents(args, seed: int = 0, trust_remote_code: bool = False):
         # measured on them, do not move
         return load_text_datasets(dataset, validation_fraction=args.validation_fraction,
                                   max_files=args.max_corpus_files, seed=seed), "text", 0
-    dd = load_source(dataset, args.dataset_config, **_source_options(args, trust_remote_code))
+    dd = load_source(dataset, args.dataset_config, **load_source_options(args, trust_remote_code))
     kind = check_text_column(dd["train"].column_names, args.text_column, dataset)
     if kind == "input_ids":
         dd = DatasetDict({k: v.select_columns(["input_ids"]) for k, v in dd.items()})

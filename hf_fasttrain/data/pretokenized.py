@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from .tokenizer import tokenizer_fingerprint
-from .sources import MANIFEST, PRETOKENIZED_FORMAT, DataError, _pretokenized_manifest
+from .sources import MANIFEST, PRETOKENIZED_FORMAT, DataError, pretokenized_manifest
 
 __all__ = ["MANIFEST", "TOKENIZER_DIR", "read_manifest", "check_manifest", "check_out_folder", "write_pretokenized", "shard_plan"]
 
@@ -35,7 +35,7 @@ def read_manifest(path: Optional[str]) -> Optional[dict]:
     """The manifest of a folder written by ``hf-fasttrain tokenize``; None for anything else."""
     if not path or not isinstance(path, str) or not os.path.isdir(os.path.expanduser(path)):
         return None
-    return _pretokenized_manifest(Path(os.path.expanduser(path)))
+    return pretokenized_manifest(Path(os.path.expanduser(path)))
 
 
 def check_manifest(manifest: Mapping[str, Any], tokenizer, block_size: int, where: str) -> None:

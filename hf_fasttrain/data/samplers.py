@@ -24,7 +24,7 @@ training, so the Trainer resumes by skipping the batches it trained (re-iteratin
 not from this position.
 
 Layout: this module holds the lengths, length grouping and the curriculum; `token_budget` the
-token-budget batching and the batch-size warmup (its names are importable from here too); `_plan` the
+token-budget batching and the batch-size warmup (its names are importable from here too); `step_plan` the
 machinery they and `packing` share (checks, seeded permutations, the base sampler, and `StepPlanSettings`:
 the seed, ranks, gradient accumulation and drop_last every plan takes whole).
 
@@ -42,9 +42,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._validation import ConfigError
-from ._plan import Step, StepPlanSettings, _as_lengths, _check_int, _deal, _permutation, _shuffle_steps
-from ._plan import _StepPlanBatchSampler
+from ..validation import ConfigError
+from .step_plan import Step, StepPlanSettings, as_lengths, check_int, deal, permutation, shuffle_steps
+from .step_plan import StepPlanBatchSampler
 from .seqlen import Pacing, check_pacing, length_limit_at
 
 # token-budget batching and the batch-size warmup live in token_budget.py; imported here as before
@@ -147,14 +147,14 @@ def length_grouped_steps(
     The last step may be short; it is dealt evenly across ranks (``drop_last=True`` drops it). Every
     example appears exactly once per epoch (if ``N >= world_size``).
     """
-    arr = _as_lengths(lengths)
-    _check_int("batch_size", batch_size, 1)
+    arr = as_lengths(lengths)
+    check_int("batch_size", batch_size, 1)
     seed, world_size = settings.seed, settings.world_size
     n, group = len(arr), batch_size * world_size
     if megabatch_mult is None:
         megabatch_mult = max(1, min(50, n // (4 * group)))
-    _check_int("megabatch_mult", megabatch_mult, 1)
-    perm = _permutation(n, seed, epoch)
+    check_int("megabatch_mult", megabatch_mult, 1)
+    perm = permutation(n, seed, epoch)
     mega = megabatch_mult * group
     steps: list[Step] = []
     for start in range(0, n, mega):
@@ -164,8 +164,8 @@ def length_grouped_steps(
             members = chunk[g : g + group]
             if len(members) < group and settings.drop_last:
                 continue
-            steps.append(_deal(members, world_size, perm))
-    return _shuffle_steps(steps, seed, epoch)
+            steps.append(deal(members, world_size, perm))
+    return shuffle_steps(steps, seed, epoch)
 
 
 def curriculum_steps(
@@ -193,15 +193,15 @@ def curriculum_steps(
     is a plain random pass (each example once; the last step is topped up from a new order).
     Examples longer than `max_length` are never drawn.
     """
-    arr = _as_lengths(lengths)
-    _check_int("batch_size", batch_size, 1)
+    arr = as_lengths(lengths)
+    check_int("batch_size", batch_size, 1)
     seed, world_size = settings.seed, settings.world_size
-    _check_int("curriculum_batches", curriculum_batches, 0)
-    _check_int("epoch", epoch, 0)
+    check_int("curriculum_batches", curriculum_batches, 0)
+    check_int("epoch", epoch, 0)
     check_pacing(pacing, num_stages, field="pacing", stages_field="num_stages")
     max_length = int(arr.max()) if max_length is None else max_length
-    _check_int("min_length", min_length, 1)
-    _check_int("max_length", max_length, 1)
+    check_int("min_length", min_length, 1)
+    check_int("max_length", max_length, 1)
     if min_length > max_length:
         raise ConfigError("min_length", min_length, f"must be <= max_length ({max_length})")
     n, group = len(arr), batch_size * world_size
@@ -223,7 +223,7 @@ def curriculum_steps(
     by_length = np.argsort(arr, kind="stable")
     rank_of = np.empty(n, dtype=np.int64)
     cycle = 0
-    rank_of[_permutation(n, seed, epoch, stream=2)] = np.arange(n)
+    rank_of[permutation(n, seed, epoch, stream=2)] = np.arange(n)
     heap: list[tuple[int, int]] = []
     admitted = 0  # by_length[:admitted] are admitted
     steps: list[Step] = []
@@ -239,7 +239,7 @@ def curriculum_steps(
         while len(chosen) < group:
             if not heap:  # every admitted example was drawn: start a new random order over them
                 cycle += 1
-                rank_of[_permutation(n, seed, epoch, stream=2 + cycle)] = np.arange(n)
+                rank_of[permutation(n, seed, epoch, stream=2 + cycle)] = np.arange(n)
                 heap = [(int(rank_of[i]), int(i)) for i in by_length[:admitted] if int(i) not in taken]
                 heapq.heapify(heap)
             _, i = heapq.heappop(heap)
@@ -254,7 +254,7 @@ def curriculum_steps(
 # ---- samplers -----------------------------------------------------------------------------------
 
 
-class LengthGroupedBatchSampler(_StepPlanBatchSampler):
+class LengthGroupedBatchSampler(StepPlanBatchSampler):
     """Batches of similar length in random order, sharded across ranks; see `length_grouped_steps`.
 
     Args:
@@ -291,7 +291,7 @@ class LengthGroupedBatchSampler(_StepPlanBatchSampler):
         super().__init__(lengths, settings, batch_size=batch_size, megabatch_mult=megabatch_mult)
 
 
-class CurriculumBatchSampler(_StepPlanBatchSampler):
+class CurriculumBatchSampler(StepPlanBatchSampler):
     """Short-to-long curriculum: batch t only holds examples with ``length <= length_limit(t)``.
 
     The limit grows from `min_length` to `max_length` (default: the longest example) along `pacing`

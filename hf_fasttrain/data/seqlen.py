@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = [
     "PACINGS",

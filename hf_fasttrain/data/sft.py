@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = [
     "IGNORE_INDEX",

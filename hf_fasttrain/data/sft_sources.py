@@ -20,8 +20,8 @@ from typing import Optional, Sequence
 
 from datasets import Dataset, DatasetDict
 
-from .._validation import ConfigError
-from .corpus import _cached_build, is_validation_path, list_stdlib_sources, stdlib_root
+from ..validation import ConfigError
+from .corpus import cached_build, is_validation_path, list_stdlib_sources, stdlib_root
 from .sft import CompletionCollator, tokenize_sft
 from .tokenizer import get_tokenizer
 
@@ -78,7 +78,7 @@ def build_function_corpus(validation_fraction: float = 0.05, max_files: Optional
         return DatasetDict({"train": Dataset.from_list(function_pairs(train)),
                             "validation": Dataset.from_list(function_pairs(val))})
 
-    return _cached_build("functions", [_FORMAT, sys.version, validation_fraction, rels], build)
+    return cached_build("functions", [_FORMAT, sys.version, validation_fraction, rels], build)
 
 
 def load_sft_datasets(data_args, seed: int = 0) -> DatasetDict:
@@ -90,9 +90,9 @@ def load_sft_datasets(data_args, seed: int = 0) -> DatasetDict:
         raise ConfigError("dataset", None, f"data_format={data_args.data_format!r} needs fine-tuning rows: "
                           f"'{EMBEDDED_FUNCTIONS}' (offline), local files (.jsonl, .parquet, ...), a save_to_disk folder or a "
                           "Hub dataset name")
-    from .sources import _source_options, load_source, with_validation  # every format by path, save_to_disk, Hub
+    from .sources import load_source_options, load_source, with_validation  # every format by path, save_to_disk, Hub
 
-    dd = load_source(spec, data_args.dataset_config, **_source_options(data_args))
+    dd = load_source(spec, data_args.dataset_config, **load_source_options(data_args))
     dd = with_validation(dd, data_args.validation_fraction, seed)
     return DatasetDict({"train": dd["train"], "validation": dd["validation"]})
 

@@ -40,7 +40,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple, Optional, Sequence, Union
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = [
     "DataError",
@@ -56,6 +56,8 @@ __all__ = [
     "first_non_utf8",
     "NANOGPT_FILES",
     "is_nanogpt_folder",
+    "load_source_options",
+    "pretokenized_manifest",
 ]
 
 # extension -> (packaged builder, extra builder kwargs); the text formats may also be compressed
@@ -131,7 +133,7 @@ def _is_save_to_disk(folder: Path) -> bool:
         (folder / "state.json").is_file() and (folder / "dataset_info.json").is_file())
 
 
-def _pretokenized_manifest(folder: Path) -> Optional[dict]:
+def pretokenized_manifest(folder: Path) -> Optional[dict]:
     path = folder / MANIFEST
     if not path.is_file():
         return None
@@ -247,7 +249,7 @@ def resolve_source(
                                 "text, streaming: false)")
             if _is_save_to_disk(p):
                 return Source(LOAD_FROM_DISK, {"dataset_path": str(p.resolve())})
-            manifest = _pretokenized_manifest(p)
+            manifest = pretokenized_manifest(p)
             if manifest is not None:
                 splits = {s: [str((p / f).resolve()) for f in fs] for s, fs in manifest.get("shards", {}).items()}
                 return Source("parquet", {"data_files": splits})
@@ -399,7 +401,7 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {text[0]}" if text else type(cause).__name__
 
 
-def _source_options(data_args: Any, trust_remote_code: bool = False) -> dict[str, Any]:
+def load_source_options(data_args: Any, trust_remote_code: bool = False) -> dict[str, Any]:
     """`load_source`'s keyword arguments from a `DataArguments` (a field the object lacks is None)."""
     return {**{name: getattr(data_args, name, None) for name in ("dataset_split", "dataset_revision", "data_files",
                                                                   "data_dir")},

@@ -40,7 +40,7 @@ from typing import Any, Optional
 
 import torch
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = [
     "STREAM_KEY",
@@ -390,7 +390,7 @@ def stream_datasets(data_args, training_args, model_args=None):
     from datasets import Dataset
 
     from .corpus import PROSE_CORPUS
-    from .sources import _source_options
+    from .sources import load_source_options
     from .tokenizer import get_tokenizer
 
     check_stream_args(data_args, training_args)
@@ -400,7 +400,7 @@ def stream_datasets(data_args, training_args, model_args=None):
         source, validation = _embedded_stream(data_args, seed=0)
         column = "text"
     else:
-        options = _source_options(data_args, trust_remote_code=bool(model_args and model_args.trust_remote_code))
+        options = load_source_options(data_args, trust_remote_code=bool(model_args and model_args.trust_remote_code))
         source = open_stream(data_args.dataset, data_args.dataset_config, **options)
         validation = open_stream(data_args.dataset, data_args.dataset_config, split="validation", **options)
     names = source.column_names

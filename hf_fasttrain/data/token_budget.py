@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._validation import ConfigError
-from ._plan import Step, StepPlanSettings, _as_lengths, _check_int, _halves, _permutation, _shuffle_steps
-from ._plan import _split_to_multiple, _StepPlanBatchSampler
+from ..validation import ConfigError
+from .step_plan import Step, StepPlanSettings, as_lengths, check_int, halves, permutation, shuffle_steps
+from .step_plan import split_to_multiple, StepPlanBatchSampler
 from .seqlen import Pacing, check_pacing, length_limit_at
 
 __all__ = [
@@ -53,11 +53,11 @@ def token_budget_steps(
     The number of batches depends only on the multiset of lengths, so it is the same every epoch
     (the Trainer sizes epochs from the first). Every example appears exactly once per epoch.
     """
-    arr = _as_lengths(lengths)
-    _check_int("max_tokens", max_tokens, 1)
-    _check_int("pad_to_multiple_of", pad_to_multiple_of, 1)
+    arr = as_lengths(lengths)
+    check_int("max_tokens", max_tokens, 1)
+    check_int("pad_to_multiple_of", pad_to_multiple_of, 1)
     if max_batch_size is not None:
-        _check_int("max_batch_size", max_batch_size, 1)
+        check_int("max_batch_size", max_batch_size, 1)
     padded = np.maximum(-(-arr // pad_to_multiple_of) * pad_to_multiple_of, 1)
     if int(padded.max()) > max_tokens:
         i = int(padded.argmax())
@@ -67,7 +67,7 @@ def token_budget_steps(
             f"{f', padded to {int(padded[i])}' if padded[i] != arr[i] else ''})",
         )
     seed, world_size = settings.seed, settings.world_size
-    perm = _permutation(len(arr), seed, epoch)
+    perm = permutation(len(arr), seed, epoch)
     order = perm[np.argsort(-padded[perm], kind="stable")]
     batches: list[list[int]] = []
     i = 0
@@ -77,9 +77,9 @@ def token_budget_steps(
             take = min(take, max_batch_size)
         batches.append(order[i : i + take].tolist())
         i += take
-    batches = _split_to_multiple(batches, world_size * settings.grad_accum, len, _halves)
+    batches = split_to_multiple(batches, world_size * settings.grad_accum, len, halves)
     steps = [batches[k : k + world_size] for k in range(0, len(batches), world_size)]
-    return _shuffle_steps(steps, seed, epoch)
+    return shuffle_steps(steps, seed, epoch)
 
 
 def _fit(padded: np.ndarray, batch: list[int], budget: int) -> int:
@@ -94,7 +94,7 @@ def batch_warmup_budget(step: int, min_tokens: int, max_tokens: int, warmup_step
     """Tokens per micro-batch at optimizer step ``step`` of a batch-size warmup:
     ``floor(min_tokens + (max_tokens - min_tokens) * pacing(step / warmup_steps))``, ``max_tokens`` from
     ``warmup_steps`` on (and always, when ``warmup_steps == 0``)."""
-    _check_int("warmup_steps", warmup_steps, 0)
+    check_int("warmup_steps", warmup_steps, 0)
     progress = 1.0 if warmup_steps == 0 else step / warmup_steps
     return length_limit_at(progress, min_tokens, max_tokens, pacing, num_stages)
 
@@ -131,15 +131,15 @@ def batch_warmup_steps(
     """
     full = token_budget_steps(lengths, max_tokens, settings, epoch=epoch, max_batch_size=max_batch_size,
                               pad_to_multiple_of=pad_to_multiple_of)
-    _check_int("min_tokens", min_tokens, 1)
+    check_int("min_tokens", min_tokens, 1)
     if min_tokens > max_tokens:
         raise ConfigError("min_tokens", min_tokens, f"must be <= max_tokens ({max_tokens})")
     check_pacing(pacing, num_stages, field="pacing", stages_field="num_stages")
-    _check_int("warmup_steps", warmup_steps, 0)
+    check_int("warmup_steps", warmup_steps, 0)
     if epoch > 0 or warmup_steps == 0:
         return full
     world_size, grad_accum = settings.world_size, settings.grad_accum
-    arr = _as_lengths(lengths)
+    arr = as_lengths(lengths)
     padded = np.maximum(-(-arr // pad_to_multiple_of) * pad_to_multiple_of, 1)
     out: list[Step] = []
     rest: list[list[int]] = [[] for _ in range(world_size)]  # per rank: examples taken from the plan, not yet used
@@ -162,14 +162,14 @@ def batch_warmup_steps(
             piece = [p + r for p, r in zip(piece, rest)]
             rest = [[] for _ in rest]
         out.append(piece)
-    return _split_to_multiple(out, grad_accum, lambda s: min(len(b) for b in s),
-                              lambda s: tuple(list(h) for h in zip(*(_halves(b) for b in s))))
+    return split_to_multiple(out, grad_accum, lambda s: min(len(b) for b in s),
+                              lambda s: tuple(list(h) for h in zip(*(halves(b) for b in s))))
 
 
 # ---- samplers -----------------------------------------------------------------------------------
 
 
-class TokenBudgetBatchSampler(_StepPlanBatchSampler):
+class TokenBudgetBatchSampler(StepPlanBatchSampler):
     """Batches holding up to `max_tokens` padded tokens (short examples ride in large batches).
 
     See `token_budget_steps`. The batch count per rank is a multiple of `grad_accum` and equal on all
@@ -240,7 +240,7 @@ class BatchWarmupBatchSampler(TokenBudgetBatchSampler):
         pad_to_multiple_of: int = 1,
     ):
         settings = StepPlanSettings(seed=seed, world_size=world_size, rank=rank, grad_accum=grad_accum)
-        _StepPlanBatchSampler.__init__(
+        StepPlanBatchSampler.__init__(
             self, lengths, settings, max_tokens=max_tokens, min_tokens=min_tokens, warmup_steps=warmup_steps,
             pacing=pacing, num_stages=num_stages, max_batch_size=max_batch_size, pad_to_multiple_of=pad_to_multiple_of)
 

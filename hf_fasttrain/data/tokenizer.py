@@ -20,8 +20,8 @@ from typing import Iterable, Optional
 
 from datasets import Dataset, DatasetDict
 
-from .._validation import ConfigError
-from .corpus import _atomic_dir, _publish_dir, build_stdlib_corpus, cache_root
+from ..validation import ConfigError
+from .corpus import atomic_dir, publish_dir, build_stdlib_corpus, cache_root
 
 __all__ = ["EOS_TOKEN", "PAD_TOKEN", "TOKENIZER_FORMS", "get_tokenizer", "load_tokenizer", "check_tokenizer_path", "tokenizer_fingerprint",
            "check_tokenizer_fits"]
@@ -193,9 +193,9 @@ def get_tokenizer(
         pad_token=PAD_TOKEN,
         model_max_length=1_000_000,  # chunking, not the tokenizer, decides lengths
     )
-    tmp = _atomic_dir(target)
+    tmp = atomic_dir(target)
     tok.save_pretrained(str(tmp))
-    _publish_dir(tmp, target)
+    publish_dir(tmp, target)
     return PreTrainedTokenizerFast.from_pretrained(str(target))
 
 

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 import torch
 from torch.optim import Optimizer
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = [
     "LOW_PRECISION",
@@ -31,6 +31,7 @@ __all__ = [
     "params_with_grad",
     "state_dtype",
     "zero_state",
+    "is_real_number",
 ]
 
 # Parameters stored in these dtypes get their optimizer state (and the update arithmetic) in fp32.
@@ -40,7 +41,7 @@ LOW_PRECISION = (torch.float16, torch.bfloat16)
 class OptionError(ConfigError):
     """A refused optimizer option: ``<field>: got <value> for <Owner>; <what is allowed>``.
 
-    A ``ValueError`` (a :class:`~hf_fasttrain._validation.ConfigError`); ``owner`` is the optimizer's name.
+    A ``ValueError`` (a :class:`~hf_fasttrain.validation.ConfigError`); ``owner`` is the optimizer's name.
     The command line names the field as a user gives it there, ``optimizer_kwargs.<field>``.
 
     Example:
@@ -53,20 +54,20 @@ class OptionError(ConfigError):
         super().__init__(field, value, allowed, problem if problem is not None else f"got {value!r} for {owner}")
 
 
-def _is_real_number(value: Any) -> bool:
+def is_real_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_nonnegative(owner: str, field: str, value: Any) -> float:
     """Raise ValueError unless `value` is a finite number >= 0; return it as float."""
-    if not _is_real_number(value) or value < 0:
+    if not is_real_number(value) or value < 0:
         raise OptionError(owner, field, value, "must be a finite number >= 0")
     return float(value)
 
 
 def check_unit_interval(owner: str, field: str, value: Any) -> float:
     """Raise ValueError unless `value` is a number in [0, 1) (a decay rate such as a beta)."""
-    if not _is_real_number(value) or not 0.0 <= value < 1.0:
+    if not is_real_number(value) or not 0.0 <= value < 1.0:
         raise OptionError(owner, field, value, "must be a number in [0, 1)")
     return float(value)
 
@@ -76,7 +77,7 @@ def check_betas(owner: str, betas: Any, n: int, field: str = "betas") -> tuple[f
     if isinstance(betas, (str, bytes)) or not isinstance(betas, Sequence) or len(betas) != n:
         shown = list(betas) if isinstance(betas, (list, tuple)) else betas
         raise OptionError(owner, field, shown, f"must be a list of {n} numbers in [0, 1)")
-    if not all(_is_real_number(b) and 0.0 <= b < 1.0 for b in betas):
+    if not all(is_real_number(b) and 0.0 <= b < 1.0 for b in betas):
         raise OptionError(owner, field, list(betas), f"must be a list of {n} numbers in [0, 1)")
     return tuple(float(b) for b in betas)
 

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 __all__ = ["EXPERT_GATE_UP", "ExpertLayout", "expert_layouts", "expert_matrices", "expert_tensor", "expert_matrix_shape",
-           "moe_blocks", "unknown_expert_modules"]
+           "moe_blocks", "unknown_expert_modules", "block_of"]
 
 # how a fused gate/up tensor holds its two halves along the output axis
 EXPERT_GATE_UP = ("concatenated", "interleaved")
@@ -239,7 +239,7 @@ def expert_layouts(model: nn.Module) -> dict[str, ExpertLayout]:
     return layouts
 
 
-def _block_of(modules: dict[str, nn.Module], name: str) -> str:
+def block_of(modules: dict[str, nn.Module], name: str) -> str:
     """The block around the container at `name`: its parent, or further up while a parent holds nothing else
     (DBRX keeps its tensors in `ffn.experts.mlp`, its router in `ffn.router`)."""
     block = name.rpartition(".")[0]
@@ -268,7 +268,7 @@ def moe_blocks(model: nn.Module) -> Iterator[tuple[str, nn.Module, nn.Module, in
             count = count if isinstance(count, int) and not isinstance(count, bool) else len(container)
         else:
             continue
-        block = _block_of(modules, name)
+        block = block_of(modules, name)
         yield block, modules[block], container, count
 
 

@@ -48,9 +48,9 @@ from typing import Any, Mapping, Optional
 
 from torch import nn
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 from .experts import expert_layouts, moe_blocks
-from .routing import _router_params, _wrapped_modules
+from .routing import router_params, wrapped_modules
 
 __all__ = ["ROLES", "WEIGHT_DECAY_ON", "PARAMETERIZATIONS", "WIDTH_FIELDS", "param_roles", "check_group_options",
            "check_parameterization", "model_width", "model_depth", "width_multiplier", "output_multiplier",
@@ -95,14 +95,14 @@ def param_roles(model: nn.Module) -> dict[str, str]:
         if isinstance(module, nn.Embedding):
             embedding.update(id(p) for p in module.parameters(recurse=False))
     inputs = _module_of(model, "get_input_embeddings")
-    for part in _wrapped_modules(inputs) if inputs is not None else ():
+    for part in wrapped_modules(inputs) if inputs is not None else ():
         embedding.update(id(p) for p in part.parameters(recurse=False))
     head: set[int] = set()
     outputs = _module_of(model, "get_output_embeddings")
-    for part in _wrapped_modules(outputs) if outputs is not None else ():
+    for part in wrapped_modules(outputs) if outputs is not None else ():
         head.update(id(p) for p in part.parameters(recurse=False) if p.ndim >= 2)
     norm = {id(p) for m in model.modules() if _is_norm(m) for p in m.parameters(recurse=False)}
-    router = _router_params(model)
+    router = router_params(model)
     # per-expert vectors stored as one 2-D tensor (GPT-OSS's gate_up_proj_bias: experts x width): a bias or a
     # norm per expert, not a matrix (Muon's routing sends them to AdamW by the same rule)
     layouts = expert_layouts(model)

@@ -70,10 +70,10 @@ from .adamw import build_adamw
 from .experts import ExpertLayout, expert_matrices, expert_matrix_shape, expert_tensor
 from .hyperball import HYPERBALL_STATE, hyperball_step, initial_radius
 from .normuon import NORMUON_STATE, neuron_normalize
-from .routing import (_HYPERBALL_EXPERTS, ROUTING_RULES, conv1d_lr_multiplier, expert_param_groups, muon_route_table,
+from .routing import (HYPERBALL_EXPERTS, ROUTING_RULES, conv1d_lr_multiplier, expert_param_groups, muon_route_table,
                       muon_routing)
 from .orthogonalize import (
-    _NS_EPS,
+    NS_EPS,
     NS_COEFFICIENTS,
     check_ns_dtype,
     newton_schulz,
@@ -244,7 +244,7 @@ class Muon(Optimizer):
         cautious_wd: bool,
         hyperball: bool,
         ns_dtype: str,
-        eps: float = _NS_EPS,
+        eps: float = NS_EPS,
     ):
         # the values are checked by MuonWithAdamW (check_muon_options), which makes this optimizer
         self._ns_sharding = ns_sharding
@@ -333,7 +333,7 @@ class Muon(Optimizer):
         """Hyperball (`hf_fasttrain.optim.hyperball`): the step at a fixed fraction of each vector's norm."""
         _refuse_sharded(p, "hyperball", "hyperball=False")
         if group.get("experts"):
-            raise ValueError(_HYPERBALL_EXPERTS)
+            raise ValueError(HYPERBALL_EXPERTS)
         dim = group.get("hyperball_dim", 0)
         state = self.state[p]
         if HYPERBALL_STATE not in state:
@@ -555,7 +555,7 @@ class MuonWithAdamW(Optimizer):
             if experts:
                 ndim = ExpertLayout.from_group(param_group).ndim  # raises naming a bad key
                 if param_group.get("hyperball", self._muon_defaults["hyperball"]):
-                    raise ValueError(_HYPERBALL_EXPERTS)
+                    raise ValueError(HYPERBALL_EXPERTS)
             for p in param_group["params"]:
                 tensor = p[1] if isinstance(p, tuple) else p
                 if tensor.ndim != ndim:

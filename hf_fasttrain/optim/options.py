@@ -118,7 +118,7 @@ def check_optimizer_args(args: Any, spec: Optional[Callable[[Any], Any]] = None)
 
     from transformers import TrainingArguments
 
-    from .._validation import check
+    from ..validation import check
 
     if args.optimizer is None:
         check(not args.optimizer_kwargs, "optimizer_kwargs", args.optimizer_kwargs,

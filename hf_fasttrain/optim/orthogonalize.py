@@ -34,7 +34,7 @@ import torch
 from ._common import OptionError, check_positive_int
 
 __all__ = ["NS_COEFFICIENTS", "NS_DTYPES", "check_ns_dtype", "native_bf16_matmul", "newton_schulz",
-           "newton_schulz_batched", "ns_coefficient_schedule", "ns_dtype_note", "resolve_ns_dtype"]
+           "newton_schulz_batched", "ns_coefficient_schedule", "ns_dtype_note", "resolve_ns_dtype", "NS_EPS"]
 
 # Per-iteration (a, b, c) of X -> a X + b (X X^T) X + c (X X^T)^2 X, by name.
 NS_COEFFICIENTS: dict[str, tuple[tuple[float, float, float], ...]] = {
@@ -51,7 +51,7 @@ NS_COEFFICIENTS: dict[str, tuple[tuple[float, float, float], ...]] = {
 }
 # The input is divided by its Frobenius norm times this (an upper bound on the spectral norm).
 _NS_SAFETY = {"polar_express": 1.02}
-_NS_EPS = 1e-7  # torch.optim.Muon's eps: floor of the norm the input is divided by
+NS_EPS = 1e-7  # torch.optim.Muon's eps: floor of the norm the input is divided by
 
 
 NS_DTYPES = ("bfloat16", "float32", "auto")
@@ -140,7 +140,7 @@ def ns_coefficient_schedule(ns_coefficients: Any = "jordan", ns_steps: int = 5) 
 
 
 def newton_schulz(
-    update: torch.Tensor, ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = _NS_EPS,
+    update: torch.Tensor, ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = NS_EPS,
     ns_dtype: str = "bfloat16",
 ) -> torch.Tensor:
     """Orthogonalise a 2-D `update` (~ U V^T of its SVD U S V^T) in bf16, as `torch.optim.Muon`.
@@ -177,7 +177,7 @@ def newton_schulz(
 
 
 def newton_schulz_batched(
-    updates: Sequence[torch.Tensor], ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = _NS_EPS,
+    updates: Sequence[torch.Tensor], ns_coefficients: Any = "jordan", ns_steps: int = 5, eps: float = NS_EPS,
     ns_dtype: str = "bfloat16",
 ) -> torch.Tensor:
     """:func:`newton_schulz` of several 2-D matrices of one shape at once (a sequence of them, or a tensor

@@ -30,15 +30,15 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 from torch import nn
 
-from ._common import OptionError, _is_real_number, check_nonnegative
+from ._common import OptionError, is_real_number, check_nonnegative
 from .adamw import build_adamw, check_adamw_options
 from .groups import check_group_options, check_parameterization, regroup
 from .ademamix import AdEMAMix, check_ademamix_options
 from .lion import Lion, check_lion_options
 from .hyperball import initial_radius
 from .muon import MuonWithAdamW, check_muon_options, conv1d_lr_multiplier, expert_param_groups
-from .routing import _conv1d_type, muon_routing
-from .orthogonalize import _NS_EPS
+from .routing import conv1d_type, muon_routing
+from .orthogonalize import NS_EPS
 from .sharding import check_sharding_support, detect_sharding
 from .soap import DEFAULT_SKINNY_RATIO, SOAP, check_soap_options
 
@@ -51,6 +51,8 @@ __all__ = [
     "decay_param_groups",
     "get_optimizer_factory",
     "optimizer_option_names",
+    "builder_defaults",
+    "options_with_defaults",
 ]
 
 
@@ -72,7 +74,7 @@ def decay_param_groups(model: nn.Module, weight_decay: float, names: Optional[se
     return [g for g in groups if g["params"]]
 
 
-def _defaults(fn: Callable) -> dict[str, Any]:
+def builder_defaults(fn: Callable) -> dict[str, Any]:
     return {
         k: v.default
         for k, v in inspect.signature(fn).parameters.items()
@@ -82,7 +84,7 @@ def _defaults(fn: Callable) -> dict[str, Any]:
 
 def _lr_and_decay(owner: str, builder: Callable, lr, weight_decay) -> tuple[Any, Any]:
     """`lr` and `weight_decay`, None taking the builder's default (the optimizer's own, from its signature)."""
-    defaults = _defaults(builder)
+    defaults = builder_defaults(builder)
     lr = defaults["lr"] if lr is None else lr
     weight_decay = defaults["weight_decay"] if weight_decay is None else weight_decay
     check_nonnegative(owner, "weight_decay", weight_decay)  # also set per group by the factory
@@ -218,7 +220,7 @@ def create_soap(
 
 
 # Muon's defaults, written once: `MuonWithAdamW`'s signature (the optimizer; `create_muon`'s signature shows them)
-_MUON = _defaults(MuonWithAdamW)
+_MUON = builder_defaults(MuonWithAdamW)
 
 
 def _muon_adjust_lr_fn(adjust_lr_fn: Optional[str], parameterization: str) -> str:
@@ -243,7 +245,7 @@ def _muon_lrs(lr, weight_decay, muon_lr, adjust_lr_fn, adamw_lr_ratio) -> tuple[
     if muon_lr is None:
         muon_lr = 0.02 if adjust_lr_fn == "original" else lr
     check_nonnegative("Muon", "muon_lr", muon_lr)
-    if not _is_real_number(adamw_lr_ratio) or adamw_lr_ratio <= 0:
+    if not is_real_number(adamw_lr_ratio) or adamw_lr_ratio <= 0:
         raise OptionError("Muon", "adamw_lr_ratio", adamw_lr_ratio, "must be a finite number > 0")
     if adamw_lr_ratio != 1.0:
         if explicit_muon_lr:
@@ -326,7 +328,7 @@ def create_muon(
 
     routing = muon_routing(model, adamw_patterns)
     named = dict(model.named_parameters())
-    conv1d_ids = {id(m.weight) for m in model.modules() if isinstance(m, _conv1d_type())}
+    conv1d_ids = {id(m.weight) for m in model.modules() if isinstance(m, conv1d_type())}
 
     by_multiplier: dict[tuple, list] = {}
     for name, route in routing.items():
@@ -338,7 +340,7 @@ def create_muon(
         # NorMuon and Hyperball: a Conv1D's neurons are its columns, its input vectors its rows
         layout = (conv1d,) if normuon_beta2 is not None or hyperball is True else ()
         if hyperball is True:  # refused before any step, naming the matrix (a bad value is refused below)
-            initial_radius(p, 1 if conv1d else 0, _NS_EPS, repr(name))
+            initial_radius(p, 1 if conv1d else 0, NS_EPS, repr(name))
         by_multiplier.setdefault((mult, *layout), []).append((name, p))
     groups = [
         {"params": params, "use_muon": True, "lr": muon_lr * key[0], "weight_decay": weight_decay / key[0],
@@ -408,7 +410,7 @@ def check_option_names(name: str, kwargs: Mapping[str, Any]) -> None:
             raise ValueError(f"optimizer_kwargs: {name} has no option {key!r}; allowed: {allowed}.{hint}")
 
 
-def _options_with_defaults(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def options_with_defaults(name: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Every option of optimizer `name`'s factory: `kwargs`, and the signature's default for the rest."""
     bound = inspect.signature(OPTIMIZERS[name]).bind_partial(**kwargs)
     bound.apply_defaults()
@@ -435,7 +437,7 @@ def check_option_values(name: str, kwargs: Mapping[str, Any]) -> None:
     same messages, on the values alone: no model, no parameter, no optimizer is made. What depends on a model
     (which matrices Muon takes, a zero-norm matrix under Hyperball) is checked when the optimizer is built.
     The names must already be checked (`get_optimizer_factory`, `check_option_names`)."""
-    options = _options_with_defaults(name, kwargs)
+    options = options_with_defaults(name, kwargs)
     transfer = {k: options[k] for k in TRANSFER_OPTIONS}
     if name == "muon":
         check_parameterization(**transfer)

@@ -20,12 +20,13 @@ from typing import Optional, Sequence
 
 from torch import nn
 
-from .experts import ExpertLayout, _block_of, expert_layouts, moe_blocks, unknown_expert_modules
+from .experts import ExpertLayout, block_of, expert_layouts, moe_blocks, unknown_expert_modules
 
-__all__ = ["ROUTING_RULES", "conv1d_lr_multiplier", "expert_param_groups", "muon_route_table", "muon_routing"]
+__all__ = ["ROUTING_RULES", "conv1d_lr_multiplier", "expert_param_groups", "muon_route_table", "muon_routing",
+           "router_params", "wrapped_modules", "HYPERBALL_EXPERTS", "conv1d_type"]
 
 
-def _conv1d_type():
+def conv1d_type():
     try:
         from transformers.pytorch_utils import Conv1D
     except ImportError:  # transformers is a dependency; this only keeps the module importable alone
@@ -33,7 +34,7 @@ def _conv1d_type():
     return (Conv1D,)
 
 
-def _wrapped_modules(module: nn.Module) -> list[nn.Module]:
+def wrapped_modules(module: nn.Module) -> list[nn.Module]:
     """`module`, and for a peft `ModulesToSaveWrapper` also the module it wraps and its trainable copies.
 
     Detected by duck typing (a `modules_to_save` ModuleDict and an `original_module`), so peft is not
@@ -63,7 +64,7 @@ ROUTING_RULES = {
 }
 
 
-def _router_params(model: nn.Module) -> set[int]:
+def router_params(model: nn.Module) -> set[int]:
     """ids of the router weights of every mixture-of-experts block (`hf_fasttrain.optim.experts.moe_blocks`).
 
     A router is a module of the block outside its experts, on a path named "gate" or "router" (or of a class
@@ -109,7 +110,7 @@ def _unknown_experts(model: nn.Module) -> tuple[dict[int, str], set[int]]:
     for name, module in unknown_expert_modules(model):
         tensors.update({id(p): type(module).__name__ for p in module.parameters(recurse=False) if p.ndim >= 2})
         if name:
-            routers.update(_routers_in(modules[_block_of(modules, name)], module, None))
+            routers.update(_routers_in(modules[block_of(modules, name)], module, None))
     return tensors, routers
 
 
@@ -126,15 +127,15 @@ def muon_route_table(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> di
             module = getattr(model, getter)() if hasattr(model, getter) else None
         except NotImplementedError:
             module = None
-        for part in _wrapped_modules(module) if module is not None else ():
+        for part in wrapped_modules(module) if module is not None else ():
             embeddings.update(id(p) for p in part.parameters(recurse=False))
 
-    hidden_types = (nn.Linear, *_conv1d_type())
+    hidden_types = (nn.Linear, *conv1d_type())
     hidden = {id(m.weight) for m in model.modules() if isinstance(m, hidden_types)}
     layouts = expert_layouts(model)
     expert_modules = [m for _, _, m, _ in moe_blocks(model) if not isinstance(m, (nn.ModuleList, nn.ModuleDict))]
     expert_params = {id(p) for m in expert_modules for p in m.parameters()}  # with per-expert norms (Ergo)
-    routers = _router_params(model)
+    routers = router_params(model)
     unknown, unknown_routers = _unknown_experts(model)
     routers |= unknown_routers
     patterns = [re.compile(p) for p in adamw_patterns]
@@ -208,7 +209,7 @@ def muon_routing(model: nn.Module, adamw_patterns: Sequence[str] = ()) -> dict[s
     return {name: route for name, (route, _) in table.items() if route is not None}
 
 
-_HYPERBALL_EXPERTS = ("Muon: hyperball does not support mixture-of-experts tensors; use hyperball=False, or "
+HYPERBALL_EXPERTS = ("Muon: hyperball does not support mixture-of-experts tensors; use hyperball=False, or "
                       "adamw_patterns=['experts'] to train the experts with AdamW")
 
 def expert_param_groups(model: nn.Module, routing: dict[str, str], lr: float, weight_decay: float,
@@ -223,7 +224,7 @@ def expert_param_groups(model: nn.Module, routing: dict[str, str], lr: float, we
     for name, route in routing.items():
         if route == "muon_experts":
             if hyperball:
-                raise ValueError(_HYPERBALL_EXPERTS)
+                raise ValueError(HYPERBALL_EXPERTS)
             by_layout.setdefault(layouts[name], []).append((name, named[name]))
     return [{"params": params, "use_muon": True, "lr": lr, "weight_decay": weight_decay, **layout.group_keys()}
             for layout, params in by_layout.items()]

@@ -25,7 +25,7 @@ import torch
 
 from .ademamix import half_life_note
 from .orthogonalize import ns_dtype_note
-from .registry import (OPTIMIZERS, _defaults, _options_with_defaults, check_option_names, check_option_values,
+from .registry import (OPTIMIZERS, builder_defaults, options_with_defaults, check_option_names, check_option_values,
                        create_optimizer, get_optimizer_factory)
 from .sharding import check_sharding_support, detect_sharding
 
@@ -62,7 +62,7 @@ def _adam_kwargs(name: str, args: Any) -> dict[str, Any]:
         return {"betas": (value["adam_beta1"], value["adam_beta2"]), "eps": value["adam_epsilon"]}
     if name not in _ADAM_LIKE:
         return {}
-    own = _defaults(OPTIMIZERS[name])
+    own = builder_defaults(OPTIMIZERS[name])
     away = {field: v != _TRAINER_ADAM_DEFAULTS[field] for field, v in value.items()}
     betas = tuple(value[f] if away[f] else b for f, b in zip(("adam_beta1", "adam_beta2"), own["betas"]))
     betas += tuple(own["betas"][2:])  # AdEMAMix's beta3 is not the Trainer's
@@ -212,7 +212,7 @@ class OptimizerSpec:
 
     def resolved(self) -> dict[str, Any]:
         """Every option of the factory: those given, and its signature's default for the others."""
-        return _options_with_defaults(self.name, self.kwargs)
+        return options_with_defaults(self.name, self.kwargs)
 
     def check_sharding(self, sharding: str) -> None:
         """A one-line ValueError if this optimizer (with these options) does not work under `sharding`."""

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Union
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = ["RestartConfig", "ARG_FIELDS", "restart_config_from_args", "DIRECTIONS", "VARY", "BACKENDS",
            "EXECUTION_FIELDS"]
@@ -87,7 +87,7 @@ class RestartConfig:
         >>> RestartConfig(num_seeds=0)
         Traceback (most recent call last):
         ...
-        hf_fasttrain._validation.ConfigError: RestartConfig.num_seeds: got 0; must be an integer >= 1
+        hf_fasttrain.validation.ConfigError: RestartConfig.num_seeds: got 0; must be an integer >= 1
         ```
     """
 

@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Protocol, runtime_checkable
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 from .config import RestartConfig
 from .ranking import compute_rung_steps, derive_seeds, divergence_reason, num_to_keep, rank_trials
 from .report import CURVES_PNG, SUMMARY_MD, build_summary, plot_curves, summary_markdown, write_summary

@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 from .config import DIRECTIONS
 
 __all__ = [

@@ -13,7 +13,7 @@ from .._files import atomic_write_text, last_complete_checkpoint
 from ..callbacks.stop_at_step import StageFenceCallback
 from ..data.from_args import DataPlan
 from ..config.recipes import resolved_config
-from .._validation import ConfigError
+from ..validation import ConfigError
 from ..restarts import RestartOrchestrator, TrialResult, TrialRunner, TrialSpec, restart_config_from_args
 from ..restarts.config import in_option_words
 from ..callbacks.run_record import checkpoint_log_history

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 from transformers import set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 from ..config.args import DataArguments, FastTrainingArguments, ModelArguments
 from ..callbacks.progress import ReadablePrinterCallback, ReadableProgressCallback
 from ..data.front import run_data

@@ -17,7 +17,7 @@ import math
 import os
 from typing import Any, Dict, Optional, Sequence
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 from ..runinfo import update_run_info
 from .recipe_restarts import RecipeTrialRunner, train_with_restarts
 from .train import train

@@ -42,7 +42,7 @@ from typing import Literal, Optional, get_args
 
 import torch
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = ["AVERAGING_MODES", "AveragingSpec", "ARGS_FIELDS", "decay_from_half_life", "ema_decay_at", "ema_update_", "WeightAverage",
            "check_averaging_settings", "save_average_file", "load_average_file"]

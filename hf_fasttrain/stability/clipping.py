@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = [
     "CLIP_MODES",

@@ -40,7 +40,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Union
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = [
     "ROLLBACK_MODES",
@@ -163,17 +163,17 @@ class GuardConfig:
 
         A bad value raises naming the ``guard_*`` field, as the user wrote it.
         """
-        settings = {name: getattr(args, f"guard_{name}") for name in _ARGS_FIELDS if hasattr(args, f"guard_{name}")}
+        settings = {name: getattr(args, f"guard_{name}") for name in GUARD_ARGS_FIELDS if hasattr(args, f"guard_{name}")}
         try:
             return cls(**settings)
         except ConfigError as err:
-            if err.field not in _ARGS_FIELDS:
+            if err.field not in GUARD_ARGS_FIELDS:
                 raise
             raise ConfigError(f"guard_{err.field}", err.value, err.allowed, err.problem) from None
 
 
 # GuardConfig fields that FastTrainingArguments offers as guard_<name>
-_ARGS_FIELDS = ("spike_window", "spike_sigma", "rollback", "snapshot_every", "max_rollbacks", "grad_norm_ceiling")
+GUARD_ARGS_FIELDS = ("spike_window", "spike_sigma", "rollback", "snapshot_every", "max_rollbacks", "grad_norm_ceiling")
 
 
 @dataclass
@@ -264,7 +264,7 @@ def check_stability_sharding(args: Any) -> None:
     """The guard and value/AGC clipping need whole gradients: refuse FSDP and DeepSpeed in ``args``
     (``divergence_guard``, ``clip_mode``) when the arguments are built, before any data work (the callbacks would
     otherwise raise at on_train_begin, after the data is prepared)."""
-    from .._validation import check
+    from ..validation import check
     from ..optim.sharding import detect_sharding
 
     mode = detect_sharding(args=args)

@@ -38,7 +38,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
 __all__ = [
     "PRECISIONS",

@@ -34,7 +34,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 from torch import nn
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 from ..optim.groups import PARAMETERIZATIONS, output_multiplier, param_roles
 from .mup import apply_transfer
 
@@ -224,14 +224,14 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 
 def _matrix_modules(model: nn.Module) -> dict[str, nn.Module]:
     """name -> module of every linear layer whose weight is a hidden matrix, and the output head."""
-    from ..optim.routing import _conv1d_type
+    from ..optim.routing import conv1d_type
 
     roles = param_roles(model)
     head = model.get_output_embeddings()
     out = {}
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
-        if not isinstance(module, (nn.Linear, *_conv1d_type())) or weight is None:
+        if not isinstance(module, (nn.Linear, *conv1d_type())) or weight is None:
             continue
         if module is head:
             out["head"] = module

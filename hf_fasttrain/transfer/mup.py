@@ -39,7 +39,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 from ..optim.groups import (OUTPUT_MULTIPLIER_ATTR, check_parameterization, model_depth, model_width, param_roles,
                            width_multiplier)
 

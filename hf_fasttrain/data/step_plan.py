@@ -3,7 +3,7 @@
 A *plan* is one epoch as a list of steps, a step one batch per rank (``plan[step][rank]``). This module
 holds the checks, the seeded randomness (its own `torch.Generator` per (seed, epoch, stream), never the
 global RNG), the helpers that deal and split batches, `StepPlanSettings` (what every plan shares: seed, ranks,
-gradient accumulation, drop_last), and `_StepPlanBatchSampler`, the base class that yields a rank's batches
+gradient accumulation, drop_last), and `StepPlanBatchSampler`, the base class that yields a rank's batches
 of a plan and saves (epoch, position) for a resume. The plans themselves live in
 `samplers` (length grouping, curriculum), `token_budget` (token budgets, batch-size warmup) and `packing`.
 """
@@ -18,9 +18,21 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from .._validation import ConfigError
+from ..validation import ConfigError
 
-__all__ = ["Step", "StepPlanSettings"]
+__all__ = [
+    "Step",
+    "StepPlanSettings",
+    "StepPlanBatchSampler",
+    "as_lengths",
+    "check_int",
+    "check_world",
+    "permutation",
+    "shuffle_steps",
+    "deal",
+    "split_to_multiple",
+    "halves",
+]
 
 Step = list[list[int]]  # one batch (list of dataset indices) per rank
 
@@ -28,7 +40,7 @@ Step = list[list[int]]  # one batch (list of dataset indices) per rank
 # ---- checks -------------------------------------------------------------------------------------
 
 
-def _as_lengths(lengths: Sequence[int]) -> np.ndarray:
+def as_lengths(lengths: Sequence[int]) -> np.ndarray:
     arr = np.asarray(lengths)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"lengths must be a non-empty 1-D sequence of integers; got shape {arr.shape}.")
@@ -39,13 +51,13 @@ def _as_lengths(lengths: Sequence[int]) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def _check_int(field: str, value: Any, minimum: int) -> None:
+def check_int(field: str, value: Any, minimum: int) -> None:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
         raise ConfigError(field, value, f"must be an integer >= {minimum}")
 
 
-def _check_world(world_size: int, rank: int | None = None) -> None:
-    _check_int("world_size", world_size, 1)
+def check_world(world_size: int, rank: int | None = None) -> None:
+    check_int("world_size", world_size, 1)
     if rank is not None and (not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size):
         raise ConfigError("rank", rank, f"must be an integer in [0, world_size={world_size})")
 
@@ -80,9 +92,9 @@ class StepPlanSettings:
     drop_last: bool = False
 
     def __post_init__(self) -> None:
-        _check_int("seed", self.seed, 0)
-        _check_world(self.world_size, self.rank)
-        _check_int("grad_accum", self.grad_accum, 1)
+        check_int("seed", self.seed, 0)
+        check_world(self.world_size, self.rank)
+        check_int("grad_accum", self.grad_accum, 1)
         if not isinstance(self.drop_last, (bool, np.bool_)):
             raise ConfigError("drop_last", self.drop_last, "must be true or false")
         for name in ("seed", "world_size", "rank", "grad_accum"):  # numpy integers in, plain ints kept
@@ -100,19 +112,19 @@ def _generator(seed: int, epoch: int, stream: int = 0) -> torch.Generator:
     return g
 
 
-def _permutation(n: int, seed: int, epoch: int, stream: int = 0) -> np.ndarray:
+def permutation(n: int, seed: int, epoch: int, stream: int = 0) -> np.ndarray:
     return torch.randperm(n, generator=_generator(seed, epoch, stream)).numpy()
 
 
-def _shuffle_steps(steps: list[Step], seed: int, epoch: int) -> list[Step]:
-    order = _permutation(len(steps), seed, epoch, stream=1)
+def shuffle_steps(steps: list[Step], seed: int, epoch: int) -> list[Step]:
+    order = permutation(len(steps), seed, epoch, stream=1)
     return [steps[i] for i in order]
 
 
 # ---- helpers shared by the plans ----------------------------------------------------------------
 
 
-def _deal(group: Sequence[int], world_size: int, fill: Sequence[int]) -> Step:
+def deal(group: Sequence[int], world_size: int, fill: Sequence[int]) -> Step:
     """Split `group` into `world_size` contiguous batches as even as possible (sizes differ by <= 1).
 
     With fewer examples than ranks, examples from `fill` (the epoch's order) are repeated so every
@@ -132,7 +144,7 @@ def _deal(group: Sequence[int], world_size: int, fill: Sequence[int]) -> Step:
     return out
 
 
-def _split_to_multiple(
+def split_to_multiple(
     batches: list[Any], multiple: int, weight: Callable[[Any], int], split: Callable[[Any], tuple[Any, Any]]
 ) -> list[Any]:
     """Split the heaviest batches in half, in place, until ``len(batches) % multiple == 0``.
@@ -152,12 +164,12 @@ def _split_to_multiple(
     return batches
 
 
-def _halves(batch: list[int]) -> tuple[list[int], list[int]]:
+def halves(batch: list[int]) -> tuple[list[int], list[int]]:
     mid = (len(batch) + 1) // 2
     return batch[:mid], batch[mid:]
 
 
-class _StepPlanBatchSampler(Sampler[list[int]]):
+class StepPlanBatchSampler(Sampler[list[int]]):
     """Base: yields ``plan(epoch)[k][rank]`` for k = resume position .. end; state is (epoch, position).
 
     A subclass names its pure plan function in `_plan_steps` and passes the shared `StepPlanSettings` whole and
@@ -169,7 +181,7 @@ class _StepPlanBatchSampler(Sampler[list[int]]):
 
     def __init__(self, lengths: Sequence[int], settings: StepPlanSettings, **own: Any):
         self.settings = settings
-        self.lengths = _as_lengths(lengths)
+        self.lengths = as_lengths(lengths)
         self._own = tuple(own)
         for name, value in own.items():
             setattr(self, name, value)
@@ -211,7 +223,7 @@ class _StepPlanBatchSampler(Sampler[list[int]]):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose plan the next iteration yields (called by Trainer/accelerate)."""
-        _check_int("epoch", epoch, 0)
+        check_int("epoch", epoch, 0)
         if int(epoch) != self.epoch:
             self.epoch = int(epoch)
             self.position = 0

@@ -2,12 +2,12 @@
 
 Importing torch and transformers takes seconds; a typo or a bad value should not wait for them. This
 module reads the option list (names, types, defaults, help, technique groups) from the *source* of
-``hf_fasttrain/config/args.py``, ``hf_fasttrain/config/_model_data_args.py`` and the installed
+``hf_fasttrain/config/args.py``, ``hf_fasttrain/config/model_data_args.py`` and the installed
 ``transformers/training_args.py`` with :mod:`ast` (nothing is imported or executed), and with it:
 
 - renders the grouped ``--help`` (:func:`render_help`),
 - refuses unknown flags and recipe keys with a did-you-mean, keys written twice in one YAML mapping, and
-  out-of-range numbers (:func:`preflight`), with the same :class:`~hf_fasttrain._validation.ConfigError`
+  out-of-range numbers (:func:`preflight`), with the same :class:`~hf_fasttrain.validation.ConfigError`
   the full validation raises.
 
 It is only a fast path: whatever it accepts is validated again, completely, by the dataclasses. When the
@@ -24,12 +24,12 @@ import textwrap
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from ._recipe_files import _load_local_recipe, check_duplicate_keys, config_source, default_recipe_dirs, find_recipes
-from .._validation import TRAINING_RANGES, ConfigError, check_ranges, unknown_name, unknown_recipe_key
+from ._recipe_files import load_local_recipe, check_duplicate_keys, config_source, default_recipe_dirs, find_recipes
+from ..validation import TRAINING_RANGES, ConfigError, check_ranges, unknown_name, unknown_recipe_key
 
 __all__ = ["RECIPE_DEFAULTS", "Option", "load_schema", "find_recipes", "default_recipe_dirs", "preflight", "render_help",
            "check_duplicate_keys", "split_flags", "choices", "allowed_values",
-           "config_source"]
+           "config_source", "format_default", "first_sentence", "flag_names"]
 
 _PKG = Path(__file__).resolve().parent.parent  # the package root
 MISSING = object()
@@ -73,7 +73,7 @@ CHOICES = {
     "restart_direction": ("restarts/config.py", "DIRECTIONS"),
     "restart_vary": ("restarts/config.py", "VARY"),
     "restart_backend": ("restarts/config.py", "BACKENDS"),
-    "data_format": ("config/_model_data_args.py", "DATA_FORMATS"),
+    "data_format": ("config/model_data_args.py", "DATA_FORMATS"),
 }
 # choices checked in place (no constant to read)
 INLINE_CHOICES = {"restart_parallel": ("no", "per_gpu")}
@@ -185,7 +185,7 @@ def _transformers_training_args() -> Optional[Path]:
 def load_schema() -> Optional[dict[str, Option]]:
     """Every command-line option by name (ours override the Trainer's), or None if a source is unreadable."""
     try:
-        ours = {name: (_PKG / name).read_text(encoding="utf-8") for name in ("config/_model_data_args.py", "config/args.py")}
+        ours = {name: (_PKG / name).read_text(encoding="utf-8") for name in ("config/model_data_args.py", "config/args.py")}
         tpath = _transformers_training_args()
         if tpath is None:
             return None
@@ -196,8 +196,8 @@ def load_schema() -> Optional[dict[str, Option]]:
     schema: dict[str, Option] = {}
     for opt in _class_fields(their_tree, theirs, "TrainingArguments", None, trainer=True):
         schema[opt.name] = dataclasses.replace(opt, group="Trainer", help=TRAINER_HELP.get(opt.name, opt.help))
-    for cls, section, name in (("ModelArguments", "model", "config/_model_data_args.py"),
-                               ("DataArguments", "data", "config/_model_data_args.py"),
+    for cls, section, name in (("ModelArguments", "model", "config/model_data_args.py"),
+                               ("DataArguments", "data", "config/model_data_args.py"),
                                ("FastTrainingArguments", None, "config/args.py")):
         for opt in _class_fields(our_trees[name], ours[name], cls, section, trainer=False):
             if section is not None:
@@ -216,7 +216,7 @@ def load_schema() -> Optional[dict[str, Option]]:
 _BOOL_WORDS = ("true", "false", "yes", "no", "1", "0", "t", "f", "y", "n")
 
 
-def _flag_names(schema: Mapping[str, Option]) -> dict[str, str]:
+def flag_names(schema: Mapping[str, Option]) -> dict[str, str]:
     """Flag (without dashes) -> field, including argparse's ``--no_<field>`` for bools that default to True."""
     names = {n: n for n in schema}
     for n, opt in schema.items():
@@ -229,7 +229,7 @@ def split_flags(argv: Sequence[str], schema: Mapping[str, Option], extra: Sequen
                 ) -> list[tuple[str, list[str]]]:
     """``[(field, [values])]`` from ``--field value`` / ``--field=value`` / ``--flag``; an unknown flag
     (not a field, not in ``extra``; a prefix of one is unknown too) raises the did-you-mean ConfigError."""
-    names = _flag_names(schema)
+    names = flag_names(schema)
     out: list[tuple[str, list[str]]] = []
     i = 0
     while i < len(argv):
@@ -312,7 +312,7 @@ def preflight(argv: Sequence[str], extra_flags: Sequence[str] = ("config", "help
     values: dict[str, Any] = {}
     config = [v for f, v in flags if f == "config"]
     if config and config[-1]:
-        recipe = _load_local_recipe(config[-1][0])
+        recipe = load_local_recipe(config[-1][0])
         for key, value in (recipe or {}).items():
             if key in ("model", "data", "peft") and isinstance(value, dict):
                 known = [n for n, o in schema.items() if _in_section(o, key) or (key == "model" and o.section == key)]
@@ -341,7 +341,7 @@ def preflight(argv: Sequence[str], extra_flags: Sequence[str] = ("config", "help
 
 
 # -- help ------------------------------------------------------------------------------------------
-def _fmt_default(v: Any) -> str:
+def format_default(v: Any) -> str:
     if v is MISSING:
         return ""
     if v is None:
@@ -355,16 +355,16 @@ def _fmt_default(v: Any) -> str:
 _SENTENCE_END = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bal\.)(?<=[.;])\s")
 
 
-def _first_sentence(text: str) -> str:
+def first_sentence(text: str) -> str:
     """The first sentence of a help text, whole (the short help wraps it; it never cuts one mid-phrase).
 
-    >>> _first_sentence("Pick one. More text.")
+    >>> first_sentence("Pick one. More text.")
     'Pick one'
-    >>> _first_sentence("Warmup (Li et al. 2022) for rows, e.g. text. More.")
+    >>> first_sentence("Warmup (Li et al. 2022) for rows, e.g. text. More.")
     'Warmup (Li et al. 2022) for rows, e.g. text'
-    >>> _first_sentence("Optimizer by name ('adamw', 'lion', 'ademamix', 'soap', 'muon')")
+    >>> first_sentence("Optimizer by name ('adamw', 'lion', 'ademamix', 'soap', 'muon')")
     "Optimizer by name ('adamw', 'lion', 'ademamix', 'soap', 'muon')"
-    >>> _first_sentence("Rows (cut to fit; then padded) of one length. More.")
+    >>> first_sentence("Rows (cut to fit; then padded) of one length. More.")
     'Rows (cut to fit; then padded) of one length'
     """
     text = text.strip()
@@ -499,8 +499,8 @@ def render_help(description: str, recipe: Optional[Mapping[str, Any]] = None, re
 
     def row(opt: Option) -> list[str]:
         dv = values.get(opt.name, opt.default)
-        tag = f" [{_fmt_default(dv)}]" if _fmt_default(dv) else ""
-        out = wrap_row(f"  --{opt.name}", f"{opt.help if full else _first_sentence(opt.help)}{tag}", col, width)
+        tag = f" [{format_default(dv)}]" if format_default(dv) else ""
+        out = wrap_row(f"  --{opt.name}", f"{opt.help if full else first_sentence(opt.help)}{tag}", col, width)
         out += textwrap.wrap(f"values: {allowed_values(opt)}", width, initial_indent=indent, subsequent_indent=indent + "  ",
                              break_on_hyphens=False)
         return out

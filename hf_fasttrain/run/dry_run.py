@@ -28,12 +28,12 @@ SOURCES = ("default", "recipe", "flag", "budget_aware", "derived")
 
 def _given_flags(argv: Sequence[str]) -> set[str]:
     """The options set by a flag (``--no_<field>`` counts for ``<field>``)."""
-    from ..config._options import _flag_names, load_schema, split_flags
+    from ..config.options import flag_names, load_schema, split_flags
 
     schema = load_schema()
     if schema is None:  # no fast path: the flags as written
         return {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
-    names = _flag_names(schema)
+    names = flag_names(schema)
     return {names.get(f, f) for f, _ in split_flags(argv, schema, extra=("config", "dry_run", "debug"))}
 
 
@@ -102,7 +102,7 @@ def _field_defaults() -> dict[str, Any]:
     import dataclasses
 
     from ..config.args import DataArguments, FastTrainingArguments, ModelArguments
-    from ..runinfo import _plain
+    from ..runinfo import plain_value
 
     out = {}
     for cls in (ModelArguments, DataArguments, FastTrainingArguments):
@@ -113,7 +113,7 @@ def _field_defaults() -> dict[str, Any]:
                 value = f.default_factory()
             else:
                 continue
-            out[f.name] = _plain(getattr(value, "value", value))
+            out[f.name] = plain_value(getattr(value, "value", value))
     return out
 
 
@@ -124,8 +124,8 @@ def option_sources(config: Mapping[str, Any], argv: Sequence[str], budget: Seque
 
     A budget_aware setting wins over the flag or recipe value it replaced (the run trains with the measured one).
     """
-    from ..config._model_data_args import SIZE_ALIASES
-    from ..config._options import config_source
+    from ..config.model_data_args import SIZE_ALIASES
+    from ..config.options import config_source
 
     flags, recipe = _given_flags(argv), _recipe_keys(config_source(argv))
     for short, long in SIZE_ALIASES.items():  # n_layer and num_hidden_layers are one option

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .._validation import ConfigError
-from .._validation import check as _check
+from ..validation import ConfigError
+from ..validation import check as _check
 from .decoders import check_model_config, check_model_type
 
 __all__ = ["ModelArguments", "DataArguments", "SIZE_ALIASES", "SIZE_DEFAULTS", "DATA_FORMATS"]

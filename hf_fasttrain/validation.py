@@ -12,11 +12,11 @@ This module imports nothing of the package and nothing outside the standard libr
 guard, restarts, ...) raise through it too.
 
 Example:
-    >>> from hf_fasttrain._validation import check_ranges
+    >>> from hf_fasttrain.validation import check_ranges
     >>> check_ranges({"learning_rate": 0.0})
     Traceback (most recent call last):
     ...
-    hf_fasttrain._validation.ConfigError: learning_rate: got 0.0; must be a finite number > 0
+    hf_fasttrain.validation.ConfigError: learning_rate: got 0.0; must be a finite number > 0
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def check_output_dir(output_dir: Any, field: str = "output_dir") -> Optional[str
         >>> check_output_dir(f / "run")  # doctest: +IGNORE_EXCEPTION_DETAIL
         Traceback (most recent call last):
         ...
-        hf_fasttrain._validation.ConfigError: output_dir: ... is under the file ...; give a folder path ...
+        hf_fasttrain.validation.ConfigError: output_dir: ... is under the file ...; give a folder path ...
     """
     path = os.path.abspath(os.fspath(output_dir))
     allowed = "give a folder path (new or existing) that you can write to"

@@ -23,7 +23,7 @@ import argparse
 import os
 from typing import Any, Optional, Sequence
 
-from .._validation import ConfigError, check
+from ..validation import ConfigError, check
 
 __all__ = ["generate", "load_run_model", "make_parser", "main"]
 
@@ -61,7 +61,7 @@ def load_run_model(path: str, weights: str = "average") -> tuple[Any, Any, str]:
     """``(model, tokenizer, what)`` of a run's folder or checkpoint, read offline; ``what`` says which weights.
 
     ``weights="iterate"`` on the folder of a run that averaged loads its last checkpoint's own weights.
-    Raises :class:`~hf_fasttrain._validation.ConfigError` (one line) for a folder that is missing or holds no
+    Raises :class:`~hf_fasttrain.validation.ConfigError` (one line) for a folder that is missing or holds no
     model or tokenizer, and for ``weights="iterate"`` on the folder of a run that averaged and kept no checkpoint.
     """
     check(weights in WEIGHTS, "weights", weights, f"allowed: {', '.join(WEIGHTS)}")
@@ -200,7 +200,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def _usage_error(message: str):
     """argparse's errors as one line: ``error: <field>: <what is wrong>; <what is allowed>``."""
-    from .._validation import argparse_error
+    from ..validation import argparse_error
 
     err = argparse_error(message, [f"--{a.dest}" for a in make_parser()._actions if a.dest != "help"])
     if err.field == "model" and not err.allowed:
