@@ -40,6 +40,7 @@ if not __package__:  # run as a file: the imported hf_fasttrain might not be thi
 import argparse
 import dataclasses
 import hashlib
+import json
 import math
 import statistics
 import sys
@@ -427,6 +428,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
 
 PAGE = ROOT / "docs" / "benchmarks" / "transfer.md"
+GAIN_NAME = "transfer_gain.json"  # the gain across width's results, beside the study's
 BEGIN, END = "<!-- begin: python -m benchmarks.transfer --report -->", "<!-- end: python -m benchmarks.transfer --report -->"
 PLANNED_CORPORA = ("python", "text:tinyshakespeare/input.txt")
 CORPUS_TITLES = {"python": "the embedded corpus (Python sources)", "text:tinyshakespeare/input.txt": "tinyshakespeare"}
@@ -512,7 +514,13 @@ def not_run(data: dict[str, Any]) -> list[str]:
     if not any(len(row["best_lr_by_tokens"]) >= 3 for arm in RULES for row in lengths.get(arm, {}).values()):
         out.append("Run length (the best lr at 0.25x and 4x the tokens) for `adamw-mup` and `muon-mup`: not run "
                    "to completion" + (" (the table above holds what ran)." if lengths else "."))
-    out.append("The gain across width (the recipe against hf-best at the same tokens per parameter): not run.")
+    gain = data["summary"].get("gain") or {}
+    rows = gain.get("widths") or {}
+    if len(rows) < 2:
+        out.append("The gain across width (the recipe against hf-best at the same tokens per parameter): not run "
+                   "at two widths.")
+    elif not any("walk" in r for r in rows.values()):
+        out.append("The gain across width: the lr walk at the widest width did not run.")
     if not data["summary"].get("tune_and_train"):
         out.append("Tune small, train big (`tune-and-train`): not run at the study's widths.")
     return out
@@ -570,6 +578,9 @@ def page_block(data: dict[str, Any]) -> str:
         parts.append(_md(["arm", "searched at width", "trained at width", "lr", "final eval loss",
                           "% above the study's best there", "its lr walk: final eval loss",
                           "% above the walk's best"], rows))
+    gain = summary.get("gain") or {}
+    if gain.get("widths"):
+        parts.append(gain_block(gain))
     parts.append("## Not run\n\n" + "\n".join(f"- {line}" for line in not_run(data)))
     for corpus, by_length in summary["transfer"].items():
         for length, arms in by_length.items():
@@ -577,6 +588,39 @@ def page_block(data: dict[str, Any]) -> str:
                          + _indent(search_log(arms)))
     parts.append("??? note \"Commands\"\n" + _indent("\n".join(f"`{c}`\n" for c in summary.get("commands", []))))
     return "\n\n".join(parts)
+
+
+def gain_block(gain: dict[str, Any]) -> str:
+    """The page's section on the gain across width (``benchmarks.transfer_gain``'s summary)."""
+    from benchmarks.transfer_gain import tables as gain_tables
+
+    rows = gain["widths"]
+    widths = sorted(int(w) for w in rows)
+    lrs = gain.get("base_lrs") or {}
+    lines = [f"The recipe (muP based at width {widths[0]}) against hf-best (the Trainer's options, its lr scaled "
+             f"by width^{gain['hf_exponent']:.2f}, the slope of standard AdamW's best lr against width on the embedded "
+             f"corpus), each tuned at "
+             f"width {widths[0]} (recipe lr {lrs.get('recipe', float('nan')):.3g}, hf-best lr "
+             f"{lrs.get('hf-best', float('nan')):.3g}), every width at {gain['tokens_per_param']:g} tokens per "
+             "non-embedding parameter, one seed. The token ratio is the recipe's tokens to hf-best's final loss "
+             "over hf-best's tokens."]
+    ratios = [(w, rows[str(w)]["tokens_ratio"]) for w in widths if rows[str(w)]["tokens_ratio"] is not None]
+    if len(ratios) > 1:
+        (w0, r0), (w1, r1) = ratios[0], ratios[-1]
+        lines.append(f"The ratio is {r0:.2f}x at width {w0} and {r1:.2f}x at width {w1}, a change of "
+                     f"{r1 - r0:+.2f}.")
+    widest = rows[str(widths[-1])]
+    if "walk" in widest:
+        above = widest["carried_above_walk_best_pct"]
+        best = widest["walk_best"]
+        lines.append(f"At width {widths[-1]} the carried lr ends {above['recipe']:+.2f}% (recipe) and "
+                     f"{above['hf-best']:+.2f}% (hf-best) above the best of its lr walk; between the two walks' "
+                     f"best runs the ratio is {_ratio_text(best.get('tokens_ratio'))}.")
+    return ("## The gain across width\n\n" + "\n".join(lines) + "\n\n" + gain_tables(gain))
+
+
+def _ratio_text(x: Optional[float]) -> str:
+    return "n/a (the recipe does not reach hf-best's loss)" if x is None else f"{x:.2f}x"
 
 
 def _pct(x: Optional[float]) -> str:
@@ -599,6 +643,11 @@ def report(ledger: Ledger, out: Path, name: str, page: Optional[Path] = None) ->
     # what the page quotes besides the runs, as of this report (a study running on adds commands and runs)
     summary["commands"] = list(ledger.data.get("commands", []))
     summary["tune_and_train"] = dict(ledger.data.get("tune_and_train") or {})
+    gain = out / GAIN_NAME
+    if gain.exists():  # the gain across width (benchmarks.transfer_gain) as of this report
+        summary["gain"] = json.loads(gain.read_text()).get("summary") or {}
+        gain_commands = json.loads(gain.read_text()).get("commands", [])
+        summary["commands"] += [c for c in gain_commands if c not in summary["commands"]]
     ledger.data["summary"] = summary
     ledger.save()
     env = ledger.data.get("environment") or {}
