@@ -597,7 +597,9 @@ def gain_block(gain: dict[str, Any]) -> str:
     rows = gain["widths"]
     widths = sorted(int(w) for w in rows)
     lrs = gain.get("base_lrs") or {}
-    lines = [f"The recipe (muP based at width {widths[0]}) against hf-best (the Trainer's options, its lr scaled "
+    k = gain.get("recipe_tokens_exponent") or 0.0
+    lines = [f"The recipe (muP based at width {widths[0]}, its lr scaled by the run's tokens^{k:.2f}, the mean "
+             f"exponent of the run-length table) against hf-best (the Trainer's options, its lr scaled "
              f"by width^{gain['hf_exponent']:.2f}, the slope of standard AdamW's best lr against width on the embedded "
              f"corpus), each tuned at "
              f"width {widths[0]} (recipe lr {lrs.get('recipe', float('nan')):.3g}, hf-best lr "
@@ -609,6 +611,9 @@ def gain_block(gain: dict[str, Any]) -> str:
         (w0, r0), (w1, r1) = ratios[0], ratios[-1]
         lines.append(f"The ratio is {r0:.2f}x at width {w0} and {r1:.2f}x at width {w1}, a change of "
                      f"{r1 - r0:+.2f}.")
+    for w, u in sorted((gain.get("recipe_lr_unchanged") or {}).items(), key=lambda kv: int(kv[0])):
+        lines.append(f"With the lr unchanged ({u['lr']:.3g}, muP alone) the recipe ends at {u['final_eval_loss']:.4f} "
+                     f"at width {w}, token ratio {_ratio_text(u['tokens_ratio'])}.")
     widest = rows[str(widths[-1])]
     if "walk" in widest:
         above = widest["carried_above_walk_best_pct"]

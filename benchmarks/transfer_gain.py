@@ -10,8 +10,10 @@ of 64 tokens a step, the embedded corpus). Each width trains ``--tokens-per-para
 Two arms, each tuned at the smallest width and carried to the wider ones by its own transfer rule:
 
 - ``recipe``: the tiny recipe's settings (the ``fasttrain`` arm: Muon, cosine to 10%, the divergence guard, the EMA
-  of the weights, the sequence-length warmup) with ``parameterization: mup`` based at the smallest width; its
-  peak lr is carried unchanged.
+  of the weights, the sequence-length warmup) with ``parameterization: mup`` based at the smallest width. muP
+  holds the lr across width at equal tokens; a wider width here also trains more tokens, so its peak lr is carried
+  as lr x (tokens / base tokens)^k, with k the mean exponent ``budget_aware``'s table measured for Muon under muP
+  (``hf_fasttrain.config.budget.LR_BY_TOKENS``; ``--recipe-tokens-exponent`` overrides it, 0 carries it unchanged).
 - ``hf-best``: the Trainer with hf-best's options (AdamW, warmup-stable-decay, beta2 0.999, wd 0.1, clip 1); its
   peak lr is carried as lr x (width / base)^a, with a the slope of log2 best lr against log2 width that the
   transfer study measured for standard AdamW (``transfer.json``; ``--hf-exponent`` overrides it).
@@ -44,8 +46,9 @@ from benchmarks._harness.ledger import Ledger
 from benchmarks._harness.lm import FASTTRAIN_EXTRA, HF_BEST, MUON_RECIPE, Arm, crossing, run_key
 from benchmarks._harness.sweeps import fit_line
 from benchmarks.transfer import BATCH, BLOCK, MAX_EXTEND, ArmSweep, _non_embedding, width_setup
+from hf_fasttrain.config.budget import LR_BY_TOKENS
 
-__all__ = ["ARMS", "WIDTHS", "steps_for", "gain_arm", "hf_exponent", "carried_lr", "summarise", "main"]
+__all__ = ["ARMS", "WIDTHS", "steps_for", "gain_arm", "hf_exponent", "recipe_tokens_exponent", "carried_lr", "summarise", "main"]
 
 WIDTHS = (128, 256, 512)
 TOKENS_PER_PARAM = 0.1  # 630K tokens at width 512: about 10-20 minutes a run on one CPU core
@@ -85,10 +88,20 @@ def hf_exponent(transfer: dict[str, Any]) -> Optional[float]:
     return line["slope"] if line else None
 
 
-def carried_lr(arm: str, base_lr: float, width: int, base_width: int, exponent: float) -> float:
-    """The lr an arm carries from ``base_width`` to ``width``: unchanged under the recipe's muP, scaled by
-    (width / base)^exponent for hf-best."""
-    return base_lr if arm == "recipe" else base_lr * (width / base_width) ** exponent
+def recipe_tokens_exponent() -> float:
+    """The mean over widths of the exponent of Muon-muP's best lr against tokens in ``budget_aware``'s table."""
+    ks = list(LR_BY_TOKENS["families"]["muon"]["exponents"].values())
+    return sum(ks) / len(ks)
+
+
+def carried_lr(arm: str, base_lr: float, width: int, base_width: int, exponent: float,
+               tokens_exponent: float = 0.0, tokens_per_param: float = TOKENS_PER_PARAM) -> float:
+    """The lr an arm carries from ``base_width`` to ``width``: for the recipe (muP) scaled by the run's tokens over
+    the base width's to the ``tokens_exponent``; for hf-best by (width / base)^exponent."""
+    if arm == "recipe":
+        ratio = steps_for(width, tokens_per_param) / steps_for(base_width, tokens_per_param)
+        return base_lr * ratio ** tokens_exponent
+    return base_lr * (width / base_width) ** exponent
 
 
 def _ratio(recipe_run: dict[str, Any], hf_run: dict[str, Any]) -> dict[str, Any]:
@@ -125,9 +138,20 @@ def summarise(data: dict[str, Any]) -> dict[str, Any]:
                 arm: 100 * (got[arm]["final_eval_loss"] / best[arm]["final_eval_loss"] - 1) for arm in ARMS}
             row["walk_best"] = {f"{arm}_lr": best[arm]["lr"] for arm in ARMS} | _ratio(best["recipe"], best["hf-best"])
         rows[str(w)] = row
+    # the recipe at the base width's lr unchanged (muP alone), where such a run is in the ledger
+    unchanged = {}
+    base_lr = (plan.get("base_lrs") or {}).get("recipe")
+    for w in plan.get("widths", [])[1:]:
+        hf_key = plan["carried"].get("hf-best", {}).get(str(w))
+        same = [r for k, r in runs.items() if r["arm"] == "recipe" and r["width"] == w and r["lr"] == base_lr
+                and k != plan["carried"]["recipe"].get(str(w))]
+        if same and hf_key in runs:
+            unchanged[str(w)] = {"lr": base_lr, "final_eval_loss": same[0]["final_eval_loss"],
+                                 **_ratio(same[0], runs[hf_key])}
     ratios = [(int(w), r["tokens_ratio"]) for w, r in rows.items() if r["tokens_ratio"] is not None]
     change = (ratios[-1][1] - ratios[0][1]) if len(ratios) > 1 else None
     return {"widths": rows, "tokens_per_param": plan.get("tokens_per_param"), "hf_exponent": plan.get("hf_exponent"),
+            "recipe_tokens_exponent": plan.get("recipe_tokens_exponent"), "recipe_lr_unchanged": unchanged,
             "base_lrs": plan.get("base_lrs"), "ratio_change_smallest_to_widest": change}
 
 
@@ -206,6 +230,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="tokens trained per non-embedding parameter at every width")
     p.add_argument("--hf-exponent", type=float, default=None,
                    help="hf-best's lr ~ width^a; default: the slope the transfer study measured for standard AdamW")
+    p.add_argument("--recipe-tokens-exponent", type=float, default=None,
+                   help="the recipe's lr ~ tokens^k from the smallest width's run; default: budget_aware's measured "
+                        "Muon-muP exponent (mean over its widths)")
     p.add_argument("--max-extend", type=int, default=MAX_EXTEND, help="grid growths at an edge at the smallest width")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (one run at a time)")
     p.add_argument("--report", action="store_true", help="rebuild the tables and the PNG from the JSON; no training")
@@ -275,7 +302,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     if command not in ledger.data["commands"]:
         ledger.data["commands"].append(command)
     base = widths[0]
+    k = recipe_tokens_exponent() if ns.recipe_tokens_exponent is None else ns.recipe_tokens_exponent
     plan = {"widths": widths, "tokens_per_param": ns.tokens_per_param, "hf_exponent": exponent,
+            "recipe_tokens_exponent": k,
             "base_lrs": {}, "carried": {a: {} for a in ARMS}, "walk": {a: {} for a in ARMS},
             "grid": {a: {} for a in ARMS}}
     ledger.data["plan"] = plan
@@ -298,13 +327,13 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     # 2. carry both to each wider width; 3. at the widest, the walk x 1/2 and x 2 around each carried lr
     for w in widths[1:]:
         for arm in ARMS:
-            lr = carried_lr(arm, plan["base_lrs"][arm], w, base, exponent)
+            lr = carried_lr(arm, plan["base_lrs"][arm], w, base, exponent, k, ns.tokens_per_param)
             plan["carried"][arm][str(w)] = runner.run(arm, w, lr)["key"]
             ledger.save()
     w = widths[-1]
     for k in (-1, 1):
         for arm in ARMS:
-            lr = carried_lr(arm, plan["base_lrs"][arm], w, base, exponent)
+            lr = carried_lr(arm, plan["base_lrs"][arm], w, base, exponent, k, ns.tokens_per_param)
             key = runner.run(arm, w, lr * 2.0 ** k)["key"]
             # looked up after the run: a save may replace the ledger's unchanged entries by fresh copies
             walk = plan["walk"][arm].setdefault(str(w), [plan["carried"][arm][str(w)]])

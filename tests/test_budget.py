@@ -463,3 +463,47 @@ def test_a_budget_aware_run_trains_and_records_as_the_same_settings_given(tmp_pa
     assert {k: recorded[k] for k in chosen} == {k: yaml.safe_load(yaml.safe_dump(v)) for k, v in chosen.items()}
     assert (budgeted.args.lr_decay, budgeted.args.weight_decay) == ("cosine", 0.5)
     assert (budgeted.run_options["lr_decay"], budgeted.run_options["weight_decay"]) == ("cosine", 0.5)
+
+
+def test_the_lr_by_tokens_line_says_what_the_run_length_study_measured():
+    """budget_aware's line says how the best lr moved with tokens where the transfer study measured it (Muon
+    under muP: it fell at every longer run), and says it does not know where the study saw no trend (AdamW under
+    muP) or did not measure (any other optimizer); the table's exponents are the study's, to two decimals."""
+    import json
+    from pathlib import Path
+
+    from hf_fasttrain.config.budget import LR_BY_TOKENS, lr_by_tokens
+
+    study = json.loads((Path(__file__).parents[1] / "benchmarks/results/transfer.json").read_text())
+    measured = study["summary"]["run_length"]["python"]
+    for family, arm in (("muon", "muon-mup"), ("adamw", "adamw-mup")):
+        for w, k in LR_BY_TOKENS["families"][family]["exponents"].items():
+            assert k == round(measured[arm][w]["exponent"], 2)
+            lrs = [measured[arm][w]["best_lr_by_tokens"][t] for t in sorted(measured[arm][w]["best_lr_by_tokens"], key=int)]
+            falls = all(b < a for a, b in zip(lrs, lrs[1:]))  # lower at every longer run
+            assert LR_BY_TOKENS["families"][family]["trend"] == ("falls" if falls else "none")
+    assert lr_by_tokens("muon") == ("lr by tokens: the best peak lr fell as tokens^-0.42 (width 64) and "
+                                    "tokens^-0.62 (width 128) at 0.08-4.91 tokens per parameter, parameterization "
+                                    "mup: the lr stays yours; lower it for a longer run")
+    assert lr_by_tokens("adamw").startswith("lr by tokens: not known for 'adamw' (the best lr moved as "
+                                            "tokens^+0.04 (width 64) and tokens^-0.21 (width 128)")
+    assert lr_by_tokens("soap") == "lr by tokens: not measured for 'soap'; the lr stays yours"
+    assert lr_by_tokens(None) == "lr by tokens: not measured for the Trainer optim; the lr stays yours"
+    page = (Path(__file__).parents[1] / "docs/techniques/schedules.md").read_text(encoding="utf-8")
+    for w, k in LR_BY_TOKENS["families"]["muon"]["exponents"].items():  # the schedules card quotes the table
+        assert f"tokens^{k:+.2f} at\nwidth {w}" in page or f"tokens^{k:+.2f} at width {w}" in page
+    # the tokens per parameter span: 0.25x and 4x of 122,880 tokens over each width's non-embedding parameters
+    from benchmarks.transfer import _non_embedding
+
+    for w, (lo, hi) in LR_BY_TOKENS["tokens_per_param"].items():
+        assert (lo, hi) == (round(30_720 / _non_embedding(int(w)), 2), round(491_520 / _non_embedding(int(w)), 2))
+
+
+def test_budget_aware_s_line_ends_with_the_lr_by_tokens_clause(tmp_path):
+    from hf_fasttrain.config.budget import describe_budget, lr_by_tokens
+    from hf_fasttrain.config.plan import RunPlan
+
+    args = tiny_args(tmp_path, max_steps=2, optimizer="muon")
+    applied = RunPlan.from_args(args, row_length=32).with_budget(args, 512).budget
+    assert applied["lr_by_tokens"] == lr_by_tokens("muon")
+    assert describe_budget(applied).endswith("; " + lr_by_tokens("muon"))

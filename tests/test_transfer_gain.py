@@ -25,7 +25,10 @@ def test_every_width_trains_the_same_tokens_per_parameter():
 
 def test_each_arm_carries_its_lr_by_its_own_rule():
     mod = tg()
-    assert mod.carried_lr("recipe", 0.032, 512, 128, -0.58) == 0.032  # muP: the lr stays
+    assert mod.carried_lr("recipe", 0.032, 512, 128, -0.58) == 0.032  # muP at no tokens exponent: the lr stays
+    # 1232 / 78 times the tokens at width 512, the lr by that to the -0.5
+    assert mod.carried_lr("recipe", 0.032, 512, 128, -0.58, -0.5, 0.1) == pytest.approx(0.032 * (1232 / 78) ** -0.5)
+    assert mod.recipe_tokens_exponent() == pytest.approx((-0.42 - 0.62) / 2)
     assert mod.carried_lr("hf-best", 0.002, 512, 128, -0.5) == pytest.approx(0.001)  # 4x wider, 4^-0.5
     assert mod.carried_lr("hf-best", 0.002, 256, 128, -1.0) == pytest.approx(0.001)
     recipe = mod.gain_arm("recipe", 256, 0.032, 128)

@@ -30,7 +30,7 @@ from typing import Any, Optional
 from ..validation import ConfigError
 
 __all__ = ["tokens_per_parameter", "non_embedding_parameters", "BudgetRegime", "REGIMES", "budget_settings",
-           "merge_optimizer_kwargs", "LONGEST_MEASURED", "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check",
+           "merge_optimizer_kwargs", "LONGEST_MEASURED", "MEASURED_BEST_LR", "fit_learning_rate_law", "predict_learning_rate", "learning_rate_law_check", "LR_BY_TOKENS", "lr_by_tokens",
            "MEASURED_OPTIMIZERS", "run_tokens", "length_tokens", "choose_budget_settings", "budget_arguments",
            "describe_budget"]
 
@@ -143,6 +143,8 @@ def merge_optimizer_kwargs(given: dict[str, Any], measured: dict[str, Any]) -> t
     return {**given, **measured}, skipped
 
 
+#: how the best peak lr moved with a run's tokens under muP (the transfer study's run length), by optimizer family
+LR_BY_TOKENS: dict[str, Any] = _TABLE["lr_by_tokens"]
 LONGEST_MEASURED = float(_TABLE["longest_measured_tokens_per_param"])  # tokens per parameter of the longest run
 
 # family -> (width, tokens per non-embedding parameter, best peak lr, source): the points the lr law is fit to
@@ -227,6 +229,28 @@ def length_tokens(schedule_total_tokens: Optional[int], max_tokens: Optional[int
     return optimizer_steps * global_batch * row_length
 
 
+def lr_by_tokens(optimizer: Optional[str]) -> str:
+    """What is measured of how the best peak lr moves with a run's tokens for ``optimizer`` (None: the Trainer's
+    optim), as one clause of ``budget_aware``'s log line; it says so where nothing is known. The lr stays the user's.
+
+        >>> lr_by_tokens("lion")
+        "lr by tokens: not measured for 'lion'; the lr stays yours"
+    """
+    family = LR_BY_TOKENS["families"].get(optimizer or "")
+    if family is None:
+        who = "the Trainer optim" if optimizer is None else repr(optimizer)
+        return f"lr by tokens: not measured for {who}; the lr stays yours"
+    widths = sorted(family["exponents"], key=int)
+    ks = " and ".join(f"tokens^{family['exponents'][w]:+.2f} (width {w})" for w in widths)
+    lo = min(LR_BY_TOKENS["tokens_per_param"][w][0] for w in widths)
+    hi = max(LR_BY_TOKENS["tokens_per_param"][w][1] for w in widths)
+    span = f"{lo:g}-{hi:g} tokens per parameter, parameterization mup"
+    if family["trend"] == "falls":
+        return (f"lr by tokens: the best peak lr fell as {ks} at {span}: the lr stays yours; lower it for a longer "
+                "run")
+    return f"lr by tokens: not known for {optimizer!r} (the best lr moved as {ks} at {span}, not one way)"
+
+
 def choose_budget_settings(args, tokens: int, non_embedding_params: int) -> dict[str, Any]:
     """``budget_aware``'s choice for a run with ``args`` of ``tokens`` over ``non_embedding_params``: the settings
     measured best (:func:`budget_settings`), the arguments untouched. The optimizer's own options merge into the
@@ -253,7 +277,8 @@ def choose_budget_settings(args, tokens: int, non_embedding_params: int) -> dict
             not_applied += skipped
         values[name] = value
         applied[name] = chosen["settings"][name]
-    return {**chosen, "settings": applied, "values": values, "tokens_per_param": tpp, "not_applied": not_applied}
+    return {**chosen, "settings": applied, "values": values, "tokens_per_param": tpp, "not_applied": not_applied,
+            "lr_by_tokens": lr_by_tokens(optimizer)}
 
 
 def budget_arguments(args, values: dict[str, Any]):
@@ -274,5 +299,6 @@ def describe_budget(applied: dict[str, Any]) -> str:
                 "longest search's winner: sweep the lr down from a shorter run's")
     kept = f"; not applied: {', '.join(applied['not_applied'])}" if applied["not_applied"] else ""
     beyond = f"; beyond the longest run measured ({LONGEST_MEASURED})" if applied["extrapolated"] else ""
+    by_tokens = f"; {applied['lr_by_tokens']}" if applied.get("lr_by_tokens") else ""
     return (f"budget_aware: {applied['tokens_per_param']:.1f} tokens per non-embedding parameter -> the "
-            f"{applied['regime']}-run settings {settings} ({applied['source']}){hint}{kept}{beyond}")
+            f"{applied['regime']}-run settings {settings} ({applied['source']}){hint}{kept}{beyond}{by_tokens}")
