@@ -93,9 +93,9 @@ def run_data(data_args, model_args, training_args) -> RunData:
         data_args = dataclasses.replace(data_args, tokenizer=base)
     elif base and model_args.lora_r is not None and data_args.tokenizer != base:  # a frozen base: it must fit
         check_tokenizer_fits(model_args, data_args.tokenizer, model_args.trust_remote_code)
+    check_positions(model_args, data_args)
     check_stream_args(data_args, training_args)
     check_tokenizer_path(data_args.tokenizer)
-    check_positions(model_args, data_args)
     return RunData(args=data_args, plan=DataPlan.from_args(data_args, training_args), _model_args=model_args,
                    _training_args=training_args)
 
