@@ -43,7 +43,7 @@ from .optim import detect_sharding
 from .optim.groups import param_roles
 from .optim.lr_logs import logged_learning_rate, lr_logs
 from .stability.precision import logger as precision_logger
-from ._resume_identity import PLAN_CADENCES, ResumePlan, discard_previous_run, plan_resume, write_options
+from .resume_identity import PLAN_CADENCES, ResumePlan, discard_previous_run, plan_resume, write_options
 from .runinfo import run_facts, training_config, update_run_info, write_run_record
 from .schedules import TokenProgress
 from .transfer import apply_transfer, check_config_mup
@@ -142,7 +142,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
         self._data_plan = data_plan  # the recipe's (rows, steps, tokens), else worked out from the training set
         opt = self._option
         # the run's options as given (budget_aware's settings are the plan's, not the arguments'): what a checkpoint
-        # records and a rerun is compared with (hf_fasttrain._resume_identity)
+        # records and a rerun is compared with (hf_fasttrain.resume_identity)
         self.run_options: dict[str, Any] = {**self.run_config, **training_config(self.args)}
         # the recipe's decision about output_dir (hf_fasttrain.run._resume.resume_plan), for its train() call to say
         self.resume_decision: Optional[ResumePlan] = None
@@ -530,7 +530,7 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
 
     def plan_resume(self) -> ResumePlan:
         """``auto_resume``: what :meth:`train` without ``resume_from_checkpoint`` does with ``output_dir``: resume
-        its last complete checkpoint (options compared first: :func:`hf_fasttrain._resume_identity.plan_resume`),
+        its last complete checkpoint (options compared first: :func:`hf_fasttrain.resume_identity.plan_resume`),
         report a finished run, or start from scratch. ``overwrite_output_dir`` discards the old run first."""
         out = self.args.output_dir
         if self._option("overwrite_output_dir"):
@@ -605,11 +605,11 @@ class FastTrainer(StabilityTrainerMixin, Trainer):
 
     def _check_plan(self, checkpoint: str) -> list:
         """Compare ``checkpoint``'s plan with this run's, field by field
-        (:func:`hf_fasttrain._resume_identity.check_resumed_plan`): refused in one line, before training, where a
+        (:func:`hf_fasttrain.resume_identity.check_resumed_plan`): refused in one line, before training, where a
         technique's spec differs although the options agree (a ``budget_aware`` table, a default changed since it
         was written) or where the run's global batch, row length or sequence-length warmup differ (another number of
         processes); returns the changes applied (the cadences; the run's length where nothing is laid out over it)."""
-        from ._resume_identity import check_resumed_plan
+        from .resume_identity import check_resumed_plan
 
         return check_resumed_plan(checkpoint, self.plan.as_dict(), self.run_options, self.args.output_dir)
 

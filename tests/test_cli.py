@@ -503,7 +503,7 @@ def test_rerun_of_a_finished_run_is_a_noop_and_resumes_say_so(tmp_path, caplog, 
     assert not (out / "checkpoint-5").exists()
 
     # a longer run into the same folder: gpt2_tiny's cosine spans max_steps, so it is another run: refused
-    from hf_fasttrain._resume_identity import RunOptionsChanged
+    from hf_fasttrain.resume_identity import RunOptionsChanged
 
     before = _fingerprint(out)
     with pytest.raises(RunOptionsChanged, match=r"max_steps 4 -> 6 \(the lr schedule \(lr_decay 'cosine'\) decays"):

@@ -445,8 +445,8 @@ def _option_groups() -> list[tuple[str, list[dataclasses.Field]]]:
 
 
 def _rerun_section() -> str:
-    """What a rerun into an output_dir with a checkpoint may change: hf_fasttrain._resume_identity's one table."""
-    from hf_fasttrain._resume_identity import MAY_CHANGE_ON_RESUME
+    """What a rerun into an output_dir with a checkpoint may change: hf_fasttrain.resume_identity's one table."""
+    from hf_fasttrain.resume_identity import MAY_CHANGE_ON_RESUME
 
     by_reason: dict[str, list[str]] = {}
     for name, reason in MAY_CHANGE_ON_RESUME.items():

@@ -87,7 +87,7 @@ def _checkpointed(out, step, argv, **trained_with):
     """An output_dir holding checkpoint-<step> of a run of ``argv`` whose options differed by ``trained_with``."""
     import json
 
-    from hf_fasttrain._resume_identity import write_options
+    from hf_fasttrain.resume_identity import write_options
     from hf_fasttrain.callbacks.averaging import AVERAGE_FILE
     from hf_fasttrain.config.recipes import parse_config, resolved_config
 
@@ -146,7 +146,7 @@ def test_dry_run_compares_the_plan_as_the_run_does_and_refuses_another_global_ba
     plan's field, its old and new value and what is allowed; the same plan resumes."""
     import json
 
-    from hf_fasttrain._resume_identity import PLAN_FILE
+    from hf_fasttrain.resume_identity import PLAN_FILE
     from hf_fasttrain.cli import run_recipe
     from hf_fasttrain.config.recipes import parse_config
     from hf_fasttrain.data.front import run_data

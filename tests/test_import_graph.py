@@ -44,7 +44,7 @@ LAYERS = {
     "metrics": CORE,
     "hub": CORE,
     "runinfo": CORE,
-    "_resume_identity": CORE,
+    "resume_identity": CORE,
     "config.budget": CORE,
     "config.options": CORE,
     "config._recipe_files": CORE,  # recipe files for the fast path (no torch)

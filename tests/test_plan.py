@@ -96,7 +96,7 @@ def test_a_rerun_whose_plan_differs_from_its_checkpoints_is_refused(tiny_lm, tin
     """The options agree, but a setting derived from them differs from the checkpoint's plan (as when a budget_aware
     table changed between versions): refused in one line naming the plan's field; the same plan resumes."""
     from conftest import StopAt
-    from hf_fasttrain._resume_identity import RunOptionsChanged
+    from hf_fasttrain.resume_identity import RunOptionsChanged
 
     def trainer(callbacks=()):
         args = tiny_args(tmp_path, auto_resume=True, **{**OPTIONS, "optimizer": "adamw", "save_steps": 2})
@@ -132,7 +132,7 @@ def test_a_resume_with_another_global_batch_is_refused_in_one_line(tiny_lm, tiny
     """The options agree but the checkpoint's plan held twice the rows per optimizer step (as a run on two
     processes with the same per-device batch does): refused before training, one line naming the field."""
     from conftest import StopAt
-    from hf_fasttrain._resume_identity import RunOptionsChanged
+    from hf_fasttrain.resume_identity import RunOptionsChanged
 
     options = dict(max_steps=4, optimizer="adamw", save_strategy="steps", save_steps=2)
     _trainer(tmp_path, tiny_lm, tiny_tokenizer, [StopAt(2)], **options).train()

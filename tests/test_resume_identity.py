@@ -12,7 +12,7 @@ from transformers import DataCollatorForLanguageModeling
 
 from hf_fasttrain import FastTrainer
 from hf_fasttrain.callbacks.stop_at_step import StopAtStepCallback
-from hf_fasttrain._resume_identity import (MAY_CHANGE_ON_RESUME, OPTIONS_FILE, Change, RunOptionsChanged,
+from hf_fasttrain.resume_identity import (MAY_CHANGE_ON_RESUME, OPTIONS_FILE, Change, RunOptionsChanged,
                                           length_blocker, option_changes, split_changes)
 
 from conftest import make_tiny_gpt2, tiny_args
@@ -190,7 +190,7 @@ def _stopped_recipe_run(out, **trained_with):
     """An output_dir as a recipe run stopped at step 4 leaves it: checkpoint-4 holding the options it trained with
     (this command's, changed by ``trained_with``), its config.yaml and run_info.json."""
     from hf_fasttrain.config.recipes import parse_config, resolved_config
-    from hf_fasttrain._resume_identity import write_options
+    from hf_fasttrain.resume_identity import write_options
 
     options = resolved_config(*parse_config([*RECIPE, "--output_dir", str(out)]))
     options.update(trained_with)

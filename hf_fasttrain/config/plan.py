@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Union
 
-from .._resume_identity import PLAN_FILE  # {"plan": RunPlan.as_dict()} in every checkpoint (with the run record on)
+from ..resume_identity import PLAN_FILE  # {"plan": RunPlan.as_dict()} in every checkpoint (with the run record on)
 from ..data.from_args import DataPlan
 from ..data.seqlen import SeqLenWarmup
 from ..optim.spec import OptimizerSpec

@@ -2,7 +2,7 @@
 has already finished, and the files that make a checkpoint of it complete.
 
 The comparisons themselves (a checkpoint's recorded options against the run's) are
-:mod:`hf_fasttrain._resume_identity`'s; here they meet the run's arguments and its
+:mod:`hf_fasttrain.resume_identity`'s; here they meet the run's arguments and its
 :class:`~hf_fasttrain.data.from_args.DataPlan`.
 """
 
@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any, Callable, Optional
 
 from .._files import last_complete_checkpoint, read_json_dict as _read_json
-from .._resume_identity import ResumePlan, discard_previous_run, finished_step, plan_resume, read_recorded_options
+from ..resume_identity import ResumePlan, discard_previous_run, finished_step, plan_resume, read_recorded_options
 from ..callbacks.averaging import AVERAGE_FILE
 from ..callbacks.data_position import STREAM_POSITION_FILE
 from ..config.args import DataArguments, FastTrainingArguments, fast_option
@@ -70,7 +70,7 @@ def _finished_step(training_args: FastTrainingArguments, checkpoint: Optional[st
 def resume_plan(training_args: FastTrainingArguments, options: dict, plan: DataPlan) -> ResumePlan:
     """The run's resume plan, decided before any data work: the checkpoint asked for (``resume_from_checkpoint``),
     else the one ``auto_resume`` finds, its options compared with this run's (the same decision
-    ``FastTrainer.train()`` takes on its own: :func:`hf_fasttrain._resume_identity.plan_resume`); the run's
+    ``FastTrainer.train()`` takes on its own: :func:`hf_fasttrain.resume_identity.plan_resume`); the run's
     optimizer steps and a stream's position file come from its data ``plan``."""
     out = training_args.output_dir
     required = checkpoint_extras(training_args, plan)  # what makes a checkpoint of this run complete

@@ -177,7 +177,7 @@ def render(config: Mapping[str, Any], sources: Mapping[str, str]) -> str:
 def dry_run(argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """Resolve and validate the options of ``argv`` (without ``--dry_run``) as a run would; returns the config a
     run saves (``config.yaml``) and each option's source. Writes nothing."""
-    from .._resume_identity import check_resumed_plan
+    from ..resume_identity import check_resumed_plan
     from ..config.recipes import parse_config, resolved_config
     from ..data.front import run_data
     from ._resume import resume_plan
