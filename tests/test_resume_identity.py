@@ -8,14 +8,12 @@ import os
 
 import pytest
 import torch
-from transformers import DataCollatorForLanguageModeling
 
-from hf_fasttrain import FastTrainer
 from hf_fasttrain.callbacks.stop_at_step import StopAtStepCallback
 from hf_fasttrain.resume_identity import (MAY_CHANGE_ON_RESUME, OPTIONS_FILE, Change, RunOptionsChanged,
                                           length_blocker, option_changes, split_changes)
 
-from conftest import make_tiny_gpt2, tiny_args
+from conftest import make_tiny_trainer, tiny_args
 
 BASE = {"model": {"n_layer": 2, "n_embd": 32}, "data": {"block_size": 32, "tokenizer": None, "vocab_size": 300},
         "learning_rate": 1e-3, "lr_decay": "cosine", "warmup_steps": 2, "optimizer": "muon",
@@ -79,9 +77,7 @@ def test_refusal_is_one_line_naming_each_field_and_the_two_ways_on():
 def _trainer(out, tok, lm, callbacks=(), **overrides):
     kw = dict(max_steps=6, save_strategy="steps", save_steps=3, lr_decay="cosine", warmup_steps=1, auto_resume=True)
     kw.update(overrides)
-    return FastTrainer(model=make_tiny_gpt2(len(tok)), args=tiny_args(out, **kw), train_dataset=lm["train"],
-                       processing_class=tok, data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
-                       callbacks=list(callbacks))
+    return make_tiny_trainer(tok, lm, tiny_args(out, **kw), callbacks=list(callbacks))
 
 
 def _losses(trainer):
@@ -237,10 +233,8 @@ def test_a_rerun_with_a_new_cadence_evaluates_logs_and_saves_at_it(tiny_lm, tiny
 
     def trainer(callbacks=(), **cadence):
         kw = dict(max_steps=20, lr_decay="constant", warmup_steps=0, eval_strategy="steps", **cadence)
-        return FastTrainer(model=make_tiny_gpt2(len(tiny_tokenizer)), args=tiny_args(out, auto_resume=True, **kw),
-                           train_dataset=tiny_lm["train"], eval_dataset=tiny_lm["validation"].select(range(8)),
-                           processing_class=tiny_tokenizer, callbacks=list(callbacks),
-                           data_collator=DataCollatorForLanguageModeling(tiny_tokenizer, mlm=False))
+        return make_tiny_trainer(tiny_tokenizer, tiny_lm, tiny_args(out, auto_resume=True, **kw),
+                                 eval_dataset=tiny_lm["validation"].select(range(8)), callbacks=list(callbacks))
 
     first = trainer([StopAt(12)], eval_steps=10, save_strategy="steps", save_steps=6, logging_steps=6)
     first.train()

@@ -9,14 +9,11 @@ from hf_fasttrain.callbacks.run_record import WALL_CLOCK_LOG_KEYS
 from hf_fasttrain import FastTrainer
 from hf_fasttrain.throughput import ThroughputMeter, count_tokens, flops_per_token, mfu, throughput_logs
 
-from conftest import StopAt, make_tiny_gpt2, tiny_args
+from conftest import StopAt, make_tiny_gpt2, make_tiny_trainer, tiny_args
 
 
 def _trainer(model, lm, tok, args, **kw):
-    return FastTrainer(
-        model=model, args=args, train_dataset=lm["train"], eval_dataset=lm["validation"],
-        data_collator=DataCollatorForLanguageModeling(tok, mlm=False), processing_class=tok, **kw,
-    )
+    return make_tiny_trainer(tok, lm, args, model=model, eval_dataset=lm["validation"], **kw)
 
 
 def test_training_lowers_eval_loss_and_changes_every_parameter(tiny_lm, tiny_tokenizer, tmp_path):
