@@ -1698,6 +1698,10 @@ FIGURES += [
     *[(page, pattern, lambda: "%d" % round(len(dataclasses.fields(importlib.import_module("transformers").TrainingArguments)), -1))
       for page, pattern in (("docs/techniques/recipes-and-hub.md", r"the Trainer's ~(\d+) included"),
                             ("docs/cli.md", r"field as well \(about (\d+)\)"))],
+    # the transfer card: the coordinate check's pass mark, as a slope and as a factor per doubling of the width
+    ("docs/techniques/transfer.md", r"when every \|slope\| is (at most \d\.\d+ \(at most \d\.\d\dx) per doubling", lambda: "at most {0:g} (at most "
+     "{1:.2f}x".format(importlib.import_module("hf_fasttrain.transfer.coord_check").DEFAULT_TOLERANCE,
+                       2 ** importlib.import_module("hf_fasttrain.transfer.coord_check").DEFAULT_TOLERANCE)),
     # README: nanoGPT's model, counted as nanoGPT's train.py counts it (all parameters but the position table)
     ("README.md", r"on tinyshakespeare \(([\d.]+M) parameters,", lambda: _nanogpt_parameters()),
 ]
