@@ -28,7 +28,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     (24.8, "muon", "long", False),  # the longest searched
     (49.6, "adamw", "long", False),
     (49.7, "muon", "over-training", False),
-    (99.3, "muon", "over-training", False),  # the longest measured: 64x, only the lr swept
+    (99.1, "muon", "over-training", False),  # the longest measured: 64x, only the lr swept
     (200.0, "lion", "over-training", True),  # AdamW-like optimizers take AdamW's row
 ])
 def test_budget_settings_by_tokens_per_parameter(tpp, optimizer, regime, extrapolated):
@@ -173,8 +173,14 @@ def test_the_over_training_row_is_the_16x_winners_and_the_64x_sweeps_lr():
         at_64x = data["summary"]["64x"][family]
         assert at_64x["transfer_from"] == "16x"
         assert over.lr_factor[key] == at_64x["best"]["lr_scale"], family  # x the 16x winner's lr
-        assert budget_settings(99.3, key)["lr_factor"] == over.lr_factor[key]
+        assert budget_settings(99.1, key)["lr_factor"] == over.lr_factor[key]
     assert budget_settings(24.8, "adamw")["lr_factor"] is None
+    # past the longest run measured (64x: 99.1 tokens per parameter, results/budget_ladder.json) a row is extrapolated
+    from hf_fasttrain.config.budget import LONGEST_MEASURED
+
+    ladder = json.loads((RESULTS / "budget_ladder.json").read_text())["versus_hf_best"]["64x"]
+    assert LONGEST_MEASURED == round(ladder["tokens_per_param"], 1) == 99.1
+    assert not budget_settings(99.1, "muon")["extrapolated"] and budget_settings(99.2, "muon")["extrapolated"]
 
 
 def test_the_long_muon_row_is_the_level_knobs_together():

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import doctest
 import importlib
+import math
 import os
 import re
 import unicodedata
@@ -518,7 +519,7 @@ CLI_COMMANDS = [
      "Train from a recipe: the package's options grouped by technique, then the essential Trainer options. "
      "`python recipes/gpt2_small.py` and `accelerate launch recipes/gpt2_small.py` take the same flags; "
      "`--help --config <recipe>` shows that recipe's values, and `--help-all` lists every "
-     "`TrainingArguments` field as well (about 200). Every option is described on [All options](options.md)."),
+     "`TrainingArguments` field as well (about 110). Every option is described on [All options](options.md)."),
     ("hf-fasttrain generate --help", ["generate", "--help"],
      "Sample text from a run's model, offline (see *Before and after a run* above)."),
     ("hf-fasttrain restarts --help", ["restarts", "--help"],
@@ -937,7 +938,7 @@ def test_the_checks_own_examples():
 
     module = sys.modules[__name__]
     runner = doctest.DocTestRunner()
-    for obj in (process_problems, _markdown_text):
+    for obj in (process_problems, _markdown_text, _lr_text):
         for test in doctest.DocTestFinder().find(obj, globs=vars(module)):
             runner.run(test)
     assert runner.summarize(verbose=False).failed == 0
@@ -1396,12 +1397,356 @@ FIGURES += [
 ]
 
 
+# ------------------------------------------------------------------------------------------------
+# Every other figure of README, home, the benchmarks summary and the technique cards, read from its JSON
+# (or, where it is a count of the code's own, computed from the code) the way the page says it is rounded
+# ------------------------------------------------------------------------------------------------
+
+
+def _lr_text(lr: float) -> str:
+    """A peak lr as the docs write it: 0.002 -> 2e-3, 0.016 -> 1.6e-2.
+
+    >>> _lr_text(0.002), _lr_text(0.016), _lr_text(0.0024)
+    ('2e-3', '1.6e-2', '2.4e-3')
+    """
+    mantissa, exponent = f"{lr:.1e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def _sweep(optimizer: str) -> dict[float, float]:
+    """Final eval loss (median of 2 seeds) by peak lr on the tiny time-to-loss setup: AdamW from hf-tuned's sweep,
+    the others from the optimizer sweeps (Muon's extended upwards)."""
+    if optimizer == "adamw":
+        return {float(a.split("@")[1]): r["final_eval_loss"] for a, r in _result("lr_sweep_hf_tuned")["summary"]["arms"].items()}
+    out = {float(k): v for k, v in _result("optimizer_lr_sweep")["summary"][optimizer]["final_eval_loss_by_lr"].items()}
+    if optimizer == "muon":
+        out.update({float(k): v for k, v in _result("optimizer_lr_sweep_muon_high")["summary"]["muon"]["final_eval_loss_by_lr"].items()})
+    return out
+
+
+def _best_lr(optimizer: str) -> float:
+    losses = _sweep(optimizer)
+    return min(losses, key=losses.get)
+
+
+def _recipe(name: str) -> dict:
+    return yaml.safe_load((ROOT / "recipes" / "configs" / f"{name}.yaml").read_text(encoding="utf-8"))
+
+
+def _recipe_minutes(one: str = "1 minute") -> str:
+    """The tiny recipe's run time: the headline's `fasttrain` arm (the tiny recipe's settings), median process
+    seconds over its seeds, in whole minutes ("about a minute" where the page says it in words)."""
+    import statistics
+
+    seconds = statistics.median(r["process_seconds"] for r in _result("time_to_loss")["runs"] if r["arm"] == "fasttrain")
+    minutes = round(seconds / 60)
+    return f"about {one}" if minutes == 1 else f"about {minutes} minutes"
+
+
+def _to_hf_tuned(arm: str) -> float:
+    """An ablation arm's median tokens to hf-tuned's final loss over hf-tuned's own tokens to it."""
+    return _arm("ablation_to_hf_tuned_target", arm)["tokens_to_target"] / _arm("time_to_loss_all_arms", "hf-tuned")["tokens_to_target"]
+
+
+def _muon_step(model: str, arm: str) -> float:
+    return next(r["train_step_vs_adamw"] for r in _result("muon_precision_cpu")["rows"]
+                if r["model"] == model and r["optimizer"] == arm)
+
+
+def _step_range(arm: str) -> str:
+    ratios = [r["train_step_vs_adamw"] for r in _result("muon_precision_cpu")["rows"] if r["optimizer"] == arm]
+    return f"{min(ratios):.2f}x-{max(ratios):.2f}x"
+
+
+def _tpp(key: str) -> float:
+    row = _result("budget_ladder")["versus_hf_best"][key]
+    return row.get("tokens_per_param") or _result("budget_ladder")["summary"][key]["tokens_per_param"]
+
+
+def _reads() -> dict[str, int]:
+    """The host reads per step that tests/test_host_reads.py asserts: the Trainer's, its loss filter's (on the device
+    in FastTrainer) and the divergence guard's."""
+    import test_host_reads as reads
+
+    return {"trainer": reads.TRAINER_READS, "filter": reads.FILTER_READS, "guard": reads.GUARD_READS}
+
+
+_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+
+
+def _mib(variant: str) -> str:
+    return f"{_result('lm_head_loss_memory_cpu')['variants'][variant]['saved_for_backward_bytes'] / 2**20:.0f} MiB"
+
+
+def _backends() -> dict[str, dict]:
+    return {r["backend"]: r for r in _result("restarts_backends")["runs"]}
+
+
+def _search_arg(flag: str) -> str:
+    args = _result("restarts_backends")["search"]
+    return args[args.index(flag) + 1]
+
+
+def _non_embedding(recipe: str, decimals: int) -> str:
+    """A bundled recipe's model, built on the meta device, in millions of non-embedding parameters."""
+    import types
+
+    import torch
+
+    from hf_fasttrain.config.args import ModelArguments
+    from hf_fasttrain.config.budget import non_embedding_parameters
+    from hf_fasttrain.config.recipes import validate_recipe
+    from hf_fasttrain.modeling import build_model
+
+    sections = validate_recipe(_recipe(recipe))
+    data = sections.get("data", {})
+
+    class Tokenizer(types.SimpleNamespace):
+        def __len__(self):
+            return data.get("vocab_size", 4096)
+
+    with torch.device("meta"):
+        model = build_model(ModelArguments(**sections.get("model", {})), Tokenizer(bos_token_id=0, eos_token_id=0,
+                            pad_token_id=None), data.get("block_size", 128))
+    return f"{non_embedding_parameters(model) / 1e6:.{decimals}f}M"
+
+
+def _singular_values(name: str, steps: int) -> str:
+    """Muon's Newton-Schulz (bf16, the default) on a 64 x 128 Gaussian (seed 0): its smallest and largest singular value."""
+    import torch
+
+    from hf_fasttrain.optim.orthogonalize import newton_schulz
+
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    s = torch.linalg.svdvals(newton_schulz(x, name, steps).float())
+    return f"[{float(s.min()):.2f}, {float(s.max()):.2f}]"
+
+
+def _setting(name: str, key: str):
+    return _result(name)["setup"][key]
+
+
+def _headline_setup() -> dict:
+    """The headline run's setup, its token budget in millions and its seeds per arm."""
+    setup = _result("time_to_loss")["setup"]
+    seeds = {r["seeds"] for r in _result("time_to_loss")["summary"]["arms"].values()}
+    assert len(seeds) == 1, seeds
+    return {**setup, "tokens": setup["max_steps"] * setup["batch_size"] * setup["block_size"] / 1e6, "seeds": seeds.pop()}
+
+
+FIGURES += [
+    # README's first command and the recipes card: the tiny recipe's run time
+    ("README.md", r"train a small GPT-2 on the embedded corpus \(offline; (about \d+ minutes?) on 2 CPU cores\)",
+     lambda: _recipe_minutes()),
+    ("docs/techniques/recipes-and-hub.md", r"an EMA: (about a minute|about \d+ minutes) on 2 CPU cores",
+     lambda: _recipe_minutes("a minute")),
+    # the headline's setup
+    ("README.md", r"A tiny GPT-2 \((\d layers x \d+, [\d.]+M tokens\), \d seeds), side by side",
+     lambda: "{n_layer} layers x {n_embd}, {tokens:.2f}M tokens), {seeds} seeds".format(**_headline_setup())),
+    ("docs/benchmarks.md", r"The tiny GPT-2 \((\d layers x \d+, vocab \d+, block \d+, batch \d+, \d+ steps = [\d.]+M tokens)\)",
+     lambda: "{n_layer} layers x {n_embd}, vocab {vocab_size}, block {block_size}, batch {batch_size}, {max_steps} steps = "
+             "{tokens:.2f}M tokens".format(**_headline_setup())),
+    ("docs/index.md", r"token budget \(([\d.]+M tokens\), \d seeds) each",
+     lambda: "{tokens:.2f}M tokens), {seeds} seeds".format(**_headline_setup())),
+    ("docs/index.md", r"The target is hf-best's median final loss, (\d\.\d{3})\.",
+     lambda: f"{_result('time_to_loss')['summary']['target_eval_loss']:.3f}"),
+    # hf-best's winner at the headline's length: warmup-stable-decay to 0 (a linear cooldown) and its beta2
+    ("docs/index.md", r"searched; (warmup-stable-decay to 0 and beta2 [\d.]+) won", lambda: "warmup-stable-decay to 0 and beta2 {:g}".format(
+        _result("hf_best")["summary"]["1x"]["hf-best"]["best"]["beta2"])
+     if _result("hf_best")["summary"]["1x"]["hf-best"]["best"]["schedule"].startswith("wsd") else "not warmup-stable-decay"),
+    # the summary's own figures
+    ("docs/benchmarks.md", r"small GPT-2s \((\d\.\d\dM to \d\.\d\dM) non-embedding parameters\)", lambda: "{:.2f}M to {:.2f}M".format(
+        *(f(r["non_embedding_params"] for r in _result("scaling")["summary"].values()) / 1e6 for f in (min, max)))),
+    ("docs/benchmarks.md", r'A ratio below 1 is a speed-up: "(\d\.\d\dx the tokens \(\d\.\dx fewer\))"',
+     lambda: _ratio(_arm("time_to_loss", "fasttrain")["tokens_ratio_vs_reference"], "the tokens", "fewer")),
+    ("docs/benchmarks.md", r"the recipe still needs only (\d\.\d\dx hf-best's tokens \(\d\.\dx fewer\))",
+     lambda: _ratio(_arm("time_to_loss", "fasttrain-emb-2e-3")["tokens_ratio_vs_reference"], "hf-best's tokens", "fewer")),
+    ("docs/benchmarks.md", r"takes it the rest of the way, to (\d\.\d\dx)\.",
+     lambda: _x(_arm("time_to_loss", "fasttrain")["tokens_ratio_vs_reference"])),
+    ("docs/benchmarks.md", r"The embeddings' lr alone takes AdamW to (\d\.\d\dx \(\d\.\dx fewer\))", lambda: "{:.2f}x ({:.1f}x fewer)".format(
+        _arm("time_to_loss", "hf-best+")["tokens_ratio_vs_reference"], 1 / _arm("time_to_loss", "hf-best+")["tokens_ratio_vs_reference"])),
+    ("docs/benchmarks.md", r"The ladder's model is GPT-2 2x128 \(([\d.]+M) non-embedding parameters\)",
+     lambda: f"{_result('budget_ladder')['summary']['1x']['non_embedding_params'] / 1e6:.2f}M"),
+    ("docs/benchmarks.md", r"the larger model is GPT-2 3x192\s+\(([\d.]+M)\)",
+     lambda: f"{_result('budget_ladder')['versus_hf_best']['54x-3x192']['non_embedding_params'] / 1e6:.2f}M"),
+    ("docs/benchmarks.md", r"A (\d\.\dx) larger model at 25 tokens per parameter\?", lambda: "{:.1f}x".format(
+        _result("budget_ladder")["versus_hf_best"]["54x-3x192"]["non_embedding_params"] / _result("budget_ladder")["summary"]["1x"]["non_embedding_params"])),
+    # how often the long runs read the stdlib corpus (its training tokens: hf_best.json's corpora)
+    ("docs/benchmarks.md", r"From (\d+x) on the stdlib corpus repeats", lambda: next(
+        k for k in ("1x", "2x", "4x", "8x", "16x") if _result("budget_ladder")["summary"][k]["tokens"]
+        > _result("hf_best")["corpora"]["16x"]["train_tokens"])),
+    *[("docs/benchmarks.md", pattern, lambda key=key: str(round(
+        (_result("budget_ladder")["versus_hf_best"][key].get("tokens") or _result("budget_ladder")["summary"][key]["tokens"])
+        / _result("hf_best")["corpora"]["16x"]["train_tokens"])))
+      for pattern, key in ((r"16x reads it about (\d+) times", "16x"), (r"64x about (\d+) and the larger", "64x"),
+                           (r"the larger\s+model about (\d+)\.", "54x-3x192"))],
+    # the reproduce section: the GPU check's time limits (the unindented `timeout` lines are its GPU steps)
+    ("docs/benchmarks.md", r"its time limits stop it\s+within (\d+ minutes) on one H100-class GPU", lambda: "%d minutes" % (sum(
+        int(m) for m in re.findall(r"^timeout (\d+) ", (ROOT / "benchmarks/gpu_fast_path_check.sh").read_text(), re.M)) / 60)),
+    # the optimizers card: the best peak lr of each sweep, the cost of a step, SOAP's on GPT-2 small's shapes
+    ("docs/techniques/optimizers.md", r"learning_rate: 1\.6e-2    # the tiny recipe's best; AdamW's best was (\S+)",
+     lambda: _lr_text(_best_lr("adamw"))),
+    ("docs/techniques/optimizers.md", r"\*\*Muon\*\*: well above AdamW's; (\S+ here, \d+x AdamW's \S+)\.",
+     lambda: f"{_lr_text(_best_lr('muon'))} here, {_best_lr('muon') / _best_lr('adamw'):.0f}x AdamW's {_lr_text(_best_lr('adamw'))}"),
+    ("docs/techniques/optimizers.md", r"`gpt2_small\.yaml` uses (\S+), from\s+the scaling ladder's trend",
+     lambda: _lr_text(float(_recipe("gpt2_small")["learning_rate"]))),
+    ("docs/techniques/optimizers.md", r"\*\*Lion\*\*: 3-10x below AdamW's, with weight decay as much above; (\S+) here\.",
+     lambda: _lr_text(_best_lr("lion"))),
+    ("docs/techniques/optimizers.md", r"\*\*SOAP\*\*: (about \d+x AdamW's; \S+) here\.",
+     lambda: f"about {_best_lr('soap') / _best_lr('adamw'):.0f}x AdamW's; {_lr_text(_best_lr('soap'))}"),
+    ("docs/techniques/optimizers.md", r"\*\*AdEMAMix\*\*: (AdamW's; \S+) here\.", lambda: (
+        "AdamW's; " if _best_lr("ademamix") == _best_lr("adamw") else "not AdamW's; ") + _lr_text(_best_lr("ademamix"))),
+    ("docs/techniques/optimizers.md", r"\(half-life about ([\d,]+) steps\)", lambda: "{:,.0f}".format(
+        round(math.log(0.5) / math.log(0.9999), -2))),
+    ("docs/techniques/optimizers.md", r"\(GPT-2 2x128, 0\.61M tokens, (\d) seeds, 2-core CPU\), Muon at its swept lr",
+     lambda: str(_arm("time_to_loss_all_arms", "opt-muon")["seeds"])),
+    ("docs/techniques/optimizers.md", r"reaches tuned AdamW's final loss in (\d\.\d\dx the tokens \(\d\.\dx fewer\))",
+     lambda: _ratio(_arm("time_to_loss_all_arms", "opt-muon")["tokens_to_target"]
+                    / _arm("time_to_loss_all_arms", "hf-tuned")["tokens_to_target"], "the tokens", "fewer")),
+    ("docs/techniques/optimizers.md", r"with the bf16 iteration forced: a step costs (\d\.\d\dx-\d\.\d\dx) AdamW's",
+     lambda: _step_range("muon-bf16")),
+    ("docs/techniques/optimizers.md", r"The default `auto` picks fp32 there \((\d\.\d\dx-\d\.\d\dx)\)", lambda: _step_range("muon-fp32")),
+    ("docs/techniques/optimizers.md", r"SOAP on large matrices: its step costs (\d+x) AdamW's on GPT-2 small's shapes",
+     lambda: f"{_result('optimizers')['results']['soap']['ratio']:.0f}x"),
+    ("docs/techniques/optimizers.md", r"took (\d\.\d\dx) AdamW's with bf16", lambda: _x(_muon_step("gpt2-2x128", "muon-bf16"))),
+    ("docs/techniques/optimizers.md", r"with bf16 and (\d\.\d\dx) with fp32", lambda: _x(_muon_step("gpt2-2x128", "muon-fp32"))),
+    ("docs/techniques/optimizers.md", r"torch\.optim\.Muon's \| (\[\d\.\d\d, \d\.\d\d\]) \|", lambda: _singular_values("jordan", 5)),
+    ("docs/techniques/optimizers.md", r"\| (\[\d\.\d\d, \d\.\d\d\] \(6 steps: \[\d\.\d\d, \d\.\d\d\]\)) \|",
+     lambda: f"{_singular_values('polar_express', 5)} (6 steps: {_singular_values('polar_express', 6)})"),
+    # per-group lrs: hf-best+ (hf_best_groups.json) against hf-best (budget_ladder.json) at 1x, 4x and 16x
+    ("docs/techniques/optimizers.md", r"On GPT-2 2x128 at (\d+\.\d) tokens per parameter, hf-best's AdamW", lambda: f"{_tpp('1x'):.1f}"),
+    ("docs/techniques/optimizers.md", r"the embeddings \(tied head\) at (\d+x) the lr\s+ends at",
+     lambda: "%gx" % _result("hf_best_groups")["summary"]["1x"]["hf-best+"]["best"]["emb_lr"]),
+    ("docs/techniques/optimizers.md", r"At (\d+\.\d)\s+tokens per parameter the embeddings at", lambda: f"{_tpp('4x'):.1f}"),
+    ("docs/techniques/optimizers.md", r"tokens per parameter (the embeddings at \d+x, the norms at \d+x and weight decay on the matrices)",
+     lambda: "the embeddings at {emb_lr:g}x, the norms at {norm_lr:g}x and weight decay on the {wd_on}".format(
+         **_result("hf_best_groups")["summary"]["4x"]["hf-best+"]["best"])),
+    ("docs/techniques/optimizers.md", r"matrices only end at (\d\.\d{3}\s+against \d\.\d{3})", lambda: "%.3f against %.3f" % (
+        _result("hf_best_groups")["summary"]["4x"]["hf-best+"]["final_eval_loss"], _long_run("4x")["target_eval_loss"])),
+    ("docs/techniques/optimizers.md", r"At (\d+\.\d) tokens per\s+parameter they win only", lambda: f"{_tpp('16x'):.1f}"),
+    ("docs/techniques/optimizers.md", r"they win only with the peak lr at (\d\.\d+x: \d\.\d{3} against \d\.\d{3})", lambda: "%gx: %.3f against %.3f" % (
+        _result("hf_best_groups")["summary"]["16x"]["hf-best+"]["best"]["lr_scale"],
+        _result("hf_best_groups")["summary"]["16x"]["hf-best+"]["final_eval_loss"], _long_run("16x")["target_eval_loss"])),
+    # the schedules card
+    ("docs/techniques/schedules.md", r"\(\[LR decay shapes\]\([^)]*\); (GPT-2 \dx\d+, \d seeds)\)", lambda: "GPT-2 {}x{}, {} seeds".format(
+        _setting("lr_schedules", "n_layer"), _setting("lr_schedules", "n_embd"),
+        min(r["seeds"] for r in _result("lr_schedules")["summary"]["arms"].values()))),
+    ("docs/techniques/schedules.md", r"predicts a left-out point\s+(within \d\.\dx at \d of \d Muon points, but only at \d of \d AdamW points)",
+     lambda: "within 1.5x at {} of {} Muon points, but only at {} of {} AdamW points".format(*_law_within(1.5))),
+    ("docs/techniques/schedules.md", r"At (\d+ tokens per parameter the recipe's best lr\s+was \d+x below) its lr at 24\.8",
+     lambda: "{:.0f} tokens per parameter the recipe's best lr was {:.0f}x below".format(_tpp("64x"), _lr_of(
+         _result("hf_best")["summary"]["16x"]["recipe"]["best"]) / _lr_of(_result("hf_best")["summary"]["64x"]["recipe"]["best"]))),
+    ("docs/techniques/schedules.md", r"Past (\d+\.\d) tokens per parameter the last row", lambda: f"{_tpp('64x'):.1f}"),
+    # the stability card
+    ("docs/techniques/stability.md", r"\(tiny GPT-2, (\d+) steps, 2-core CPU\)", lambda: str(_result("faults")["config"]["steps"])),
+    ("docs/techniques/stability.md", r"instead of (\d\.\d{3}); with the norm clip kept",
+     lambda: "%.3f" % next(r["eval_loss"] for r in _result("faults")["advice"] if r["setup"] == "value clip + max_grad_norm=1")),
+    ("docs/techniques/stability.md", r"That is (\w+) host read per step\.", lambda: _WORDS[_reads()["guard"]]),
+    ("docs/techniques/stability.md", r"the Trainer's loss filter \((\d of its \d) reads per step\)",
+     lambda: "{filter} of its {trainer}".format(**_reads())),
+    ("docs/techniques/stability.md", r"a guarded FastTrainer step reads (\d times against the plain Trainer's \d)",
+     lambda: "{} times against the plain Trainer's {}".format(_reads()["trainer"] - _reads()["filter"] + _reads()["guard"],
+                                                              _reads()["trainer"])),
+    # the precision card
+    ("docs/techniques/precision-and-scale.md", r"the chunked LM-head loss keeps (\d+ MiB for backward instead of \d+ MiB)",
+     lambda: f"{_mib('chunked-fp32')} for backward instead of {_mib('standard-fp32')}"),
+    ("docs/techniques/precision-and-scale.md", r"(\d+ x \d+ tokens x 8 GPUs = [\d,]+) tokens per step", lambda: "{} x {} tokens x 8 GPUs = {:,}".format(
+        _recipe("gpt2_small")["per_device_train_batch_size"], _recipe("gpt2_small")["data"]["block_size"],
+        8 * _recipe("gpt2_small")["per_device_train_batch_size"] * _recipe("gpt2_small")["data"]["block_size"])),
+    # the random-restart card: the equal-compute run and the two backends side by side
+    ("docs/techniques/random-restart.md", r"\(hf-tuned's settings, (\d+ optimizer steps per arm, \d seeds)\)",
+     lambda: "{} optimizer steps per arm, {} seeds".format(_setting("time_to_loss_restarts", "max_steps"),
+                                                          _arm("time_to_loss_restarts", "fasttrain")["seeds"])),
+    ("docs/techniques/random-restart.md", r"the tiny recipe shortened to (\d+ steps, \d seeds, \d rungs)",
+     lambda: "{} steps, {} seeds, {} rungs".format(_search_arg("--max_steps"), _search_arg("--num-seeds"), _search_arg("--rungs"))),
+    ("docs/techniques/random-restart.md", r"shared with other jobs \(load average (\d+-\d+)\)",
+     lambda: re.search(r"Load average (\d+-\d+)", _result("restarts_backends")["machine_note"]).group(1)),
+    # peak RSS: the JSON's peak_rss_mb is bytes / 2**20, so GiB are it / 1024
+    ("docs/techniques/random-restart.md", r"used (\d\.\d GiB) more peak memory", lambda: "%.1f GiB" % (
+        (_backends()["ray"]["peak_rss_mb"] - _backends()["local"]["peak_rss_mb"]) / 1024)),
+    ("docs/techniques/random-restart.md", r"more peak memory \((\d\.\d\d GiB against \d\.\d\d GiB)", lambda: "%.2f GiB against %.2f GiB" % (
+        _backends()["ray"]["peak_rss_mb"] / 1024, _backends()["local"]["peak_rss_mb"] / 1024)),
+    ("docs/techniques/random-restart.md", r"finished in (\d+ s against \d+ s, with \d+ CPU-s against \d+)\.",
+     lambda: "%.0f s against %.0f s, with %.0f CPU-s against %.0f" % (
+         _backends()["ray"]["wall_s"], _backends()["local"]["wall_s"], _backends()["ray"]["cpu_s"], _backends()["local"]["cpu_s"])),
+    ("docs/techniques/random-restart.md", r"differs in the 4th decimal \((\d\.\d{4} against \d\.\d{4})\)", lambda: "%.4f against %.4f" % (
+        _backends()["ray"]["winner_final_metric"], _backends()["local"]["winner_final_metric"])),
+    # the weight-averaging card: both averages' final loss over the recipe's at the end of the budget
+    ("docs/techniques/weight-averaging.md", r"both averages ended about (\d\.\d\d) above the recipe", lambda: " / ".join(sorted({
+        "%.2f" % (_arm("ablation", a)["final_eval_loss"] - _arm("ablation", "base")["final_eval_loss"]) for a in ("base+ema", "base+lawa")}))),
+    # the sequence-length card
+    ("docs/techniques/sequence-length.md", r"Token budgets and row packing keep padding under (\d+%)", lambda: _padding_under()),
+    ("docs/benchmarks.md", r"token budgets and packing: under (\d+%) padding", lambda: _padding_under()),
+    ("docs/techniques/sequence-length.md", r"attention is dense there, (\d\.\d\dx) the speed of random batching",
+     lambda: _x(_result("padding")["results"]["packed_flat"]["cpu_speedup_vs_random"])),
+    ("docs/techniques/sequence-length.md", r"spread over (\d+) optimizer steps", lambda: str(max(
+        r["curve"][-1]["step"] for r in _result("time_to_loss")["runs"] if r["arm"] == "fasttrain"))),
+    ("docs/techniques/sequence-length.md", r"`gpt2_tiny` has it on \((\d+ -> \d+ over \d+%)\)", lambda: "{} -> {} over {:.0f}%".format(
+        _recipe("gpt2_tiny")["seq_len_warmup_min"], _recipe("gpt2_tiny")["data"]["block_size"],
+        100 * _recipe("gpt2_tiny")["seq_len_warmup_fraction"])),
+    # the recipes card: the bundled recipes' models and the command line's help
+    ("docs/techniques/recipes-and-hub.md", r"\| `gpt2_tiny` \| GPT-2 2x128, ([\d.]+M tokens, Muon at \S+),", lambda: "{:.2f}M tokens, Muon at {}".format(
+        _recipe("gpt2_tiny")["max_tokens"] / 1e6, _lr_text(float(_recipe("gpt2_tiny")["learning_rate"])))),
+    ("docs/techniques/recipes-and-hub.md", r"GPT-2 (\d+M) at context 1024",
+     lambda: "%.0fM" % (int(re.search(r"(\d+) parameters", _result("optimizers")["model"]).group(1)) / 1e6)),
+    ("docs/techniques/recipes-and-hub.md", r"Muon at (\S+) \(from the scaling ladder's trend\)",
+     lambda: _lr_text(float(_recipe("gpt2_small")["learning_rate"]))),
+    ("docs/techniques/recipes-and-hub.md", r"vocab 4096: ([\d.]+M) non-embedding parameters", lambda: _non_embedding("llama_tiny", 2)),
+    ("docs/techniques/recipes-and-hub.md", r"tied; ([\d.]+M) non-embedding parameters", lambda: _non_embedding("llama_small", 1)),
+    ("docs/techniques/recipes-and-hub.md", r"That is (about \d+ lines) at 100 columns",
+     lambda: "about %d lines" % round(len(_cli_output(["train", "--help"]).splitlines()), -1)),
+    *[(page, pattern, lambda: "%d" % round(len(dataclasses.fields(importlib.import_module("transformers").TrainingArguments)), -1))
+      for page, pattern in (("docs/techniques/recipes-and-hub.md", r"the Trainer's ~(\d+) included"),
+                            ("docs/cli.md", r"field as well \(about (\d+)\)"))],
+    # the transfer card: the coordinate check's pass mark, as a slope and as a factor per doubling of the width
+    ("docs/techniques/transfer.md", r"when every \|slope\| is (at most \d\.\d+ \(at most \d\.\d\dx) per doubling", lambda: "at most {0:g} (at most "
+     "{1:.2f}x".format(importlib.import_module("hf_fasttrain.transfer.coord_check").DEFAULT_TOLERANCE,
+                       2 ** importlib.import_module("hf_fasttrain.transfer.coord_check").DEFAULT_TOLERANCE)),
+    # README: nanoGPT's model, counted as nanoGPT's train.py counts it (all parameters but the position table)
+    ("README.md", r"on tinyshakespeare \(([\d.]+M) parameters,", lambda: _nanogpt_parameters()),
+]
+
+
+def _lr_of(config: dict) -> float:
+    """The peak lr a search configuration ran at: its lr times its lr_scale."""
+    return config["lr"] * config.get("lr_scale", 1.0)
+
+
+def _law_within(factor: float) -> tuple[int, int, int, int]:
+    """How many of the lr law's measured points, each left out of the fit, it predicts within ``factor``: Muon's, AdamW's."""
+    from hf_fasttrain.config.budget import learning_rate_law_check
+
+    out = []
+    for optimizer in ("muon", "adamw"):
+        ratios = [r["ratio"] for r in learning_rate_law_check(optimizer)]
+        out += [sum(1 / factor <= x <= factor for x in ratios), len(ratios)]
+    return tuple(out)
+
+
+def _padding_under() -> str:
+    """The padding of token budgets and row packing, as a bound in whole percent (the next percent above the larger)."""
+    rows = _result("padding")["results"]
+    return f"{math.floor(100 * max(rows[a]['padding_fraction'] for a in ('token_budget', 'packed_rows'))) + 1}%"
+
+
+def _nanogpt_parameters() -> str:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    s = _result("nanogpt")["setup"]
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=s["vocab_size"], n_positions=s["block_size"], n_embd=s["n_embd"],
+                                           n_layer=s["n_layer"], n_head=s["n_head"]))
+    return f"{(sum(p.numel() for p in model.parameters()) - model.transformer.wpe.weight.numel()) / 1e6:.2f}M"
+
+
 @pytest.mark.parametrize("page, pattern, expected", FIGURES, ids=[f"{p}:{r[:24]}" for p, r, _ in FIGURES])
 def test_quoted_figures_match_the_results(page, pattern, expected):
     found = re.findall(pattern, (ROOT / page).read_text(encoding="utf-8"))
     assert found, f"{page}: the figure /{pattern}/ is gone; update FIGURES in tests/test_docs.py with the page"
-    for value in found:
-        assert value.strip() == expected(), f"{page}: /{pattern}/ says {value!r}, benchmarks/results say {expected()!r}"
+    for value in found:  # a figure may break across lines: compared with its whitespace as one space
+        assert " ".join(value.split()) == expected(), (
+            f"{page}: /{pattern}/ says {value!r}, benchmarks/results say {expected()!r}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1452,15 +1797,16 @@ def test_moe_study_quotes_its_results():
     assert f"yes: {muon:.2f}x tuned AdamW's tokens ({1 / muon:.1f}x fewer); {dense:.2f}x with the experts on AdamW" in summary
 
 
-def _groups_ratio(row_label: str, budget: str = "1x") -> float:
-    """An arm's median tokens to hf-best+'s loss (over the budget), read off hf_best_groups.md's table at ``budget``."""
+def _groups_ratio(row_label: str, budget: str = "1x", to: str = "hf-best+") -> float:
+    """An arm's median tokens to hf-best+'s loss (or to hf-best's) over the budget, read off hf_best_groups.md's table at
+    ``budget``."""
     text = (ROOT / "benchmarks/results/hf_best_groups.md").read_text(encoding="utf-8")
     section = text.split(f"## Budget {budget}\n", 1)[1].split("## Budget", 1)[0]
     table = section.split("| arm | final eval loss |", 1)[1]  # the table of each arm's tokens to each baseline
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells and cells[0] == row_label:
-            return float(cells[-1].split()[0])
+            return float(cells[-1 if to == "hf-best+" else -2].split()[0])
     raise AssertionError(f"no row {row_label!r} in hf_best_groups.md's {budget} table")
 
 
@@ -1469,10 +1815,10 @@ def test_hf_best_plus_figures_are_the_results():
     side-by-side run (its second table), on the study page from the group search too."""
     also = _result("time_to_loss")["also"]
     assert also["reference"] == "hf-best+"
-    side = f"Against its final loss, {also['target_eval_loss']:.3f}, the recipe needs " + _ratio(
+    side = f"Against its final loss in this run, {also['target_eval_loss']:.3f}, the recipe (`fasttrain`) needs " + _ratio(
         also["arms"]["fasttrain"]["tokens_ratio_vs_reference"], "the tokens", "fewer")
     budget = also["arms"]["fasttrain-budget"]["tokens_ratio_vs_reference"]
-    side += f", and {budget:.2f}x ({1 / budget:.1f}x fewer) with `budget_aware`"
+    side += f", and {budget:.2f}x ({1 / budget:.1f}x fewer) with `budget_aware` (`fasttrain-budget`)"
     for page in ("README.md", "docs/index.md", "docs/benchmarks.md"):
         text = " ".join((ROOT / page).read_text(encoding="utf-8").split())
         assert side in text, page
@@ -1591,6 +1937,278 @@ def test_short_long_run_table_quotes_the_results(page):
         assert length == f"{tpp:.1f} tokens per parameter", (page, length)
         assert one_run == _one_run(key).replace(" the tokens", ""), (page, one_run)
         assert complete == _complete_runs(key).replace(" by complete runs", ""), (page, complete)
+
+
+def test_the_1x_row_names_the_run_it_comes_from():
+    """The summary's 1x row is the search's runs: the paragraph under the table gives the search's baselines beside
+    the headline run's, and each recipe's ratios against them under its own name, so that one name is one number."""
+    summary = " ".join((ROOT / "docs/benchmarks.md").read_text(encoding="utf-8").split())
+    head, plus = _result("time_to_loss")["summary"]["target_eval_loss"], _result("time_to_loss")["also"]["target_eval_loss"]
+    # to hf-best: budget_ladder.json where it holds the ratio (the report's table rounds to 3 decimals), else the report
+    cells = {"winner": (_x(_long_run("1x")["fastest_one_run"]["token_ratio"]), _x(_groups_ratio("recipe (its searched winner)"))),
+             "tiny": (_x(_long_run("1x")["recipe_token_ratio"]), _x(_groups_ratio("recipe (the budget ladder's, at its best lr)"))),
+             "groups": tuple(_x(_groups_ratio("recipe+groups", "1x", to)) for to in ("hf-best", "hf-best+"))}
+    expected = (f"there hf-best ends at {_long_run('1x')['target_eval_loss']:.3f} and hf-best+ at "
+                f"{_result('hf_best_groups')['summary']['1x']['hf-best+']['final_eval_loss']:.3f} ({head:.3f} and {plus:.3f} "
+                f"side by side). Against those two losses the searched winner needs {cells['winner'][0]} and "
+                f"{cells['winner'][1]} the tokens, `gpt2_tiny` {cells['tiny'][0]} and {cells['tiny'][1]}. With the embeddings "
+                f"at {_result('hf_best_groups')['summary']['1x']['recipe+groups']['best']['emb_lr']:g}x the lr, the setting "
+                f"`budget_aware` takes at 1x, the group search's winner (`recipe+groups`) needs {cells['groups'][0]} and "
+                f"{cells['groups'][1]}.")
+    assert expected in summary, expected
+    # the table's 1x row is this searched winner (the long-run table test reads the same fields)
+    assert _long_run("1x")["fastest_one_run"]["config"] == _result("hf_best")["summary"]["1x"]["recipe"]["best"]
+    # the names hold: gpt2_tiny is the ladder's recipe at the yaml's lr, recipe+groups the settings budget_aware takes
+    from hf_fasttrain.config.budget import budget_settings
+
+    assert _result("budget_ladder")["summary"]["1x"]["optimizers"]["recipe"]["best_lr"] == float(_recipe("gpt2_tiny")["learning_rate"])
+    groups = _result("hf_best_groups")["summary"]["1x"]["recipe+groups"]["best"]
+    muon = budget_settings(_tpp("1x"), "muon")["settings"]
+    assert muon["optimizer_kwargs"]["lr_multipliers"] == {"embedding": groups["emb_lr"]}
+    assert (muon["adam_beta2"], muon["optimizer_kwargs"]["normuon_beta2"]) == (groups["beta2"], groups["normuon"])
+    winner = _result("hf_best")["summary"]["1x"]["recipe"]["best"]
+    assert {k: v for k, v in groups.items() if k != "emb_lr"} == winner  # the group search starts at the winner
+
+
+def _study_answers() -> dict[str, tuple[list[str], str]]:
+    """The summary's study table: each row's link -> (what its answer must contain, its seeds cell), from the JSON."""
+    import statistics
+
+    def seeds(values) -> str:
+        values = set(values)
+        return str(min(values)) if len(values) == 1 else f"{min(values)}-{max(values)}"
+
+    tl = _result("time_to_loss")["summary"]["arms"]
+    ladder = _result("budget_ladder")["summary"]
+    hf_best = _result("hf_best")["summary"]
+    vs = _result("budget_ladder")["versus_hf_best"]
+    groups = _result("hf_best_groups")["summary"]
+    ft, lora = _result("fine_tuning")["summary"]["arms"], _result("lora_fine_tuning")["summary"]["arms"]
+    reads = _reads()
+    scaling = _result("scaling")["summary"]
+
+    def soonest(key):
+        try:
+            return _groups_ratio("recipe (the setting that reaches hf-best's loss soonest)", key)
+        except AssertionError:
+            return _groups_ratio("recipe (its searched winner)", key)
+
+    lower = [vs[k]["hf_tuned_eval_loss"] - vs[k]["target_eval_loss"] for k in ("1x", "4x", "16x")]
+    return {
+        "[Time to loss](benchmarks/time-to-loss.md)": ([
+            "yes: " + _ratio(tl["fasttrain"]["time_ratio_vs_reference"], "the time", "faster") + " and "
+            + _ratio(tl["fasttrain"]["tokens_ratio_vs_reference"], "the tokens", "fewer")
+            + f"; with `budget_aware` {_x(tl['fasttrain-budget']['tokens_ratio_vs_reference'])} the tokens"],
+            seeds(r["seeds"] for r in tl.values())),
+        "[Technique ablation](benchmarks/ablation.md)": ([
+            "with the EMA and sequence-length warmup " + _ratio(_to_hf_tuned("base+ema+slw"), "", "fewer").replace("x  (", "x (")],
+            seeds(r["seeds"] for r in _result("ablation_to_hf_tuned_target")["summary"]["arms"].values())),
+        "[Optimizers](benchmarks/optimizers.md)": ([
+            f"Muon at {_lr_text(_best_lr('muon'))} ends {_sweep('adamw')[_best_lr('adamw')] - _sweep('muon')[_best_lr('muon')]:.2f}"
+            f" below AdamW; a step of the tiny model costs {_x(_muon_step('gpt2-2x128', 'muon-fp32'))} AdamW's on this CPU"],
+            seeds(r["seeds"] for r in _result("lr_sweep_hf_tuned")["summary"]["arms"].values())),
+        "[Schedules](benchmarks/schedules.md)": ([], seeds(r["seeds"] for name in ("lr_schedules", "lr_schedules_lr1e-2",
+                                                   "time_to_loss_recipe_decay") for r in _result(name)["summary"]["arms"].values())),
+        "[Sequence length](benchmarks/sequence-length.md)": ([], seeds(
+            [_result("padding")["args"]["repeats"]] + [r["seeds"] for r in _result("time_to_loss_seq_len_warmup")["summary"]["arms"].values()])),
+        "[Stability](benchmarks/stability.md)": ([], seeds([1])),  # each fault injected once, each setup one run
+        "[Random restart](benchmarks/random-restart.md)": ([], seeds(
+            r["seeds"] for r in _result("time_to_loss_restarts")["summary"]["arms"].values())),
+        "[Scaling ladder](benchmarks/scaling.md)": ([
+            "from {:.2f}M to {:.2f}M parameters".format(*(f(r["non_embedding_params"] for r in scaling.values()) / 1e6
+                                                         for f in (min, max)))],
+            seeds(o["seeds_at_best"] for r in scaling.values() for o in r["optimizers"].values())),
+        "[Budget ladder](benchmarks/budget-ladder.md)": ([
+            f"{_x(ladder['1x']['optimizers']['recipe']['token_ratio_vs_adamw'])} the tokens at {ladder['1x']['tokens_per_param']:.1f} "
+            f"tokens per parameter, {_x(ladder['16x']['optimizers']['recipe']['token_ratio_vs_adamw'])} at "
+            f"{ladder['16x']['tokens_per_param']:.0f}"],
+            seeds(o["seeds_at_best"] for k in ("1x", "2x", "4x", "8x", "16x") for o in ladder[k]["optimizers"].values())),
+        "[hf-best](benchmarks/hf-best.md)": ([f"{min(lower):.2f}-{max(lower):.2f} lower in loss than hf-tuned",
+                                              f"at {_tpp('16x'):.0f} tokens per parameter"],
+                                             seeds(r["seeds"] for k in ("1x", "4x", "16x") for r in hf_best[k].values())),
+        "[64x](benchmarks/64x.md)": ([f"at {_tpp('64x'):.0f} tokens per parameter"],
+                                     seeds(r["seeds"] for r in hf_best["64x"].values())),
+        "[Larger model](benchmarks/larger-model.md)": ([f"at {_tpp('54x-3x192'):.0f} tokens per parameter"],
+                                                       seeds(r["seeds"] for r in hf_best["54x-3x192"].values())),
+        "[Muon on MoE](benchmarks/moe-muon.md)": ([], seeds(len(v) for v in _result("moe_muon")["final_eval_loss"].values())),
+        "[hf-best+](benchmarks/hf-best-plus.md)": ([
+            f"much at 1x: hf-best+ ends at {groups['1x']['hf-best+']['final_eval_loss']:.3f} against "
+            f"{vs['1x']['target_eval_loss']:.3f}; `gpt2_tiny` needs "
+            + _ratio(_groups_ratio("recipe (the budget ladder's, at its best lr)"), "its tokens", "fewer")
+            + f", `recipe+groups` {_x(_groups_ratio('recipe+groups'))}; at 4x {groups['4x']['hf-best+']['final_eval_loss']:.3f} "
+            f"against {vs['4x']['target_eval_loss']:.3f}, the searched recipe {_x(soonest('4x'))}; at 16x "
+            f"{groups['16x']['hf-best+']['final_eval_loss']:.3f} against {vs['16x']['target_eval_loss']:.3f}, the searched "
+            f"recipe {_x(soonest('16x'))}"],
+            seeds([r["seeds"] for k in groups for r in groups[k].values()]
+                  + [_arm("time_to_loss", "fasttrain")["seeds"]])),  # the budget ladder's recipe row: its 3 seeds
+        "[Fine-tuning](fine-tuning.md#what-helps-the-benchmark)": ([
+            f"Muon {_x(ft['muon@adamw-base']['tokens_ratio_vs_reference'])} hf-tuned's tokens, WSD "
+            f"{_x(ft['+wsd']['tokens_ratio_vs_reference'])}; token budgets, packing and the EMA do not help"],
+            seeds(r["seeds"] for r in ft.values())),
+        "[LoRA](fine-tuning.md#lora)": ([
+            f"Muon {_x(lora['lora-muon']['tokens_ratio_vs_reference'])} LoRA-AdamW's tokens "
+            f"({_x(lora['lora-muon+ema']['tokens_ratio_vs_reference'])} with the EMA), half the optimizer state"],
+            seeds(r["seeds"] for r in lora.values())),
+        "[GPU fast path](benchmarks/gpu-fast-path.md)": ([
+            f"no: {reads['trainer'] - reads['filter'] + reads['guard']} reads per step with the guard, "
+            f"{reads['trainer'] - reads['filter']} without, against the Trainer's {reads['trainer']} (a test counts them)"], "-"),
+        "[Startup](benchmarks/startup.md)": ([f"under {math.floor(max(r['after_s'] for r in _result('startup')['rows'])) + 1} s"],
+                                             str(_result("startup")["meta"]["repeats"])),
+        "[Memory](benchmarks/memory.md)": ([f"{_mib('chunked-fp32')} kept for backward instead of {_mib('standard-fp32')}"],
+                                           str(_result("lm_head_loss_memory_cpu")["config"]["repeats"])),
+    }
+
+
+# the study rows tested here; the transfer and nanoGPT rows are their studies' own tests
+STUDY_LINKS = [
+    "[Time to loss](benchmarks/time-to-loss.md)", "[Technique ablation](benchmarks/ablation.md)",
+    "[Optimizers](benchmarks/optimizers.md)", "[Schedules](benchmarks/schedules.md)",
+    "[Sequence length](benchmarks/sequence-length.md)", "[Stability](benchmarks/stability.md)",
+    "[Random restart](benchmarks/random-restart.md)", "[Scaling ladder](benchmarks/scaling.md)",
+    "[Budget ladder](benchmarks/budget-ladder.md)", "[hf-best](benchmarks/hf-best.md)", "[64x](benchmarks/64x.md)",
+    "[Larger model](benchmarks/larger-model.md)", "[Muon on MoE](benchmarks/moe-muon.md)",
+    "[hf-best+](benchmarks/hf-best-plus.md)", "[Fine-tuning](fine-tuning.md#what-helps-the-benchmark)",
+    "[LoRA](fine-tuning.md#lora)", "[GPU fast path](benchmarks/gpu-fast-path.md)", "[Startup](benchmarks/startup.md)",
+    "[Memory](benchmarks/memory.md)"]
+
+
+def test_every_study_row_is_tested():
+    rows = _table_rows((ROOT / "docs/benchmarks.md").read_text(encoding="utf-8"), "| study | question |")
+    own = {"[Transfer across width](benchmarks/transfer.md)", "[nanoGPT on tinyshakespeare](benchmarks/nanogpt.md)"}
+    assert set(rows) == set(STUDY_LINKS) | own and set(_study_answers()) == set(STUDY_LINKS)
+
+
+@pytest.mark.parametrize("link", STUDY_LINKS)
+def test_every_study_row_of_the_summary_quotes_the_results(link):
+    """Each row of the summary's study table: the figures of its answer and its seeds cell, from the results JSON
+    (the rows' other figures are in FIGURES, and the transfer and nanoGPT rows in their own study's tests)."""
+    rows = _table_rows((ROOT / "docs/benchmarks.md").read_text(encoding="utf-8"), "| study | question |")
+    question, answer, seeds = rows[link]
+    wanted, seeds_expected = _study_answers()[link]
+    for text in wanted:
+        assert text in question + " " + answer, f"{link}: {text!r} not in {answer!r}"
+    assert seeds == seeds_expected, f"{link}: seeds {seeds!r}, the results say {seeds_expected!r}"
+
+
+def test_the_summary_s_claims_hold_in_the_results():
+    """The words of the summary and the cards that are claims about the results, not numbers: checked on the JSON."""
+    # hf-best's search picked warmup-stable-decay to 0 and a high beta2 at every searched budget
+    for key in ("1x", "4x", "16x"):
+        best = _result("hf_best")["summary"][key]["hf-best"]["best"]
+        assert best["schedule"].startswith("wsd") and best["beta2"] >= 0.99, (key, best)
+    # schedules: on short runs constant and 1-sqrt end lowest, at both peak lrs; with the recipe the shapes lie
+    # within the seed spread (the medians closer together than any one shape's seeds)
+    for name in ("lr_schedules", "lr_schedules_lr1e-2"):
+        arms = _result(name)["summary"]["arms"]
+        lowest = sorted(arms, key=lambda a: arms[a]["final_eval_loss"])[:2]
+        assert {a.split("@")[0] for a in lowest} == {"lr-constant", "lr-1-sqrt"}, (name, lowest)
+    by_arm: dict[str, list[float]] = {}
+    for r in _result("time_to_loss_recipe_decay")["runs"]:
+        by_arm.setdefault(r["arm"], []).append(r["final_eval_loss"])
+    import statistics
+
+    medians = [statistics.median(v) for v in by_arm.values()]
+    assert max(medians) - min(medians) < min(max(v) - min(v) for v in by_arm.values())
+    # fine-tuning: token budgets, packing and the EMA never reach hf-tuned's loss sooner
+    arms = _result("fine_tuning")["summary"]["arms"]
+    assert all(not arms[a]["tokens_ratio_vs_reference"] < 1 for a in ("+token-budget", "+packing", "+ema"))
+    # LoRA: Muon keeps half AdamW's optimizer state
+    lora = _result("lora_fine_tuning")["summary"]["arms"]
+    assert round(lora["lora-muon"]["optimizer_state_bytes"] / lora["lora-adamw"]["optimizer_state_bytes"], 2) == 0.5
+    # startup: every command answers under the second quoted, and without importing torch (the study's own test)
+    assert all(r["after_s"] < 1 for r in _result("startup")["rows"])
+
+
+def test_the_stability_card_s_claims_hold_in_the_fault_injection():
+    """Every guarded setup survived every fault with no non-finite tensor on disk; the bare Trainer ended with NaN
+    weights after exactly a NaN loss, an inf loss and a NaN weight (the stability card and the summary)."""
+    runs = [r for r in _result("faults")["runs"] if r["injection"] != "none"]
+    guarded = [r for r in runs if r["setup"] != "bare"]
+    assert {r["setup"] for r in guarded} >= {"fasttrainer", "trainer+mixin", "trainer+callbacks"}
+    assert all(r["survived"] and r["final_weights_finite"] and r["disk"]["nonfinite_tensors"] == 0 for r in guarded)
+    lost = {r["injection"] for r in runs if r["setup"] == "bare" and not r["final_weights_finite"]}
+    assert lost == {"nan_loss", "inf_loss", "nan_weight"}, lost
+
+
+def test_every_averaged_seed_lands_below_the_recipe_s_range():
+    """The weight-averaging card: each seed of EMA and of LAWA reached hf-tuned's final loss in fewer tokens than
+    every seed of the recipe without them (tokens to the target, read off each run's curve)."""
+    from benchmarks._harness.lm import crossing
+
+    record = _result("ablation_to_hf_tuned_target")
+    target = record["summary"]["target_eval_loss"]
+    tokens: dict[str, list[float]] = {}
+    for r in record["runs"]:
+        tokens.setdefault(r["arm"], []).append(crossing(r["curve"], target, "tokens"))
+    assert len(tokens["base"]) == 3
+    assert max(tokens["base+ema"] + tokens["base+lawa"]) < min(tokens["base"])
+
+
+def test_the_budget_table_on_the_schedules_card_is_the_package_s():
+    """The schedules card's settings by run length: each row's bounds are budget_aware's, each lr factor and
+    multiplier is the table's, and each length it was measured at is the ladder's (tokens per parameter)."""
+    from hf_fasttrain.config.budget import LONGEST_MEASURED, REGIMES
+
+    rows = _table_rows((ROOT / "docs/techniques/schedules.md").read_text(encoding="utf-8"), "| tokens per parameter | AdamW |")
+    bounds = [r.max_tokens_per_param for r in REGIMES]
+    names = [f"up to {bounds[0]:g}"] + [f"{a:g} to {b:g}" for a, b in zip(bounds, bounds[1:-1])] + [f"above {bounds[-2]:g}"]
+    assert list(rows) == names
+    for name, regime in zip(names, REGIMES):
+        adamw, muon, measured = rows[name]
+        for family, cell in (("adamw", adamw), ("muon", muon)):
+            if regime.lr_factor.get(family) is not None:
+                assert f"{regime.lr_factor[family]:g}x" in cell, (name, family)
+            settings = regime.settings[family]
+            kwargs = settings.get("optimizer_kwargs") or {}
+            if cell.startswith(("as ", "the search's winner")):  # a row given as another's settings
+                continue
+            assert f"wd {settings['weight_decay']:g}" in cell and f"beta2 {settings['adam_beta2']:g}" in cell, (name, family)
+            for group, factor in (kwargs.get("lr_multipliers") or {}).items():
+                assert f"{'embeddings' if group == 'embedding' else group + 's'} at {factor:g}x" in cell, (name, family, group)
+            if kwargs.get("adamw_lr_ratio", 1.0) != 1.0:
+                assert f"the AdamW part at {kwargs['adamw_lr_ratio']:g}x Muon's lr" in cell, name
+        for key, tpp in (("1x", "1.5"), ("4x", "6.2"), ("16x", "24.8"), ("64x", "99.1")):
+            if f"at {tpp}" in measured:
+                assert f"{_tpp(key):.1f}" == tpp, (name, key)
+    assert "with wd 0.2" in rows["8.8 to 12.4"][1] and REGIMES[2].settings["muon"]["weight_decay"] == 0.2
+    assert LONGEST_MEASURED == round(_tpp("64x"), 1)
+    # the optimizers card: budget_aware takes hf-best+'s group multipliers for AdamW at 1x and 4x
+    for key, regime in (("1x", REGIMES[0]), ("4x", REGIMES[1])):
+        best = _result("hf_best_groups")["summary"][key]["hf-best+"]["best"]
+        kwargs = regime.settings["adamw"]["optimizer_kwargs"]
+        assert kwargs["lr_multipliers"] == {g: best[k] for g, k in (("embedding", "emb_lr"), ("norm", "norm_lr")) if k in best}
+        assert kwargs.get("weight_decay_on") == best.get("wd_on")
+
+
+def test_muon_s_traffic_under_fsdp2_is_the_package_s_estimate():
+    """The precision card's table of bytes per rank and step: GPT-2 small's Muon matrices (the package's routing, on
+    the meta device) through hf_fasttrain.optim.muon_communication_bytes, and FSDP2's own 3 P (W-1)/W."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from hf_fasttrain.optim import muon_communication_bytes
+    from hf_fasttrain.optim.routing import muon_routing
+
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config())
+    params = dict(model.named_parameters())
+    matrices = [n for n, route in muon_routing(model).items() if route == "muon"]
+    elements = sum(params[n].numel() for n in matrices)
+    total = sum(p.numel() for p in model.parameters())
+    page = " ".join((ROOT / "docs/techniques/precision-and-scale.md").read_text(encoding="utf-8").split())
+    assert f"| GPT-2 small ({len(matrices)} Muon matrices, {elements / 1e6:.1f}M elements, fp32) |" in page
+
+    def mb(x: float) -> str:
+        return f"{x / 1e6:,.0f} MB" if x >= 1e8 else f"{x / 1e6:.3g} MB"  # whole MB, or 3 significant digits
+
+    worlds = (2, 8, 64)
+    est = {w: muon_communication_bytes(elements, w) for w in worlds}
+    fsdp = {w: 3 * total * 4 * (w - 1) / w for w in worlds}
+    assert "| gather (default): N (W-1)/W | " + " | ".join(mb(est[w]["gather"]) for w in worlds) + " |" in page
+    assert "| round-robin: 2 N (W-1)/W^2 | " + " | ".join(mb(est[w]["round_robin"]) for w in worlds) + " |" in page
+    assert " | ".join(mb(fsdp[w]) for w in worlds) + " |" in page
+    assert (f"at 8 ranks the gather adds ~{100 * est[8]['gather'] / fsdp[8]:.0f}% to FSDP2's traffic, round-robin "
+            f"~{100 * est[8]['round_robin'] / fsdp[8]:.0f}%") in page
 
 
 @pytest.mark.slow  # a short training run, about 10 s on a quiet machine

@@ -30,9 +30,11 @@ from hf_fasttrain.throughput import HOST_BATCH_KEY, HostBatch, HostBatchCollator
 
 from conftest import make_tiny_gpt2, tiny_args
 
-# The plain Trainer's reads per non-logging step, and the divergence guard's: one read of its packed
-# statistics (loss, non-finite flag, gradient norm) to decide, before the update, whether to skip the step.
+# The plain Trainer's reads per non-logging step, the two of them its NaN/inf loss filter makes (on the device in
+# FastTrainer), and the divergence guard's: one read of its packed statistics (loss, non-finite flag, gradient
+# norm) to decide, before the update, whether to skip the step. The docs quote these (tests/test_docs.py).
 TRAINER_READS = 3
+FILTER_READS = 2
 GUARD_READS = 1
 
 
@@ -130,7 +132,7 @@ def test_fasttrainer_recipe_reads_no_more_than_the_trainer(tiny_lm, tiny_tokeniz
     assert path.ints() and len(path.added) == 6 and path.host_copies == 0
     assert out[0].lr_scheduler.get_last_lr()[0] == pytest.approx(1e-4)  # the cosine's floor at the budget
     assert trainer_reads == [TRAINER_READS] * 5
-    assert reads == [TRAINER_READS - 2 + GUARD_READS] * 5, reads  # the Trainer's, less its filter, plus the guard's
+    assert reads == [TRAINER_READS - FILTER_READS + GUARD_READS] * 5, reads  # the Trainer's, less its filter, plus the guard's
     assert max(reads) <= min(trainer_reads)
     assert out[0].args.logging_nan_inf_filter is True  # the arguments as given, after the run
 
@@ -152,7 +154,7 @@ def test_recipe_with_sequence_length_warmup_reads_no_more_than_the_trainer(tiny_
 def test_fasttrainer_recipe_without_guard_reads_less_than_the_trainer(tiny_lm, tiny_tokenizer, tmp_path):
     args = tiny_args(tmp_path, **{**COMMON, **RECIPE, "divergence_guard": False})
     reads = _reads_per_step(FastTrainer, args, tiny_tokenizer, tiny_lm["train"])
-    assert reads == [TRAINER_READS - 2] * 5, f"FastTrainer recipe without the guard: {reads} host reads per step"
+    assert reads == [TRAINER_READS - FILTER_READS] * 5, f"FastTrainer recipe without the guard: {reads} host reads per step"
 
 
 class _NaNLossAt:
