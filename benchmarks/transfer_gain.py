@@ -127,12 +127,14 @@ def summarise(data: dict[str, Any]) -> dict[str, Any]:
                **{f"{arm}_lr": got[arm]["lr"] for arm in ARMS},
                **{f"{arm}_final_eval_loss": got[arm]["final_eval_loss"] for arm in ARMS},
                **_ratio(got["recipe"], got["hf-best"])}
-        walks = {arm: {f"{runs[k]['lr']:.3g}": runs[k]["final_eval_loss"]
-                       for k in sorted((k for k in plan.get("walk", {}).get(arm, {}).get(str(w), []) if k in runs),
-                                       key=lambda k: runs[k]["lr"])} for arm in ARMS}
-        if all(len(v) >= 3 for v in walks.values()):
-            best = {arm: min((runs[k] for k in plan["walk"][arm][str(w)] if k in runs),
-                             key=lambda r: r["final_eval_loss"]) for arm in ARMS}
+        # the walk: this width's runs of the arm at the carried lr x 1/2, x 1 and x 2 (read from the runs, so two
+        # processes may each run a part of it)
+        walk_runs = {arm: sorted((r for r in runs.values() if r["arm"] == arm and r["width"] == w
+                                  and any(math.isclose(r["lr"], got[arm]["lr"] * 2.0 ** k, rel_tol=1e-9)
+                                          for k in (-1, 0, 1))), key=lambda r: r["lr"]) for arm in ARMS}
+        walks = {arm: {f"{r['lr']:.3g}": r["final_eval_loss"] for r in rs} for arm, rs in walk_runs.items()}
+        if w == plan["widths"][-1] and all(len(v) >= 3 for v in walks.values()):
+            best = {arm: min(walk_runs[arm], key=lambda r: r["final_eval_loss"]) for arm in ARMS}
             row["walk"] = walks
             row["carried_above_walk_best_pct"] = {
                 arm: 100 * (got[arm]["final_eval_loss"] / best[arm]["final_eval_loss"] - 1) for arm in ARMS}
@@ -233,6 +235,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe-tokens-exponent", type=float, default=None,
                    help="the recipe's lr ~ tokens^k from the smallest width's run; default: budget_aware's measured "
                         "Muon-muP exponent (mean over its widths)")
+    p.add_argument("--walk", default="-1,1",
+                   help="the widest width's lr walk: the carried lr x 2^k for these k (comma-separated; -1,1 runs "
+                        "the walk; a part of it, e.g. 1, lets a second process run beside the first)")
     p.add_argument("--max-extend", type=int, default=MAX_EXTEND, help="grid growths at an edge at the smallest width")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (one run at a time)")
     p.add_argument("--report", action="store_true", help="rebuild the tables and the PNG from the JSON; no training")
@@ -284,6 +289,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         raise UsageError(f"--widths: {ns.widths!r}; give at least two widths")
     for w in widths:
         width_setup(w)  # a width off the head size fails here, before any training
+    try:
+        walk = [int(k) for k in ns.walk.split(",") if k.strip()]
+    except ValueError:
+        raise UsageError(f"--walk: {ns.walk!r} is not a comma-separated list of integers (e.g. -1,1)") from None
     if not ns.tokens_per_param > 0:
         raise UsageError(f"--tokens-per-param: {ns.tokens_per_param}; must be > 0")
     exponent = ns.hf_exponent
@@ -305,8 +314,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     k = recipe_tokens_exponent() if ns.recipe_tokens_exponent is None else ns.recipe_tokens_exponent
     plan = {"widths": widths, "tokens_per_param": ns.tokens_per_param, "hf_exponent": exponent,
             "recipe_tokens_exponent": k,
-            "base_lrs": {}, "carried": {a: {} for a in ARMS}, "walk": {a: {} for a in ARMS},
-            "grid": {a: {} for a in ARMS}}
+            "base_lrs": {}, "carried": {a: {} for a in ARMS}, "grid": {a: {} for a in ARMS}}
     ledger.data["plan"] = plan
     runner = Runner(ledger, ns.tokens_per_param, base)
     # 1. tune each arm at the smallest width on a factor-2 grid
@@ -331,15 +339,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             plan["carried"][arm][str(w)] = runner.run(arm, w, lr)["key"]
             ledger.save()
     w = widths[-1]
-    for k in (-1, 1):
+    for step in walk:
         for arm in ARMS:
             lr = carried_lr(arm, plan["base_lrs"][arm], w, base, exponent, k, ns.tokens_per_param)
-            key = runner.run(arm, w, lr * 2.0 ** k)["key"]
-            # looked up after the run: a save may replace the ledger's unchanged entries by fresh copies
-            walk = plan["walk"][arm].setdefault(str(w), [plan["carried"][arm][str(w)]])
-            if key not in walk:
-                walk.append(key)
-            ledger.save()
+            runner.run(arm, w, lr * 2.0 ** step)
     return report(ledger, out, ns.name)
 
 

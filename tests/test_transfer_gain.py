@@ -64,8 +64,7 @@ def test_summary_reads_the_token_ratio_and_the_walk_from_the_runs():
             "h2a": _run("hf-best", 64, 0.0007, [8, 7, 6, 5]), "h2b": _run("hf-best", 64, 0.0028, [8, 7, 5, 4])}
     plan = {"widths": [32, 64], "tokens_per_param": 0.1, "hf_exponent": -0.5,
             "base_lrs": {"recipe": 0.03, "hf-best": 0.002},
-            "carried": {"recipe": {"32": "r1", "64": "r2"}, "hf-best": {"32": "h1", "64": "h2"}},
-            "walk": {"recipe": {"64": ["r2", "r2a", "r2b"]}, "hf-best": {"64": ["h2", "h2a", "h2b"]}}}
+            "carried": {"recipe": {"32": "r1", "64": "r2"}, "hf-best": {"32": "h1", "64": "h2"}}}
     s = mod.summarise({"runs": runs, "plan": plan})
     w32, w64 = s["widths"]["32"], s["widths"]["64"]
     # width 32: hf-best ends at 5 after 300 tokens; the recipe reaches 5 at 200 tokens (an evaluation)
