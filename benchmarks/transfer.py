@@ -521,6 +521,11 @@ def not_run(data: dict[str, Any]) -> list[str]:
                    "at two widths.")
     elif not any("walk" in r for r in rows.values()):
         out.append("The gain across width: the lr walk at the widest width did not run.")
+    else:
+        for w, r in rows.items():
+            for arm, lrs in (r.get("walk_missing") or {}).items():
+                if lrs:
+                    out.append(f"The gain across width: `{arm}`'s walk at width {w}, lr {', '.join(lrs)}.")
     if not data["summary"].get("tune_and_train"):
         out.append("Tune small, train big (`tune-and-train`): not run at the study's widths.")
     return out
@@ -617,10 +622,11 @@ def gain_block(gain: dict[str, Any]) -> str:
     widest = rows[str(widths[-1])]
     if "walk" in widest:
         above = widest["carried_above_walk_best_pct"]
-        best = widest["walk_best"]
         lines.append(f"At width {widths[-1]} the carried lr ends {above['recipe']:+.2f}% (recipe) and "
-                     f"{above['hf-best']:+.2f}% (hf-best) above the best of its lr walk; between the two walks' "
-                     f"best runs the ratio is {_ratio_text(best.get('tokens_ratio'))}.")
+                     f"{above['hf-best']:+.2f}% (hf-best) above the best run of its lr walk.")
+        if widest.get("walk_best"):
+            lines.append(f"Between the two walks' best runs the ratio is "
+                         f"{_ratio_text(widest['walk_best'].get('tokens_ratio'))}.")
     return ("## The gain across width\n\n" + "\n".join(lines) + "\n\n" + gain_tables(gain))
 
 

@@ -133,12 +133,17 @@ def summarise(data: dict[str, Any]) -> dict[str, Any]:
                                   and any(math.isclose(r["lr"], got[arm]["lr"] * 2.0 ** k, rel_tol=1e-9)
                                           for k in (-1, 0, 1))), key=lambda r: r["lr"]) for arm in ARMS}
         walks = {arm: {f"{r['lr']:.3g}": r["final_eval_loss"] for r in rs} for arm, rs in walk_runs.items()}
-        if w == plan["widths"][-1] and all(len(v) >= 3 for v in walks.values()):
+        if w == plan["widths"][-1] and any(len(v) > 1 for v in walks.values()):
             best = {arm: min(walk_runs[arm], key=lambda r: r["final_eval_loss"]) for arm in ARMS}
             row["walk"] = walks
+            row["walk_missing"] = {arm: [f"{got[arm]['lr'] * 2.0 ** k:.3g}" for k in (-1, 1)
+                                         if not any(math.isclose(r["lr"], got[arm]["lr"] * 2.0 ** k, rel_tol=1e-9)
+                                                    for r in walk_runs[arm])] for arm in ARMS}
             row["carried_above_walk_best_pct"] = {
                 arm: 100 * (got[arm]["final_eval_loss"] / best[arm]["final_eval_loss"] - 1) for arm in ARMS}
-            row["walk_best"] = {f"{arm}_lr": best[arm]["lr"] for arm in ARMS} | _ratio(best["recipe"], best["hf-best"])
+            if not any(row["walk_missing"].values()):
+                row["walk_best"] = ({f"{arm}_lr": best[arm]["lr"] for arm in ARMS}
+                                    | _ratio(best["recipe"], best["hf-best"]))
         rows[str(w)] = row
     # the recipe at the base width's lr unchanged (muP alone), where such a run is in the ledger
     unchanged = {}
@@ -175,7 +180,9 @@ def tables(summary: dict[str, Any]) -> str:
         wl = ["| width | arm | lr walk: final eval loss | carried lr above the walk's best |", "|---|---|---|---|"]
         for w, r in walked.items():
             for arm in ARMS:
+                missing = r.get("walk_missing", {}).get(arm)
                 wl.append(f"| {w} | {arm} | " + ", ".join(f"{lr}: {v:.4f}" for lr, v in r["walk"][arm].items())
+                          + (f" ({', '.join(missing)}: not run)" if missing else "")
                           + f" | {r['carried_above_walk_best_pct'][arm]:+.2f}% |")
         out += "\n\n" + "\n".join(wl)
     return out
@@ -238,6 +245,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--walk", default="-1,1",
                    help="the widest width's lr walk: the carried lr x 2^k for these k (comma-separated; -1,1 runs "
                         "the walk; a part of it, e.g. 1, lets a second process run beside the first)")
+    p.add_argument("--walk-arms", default=",".join(ARMS), help="the arms whose walk runs (comma-separated)")
     p.add_argument("--max-extend", type=int, default=MAX_EXTEND, help="grid growths at an edge at the smallest width")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (one run at a time)")
     p.add_argument("--report", action="store_true", help="rebuild the tables and the PNG from the JSON; no training")
@@ -293,6 +301,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         walk = [int(k) for k in ns.walk.split(",") if k.strip()]
     except ValueError:
         raise UsageError(f"--walk: {ns.walk!r} is not a comma-separated list of integers (e.g. -1,1)") from None
+    walk_arms = [a.strip() for a in ns.walk_arms.split(",") if a.strip()]
+    if not walk_arms or set(walk_arms) - set(ARMS):
+        raise UsageError(f"--walk-arms: {ns.walk_arms!r}; allowed: a comma-separated subset of {', '.join(ARMS)}")
     if not ns.tokens_per_param > 0:
         raise UsageError(f"--tokens-per-param: {ns.tokens_per_param}; must be > 0")
     exponent = ns.hf_exponent
@@ -340,7 +351,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             ledger.save()
     w = widths[-1]
     for step in walk:
-        for arm in ARMS:
+        for arm in walk_arms:
             lr = carried_lr(arm, plan["base_lrs"][arm], w, base, exponent, k, ns.tokens_per_param)
             runner.run(arm, w, lr * 2.0 ** step)
     return report(ledger, out, ns.name)

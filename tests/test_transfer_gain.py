@@ -83,6 +83,23 @@ def test_summary_reads_the_token_ratio_and_the_walk_from_the_runs():
     assert "| 64 | recipe | 0.015: 3.5000, 0.03: 3.0000, 0.06: 2.9000 | +3.45% |" in text
 
 
+def test_a_walk_cut_short_says_which_lrs_did_not_run():
+    mod = tg()
+    runs = {"r1": _run("recipe", 32, 0.03, [8, 6, 5, 4]), "h1": _run("hf-best", 32, 0.002, [8, 7, 6, 5]),
+            "r2": _run("recipe", 64, 0.03, [8, 6, 4, 3]), "h2": _run("hf-best", 64, 0.0014, [8, 7, 5.5, 4.5]),
+            "r2a": _run("recipe", 64, 0.015, [8, 6, 4.5, 2.8]), "h2a": _run("hf-best", 64, 0.0007, [8, 7, 6, 5]),
+            "h2b": _run("hf-best", 64, 0.0028, [8, 7, 5, 4])}
+    plan = {"widths": [32, 64], "tokens_per_param": 0.1, "hf_exponent": -0.5,
+            "base_lrs": {"recipe": 0.03, "hf-best": 0.002},
+            "carried": {"recipe": {"32": "r1", "64": "r2"}, "hf-best": {"32": "h1", "64": "h2"}}}
+    w64 = mod.summarise({"runs": runs, "plan": plan})["widths"]["64"]
+    assert w64["walk_missing"] == {"recipe": ["0.06"], "hf-best": []}
+    assert w64["carried_above_walk_best_pct"]["recipe"] == pytest.approx(100 * (3 / 2.8 - 1))
+    assert "walk_best" not in w64  # no ratio between walks that did not both run
+    assert "| 64 | recipe | 0.015: 2.8000, 0.03: 3.0000 (0.06: not run) | +7.14% |" in mod.tables(
+        mod.summarise({"runs": runs, "plan": plan}))
+
+
 def test_a_recipe_that_never_reaches_hf_best_s_loss_has_no_ratio():
     mod = tg()
     r = mod._ratio(_run("recipe", 32, 0.03, [8, 7, 6]), _run("hf-best", 32, 0.002, [8, 6, 5]))
