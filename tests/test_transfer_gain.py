@@ -137,3 +137,23 @@ def test_quick_gain_study_is_resumable(tmp_path):
     assert again == first and len(json.loads((tmp_path / "transfer_gain.json").read_text())["runs"]) == len(runs)
     assert (tmp_path / "transfer_gain.png").stat().st_size > 0
     assert math.isfinite(first["widths"]["32"]["hf-best_final_eval_loss"])
+
+
+def test_the_card_and_the_summary_quote_the_gain_study():
+    """docs/techniques/transfer.md and docs/benchmarks.md quote results/transfer_gain.json's token ratios (two
+    decimals) and their change from the smallest width to the widest."""
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    s = json.loads((root / "benchmarks/results/transfer_gain.json").read_text())["summary"]
+    rows = s["widths"]
+    card = " ".join((root / "docs/techniques/transfer.md").read_text(encoding="utf-8").split())
+    summary = (root / "docs/benchmarks.md").read_text(encoding="utf-8")
+    r128, r256, r512 = (rows[w]["tokens_ratio"] for w in ("128", "256", "512"))
+    assert (f"The recipe needs {r128:.2f}x hf-best's tokens to reach hf-best's final loss at width 128, "
+            f"{r256:.2f}x at 256 and {r512:.2f}x at 512.") in card
+    assert f"So the ratio moves {s['ratio_change_smallest_to_widest']:+.2f} from width 128 to 512" in card
+    assert f"{s['tokens_per_param']:g} tokens per non-embedding parameter" in card
+    assert f"width 128's {rows['128']['steps']} steps" in card
+    assert (f"at {s['tokens_per_param']:g} tokens per parameter the recipe needs {r128:.2f}x hf-best's tokens at "
+            f"width 128 and {r512:.2f}x at 512") in summary
