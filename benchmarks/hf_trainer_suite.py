@@ -18,16 +18,20 @@ fails or errors in another mode is a finding; ``ALLOWED`` lists the ones that ar
 of ``FastTrainingArguments`` adds a callback, files and log keys), each with its reason. Per-file results
 are saved as each file ends (``benchmarks/results/<out>_runs/<mode>/<file>.json``) and reused
 on a rerun unless ``--rerun`` is given; a ``tests/_deps`` folder, if present, goes on ``PYTHONPATH``
-(``parameterized``, ``pytest-timeout``). Writes ``hf_trainer_suite.{json,md,png}`` into
+(``parameterized``, ``pytest-timeout``, ``sentencepiece``). Writes ``hf_trainer_suite.{json,md,png}`` into
 ``benchmarks/results/`` and prints the table. ``--package DIR`` tests the ``hf_fasttrain`` in ``DIR``
 instead of this checkout (``git archive <commit> hf_fasttrain | tar -x -C DIR``: a before/after check).
 
-The copy used (``SOURCES``): an empty ``tests/__init__.py`` (the transformers 5.24.0 sdist ships ``tests/``
-without one, nor ``tests/trainer``), an empty ``tests/trainer/__init__.py``, and the files below from
-huggingface/transformers at the commits named, trimmed to the tests that can run on a CPU offline (each
-file's header says what was left out; the saved per-file results list the test ids each file keeps).
-``pip install --target <tests>/_deps parameterized pytest-timeout`` (then remove the pytest it pulls in)
-gives the two test dependencies without touching the environment.
+The copy used (``SOURCES``): an empty ``tests/__init__.py`` (the transformers 5.24.0 and 5.25.0 sdists ship
+``tests/`` without one, nor ``tests/trainer``), an empty ``tests/trainer/__init__.py``, and the files below
+from huggingface/transformers at the commits named, trimmed to the tests that can run on a CPU offline (each
+file's header says what was left out; the saved per-file results list the test ids each file keeps). Of the
+kept code only imports change: ``test_trainer_evaluation.py`` no longer imports ``GlueDataset`` and
+``GlueDataTrainingArguments`` (gone in transformers 5.25; only a left-out test used them), and
+``test_trainer_core.py`` imports only what its excerpt uses.
+``pip install --target <tests>/_deps parameterized pytest-timeout sentencepiece`` (then remove the pytest,
+pluggy, packaging, iniconfig and pygments it pulls in) gives the test dependencies without touching the
+environment; without ``sentencepiece`` the two classes of ``test_trainer_core.py`` are skipped.
 """
 
 from __future__ import annotations
