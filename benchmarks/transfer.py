@@ -615,7 +615,10 @@ def gain_block(gain: dict[str, Any]) -> str:
     if len(ratios) > 1:
         (w0, r0), (w1, r1) = ratios[0], ratios[-1]
         lines.append(f"The ratio is {r0:.2f}x at width {w0} and {r1:.2f}x at width {w1}, a change of "
-                     f"{r1 - r0:+.2f}.")
+                     f"{r1 - r0:+.2f}: {abs(r1 - r0) - 0.05:.2f} more than the 0.05 of a gain that holds across "
+                     "width." if abs(r1 - r0) > 0.05 else
+                     f"The ratio is {r0:.2f}x at width {w0} and {r1:.2f}x at width {w1}, a change of "
+                     f"{r1 - r0:+.2f}: the gain holds across width within 0.05.")
     for w, u in sorted((gain.get("recipe_lr_unchanged") or {}).items(), key=lambda kv: int(kv[0])):
         lines.append(f"With the lr unchanged ({u['lr']:.3g}, muP alone) the recipe ends at {u['final_eval_loss']:.4f} "
                      f"at width {w}, token ratio {_ratio_text(u['tokens_ratio'])}.")

@@ -268,6 +268,13 @@ def test_the_transfer_card_quotes_the_study():
     assert (f"from {abs(arms['muon']['drift_octaves']):.2f} to {abs(arms['muon-mup']['drift_octaves']):.2f} octave"
             in card)
     assert arms["adamw-mup"]["widths"]["512"]["best_loss"] > arms["adamw"]["widths"]["512"]["best_loss"]
+    # the setup sentence: every arm's widths and the tokens of a run, one seed
+    widths = sorted({int(w) for a in arms.values() for w in a["widths"]})
+    tokens = {row["tokens"] for a in arms.values() for row in a["widths"].values()}
+    seeds = {row["seeds"] for a in arms.values() for row in a["widths"].values()}
+    assert len(tokens) == 1 and seeds == {1}
+    named = ", ".join(map(str, widths[:-1])) + f" and {widths[-1]}"
+    assert f"widths {named}, {tokens.pop():,} tokens of the embedded corpus per run, one" in card
 
 
 def test_the_benchmarks_summary_quotes_the_study():
