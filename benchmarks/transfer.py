@@ -595,10 +595,37 @@ def page_block(data: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+GAIN_ARMS = ("recipe", "hf-best")  # benchmarks.transfer_gain's arms
+
+
+def _f(x: Optional[float], fmt: str) -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def gain_tables(summary: dict[str, Any]) -> str:
+    head = ["width", "tokens", "hf-best lr", "hf-best loss", "recipe lr", "recipe loss",
+            "recipe tokens to hf-best's loss", "token ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for w, r in summary["widths"].items():
+        lines.append(f"| {w} | {r['tokens']:,} | {r['hf-best_lr']:.3g} | {r['hf-best_final_eval_loss']:.4f} | "
+                     f"{r['recipe_lr']:.3g} | {r['recipe_final_eval_loss']:.4f} | "
+                     f"{_f(r['recipe_tokens_to_target'], ',.0f')} | {_f(r['tokens_ratio'], '.2f')}x |")
+    out = "\n".join(lines)
+    walked = {w: r for w, r in summary["widths"].items() if "walk" in r}
+    if walked:
+        wl = ["| width | arm | lr walk: final eval loss | carried lr above the walk's best |", "|---|---|---|---|"]
+        for w, r in walked.items():
+            for arm in GAIN_ARMS:
+                missing = r.get("walk_missing", {}).get(arm)
+                wl.append(f"| {w} | {arm} | " + ", ".join(f"{lr}: {v:.4f}" for lr, v in r["walk"][arm].items())
+                          + (f" ({', '.join(missing)}: not run)" if missing else "")
+                          + f" | {r['carried_above_walk_best_pct'][arm]:+.2f}% |")
+        out += "\n\n" + "\n".join(wl)
+    return out
+
+
 def gain_block(gain: dict[str, Any]) -> str:
     """The page's section on the gain across width (``benchmarks.transfer_gain``'s summary)."""
-    from benchmarks.transfer_gain import tables as gain_tables
-
     rows = gain["widths"]
     widths = sorted(int(w) for w in rows)
     lrs = gain.get("base_lrs") or {}

@@ -45,7 +45,8 @@ from benchmarks._harness import RESULTS, UsageError, display_command, display_pa
 from benchmarks._harness.ledger import Ledger
 from benchmarks._harness.lm import FASTTRAIN_EXTRA, HF_BEST, MUON_RECIPE, Arm, crossing, run_key
 from benchmarks._harness.sweeps import fit_line
-from benchmarks.transfer import BATCH, BLOCK, MAX_EXTEND, ArmSweep, _non_embedding, width_setup
+from benchmarks.transfer import (BATCH, BLOCK, MAX_EXTEND, ArmSweep, _non_embedding, gain_tables as tables,
+                                 width_setup)
 from hf_fasttrain.config.budget import LR_BY_TOKENS
 
 __all__ = ["ARMS", "WIDTHS", "steps_for", "gain_arm", "hf_exponent", "recipe_tokens_exponent", "carried_lr", "summarise", "main"]
@@ -160,32 +161,6 @@ def summarise(data: dict[str, Any]) -> dict[str, Any]:
     return {"widths": rows, "tokens_per_param": plan.get("tokens_per_param"), "hf_exponent": plan.get("hf_exponent"),
             "recipe_tokens_exponent": plan.get("recipe_tokens_exponent"), "recipe_lr_unchanged": unchanged,
             "base_lrs": plan.get("base_lrs"), "ratio_change_smallest_to_widest": change}
-
-
-def _f(x: Optional[float], fmt: str) -> str:
-    return "n/a" if x is None else format(x, fmt)
-
-
-def tables(summary: dict[str, Any]) -> str:
-    head = ["width", "tokens", "hf-best lr", "hf-best loss", "recipe lr", "recipe loss",
-            "recipe tokens to hf-best's loss", "token ratio"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for w, r in summary["widths"].items():
-        lines.append(f"| {w} | {r['tokens']:,} | {r['hf-best_lr']:.3g} | {r['hf-best_final_eval_loss']:.4f} | "
-                     f"{r['recipe_lr']:.3g} | {r['recipe_final_eval_loss']:.4f} | "
-                     f"{_f(r['recipe_tokens_to_target'], ',.0f')} | {_f(r['tokens_ratio'], '.2f')}x |")
-    out = "\n".join(lines)
-    walked = {w: r for w, r in summary["widths"].items() if "walk" in r}
-    if walked:
-        wl = ["| width | arm | lr walk: final eval loss | carried lr above the walk's best |", "|---|---|---|---|"]
-        for w, r in walked.items():
-            for arm in ARMS:
-                missing = r.get("walk_missing", {}).get(arm)
-                wl.append(f"| {w} | {arm} | " + ", ".join(f"{lr}: {v:.4f}" for lr, v in r["walk"][arm].items())
-                          + (f" ({', '.join(missing)}: not run)" if missing else "")
-                          + f" | {r['carried_above_walk_best_pct'][arm]:+.2f}% |")
-        out += "\n\n" + "\n".join(wl)
-    return out
 
 
 def plot(summary: dict[str, Any], path: Path) -> None:
